@@ -1,0 +1,366 @@
+"""``StreamingContext``: the entry point, with PySpark's ``pyspark.streaming.StreamingContext`` surface.
+
+Lifecycle: INITIALIZED (define inputs, transformations, outputs) -> ACTIVE (``start()``) ->
+STOPPED (``stop()``). A stopped context cannot be restarted: create a new one. At most one
+context is active per process (``getActive()``).
+
+The Python driver owns the stream graph and builds every batch's RDDs itself: no Py4J callback
+server, no JVM DStreams. Batches are generated on an injected clock (``SystemClock`` by default;
+tests pass a ``ManualClock``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar
+
+from pyspark import RDD, SparkConf, SparkContext, StorageLevel
+
+from dstreams.checkpoint import Checkpointer, SparkCheckpointer
+from dstreams.clock import Clock, SystemClock
+from dstreams.graph import DStreamGraph
+from dstreams.listener import BatchInfo, ListenerBus
+from dstreams.nodes.files import FileInputNode
+from dstreams.nodes.generator import GeneratorInputNode, RecordFunc
+from dstreams.nodes.input import QueueInputNode
+from dstreams.nodes.socket import SocketInputNode
+from dstreams.nodes.transformed import TransformedNode
+from dstreams.nodes.union import UnionNode
+from dstreams.scheduler import JobScheduler
+from dstreams.sparkconf import create_spark_context
+from dstreams.time import BatchTime, Duration, DurationLike, parse_duration, to_datetime
+
+from .functions import positional_arity
+from .stream import DStream
+
+log = logging.getLogger(__name__)
+
+
+class StreamingContextStateError(RuntimeError):
+    """An operation that the context's lifecycle state does not allow (e.g. restarting a stopped one)."""
+
+
+class StreamingContext:
+    """Main entry point: ``StreamingContext(sparkContext, batchDuration)`` as in PySpark.
+
+    :param sparkContext: the SparkContext to run on (see :meth:`local` to create a tuned one).
+    :param batchDuration: the batch interval, in seconds (a number, as in PySpark) or a string
+        such as ``"500ms"``, ``"1s"``, ``"2min"``.
+    :param clock: the clock batches are generated on (``dstreams.ManualClock`` in tests).
+    :param concurrentBatches: how many batches may run at once (timestep pipelining); default 1,
+        or ``spark.streaming.concurrentJobs`` when set.
+    """
+
+    INITIALIZED: ClassVar[str] = "INITIALIZED"
+    ACTIVE: ClassVar[str] = "ACTIVE"
+    STOPPED: ClassVar[str] = "STOPPED"
+
+    _activeContext: ClassVar[StreamingContext | None] = None
+    _class_lock: ClassVar[threading.RLock] = threading.RLock()
+
+    def __init__(self, sparkContext: SparkContext, batchDuration: DurationLike | None = None,
+                 jssc: Any = None, *, clock: Clock | None = None, concurrentBatches: int | None = None) -> None:
+        if jssc is not None:
+            raise ValueError("dstreams does not wrap a JVM StreamingContext (jssc); pass a SparkContext")
+        if not isinstance(sparkContext, SparkContext):
+            raise TypeError(f"StreamingContext needs a SparkContext, got {type(sparkContext).__name__}")
+        self._sc = sparkContext
+        batch = parse_duration(batchDuration, "batchDuration") if batchDuration is not None else None
+        self._graph = DStreamGraph(sparkContext, batch)
+        self._clock: Clock = clock or SystemClock()
+        if concurrentBatches is None:
+            concurrentBatches = int(sparkContext.getConf().get("spark.streaming.concurrentJobs", "1"))
+        self._concurrent = concurrentBatches
+        self._bus = ListenerBus()
+        self._scheduler: JobScheduler | None = None
+        self._state = self.INITIALIZED
+        self._lock = threading.RLock()
+        self._stopped = threading.Event()
+        self._checkpoint_dir: str | None = None
+        self._temp_checkpoint_dir: str | None = None
+        self._checkpointer: Checkpointer | None = None
+
+    # ------------------------------------------------------------------ construction helpers
+    @classmethod
+    def local(cls, batchInterval: DurationLike = "1s", master: str = "local[*]", appName: str = "dstreams",
+              conf: SparkConf | dict[str, str] | None = None, **kwargs: Any) -> StreamingContext:
+        """Create a SparkContext tuned for low per-batch latency and a StreamingContext on it.
+
+        Settings in ``conf`` win over dstreams' defaults (``dstreams.sparkconf``).
+        """
+        sc = create_spark_context(master, appName, conf)
+        return cls(sc, batchInterval, **kwargs)
+
+    @property
+    def sparkContext(self) -> SparkContext:
+        """The SparkContext this streaming context runs on."""
+        return self._sc
+
+    @property
+    def batchDuration(self) -> Duration | None:
+        return self._graph.batch_duration
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    def getState(self) -> str:
+        """``"INITIALIZED"``, ``"ACTIVE"`` or ``"STOPPED"``."""
+        return self._state
+
+    def _check_not_started(self, what: str) -> None:
+        if self._state == self.ACTIVE:
+            raise StreamingContextStateError(
+                f"cannot {what} after the StreamingContext has started: define every input, transformation "
+                "and output operation before ssc.start()"
+            )
+        if self._state == self.STOPPED:
+            raise StreamingContextStateError(
+                f"cannot {what}: this StreamingContext has been stopped; create a new one"
+            )
+
+    # ------------------------------------------------------------------ class-level accessors
+    @classmethod
+    def getActive(cls) -> StreamingContext | None:
+        """The currently active (started, not stopped) StreamingContext, or None."""
+        with cls._class_lock:
+            return cls._activeContext
+
+    @classmethod
+    def getActiveOrCreate(cls, checkpointPath: str | None, setupFunc: Callable[[], StreamingContext]
+                          ) -> StreamingContext:
+        """The active context, else ``getOrCreate(checkpointPath, setupFunc)`` (or ``setupFunc()``)."""
+        if setupFunc is None:
+            raise ValueError("setupFunc cannot be None")
+        active = cls.getActive()
+        if active is not None:
+            return active
+        if checkpointPath is not None:
+            return cls.getOrCreate(checkpointPath, setupFunc)
+        return setupFunc()
+
+    @classmethod
+    def getOrCreate(cls, checkpointPath: str, setupFunc: Callable[[], StreamingContext]) -> StreamingContext:
+        """Recreate a context from the checkpoint at ``checkpointPath``, or create one with ``setupFunc``.
+
+        The new context's checkpoint directory is set to ``checkpointPath``.
+        """
+        if not checkpointPath:
+            raise ValueError("checkpointPath must be a non-empty path or URL")
+        # Recovery of a previous run from its checkpoint (master failover) is not implemented yet:
+        # the context is always created fresh by setupFunc.
+        ssc = setupFunc()
+        if not isinstance(ssc, StreamingContext):
+            raise TypeError(f"setupFunc must return a dstreams StreamingContext, got {type(ssc).__name__}")
+        ssc.checkpoint(checkpointPath)
+        return ssc
+
+    # ------------------------------------------------------------------ configuration
+    def remember(self, duration: DurationLike) -> None:
+        """Keep each stream's RDDs for at least ``duration`` (seconds or a duration string)."""
+        self._check_not_started("call remember()")
+        self._graph.remember(parse_duration(duration, "remember duration"))
+
+    def checkpoint(self, directory: str) -> None:
+        """Set the folder (or store URL) where stateful streams write their checkpoints."""
+        if not directory:
+            raise ValueError("the checkpoint directory must be a non-empty path")
+        self._check_not_started("set the checkpoint directory")
+        self._checkpoint_dir = directory
+
+    @property
+    def checkpointDirectory(self) -> str | None:
+        return self._checkpoint_dir
+
+    def addStreamingListener(self, streamingListener: Any) -> None:
+        """Register a listener (a ``pyspark.streaming.StreamingListener`` or any object with its callbacks)."""
+        self._bus.add(streamingListener)
+
+    def removeStreamingListener(self, streamingListener: Any) -> None:
+        self._bus.remove(streamingListener)
+
+    # ------------------------------------------------------------------ sources
+    def _check_can_add_input(self) -> None:
+        self._check_not_started("add an input stream")
+        if self._graph.batch_duration is None:
+            raise ValueError("the batch duration is not set: pass it to StreamingContext(sc, batchDuration)")
+
+    def queueStream(self, rdds: Iterable[RDD | Iterable[Any]], oneAtATime: bool = True,
+                    default: RDD | Iterable[Any] | None = None) -> DStream:
+        """A stream from a queue of RDDs (or lists), one per batch unless ``oneAtATime=False``.
+
+        An exhausted queue yields ``default`` (an RDD or list) when given, else an empty batch.
+        Not replayable after a driver failure: use it for tests.
+        """
+        self._check_can_add_input()
+        items = list(rdds)
+        converted = [r if isinstance(r, RDD) else self._sc.parallelize(list(r)) for r in items]
+        if default is not None and not isinstance(default, RDD):
+            default = self._sc.parallelize(list(default))
+        return DStream(QueueInputNode(self._graph, converted, oneAtATime, default), self)
+
+    def socketTextStream(self, hostname: str, port: int,
+                         storageLevel: StorageLevel = StorageLevel.MEMORY_AND_DISK_2) -> DStream:
+        """Lines of text read from a TCP server at ``hostname:port`` (UTF-8, one record per line)."""
+        self._check_can_add_input()
+        return DStream(SocketInputNode(self._graph, hostname, port), self)
+
+    def textFileStream(self, directory: str) -> DStream:
+        """Lines of the new text files that appear in ``directory`` (each file in exactly one batch)."""
+        self._check_can_add_input()
+        return DStream(FileInputNode(self._graph, directory), self)
+
+    def binaryRecordsStream(self, directory: str, recordLength: int) -> DStream:
+        """Fixed-length binary records (``bytes``) of the new files that appear in ``directory``."""
+        self._check_can_add_input()
+        return DStream(FileInputNode(self._graph, directory, recordLength), self)
+
+    def generatorStream(self, recordsPerPartition: int, numPartitions: int | None = None, seed: int = 0,
+                        recordFunc: RecordFunc | None = None) -> DStream:
+        """Deterministic records made inside the executors: ``recordsPerPartition`` per partition per batch.
+
+        ``recordFunc(seed, batch_time_ms, partition, n) -> iterable`` makes the records (default:
+        100-byte text lines of common words). Replayable from ``(seed, batch time)``.
+        """
+        self._check_can_add_input()
+        n = numPartitions if numPartitions is not None else self._sc.defaultParallelism
+        return DStream(GeneratorInputNode(self._graph, recordsPerPartition, n, seed, recordFunc), self)
+
+    # ------------------------------------------------------------------ combinators
+    def union(self, *dstreams: DStream) -> DStream:
+        """The union of several streams with the same slide duration."""
+        if not dstreams:
+            raise ValueError("should have at least one DStream to union")
+        if len(dstreams) == 1 and isinstance(dstreams[0], (list, tuple)):
+            dstreams = tuple(dstreams[0])
+        self._check_not_started("add a transformation")
+        if len({d._node.slide_duration for d in dstreams}) > 1:
+            raise ValueError("all DStreams should have the same slide duration")
+        if len(dstreams) == 1:
+            return dstreams[0]
+        return DStream(UnionNode(self._graph, [d._node for d in dstreams]), self)
+
+    def transform(self, dstreams: Sequence[DStream], transformFunc: Callable[..., RDD]) -> DStream:
+        """A stream of ``transformFunc(rdds)`` or ``transformFunc(time, rdds)`` over several streams."""
+        self._check_not_started("add a transformation")
+        if not dstreams:
+            raise ValueError("transform needs at least one DStream")
+        n = positional_arity(transformFunc, (1, 2), "StreamingContext.transform")
+
+        def apply(rdds: list[RDD], t: BatchTime) -> RDD:
+            return transformFunc(rdds) if n == 1 else transformFunc(to_datetime(t), rdds)
+
+        return DStream(TransformedNode(self._graph, [d._node for d in dstreams], apply, "transform"), self)
+
+    # ------------------------------------------------------------------ lifecycle
+    def _make_checkpointer(self) -> Checkpointer:
+        directory = self._checkpoint_dir
+        if directory is None:
+            self._temp_checkpoint_dir = tempfile.mkdtemp(prefix="dstreams-checkpoint-")
+            directory = self._temp_checkpoint_dir
+            log.info("no checkpoint directory set: stateful streams checkpoint into %s (removed at stop)",
+                     directory)
+        elif "://" not in directory:
+            os.makedirs(directory, exist_ok=True)
+            directory = os.path.abspath(directory)
+        return SparkCheckpointer(self._sc, directory)
+
+    def start(self) -> None:
+        """Start generating and running batches on the clock."""
+        with self._lock:
+            if self._state == self.ACTIVE:
+                log.warning("StreamingContext has already been started")
+                return
+            if self._state == self.STOPPED:
+                raise StreamingContextStateError(
+                    "StreamingContext has already been stopped: a stopped context cannot be restarted; "
+                    "create a new StreamingContext (the SparkContext can be reused if it was not stopped)"
+                )
+            with StreamingContext._class_lock:
+                active = StreamingContext._activeContext
+                if active is not None and active is not self:
+                    raise StreamingContextStateError(
+                        "only one StreamingContext may be active in a process: stop the active one first"
+                    )
+                self._graph.validate()
+                self._checkpointer = self._make_checkpointer()
+                self._graph.checkpointer = self._checkpointer
+                self._scheduler = JobScheduler(self._graph, self._clock, self._bus, self._concurrent)
+                self._scheduler.start()
+                self._state = self.ACTIVE
+                StreamingContext._activeContext = self
+
+    def stop(self, stopSparkContext: bool = True, stopGraceFully: bool = False) -> None:
+        """Stop the stream (graceful: after the queued batches ran) and, by default, the SparkContext."""
+        with self._lock:
+            if self._state == self.STOPPED:
+                return
+            was_active = self._state == self.ACTIVE
+            self._state = self.STOPPED
+        try:
+            if was_active and self._scheduler is not None:
+                batch = self._graph.batch_duration
+                timeout = max(10.0, 10 * batch.seconds) if batch else 10.0
+                self._scheduler.stop(graceful=stopGraceFully, timeout_s=timeout)
+                self._graph.stop()
+        finally:
+            with StreamingContext._class_lock:
+                if StreamingContext._activeContext is self:
+                    StreamingContext._activeContext = None
+            if self._temp_checkpoint_dir:
+                shutil.rmtree(self._temp_checkpoint_dir, ignore_errors=True)
+            self._stopped.set()
+            if stopSparkContext:
+                self._sc.stop()
+
+    def awaitTermination(self, timeout: float | None = None) -> None:
+        """Wait until the context stops or a batch fails (its error is raised here), or ``timeout`` s."""
+        self._await(timeout)
+
+    def awaitTerminationOrTimeout(self, timeout: float) -> bool:
+        """Like :meth:`awaitTermination`; returns True if the context stopped, False on timeout."""
+        return self._await(timeout)
+
+    def _await(self, timeout: float | None) -> bool:
+        import time as _time
+
+        deadline = None if timeout is None else _time.monotonic() + float(timeout)
+        while True:
+            sched = self._scheduler
+            if sched is not None and sched.error is not None:
+                raise sched.error
+            if self._stopped.is_set():
+                return True
+            remaining = None if deadline is None else deadline - _time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            wait = 0.1 if remaining is None else min(0.1, remaining)
+            if sched is not None:
+                sched.error_event.wait(wait)
+            else:
+                self._stopped.wait(wait)
+
+    # ------------------------------------------------------------------ metrics & test support
+    def batchInfos(self) -> list[BatchInfo]:
+        """Metrics of the most recent completed batches (oldest first)."""
+        return list(self._scheduler.infos) if self._scheduler else []
+
+    def lastCompletedBatchTime(self) -> BatchTime | None:
+        return self._scheduler.last_completed if self._scheduler else None
+
+    def awaitBatch(self, time: BatchTime | int, timeout: float = 60.0) -> BatchInfo:
+        """Block until batch ``time`` (ms or BatchTime) has completed; for tests with a manual clock."""
+        if self._scheduler is None:
+            raise StreamingContextStateError("the context has not been started")
+        t = time if isinstance(time, BatchTime) else BatchTime(int(time))
+        return self._scheduler.wait_for_batch(t, timeout)
+
+    @property
+    def startTime(self) -> BatchTime | None:
+        """Time of the first batch (set by ``start()``)."""
+        return self._scheduler.start_time if self._scheduler else None

@@ -1,0 +1,380 @@
+"""The fluent ``DStream``: PySpark's ``pyspark.streaming.DStream`` surface plus the paper's operators.
+
+Every method returns a new ``DStream`` wrapping an engine node (``dstreams.nodes``); nothing runs
+until the context starts. Method names, argument order and semantics follow ``pyspark.streaming``
+(durations are seconds as numbers, or strings such as ``"500ms"``, ``"1s"``, ``"2min"``). Added on
+top: ``runningReduce``, ``track`` and duration strings everywhere.
+
+User functions are shipped to executors with cloudpickle; they must be deterministic (a lost
+partition is recomputed from lineage and must come out the same).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
+from typing import TYPE_CHECKING, Any
+
+from pyspark import RDD, StorageLevel
+from pyspark.resultiterable import ResultIterable
+
+from dstreams.node import DStreamNode
+from dstreams.nodes.output import OutputNode
+from dstreams.nodes.reduced_window import ReducedWindowNode
+from dstreams.nodes.state import RunningReduceNode, TrackNode, UpdateStateNode
+from dstreams.nodes.transformed import TransformedNode
+from dstreams.nodes.union import UnionNode
+from dstreams.nodes.windowed import WindowedNode
+from dstreams.partitioned import checked_pairs, hash_partitioner, pre_reduce
+from dstreams.time import BatchTime, DurationLike, from_user_time, parse_duration, to_datetime
+
+from .functions import positional_arity
+
+if TYPE_CHECKING:
+    from .context import StreamingContext
+
+
+def rdd_to_file_name(prefix: str, suffix: str | None, time_ms: int) -> str:
+    """``prefix-<batch ms>[.suffix]``, the name PySpark gives a batch's output folder."""
+    return f"{prefix}-{time_ms}" + (f".{suffix}" if suffix else "")
+
+
+class DStream:
+    """A discretized stream: one RDD per batch interval (see the module docstring)."""
+
+    def __init__(self, node: DStreamNode, ssc: StreamingContext) -> None:
+        self._node = node
+        self._ssc = ssc
+        self._sc = ssc.sparkContext
+        self.is_cached = False
+        self.is_checkpointed = False
+
+    # ------------------------------------------------------------------ plumbing
+    def _derive(self, node: DStreamNode) -> DStream:
+        return DStream(node, self._ssc)
+
+    def _check_open(self) -> None:
+        self._ssc._check_not_started("add a transformation")
+
+    def _default_partitions(self, n: int | None) -> int:
+        if n is None:
+            return self._sc.defaultParallelism
+        if not isinstance(n, int) or n <= 0:
+            raise ValueError(f"numPartitions must be a positive int, got {n!r}")
+        return n
+
+    def _duration(self, d: DurationLike | None, what: str):
+        return None if d is None else parse_duration(d, what)
+
+    @property
+    def _slideDuration(self) -> float:
+        """The slide in seconds (PySpark's attribute name)."""
+        return self._node.slide_duration.seconds
+
+    def slideDuration(self) -> float:
+        return self._node.slide_duration.seconds
+
+    def context(self) -> StreamingContext:
+        """The StreamingContext this stream belongs to."""
+        return self._ssc
+
+    def __repr__(self) -> str:
+        return f"DStream({self._node.name})"
+
+    # ------------------------------------------------------------------ transform family
+    def transform(self, func: Callable[..., RDD]) -> DStream:
+        """A stream whose RDD of each batch is ``func(rdd)`` or ``func(time, rdd)``."""
+        self._check_open()
+        n = positional_arity(func, (1, 2), "transform")
+
+        def apply(rdds: list[RDD], t: BatchTime) -> RDD:
+            return func(rdds[0]) if n == 1 else func(to_datetime(t), rdds[0])
+
+        return self._derive(TransformedNode(self._node.graph, [self._node], apply, "transform"))
+
+    def transformWith(self, func: Callable[..., RDD], other: DStream, keepSerializer: bool = False) -> DStream:
+        """A stream of ``func(rdd_a, rdd_b)`` or ``func(time, rdd_a, rdd_b)`` per batch."""
+        self._check_open()
+        n = positional_arity(func, (2, 3), "transformWith")
+
+        def apply(rdds: list[RDD], t: BatchTime) -> RDD:
+            return func(rdds[0], rdds[1]) if n == 2 else func(to_datetime(t), rdds[0], rdds[1])
+
+        return self._derive(TransformedNode(self._node.graph, [self._node, other._node], apply, "transformWith"))
+
+    def _rdd_op(self, label: str, op: Callable[[RDD], RDD]) -> DStream:
+        self._check_open()
+        return self._derive(TransformedNode(self._node.graph, [self._node], lambda rdds, t: op(rdds[0]), label))
+
+    def mapPartitionsWithIndex(self, f: Callable[[int, Iterator[Any]], Iterable[Any]],
+                               preservesPartitioning: bool = False) -> DStream:
+        return self._rdd_op("mapPartitionsWithIndex",
+                            lambda rdd: rdd.mapPartitionsWithIndex(f, preservesPartitioning))
+
+    def mapPartitions(self, f: Callable[[Iterator[Any]], Iterable[Any]],
+                      preservesPartitioning: bool = False) -> DStream:
+        return self._rdd_op("mapPartitions", lambda rdd: rdd.mapPartitions(f, preservesPartitioning))
+
+    def map(self, f: Callable[[Any], Any], preservesPartitioning: bool = False) -> DStream:
+        return self._rdd_op("map", lambda rdd: rdd.map(f, preservesPartitioning))
+
+    def flatMap(self, f: Callable[[Any], Iterable[Any]], preservesPartitioning: bool = False) -> DStream:
+        def func(_: int, it: Iterator[Any]) -> Iterable[Any]:
+            return chain.from_iterable(map(f, it))
+
+        return self.mapPartitionsWithIndex(func, preservesPartitioning)
+
+    def filter(self, f: Callable[[Any], bool]) -> DStream:
+        return self._rdd_op("filter", lambda rdd: rdd.filter(f))
+
+    def glom(self) -> DStream:
+        return self._rdd_op("glom", lambda rdd: rdd.glom())
+
+    def repartition(self, numPartitions: int) -> DStream:
+        n = self._default_partitions(numPartitions)
+        return self._rdd_op("repartition", lambda rdd: rdd.repartition(n))
+
+    def partitionBy(self, numPartitions: int, partitionFunc: Callable[[Any], int] | None = None) -> DStream:
+        from pyspark.rdd import portable_hash
+
+        n = self._default_partitions(numPartitions)
+        pf = partitionFunc or portable_hash
+        check = checked_pairs("partitionBy")
+        return self._rdd_op("partitionBy", lambda rdd: rdd.mapPartitions(check).partitionBy(n, pf))
+
+    def mapValues(self, f: Callable[[Any], Any]) -> DStream:
+        def map_values(kv: Any) -> tuple[Any, Any]:
+            return kv[0], f(kv[1])
+
+        return self.map(map_values, preservesPartitioning=True)
+
+    def flatMapValues(self, f: Callable[[Any], Iterable[Any]]) -> DStream:
+        def flat_map_values(kv: Any) -> Iterable[tuple[Any, Any]]:
+            return ((kv[0], x) for x in f(kv[1]))
+
+        return self.flatMap(flat_map_values, preservesPartitioning=True)
+
+    # ------------------------------------------------------------------ aggregations per batch
+    def count(self) -> DStream:
+        """A stream with one element per batch: the number of records (as in PySpark)."""
+        return self.mapPartitions(lambda it: [sum(1 for _ in it)]).reduce(operator.add)
+
+    def reduce(self, func: Callable[[Any, Any], Any]) -> DStream:
+        """A stream with the reduce of each batch (nothing for a batch with no partitions)."""
+        return self.map(lambda x: (None, x)).reduceByKey(func, 1).map(lambda kv: kv[1])
+
+    def countByValue(self) -> DStream:
+        return self.map(lambda x: (x, 1)).reduceByKey(operator.add)
+
+    def combineByKey(self, createCombiner: Callable[[Any], Any], mergeValue: Callable[[Any, Any], Any],
+                     mergeCombiners: Callable[[Any, Any], Any], numPartitions: int | None = None) -> DStream:
+        n = self._default_partitions(numPartitions)
+        check = checked_pairs("combineByKey")
+        return self._rdd_op(
+            "combineByKey",
+            lambda rdd: rdd.mapPartitions(check).combineByKey(createCombiner, mergeValue, mergeCombiners, n),
+        )
+
+    def reduceByKey(self, func: Callable[[Any, Any], Any], numPartitions: int | None = None) -> DStream:
+        return self.combineByKey(lambda x: x, func, func, numPartitions)
+
+    def groupByKey(self, numPartitions: int | None = None) -> DStream:
+        n = self._default_partitions(numPartitions)
+        check = checked_pairs("groupByKey")
+        return self._rdd_op("groupByKey", lambda rdd: rdd.mapPartitions(check).groupByKey(n))
+
+    # ------------------------------------------------------------------ two streams
+    def union(self, other: DStream) -> DStream:
+        if self._node.slide_duration != other._node.slide_duration:
+            raise ValueError("the two DStreams should have the same slide duration")
+        self._check_open()
+        return self._derive(UnionNode(self._node.graph, [self._node, other._node]))
+
+    def _pair_op(self, label: str, other: DStream, op: Callable[[RDD, RDD], RDD]) -> DStream:
+        check_a, check_b = checked_pairs(label), checked_pairs(label)
+
+        def apply(a: RDD, b: RDD) -> RDD:
+            return op(a.mapPartitions(check_a, True), b.mapPartitions(check_b, True))
+
+        return self.transformWith(apply, other)
+
+    def cogroup(self, other: DStream, numPartitions: int | None = None) -> DStream:
+        n = self._default_partitions(numPartitions)
+        return self._pair_op("cogroup", other, lambda a, b: a.cogroup(b, n))
+
+    def join(self, other: DStream, numPartitions: int | None = None) -> DStream:
+        n = self._default_partitions(numPartitions)
+        return self._pair_op("join", other, lambda a, b: a.join(b, n))
+
+    def leftOuterJoin(self, other: DStream, numPartitions: int | None = None) -> DStream:
+        n = self._default_partitions(numPartitions)
+        return self._pair_op("leftOuterJoin", other, lambda a, b: a.leftOuterJoin(b, n))
+
+    def rightOuterJoin(self, other: DStream, numPartitions: int | None = None) -> DStream:
+        n = self._default_partitions(numPartitions)
+        return self._pair_op("rightOuterJoin", other, lambda a, b: a.rightOuterJoin(b, n))
+
+    def fullOuterJoin(self, other: DStream, numPartitions: int | None = None) -> DStream:
+        n = self._default_partitions(numPartitions)
+        return self._pair_op("fullOuterJoin", other, lambda a, b: a.fullOuterJoin(b, n))
+
+    # ------------------------------------------------------------------ windows
+    def window(self, windowDuration: DurationLike, slideDuration: DurationLike | None = None) -> DStream:
+        """All records of the last ``windowDuration``, every ``slideDuration`` (default: this slide)."""
+        self._check_open()
+        w = parse_duration(windowDuration, "windowDuration")
+        s = self._duration(slideDuration, "slideDuration") or self._node.slide_duration
+        return self._derive(WindowedNode(self._node.graph, self._node, w, s))
+
+    def reduceByKeyAndWindow(self, func: Callable[[Any, Any], Any], invFunc: Callable[[Any, Any], Any] | None,
+                             windowDuration: DurationLike, slideDuration: DurationLike | None = None,
+                             numPartitions: int | None = None,
+                             filterFunc: Callable[[tuple[Any, Any]], bool] | None = None) -> DStream:
+        """Per key, the reduce of the values in the window; incremental when ``invFunc`` is given.
+
+        With ``invFunc`` the window is updated as previous window - batches that left + batches that
+        entered, so its cost does not grow with the window's length. ``filterFunc`` keeps only the
+        pairs it accepts (use it to drop keys whose value fell back to zero). Unlike PySpark, a
+        ``filterFunc`` is also honoured without ``invFunc``.
+        """
+        self._check_open()
+        w = parse_duration(windowDuration, "windowDuration")
+        s = self._duration(slideDuration, "slideDuration") or self._node.slide_duration
+        part = hash_partitioner(self._default_partitions(numPartitions))
+        from dstreams.nodes.windowed import check_window
+
+        check_window(self._node.slide_duration, w, s)
+        graph = self._node.graph
+        reduced = TransformedNode(graph, [self._node],
+                                  lambda rdds, t: pre_reduce(rdds[0], func, part, "reduceByKeyAndWindow"),
+                                  "reduceByKey")
+        return self._derive(ReducedWindowNode(graph, reduced, func, invFunc, w, s, part, filterFunc))
+
+    def reduceByWindow(self, reduceFunc: Callable[[Any, Any], Any], invReduceFunc: Callable[[Any, Any], Any] | None,
+                       windowDuration: DurationLike, slideDuration: DurationLike | None = None) -> DStream:
+        """The reduce of every record in the window (one element per slide)."""
+        keyed = self.map(lambda x: (1, x))
+        reduced = keyed.reduceByKeyAndWindow(reduceFunc, invReduceFunc, windowDuration, slideDuration, 1)
+        return reduced.map(lambda kv: kv[1])
+
+    def countByWindow(self, windowDuration: DurationLike, slideDuration: DurationLike | None = None) -> DStream:
+        return self.map(lambda x: 1).reduceByWindow(operator.add, operator.sub, windowDuration, slideDuration)
+
+    def countByValueAndWindow(self, windowDuration: DurationLike, slideDuration: DurationLike | None = None,
+                              numPartitions: int | None = None) -> DStream:
+        keyed = self.map(lambda x: (x, 1))
+        counted = keyed.reduceByKeyAndWindow(operator.add, operator.sub, windowDuration, slideDuration,
+                                             numPartitions)
+        return counted.filter(lambda kv: kv[1] > 0)
+
+    def groupByKeyAndWindow(self, windowDuration: DurationLike, slideDuration: DurationLike | None = None,
+                            numPartitions: int | None = None) -> DStream:
+        ls = self.mapValues(lambda x: [x])
+        grouped = ls.reduceByKeyAndWindow(lambda a, b: a.extend(b) or a, lambda a, b: a[len(b):],
+                                          windowDuration, slideDuration, numPartitions)
+        return grouped.mapValues(ResultIterable)
+
+    # ------------------------------------------------------------------ state
+    def updateStateByKey(self, updateFunc: Callable[[list[Any], Any], Any], numPartitions: int | None = None,
+                         initialRDD: RDD | Iterable[tuple[Any, Any]] | None = None) -> DStream:
+        """Per key state: ``updateFunc(newValues, lastState) -> newState`` (None drops the key)."""
+        self._check_open()
+        part = hash_partitioner(self._default_partitions(numPartitions))
+        if initialRDD is not None and not isinstance(initialRDD, RDD):
+            initialRDD = self._sc.parallelize(list(initialRDD))
+        if initialRDD is not None:
+            initialRDD = initialRDD.mapPartitions(checked_pairs("updateStateByKey's initialRDD"))
+        return self._derive(UpdateStateNode(self._node.graph, self._node, updateFunc, part, initialRDD))
+
+    def runningReduce(self, func: Callable[[Any, Any], Any], numPartitions: int | None = None) -> DStream:
+        """Per key, the running reduce of every value so far (the paper's ``runningReduce``).
+
+        Emits every key's current value each batch. The state stays hash-partitioned and is
+        merged with each batch without a shuffle of the state.
+        """
+        self._check_open()
+        part = hash_partitioner(self._default_partitions(numPartitions))
+        return self._derive(RunningReduceNode(self._node.graph, self._node, func, part))
+
+    def track(self, init: Callable[[Any, Any], Any], update: Callable[[Any, Any, Any], Any],
+              timeout: DurationLike, numPartitions: int | None = None) -> DStream:
+        """The paper's state tracking over a stream of ``(key, event)``.
+
+        A key's state is created by ``init(key, event)``, updated by ``update(key, state, event)``
+        (None drops it) and dropped after ``timeout`` with no event. Emits ``(key, state)`` for the
+        live keys every batch.
+        """
+        self._check_open()
+        t = parse_duration(timeout, "timeout")
+        part = hash_partitioner(self._default_partitions(numPartitions))
+        node = TrackNode(self._node.graph, self._node, init, update, t, part)
+        return self._derive(node).mapValues(lambda entry: entry[0])
+
+    # ------------------------------------------------------------------ persistence
+    def cache(self) -> DStream:
+        return self.persist(StorageLevel.MEMORY_ONLY)
+
+    def persist(self, storageLevel: StorageLevel) -> DStream:
+        self._node.persist(storageLevel)
+        self.is_cached = True
+        return self
+
+    def checkpoint(self, interval: DurationLike) -> DStream:
+        """Checkpoint this stream's RDDs every ``interval`` (a multiple of its slide)."""
+        self._check_open()
+        self._node.checkpoint_interval = parse_duration(interval, "checkpoint interval")
+        if self._node.storage_level is None:
+            self._node.persist(StorageLevel.MEMORY_ONLY)
+        self.is_checkpointed = True
+        return self
+
+    # ------------------------------------------------------------------ outputs
+    def foreachRDD(self, func: Callable[..., Any]) -> None:
+        """Run ``func(rdd)`` or ``func(time, rdd)`` for every batch (on the driver).
+
+        ``func`` runs again for a batch that is re-run after a failure: make its effects
+        idempotent per batch time (e.g. write under a key derived from ``time``).
+        """
+        self._ssc._check_not_started("add an output operation")
+        n = positional_arity(func, (1, 2), "foreachRDD")
+
+        def run(rdd: RDD, t: BatchTime) -> None:
+            if n == 1:
+                func(rdd)
+            else:
+                func(to_datetime(t), rdd)
+
+        OutputNode(self._node.graph, self._node, run, getattr(func, "__name__", "foreachRDD"))
+
+    def pprint(self, num: int = 10) -> None:
+        """Print the first ``num`` elements of each batch (PySpark's format)."""
+
+        def take_and_print(time: Any, rdd: RDD) -> None:
+            taken = rdd.take(num + 1)
+            print("-------------------------------------------")
+            print(f"Time: {time.replace(tzinfo=None)}")
+            print("-------------------------------------------")
+            for record in taken[:num]:
+                print(record)
+            if len(taken) > num:
+                print("...")
+            print("", flush=True)
+
+        self.foreachRDD(take_and_print)
+
+    def saveAsTextFiles(self, prefix: str, suffix: str | None = None) -> None:
+        """Save each batch as a text-file folder ``prefix-<batch ms>[.suffix]``."""
+
+        def save(time: Any, rdd: RDD) -> None:
+            ms = round(time.timestamp() * 1000)
+            rdd.saveAsTextFile(rdd_to_file_name(prefix, suffix, ms))
+
+        self.foreachRDD(save)
+
+    # ------------------------------------------------------------------ inspection
+    def slice(self, begin: Any, end: Any) -> list[RDD]:
+        """The RDDs of the batches between ``begin`` and ``end`` (datetimes or unix seconds)."""
+        b, e = from_user_time(begin), from_user_time(end)
+        with self._node.graph.lock:
+            return self._node.slice(b, e)

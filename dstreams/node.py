@@ -1,0 +1,185 @@
+"""The DStream node contract.
+
+A node is one stream in the graph. Subclasses implement exactly three things:
+
+* ``slide_duration`` – the interval between two of its RDDs;
+* ``dependencies`` – the nodes it reads from;
+* ``compute(time) -> RDD | None`` – build (lazily: no Spark job runs here) the RDD of batch ``time``.
+
+The base class owns everything else: ``get_or_compute`` (one RDD per valid batch time, memoised in
+a dict), validity (``time > zero`` and ``(time - zero) % slide == 0``), persistence, the remember
+duration (how long generated RDDs are kept so that windows and state can read them) and
+``clear_metadata``, which forgets and unpersists what is no longer needed so that a long run keeps
+driver and executor memory flat. It also owns the checkpoint hook used by stateful nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, ClassVar
+
+from pyspark import RDD, StorageLevel
+
+from .time import BatchTime, Duration
+
+if TYPE_CHECKING:
+    from .graph import DStreamGraph
+
+log = logging.getLogger(__name__)
+
+#: Default checkpoint interval target (Spark's rule: the smallest multiple of the slide >= 10 s).
+DEFAULT_CHECKPOINT_TARGET = Duration(10_000)
+
+
+class DStreamNode:
+    """Base of every stream node; see the module docstring for the contract."""
+
+    #: True for nodes whose RDD at ``t`` depends on their own RDD at ``t - slide`` (state chains).
+    #: Such nodes get a checkpoint interval by default so that their lineage stays bounded.
+    must_checkpoint: ClassVar[bool] = False
+
+    _ids = 0
+    _ids_lock = threading.Lock()
+
+    def __init__(self, graph: DStreamGraph) -> None:
+        self.graph = graph
+        with DStreamNode._ids_lock:
+            DStreamNode._ids += 1
+            self.id = DStreamNode._ids
+        self.generated: dict[int, RDD] = {}
+        self.zero_time: BatchTime | None = None
+        self.remember_duration: Duration | None = None
+        self.storage_level: StorageLevel | None = None
+        self.checkpoint_interval: Duration | None = None
+        self._persisted_by_engine: set[int] = set()
+
+    # ----------------------------------------------------------------- the three members
+    @property
+    def slide_duration(self) -> Duration:
+        raise NotImplementedError
+
+    @property
+    def dependencies(self) -> list[DStreamNode]:
+        raise NotImplementedError
+
+    def compute(self, time: BatchTime) -> RDD | None:
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- naming
+    @property
+    def name(self) -> str:
+        return f"{type(self).__name__}#{self.id}"
+
+    def __repr__(self) -> str:
+        return f"<{self.name} slide={self.slide_duration}>"
+
+    # ----------------------------------------------------------------- lifecycle
+    def initialize(self, zero_time: BatchTime) -> None:
+        """Fix the zero time, default the checkpoint interval and remember duration; recurse."""
+        if self.zero_time is not None and self.zero_time != zero_time:
+            raise RuntimeError(f"{self.name} initialised twice with different zero times")
+        self.zero_time = zero_time
+        slide = self.slide_duration
+        if self.must_checkpoint and self.checkpoint_interval is None:
+            k = -(-DEFAULT_CHECKPOINT_TARGET.ms // slide.ms)
+            self.checkpoint_interval = Duration(slide.ms * k)
+        minimum = slide
+        if self.checkpoint_interval is not None and minimum <= self.checkpoint_interval:
+            # Keep the newest checkpointed RDD reachable until the next one exists.
+            minimum = self.checkpoint_interval * 2
+        if self.remember_duration is None or self.remember_duration < minimum:
+            self.remember_duration = minimum
+        for dep in self.dependencies:
+            dep.initialize(zero_time)
+
+    def validate_at_start(self) -> None:
+        """Raise ValueError for a graph that cannot run (checked once, at ``start()``)."""
+        slide = self.slide_duration
+        if slide.ms <= 0:
+            raise ValueError(f"{self.name}: slide duration must be positive")
+        if self.checkpoint_interval is not None:
+            if not self.checkpoint_interval.is_multiple_of(slide):
+                raise ValueError(
+                    f"{self.name}: checkpoint interval {self.checkpoint_interval} must be a multiple of "
+                    f"the slide duration {slide}"
+                )
+        for dep in self.dependencies:
+            dep.validate_at_start()
+
+    @property
+    def parent_remember_duration(self) -> Duration:
+        """How long the dependencies must remember their RDDs for this node (windows add theirs)."""
+        assert self.remember_duration is not None
+        return self.remember_duration
+
+    def remember(self, duration: Duration | None) -> None:
+        if duration is not None and (self.remember_duration is None or duration > self.remember_duration):
+            self.remember_duration = duration
+        if self.remember_duration is not None:
+            for dep in self.dependencies:
+                dep.remember(self.parent_remember_duration)
+
+    # ----------------------------------------------------------------- generation
+    def is_time_valid(self, time: BatchTime) -> bool:
+        if self.zero_time is None:
+            raise RuntimeError(f"{self.name} has not been initialised (the context is not started)")
+        if time <= self.zero_time:
+            return False
+        return (time.ms - self.zero_time.ms) % self.slide_duration.ms == 0
+
+    def get_or_compute(self, time: BatchTime) -> RDD | None:
+        """The RDD of batch ``time`` (computed once and memoised), or None at an invalid time."""
+        rdd = self.generated.get(time.ms)
+        if rdd is not None:
+            return rdd
+        if not self.is_time_valid(time):
+            return None
+        rdd = self.compute(time)
+        if rdd is None:
+            return None
+        if self.storage_level is not None and not rdd.is_cached:
+            rdd.persist(self.storage_level)
+            self._persisted_by_engine.add(time.ms)
+        if self.checkpoint_due(time):
+            self.graph.checkpointer.mark(self, time, rdd)
+        self.generated[time.ms] = rdd
+        return rdd
+
+    def checkpoint_due(self, time: BatchTime) -> bool:
+        if self.checkpoint_interval is None or self.zero_time is None:
+            return False
+        return (time.ms - self.zero_time.ms) % self.checkpoint_interval.ms == 0
+
+    def slice(self, from_time: BatchTime, to_time: BatchTime) -> list[RDD]:
+        """RDDs of the valid batch times in ``[from_time, to_time]`` (both aligned down to the grid)."""
+        if self.zero_time is None:
+            raise RuntimeError(f"{self.name} has not been initialised (the context is not started)")
+        slide = self.slide_duration
+        zero = self.zero_time
+        start = from_time if from_time.is_aligned(slide, zero) else from_time.floor(slide, zero)
+        end = to_time if to_time.is_aligned(slide, zero) else to_time.floor(slide, zero)
+        out: list[RDD] = []
+        for t in start.to(end, slide):
+            if t > zero:
+                rdd = self.get_or_compute(t)
+                if rdd is not None:
+                    out.append(rdd)
+        return out
+
+    # ----------------------------------------------------------------- cleanup
+    def clear_metadata(self, time: BatchTime) -> None:
+        """Forget (and unpersist what the engine persisted of) RDDs older than the remember window."""
+        assert self.remember_duration is not None
+        horizon = time.ms - self.remember_duration.ms
+        old = [t for t in self.generated if t <= horizon]
+        for t in old:
+            rdd = self.generated.pop(t)
+            if t in self._persisted_by_engine:
+                self._persisted_by_engine.discard(t)
+                rdd.unpersist(blocking=False)
+        for dep in self.dependencies:
+            dep.clear_metadata(time)
+
+    def persist(self, level: StorageLevel) -> None:
+        self.storage_level = level

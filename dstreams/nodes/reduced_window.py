@@ -1,0 +1,123 @@
+"""``reduceByKeyAndWindow`` as its own operator, with or without an inverse function.
+
+Contract: the parent is the per-batch reduced stream (one RDD per batch, hash-partitioned and
+cached). The RDD at ``t`` holds, per key, the reduce of the parent's values over ``(t - window, t]``.
+
+* With an inverse function and a previous window available (and, as in Spark, a window of at
+  least 5 slides), the window is updated incrementally: previous window, minus (``invFunc``) the
+  reduce of the batches that left, plus (``func``) the reduce of the batches that entered. One
+  narrow merge: its cost depends on the state and the slide, not on the window's length.
+* Otherwise the window is the partition-wise reduce of the cached per-batch reductions (no shuffle).
+
+``filterFunc`` (optional) keeps only the pairs it accepts; use it to drop keys whose value has
+fallen back to the neutral element. Reductions are applied oldest batch first, so order-sensitive
+functions (``groupByKeyAndWindow``'s list concatenation) see values in time order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from pyspark import RDD, StorageLevel
+from pyspark.rdd import Partitioner
+
+from ..node import DStreamNode
+from ..partitioned import segmented_merge
+from ..time import BatchTime, Duration
+from .windowed import check_window
+
+if TYPE_CHECKING:
+    from ..graph import DStreamGraph
+
+
+def _reduce_segments(func: Callable[[Any, Any], Any], segments: Iterable[list[Any]]) -> dict[Any, Any]:
+    acc: dict[Any, Any] = {}
+    for seg in segments:
+        for k, v in seg:
+            if k in acc:
+                acc[k] = func(acc[k], v)
+            else:
+                acc[k] = v
+    return acc
+
+
+class ReducedWindowNode(DStreamNode):
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode, func: Callable[[Any, Any], Any],
+                 inv_func: Callable[[Any, Any], Any] | None, window: Duration, slide: Duration,
+                 partitioner: Partitioner, filter_func: Callable[[Any], bool] | None) -> None:
+        super().__init__(graph)
+        check_window(parent.slide_duration, window, slide)
+        self.parent = parent
+        self.func = func
+        self.inv_func = inv_func
+        self.window = window
+        self._slide = slide
+        self.partitioner = partitioner
+        self.filter_func = filter_func
+        parent.persist(StorageLevel.MEMORY_ONLY)
+        self.persist(StorageLevel.MEMORY_ONLY)
+
+    @property
+    def must_checkpoint(self) -> bool:  # type: ignore[override]
+        return self.inv_func is not None
+
+    @property
+    def name(self) -> str:
+        return f"reduceByKeyAndWindow#{self.id}"
+
+    @property
+    def slide_duration(self) -> Duration:
+        return self._slide
+
+    @property
+    def dependencies(self) -> list[DStreamNode]:
+        return [self.parent]
+
+    @property
+    def parent_remember_duration(self) -> Duration:
+        assert self.remember_duration is not None
+        return self.remember_duration + self.window
+
+    def incremental(self) -> bool:
+        return self.inv_func is not None and self.window.ms >= 5 * self._slide.ms
+
+    def compute(self, time: BatchTime) -> RDD | None:
+        sc = self.graph.sc
+        pslide = self.parent.slide_duration
+        begin = time - self.window
+        previous = self.get_or_compute(time - self._slide) if self.incremental() else None
+        func, inv, keep = self.func, self.inv_func, self.filter_func
+        if previous is not None:
+            old = self.parent.slice(begin - self._slide + pslide, begin)
+            new = self.parent.slice(time - self._slide + pslide, time)
+
+            def merge(segments: list[list[Any]]) -> Iterable[Any]:
+                window = dict(segments[0])
+                left = _reduce_segments(func, [segments[1]])
+                for k, v in left.items():
+                    if k in window:
+                        window[k] = inv(window[k], v)
+                entered = _reduce_segments(func, [segments[2]])
+                for k, v in entered.items():
+                    if k in window:
+                        window[k] = func(window[k], v)
+                    else:
+                        window[k] = v
+                if keep is None:
+                    return window.items()
+                return [kv for kv in window.items() if keep(kv)]
+
+            return segmented_merge(sc, [[previous], old, new], self.partitioner, merge)
+
+        current = self.parent.slice(begin + pslide, time)
+        if not current:
+            return None if self.inv_func is not None else sc.emptyRDD()
+
+        def reduce_all(segments: list[list[Any]]) -> Iterable[Any]:
+            acc = _reduce_segments(func, segments)
+            if keep is None:
+                return acc.items()
+            return [kv for kv in acc.items() if keep(kv)]
+
+        return segmented_merge(sc, [current], self.partitioner, reduce_all)

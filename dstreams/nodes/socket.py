@@ -1,0 +1,91 @@
+"""``socketTextStream``: lines read from a TCP server by a thread in the driver.
+
+Contract: a background thread connects to ``host:port`` (reconnecting with backoff when the
+connection fails or closes) and buffers each received line; batch ``t`` holds the lines received
+before its generation and after the previous batch's. Lines are UTF-8 decoded with replacement of
+invalid bytes, so a malformed line is kept, never dropped. A socket cannot be replayed: without
+a write-ahead log its batches are at-most-once across a driver failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from typing import TYPE_CHECKING
+
+from pyspark import RDD
+
+from ..time import BatchTime
+from .input import InputNode
+
+if TYPE_CHECKING:
+    from ..graph import DStreamGraph
+
+log = logging.getLogger(__name__)
+
+
+class SocketInputNode(InputNode):
+    def __init__(self, graph: DStreamGraph, host: str, port: int) -> None:
+        super().__init__(graph)
+        if not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError(f"port must be an int in 1..65535, got {port!r}")
+        self.host = host
+        self.port = port
+        self._buffer: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.connected = threading.Event()
+        self.last_error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._receive, name=f"dstreams-socket-{self.port}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _receive(self) -> None:
+        delay = 0.1
+        while not self._stop.is_set():
+            try:
+                with socket.create_connection((self.host, self.port), timeout=2.0) as s:
+                    s.settimeout(0.2)
+                    self.connected.set()
+                    delay = 0.1
+                    pending = b""
+                    while not self._stop.is_set():
+                        try:
+                            chunk = s.recv(65536)
+                        except TimeoutError:
+                            continue
+                        if not chunk:
+                            break
+                        pending += chunk
+                        *lines, pending = pending.split(b"\n")
+                        if lines:
+                            decoded = [ln.rstrip(b"\r").decode("utf-8", "replace") for ln in lines]
+                            with self._lock:
+                                self._buffer.extend(decoded)
+                    if pending:
+                        with self._lock:
+                            self._buffer.append(pending.rstrip(b"\r").decode("utf-8", "replace"))
+            except OSError as e:
+                self.last_error = e
+                log.debug("socket source %s:%s: %s (retrying)", self.host, self.port, e)
+            finally:
+                self.connected.clear()
+            self._stop.wait(delay)
+            delay = min(delay * 2, 2.0)
+
+    def compute(self, time: BatchTime) -> RDD | None:
+        with self._lock:
+            lines, self._buffer = self._buffer, []
+        self._report(time, len(lines))
+        sc = self.graph.sc
+        if not lines:
+            return sc.emptyRDD()
+        return sc.parallelize(lines, min(len(lines), sc.defaultParallelism))

@@ -1,0 +1,173 @@
+"""State streams: a chain of hash-partitioned state RDDs merged partition-wise with each batch.
+
+Contract: the state RDD at ``t`` is ``merge(state(t - slide) or initial, prepare(batch(t)))``
+where ``prepare`` brings the batch into the state's partitioner (the only shuffle of a batch) and
+the merge is narrow: the state itself is never shuffled again. State RDDs are cached and, every
+checkpoint interval, checkpointed so that the lineage stays bounded. Subclasses only provide
+``prepare`` and ``merge_function(time)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from pyspark import RDD, StorageLevel
+from pyspark.rdd import Partitioner
+
+from ..node import DStreamNode
+from ..partitioned import ensure_partitioned, pre_group_ordered, pre_reduce, segmented_merge
+from ..time import BatchTime, Duration
+
+if TYPE_CHECKING:
+    from ..graph import DStreamGraph
+
+Merge = Callable[[list[list[Any]]], Iterable[Any]]
+
+
+class StateNode(DStreamNode):
+    """Base of the per-key state operators."""
+
+    must_checkpoint = True
+
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode, partitioner: Partitioner,
+                 initial: RDD | None = None, label: str = "state") -> None:
+        super().__init__(graph)
+        self.parent = parent
+        self.partitioner = partitioner
+        self.initial = ensure_partitioned(initial, partitioner) if initial is not None else None
+        self.label = label
+        self.persist(StorageLevel.MEMORY_ONLY)
+
+    @property
+    def name(self) -> str:
+        return f"{self.label}#{self.id}"
+
+    @property
+    def slide_duration(self) -> Duration:
+        return self.parent.slide_duration
+
+    @property
+    def dependencies(self) -> list[DStreamNode]:
+        return [self.parent]
+
+    def prepare(self, batch: RDD) -> RDD:
+        raise NotImplementedError
+
+    def merge_function(self, time: BatchTime) -> Merge:
+        raise NotImplementedError
+
+    def compute(self, time: BatchTime) -> RDD | None:
+        previous = self.get_or_compute(time - self.slide_duration)
+        if previous is None:
+            previous = self.initial
+        batch = self.parent.get_or_compute(time)
+        if batch is None:
+            return previous
+        prepared = self.prepare(batch)
+        groups = [[previous] if previous is not None else [], [prepared]]
+        return segmented_merge(self.graph.sc, groups, self.partitioner, self.merge_function(time))
+
+
+class RunningReduceNode(StateNode):
+    """``runningReduce(f)``: per key, the reduce of every value seen so far."""
+
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode, func: Callable[[Any, Any], Any],
+                 partitioner: Partitioner) -> None:
+        super().__init__(graph, parent, partitioner, label="runningReduce")
+        self.func = func
+
+    def prepare(self, batch: RDD) -> RDD:
+        return pre_reduce(batch, self.func, self.partitioner, "runningReduce")
+
+    def merge_function(self, time: BatchTime) -> Merge:
+        func = self.func
+
+        def merge(segments: list[list[Any]]) -> Iterable[Any]:
+            state = dict(segments[0])
+            for k, v in segments[1]:
+                if k in state:
+                    state[k] = func(state[k], v)
+                else:
+                    state[k] = v
+            return state.items()
+
+        return merge
+
+
+class UpdateStateNode(StateNode):
+    """``updateStateByKey(updateFunc)``: ``updateFunc(newValues, lastState)``; None drops the key.
+
+    As in PySpark, ``updateFunc`` runs for every key that has a state or new values (a key with a
+    state and no new values gets ``[]``). ``newValues`` keeps the input order of the batch.
+    """
+
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode,
+                 update: Callable[[list[Any], Any], Any], partitioner: Partitioner,
+                 initial: RDD | None) -> None:
+        super().__init__(graph, parent, partitioner, initial, label="updateStateByKey")
+        self.update = update
+
+    def prepare(self, batch: RDD) -> RDD:
+        return pre_group_ordered(batch, self.partitioner, "updateStateByKey")
+
+    def merge_function(self, time: BatchTime) -> Merge:
+        update = self.update
+
+        def merge(segments: list[list[Any]]) -> Iterable[Any]:
+            state = dict(segments[0])
+            new = dict(segments[1])
+            out = []
+            for k, s in state.items():
+                r = update(new.pop(k, []), s)
+                if r is not None:
+                    out.append((k, r))
+            for k, vs in new.items():
+                r = update(vs, None)
+                if r is not None:
+                    out.append((k, r))
+            return out
+
+        return merge
+
+
+class TrackNode(StateNode):
+    """``track(init, update, timeout)``: the paper's state tracking.
+
+    For each (key, event) of a batch, in input order: a key without state gets
+    ``init(key, event)``; a key with state gets ``update(key, state, event)``. A None result drops
+    the key's state. A key that receives no event for ``timeout`` (measured between batch times)
+    is dropped. Records of this node are ``(key, (state, last_event_time_ms))``; the public stream
+    maps them to ``(key, state)``.
+    """
+
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode, init: Callable[[Any, Any], Any],
+                 update: Callable[[Any, Any, Any], Any], timeout: Duration,
+                 partitioner: Partitioner) -> None:
+        super().__init__(graph, parent, partitioner, label="track")
+        self.init = init
+        self.update = update
+        self.timeout = timeout
+
+    def prepare(self, batch: RDD) -> RDD:
+        return pre_group_ordered(batch, self.partitioner, "track")
+
+    def merge_function(self, time: BatchTime) -> Merge:
+        init, update, now, timeout = self.init, self.update, time.ms, self.timeout.ms
+
+        def merge(segments: list[list[Any]]) -> Iterable[Any]:
+            state = dict(segments[0])
+            out = []
+            for k, events in segments[1]:
+                entry = state.pop(k, None)
+                s = entry[0] if entry is not None else None
+                for ev in events:
+                    s = init(k, ev) if s is None else update(k, s, ev)
+                if s is not None:
+                    out.append((k, (s, now)))
+            for k, entry in state.items():
+                if now - entry[1] < timeout:
+                    out.append((k, entry))
+            return out
+
+        return merge

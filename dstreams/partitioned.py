@@ -1,0 +1,230 @@
+"""Partition-wise (narrow) combination of RDDs that share one hash partitioner.
+
+State streams and invertible windows keep one hash partitioning for their whole life. To merge
+the previous state with a batch without shuffling the state, the RDDs are put side by side in a
+partition-aware union (Spark's ``PartitionerAwareUnionRDD``: partition ``i`` of the union is the
+concatenation of partition ``i`` of every parent), separated by *segment markers*, and one Python
+function reads each partition's segments in order. The markers come from a tiny cached RDD with
+one marker object per partition, so no data RDD is ever re-read just to tag it.
+
+Contract of :func:`segmented_merge`: ``merge(segments)`` receives a list of iterators, one per
+segment (segment ``j`` holds the records of the RDDs of group ``j``, in the order given) and
+returns an iterable of records; the result keeps the partitioner.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from pyspark import RDD, SparkContext, StorageLevel
+from pyspark.rdd import Partitioner, portable_hash
+
+
+class SegmentMarker:
+    """Separates two segments inside one partition of a segmented union."""
+
+    __slots__ = ()
+
+    def __reduce__(self):
+        return (SegmentMarker, ())
+
+
+_MARKER_TYPE = SegmentMarker
+
+
+def hash_partitioner(num_partitions: int) -> Partitioner:
+    """The partitioner used by every state stream and keyed window (PySpark's own hash)."""
+    return Partitioner(num_partitions, portable_hash)
+
+
+def union_rdds(sc: SparkContext, rdds: Sequence[RDD]) -> RDD:
+    """Union of ``rdds``; partition-wise (and keeping the partitioner) when they all share one."""
+    if len(rdds) == 1:
+        return rdds[0]
+    out = sc.union(list(rdds))
+    first = rdds[0].partitioner
+    if first is not None and all(r.partitioner == first for r in rdds) and all(
+        r.getNumPartitions() == first.numPartitions for r in rdds
+    ):
+        out.partitioner = first
+    return out
+
+
+class _MarkerCache:
+    """One cached marker RDD per (SparkContext, number of partitions)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rdds: dict[tuple[int, int], RDD] = {}
+
+    def get(self, sc: SparkContext, num_partitions: int) -> RDD:
+        key = (id(sc), num_partitions)
+        with self._lock:
+            rdd = self._rdds.get(key)
+            if rdd is None or rdd.ctx._jsc is None:
+                rdd = (
+                    sc.parallelize([], 1)
+                    .partitionBy(num_partitions, portable_hash)
+                    .mapPartitions(_one_marker, preservesPartitioning=True)
+                    .persist(StorageLevel.MEMORY_ONLY)
+                )
+                rdd.setName(f"dstreams-segment-markers-{num_partitions}")
+                self._rdds[key] = rdd
+            return rdd
+
+
+def _one_marker(_: Iterable[Any]) -> list[SegmentMarker]:
+    return [SegmentMarker()]
+
+
+MARKERS = _MarkerCache()
+
+
+def ensure_partitioned(rdd: RDD, partitioner: Partitioner) -> RDD:
+    """``rdd`` hash-partitioned by ``partitioner`` (a shuffle only when it is not already)."""
+    if rdd.partitioner == partitioner:
+        return rdd
+    return rdd.partitionBy(partitioner.numPartitions, partitioner.partitionFunc)
+
+
+def split_segments(it: Iterable[Any], count: int) -> list[list[Any]]:
+    """Split one partition of a segmented union into ``count`` lists (consumes ``it``)."""
+    segments: list[list[Any]] = [[] for _ in range(count)]
+    j = 0
+    current = segments[0]
+    marker = _MARKER_TYPE
+    for x in it:
+        if x.__class__ is marker:
+            j += 1
+            current = segments[j]
+        else:
+            current.append(x)
+    return segments
+
+
+def segmented_merge(
+    sc: SparkContext,
+    groups: Sequence[Sequence[RDD]],
+    partitioner: Partitioner,
+    merge: Callable[[list[list[Any]]], Iterable[Any]],
+) -> RDD:
+    """Merge groups of co-partitioned RDDs partition by partition (no shuffle).
+
+    Every RDD in ``groups`` must already be partitioned by ``partitioner``.
+    """
+    n = partitioner.numPartitions
+    parts: list[RDD] = []
+    markers = MARKERS.get(sc, n)
+    for j, group in enumerate(groups):
+        if j > 0:
+            parts.append(markers)
+        for r in group:
+            if r.partitioner != partitioner:
+                raise ValueError("segmented_merge: every RDD must share the state's partitioner")
+            parts.append(r)
+    count = len(groups)
+
+    def run(it: Iterator[Any]) -> Iterable[Any]:
+        return merge(split_segments(it, count))
+
+    union = union_rdds(sc, parts)
+    if union.partitioner != partitioner:
+        raise RuntimeError("internal: partition-aware union lost its partitioner")
+    return union.mapPartitions(run, preservesPartitioning=True)
+
+
+def require_pair(x: Any, op: str) -> tuple[Any, Any]:
+    """``x`` as a (key, value) pair, or a TypeError that says how to make one."""
+    if type(x) is tuple and len(x) == 2:
+        return x
+    if isinstance(x, (tuple, list)) and len(x) == 2:
+        return (x[0], x[1])
+    raise TypeError(
+        f"{op} needs a stream of (key, value) pairs, but got the element {x!r:.200} "
+        f"of type {type(x).__name__}; map the stream to pairs first, e.g. .map(lambda x: (x, 1))"
+    )
+
+
+def checked_pairs(op: str) -> Callable[[Iterable[Any]], Iterator[tuple[Any, Any]]]:
+    """A mapPartitions function that passes pairs through and fails clearly on anything else."""
+
+    def check(it: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
+        for x in it:
+            if type(x) is tuple and len(x) == 2:
+                yield x
+            else:
+                yield require_pair(x, op)
+
+    return check
+
+
+def pre_reduce(rdd: RDD, func: Callable[[Any, Any], Any], partitioner: Partitioner, op: str) -> RDD:
+    """Per-batch reduce by key into ``partitioner`` (map-side combine, one shuffle)."""
+
+    def combine(it: Iterable[Any]) -> Iterable[tuple[Any, Any]]:
+        acc: dict[Any, Any] = {}
+        for x in it:
+            k, v = x if (type(x) is tuple and len(x) == 2) else require_pair(x, op)
+            if k in acc:
+                acc[k] = func(acc[k], v)
+            else:
+                acc[k] = v
+        return acc.items()
+
+    def merge(it: Iterable[tuple[Any, Any]]) -> Iterable[tuple[Any, Any]]:
+        acc: dict[Any, Any] = {}
+        for k, v in it:
+            if k in acc:
+                acc[k] = func(acc[k], v)
+            else:
+                acc[k] = v
+        return acc.items()
+
+    return (
+        rdd.mapPartitions(combine)
+        .partitionBy(partitioner.numPartitions, partitioner.partitionFunc)
+        .mapPartitions(merge, preservesPartitioning=True)
+    )
+
+
+def pre_group_ordered(rdd: RDD, partitioner: Partitioner, op: str) -> RDD:
+    """Per-batch group by key that keeps each key's values in input order (deterministic).
+
+    Records are tagged with their input partition on the map side; after the shuffle each key's
+    chunks are ordered by that tag, so the value list is the same whatever order the shuffle
+    fetched the map outputs in. Output records: ``(key, [values...])``.
+    """
+
+    def combine(index: int, it: Iterable[Any]) -> Iterable[tuple[Any, tuple[int, list[Any]]]]:
+        acc: dict[Any, list[Any]] = {}
+        for x in it:
+            k, v = x if (type(x) is tuple and len(x) == 2) else require_pair(x, op)
+            lst = acc.get(k)
+            if lst is None:
+                acc[k] = [v]
+            else:
+                lst.append(v)
+        return ((k, (index, vs)) for k, vs in acc.items())
+
+    def merge(it: Iterable[tuple[Any, tuple[int, list[Any]]]]) -> Iterable[tuple[Any, list[Any]]]:
+        acc: dict[Any, list[tuple[int, list[Any]]]] = {}
+        for k, chunk in it:
+            lst = acc.get(k)
+            if lst is None:
+                acc[k] = [chunk]
+            else:
+                lst.append(chunk)
+        for k, chunks in acc.items():
+            if len(chunks) == 1:
+                yield k, chunks[0][1]
+            else:
+                chunks.sort(key=lambda c: c[0])
+                yield k, [v for _, vs in chunks for v in vs]
+
+    return (
+        rdd.mapPartitionsWithIndex(combine)
+        .partitionBy(partitioner.numPartitions, partitioner.partitionFunc)
+        .mapPartitions(merge, preservesPartitioning=True)
+    )

@@ -1,0 +1,260 @@
+"""Job generation and job execution, kept apart.
+
+Contract:
+
+* The **generator** thread waits on the injected clock for each batch time ``t = start + k*batch``
+  and, on its own thread, builds the batch: input offsets are fixed, then one job per output
+  operation (RDD construction only, no Spark action). The batch is then queued for the runner.
+* The **runner** executes batches in submission order with at most ``concurrent_batches`` in
+  flight (timestep pipelining); a batch's output jobs run in registration order. Each batch runs
+  under its own Spark job group (``dstreams-<ctx>-<batch ms>``), so its Spark jobs can be found
+  (stage counts in tests) and cancelled.
+* When batch ``t`` and every earlier batch have completed, old RDDs are cleared up to ``t``.
+* A failed job is recorded (the first error is re-raised by ``await_termination``) and reported
+  in the batch's metrics; later batches still run, as in PySpark.
+* Metrics times are wall-clock epoch milliseconds; ``total delay = scheduling + processing``
+  (as in Spark), so they stay meaningful with a manual clock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time as _time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .clock import Clock
+from .graph import DStreamGraph, Job
+from .listener import (
+    BatchInfo,
+    ListenerBus,
+    OutputOperationInfo,
+    StreamingListenerBatchCompleted,
+    StreamingListenerBatchStarted,
+    StreamingListenerBatchSubmitted,
+    StreamingListenerOutputOperationCompleted,
+    StreamingListenerOutputOperationStarted,
+    StreamingListenerStreamingStarted,
+)
+from .time import BatchTime
+
+log = logging.getLogger(__name__)
+
+_ctx_ids = itertools.count(1)
+
+
+def wall_ms() -> int:
+    return int(_time.time() * 1000)
+
+
+@dataclass
+class Batch:
+    time: BatchTime
+    jobs: list[Job]
+    info: BatchInfo
+    error: BaseException | None = None
+
+
+class JobScheduler:
+    """Owns the generator thread, the runner threads and the batch metrics."""
+
+    def __init__(self, graph: DStreamGraph, clock: Clock, bus: ListenerBus, concurrent_batches: int = 1,
+                 keep_batch_infos: int = 1000) -> None:
+        if concurrent_batches < 1:
+            raise ValueError(f"concurrentBatches must be >= 1, got {concurrent_batches}")
+        self.graph = graph
+        self.clock = clock
+        self.bus = bus
+        self.concurrent_batches = concurrent_batches
+        self.ctx_id = next(_ctx_ids)
+        self._stop_generating = threading.Event()
+        self._stop_running = threading.Event()
+        self._cond = threading.Condition()
+        self._queue: deque[Batch] = deque()
+        self._running: dict[int, Batch] = {}
+        self._pending_times: list[int] = []  # submitted, not completed
+        self._completed: set[int] = set()
+        self._cleared_up_to: int | None = None
+        self.infos: deque[BatchInfo] = deque(maxlen=keep_batch_infos)
+        self.last_generated: BatchTime | None = None
+        self.last_completed: BatchTime | None = None
+        self.start_time: BatchTime | None = None
+        self.error: BaseException | None = None
+        self.error_event = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.on_generate: list[Callable[[BatchTime], None]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, first_batch: BatchTime | None = None) -> BatchTime:
+        batch = self.graph.batch_duration
+        assert batch is not None
+        if first_batch is None:
+            now = self.clock.time_ms()
+            first_batch = BatchTime((now // batch.ms + 1) * batch.ms)
+        self.start_time = first_batch
+        self.graph.start(first_batch - batch)
+        gen = threading.Thread(target=self._generate_loop, name=f"dstreams-{self.ctx_id}-generator", daemon=True)
+        self._threads.append(gen)
+        for i in range(self.concurrent_batches):
+            t = threading.Thread(target=self._run_loop, name=f"dstreams-{self.ctx_id}-runner-{i}", daemon=True)
+            self._threads.append(t)
+        for t in self._threads:
+            t.start()
+        self.bus.post("onStreamingStarted", StreamingListenerStreamingStarted(wall_ms()))
+        return first_batch
+
+    def stop(self, graceful: bool, timeout_s: float) -> None:
+        """Stop generating; when ``graceful``, first let every queued batch finish (bounded)."""
+        self._stop_generating.set()
+        threads = list(self._threads)
+        if threads:
+            threads[0].join(timeout=timeout_s)
+        if graceful:
+            deadline = _time.monotonic() + timeout_s
+            with self._cond:
+                while (self._queue or self._running) and _time.monotonic() < deadline:
+                    self._cond.wait(0.05)
+                if self._queue or self._running:
+                    log.warning("graceful stop timed out after %.1f s with batches still pending", timeout_s)
+        with self._cond:
+            dropped = len(self._queue)
+            self._queue.clear()
+            running = list(self._running.values())
+            self._stop_running.set()
+            self._cond.notify_all()
+        if dropped:
+            log.info("stop: %d queued batch(es) were not run", dropped)
+        sc = self.graph.sc
+        for b in running:
+            try:
+                sc.cancelJobGroup(b.info.job_group)
+            except Exception:  # the SparkContext may be stopping
+                pass
+        for t in threads[1:]:
+            t.join(timeout=timeout_s)
+
+    # ------------------------------------------------------------------ generation
+    def _generate_loop(self) -> None:
+        batch = self.graph.batch_duration
+        assert batch is not None and self.start_time is not None
+        t = self.start_time
+        while not self._stop_generating.is_set():
+            self.clock.wait_till(t.ms, self._stop_generating)
+            if self._stop_generating.is_set():
+                break
+            self.generate_batch(t)
+            t = t + batch
+
+    def generate_batch(self, t: BatchTime) -> None:
+        info = BatchInfo(t.ms, wall_ms(), job_group=f"dstreams-{self.ctx_id}-{t.ms}")
+        b = Batch(t, [], info)
+        try:
+            for hook in self.on_generate:
+                hook(t)
+            b.jobs = self.graph.generate_jobs(t)
+        except BaseException as e:  # a user function raising while the graph is built
+            log.error("error generating the jobs of batch %s", t, exc_info=True)
+            b.error = e
+            self._report_error(e)
+        records = self.graph.input_records(t)
+        info.records_per_input = records
+        info.num_records = sum(records.values())
+        for j in b.jobs:
+            info.output_operations[j.output_id] = OutputOperationInfo(t.ms, j.output_id, j.name, j.description)
+        self.last_generated = t
+        with self._cond:
+            self._queue.append(b)
+            self._pending_times.append(t.ms)
+            self._cond.notify_all()
+        self.bus.post("onBatchSubmitted", StreamingListenerBatchSubmitted(info))
+
+    # ------------------------------------------------------------------ running
+    def _run_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stop_running.is_set():
+                    self._cond.wait(0.1)
+                if self._stop_running.is_set() and not self._queue:
+                    return
+                b = self._queue.popleft()
+                self._running[b.time.ms] = b
+            try:
+                self._run_batch(b)
+            finally:
+                with self._cond:
+                    self._running.pop(b.time.ms, None)
+                    self._cond.notify_all()
+                self._batch_done(b)
+
+    def _run_batch(self, b: Batch) -> None:
+        info = b.info
+        info.processing_start_time_ms = wall_ms()
+        self.bus.post("onBatchStarted", StreamingListenerBatchStarted(info))
+        sc = self.graph.sc
+        try:
+            sc.setJobGroup(info.job_group, f"dstreams batch {b.time.ms}", interruptOnCancel=False)
+        except Exception:
+            log.debug("could not set the job group", exc_info=True)
+        for job in b.jobs:
+            op = info.output_operations[job.output_id]
+            op.start_time_ms = wall_ms()
+            self.bus.post("onOutputOperationStarted", StreamingListenerOutputOperationStarted(op))
+            try:
+                job.run()
+            except BaseException as e:
+                if self._stop_running.is_set():
+                    log.info("batch %s: %s interrupted by stop()", b.time, job.name)
+                    op.failure_reason = "stopped"
+                else:
+                    log.error("error running %s of batch %s", job.name, b.time, exc_info=True)
+                    op.failure_reason = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+                    b.error = b.error or e
+                    self._report_error(e)
+            op.end_time_ms = wall_ms()
+            self.bus.post("onOutputOperationCompleted", StreamingListenerOutputOperationCompleted(op))
+        info.processing_end_time_ms = wall_ms()
+
+    def _batch_done(self, b: Batch) -> None:
+        self.infos.append(b.info)
+        self.bus.post("onBatchCompleted", StreamingListenerBatchCompleted(b.info))
+        clear_to: int | None = None
+        with self._cond:
+            self._completed.add(b.time.ms)
+            # Clear only up to the newest batch whose predecessors have all completed.
+            while self._pending_times and self._pending_times[0] in self._completed:
+                clear_to = self._pending_times.pop(0)
+                self._completed.discard(clear_to)
+            self.last_completed = b.time if self.last_completed is None else max(self.last_completed, b.time)
+            self._cond.notify_all()
+        if clear_to is not None:
+            try:
+                self.graph.clear_metadata(BatchTime(clear_to))
+                if self.graph.checkpointer is not None:
+                    self.graph.checkpointer.batch_completed(BatchTime(clear_to))
+            except Exception:
+                log.exception("error clearing metadata at %s", clear_to)
+
+    def _report_error(self, e: BaseException) -> None:
+        if self.error is None:
+            self.error = e
+        self.error_event.set()
+
+    # ------------------------------------------------------------------ test & benchmark helpers
+    def wait_for_batch(self, t: BatchTime, timeout_s: float) -> BatchInfo:
+        """Block until batch ``t`` has completed (raises TimeoutError after ``timeout_s``)."""
+        deadline = _time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                if self.last_completed is not None and self.last_completed >= t and t.ms not in self._pending_times:
+                    for info in reversed(self.infos):
+                        if info.batch_time_ms == t.ms:
+                            return info
+                    raise KeyError(f"batch {t} completed but its metrics were not kept")
+                remaining = deadline - _time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"batch {t} did not complete within {timeout_s} s")
+                self._cond.wait(min(remaining, 0.1))
