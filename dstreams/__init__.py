@@ -9,6 +9,7 @@ from dstreams.api.context import StreamingContext, StreamingContextStateError
 from dstreams.api.stream import DStream
 from dstreams.clock import ManualClock, SystemClock
 from dstreams.listener import BatchInfo, OutputOperationInfo, StreamingListener
+from dstreams.scheduler import BatchFailedError
 from dstreams.time import BatchTime, Duration, parse_duration
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "DStream",
     "StreamingListener",
     "StreamingContextStateError",
+    "BatchFailedError",
     "ManualClock",
     "SystemClock",
     "BatchInfo",

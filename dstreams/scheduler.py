@@ -51,6 +51,38 @@ def wall_ms() -> int:
     return int(_time.time() * 1000)
 
 
+class BatchFailedError(RuntimeError):
+    """A batch's output operation failed inside Spark; the message carries the Python traceback.
+
+    ``__cause__`` is the original error (a ``Py4JJavaError`` with the full JVM stack trace).
+    """
+
+    def __init__(self, batch_time: BatchTime, operation: str, detail: str) -> None:
+        super().__init__(f"batch {batch_time.ms} failed in output operation {operation!r}:\n{detail}")
+        self.batch_time = batch_time
+        self.operation = operation
+
+
+def python_traceback_of(error: BaseException) -> str | None:
+    """The Python worker's traceback inside a Spark task failure, if ``error`` carries one."""
+    text = str(error)
+    start = text.rfind("Traceback (most recent call last):")
+    if start < 0:
+        return None
+    end = text.find("\n\tat ", start)
+    return text[start:end if end > 0 else None].rstrip()
+
+
+def user_facing_error(error: BaseException, batch_time: BatchTime, operation: str) -> BaseException:
+    """Errors raised in the driver stay as they are; task failures become :class:`BatchFailedError`."""
+    tb = python_traceback_of(error) if type(error).__name__ == "Py4JJavaError" else None
+    if tb is None:
+        return error
+    wrapped = BatchFailedError(batch_time, operation, tb)
+    wrapped.__cause__ = error
+    return wrapped
+
+
 @dataclass
 class Batch:
     time: BatchTime
@@ -213,7 +245,7 @@ class JobScheduler:
                     log.error("error running %s of batch %s", job.name, b.time, exc_info=True)
                     op.failure_reason = "".join(traceback.format_exception(type(e), e, e.__traceback__))
                     b.error = b.error or e
-                    self._report_error(e)
+                    self._report_error(user_facing_error(e, b.time, job.name))
             op.end_time_ms = wall_ms()
             self.bus.post("onOutputOperationCompleted", StreamingListenerOutputOperationCompleted(op))
         info.processing_end_time_ms = wall_ms()

@@ -1,0 +1,270 @@
+"""Context lifecycle, listeners and bad input: each a clear error, nothing lost."""
+
+from __future__ import annotations
+
+import functools
+import operator
+
+import pytest
+
+from dstreams import ManualClock, StreamingContext, StreamingContextStateError, StreamingListener
+
+from .support import run_manual
+
+
+def _ssc(sc, batch=1):
+    return StreamingContext(sc, batch, clock=ManualClock())
+
+
+def _advance(ssc, clock, n, batch_ms=1000, timeout=120):
+    start = ssc.startTime.ms
+    for i in range(n):
+        clock.advance(batch_ms)
+        ssc.awaitBatch(start + i * batch_ms, timeout)
+
+
+def test_stopped_context_cannot_restart(sc):
+    ssc = _ssc(sc)
+    ssc.queueStream([[1]]).pprint()
+    ssc.start()
+    assert StreamingContext.getActive() is ssc
+    ssc.stop(stopSparkContext=False)
+    assert StreamingContext.getActive() is None
+    assert ssc.getState() == "STOPPED"
+    with pytest.raises(StreamingContextStateError, match="cannot be restarted"):
+        ssc.start()
+
+
+def test_adding_streams_after_start_is_refused(sc):
+    ssc = _ssc(sc)
+    s = ssc.queueStream([[1]])
+    s.pprint()
+    ssc.start()
+    try:
+        with pytest.raises(StreamingContextStateError, match="before ssc.start"):
+            s.map(lambda x: x)
+        with pytest.raises(StreamingContextStateError, match="before ssc.start"):
+            s.pprint()
+        with pytest.raises(StreamingContextStateError):
+            ssc.queueStream([[2]])
+    finally:
+        ssc.stop(stopSparkContext=False)
+
+
+def test_start_without_outputs_is_a_clear_error(sc):
+    ssc = _ssc(sc)
+    ssc.queueStream([[1]]).map(lambda x: x)
+    with pytest.raises(ValueError, match="no output operations"):
+        ssc.start()
+
+
+def test_second_active_context_is_refused(sc):
+    a, b = _ssc(sc), _ssc(sc)
+    a.queueStream([[1]]).pprint()
+    b.queueStream([[1]]).pprint()
+    a.start()
+    try:
+        with pytest.raises(StreamingContextStateError, match="only one StreamingContext"):
+            b.start()
+    finally:
+        a.stop(stopSparkContext=False)
+
+
+def test_malformed_durations(sc):
+    with pytest.raises(ValueError, match="malformed batchDuration"):
+        StreamingContext(sc, "1 parsec")
+    ssc = _ssc(sc)
+    s = ssc.queueStream([[1]])
+    with pytest.raises(ValueError, match="malformed windowDuration"):
+        s.window("thirty seconds")
+    with pytest.raises(ValueError, match="positive"):
+        s.window(0)
+
+
+def test_window_not_a_multiple_of_the_slide(sc):
+    ssc = _ssc(sc)
+    s = ssc.queueStream([[("a", 1)]])
+    with pytest.raises(ValueError, match="window duration .* multiple of the parent"):
+        s.window("1500ms")
+    with pytest.raises(ValueError, match="slide duration .* multiple"):
+        s.window("4s", "1500ms")
+    with pytest.raises(ValueError, match="multiple"):
+        s.reduceByKeyAndWindow(operator.add, operator.sub, "2500ms", "1s")
+    with pytest.raises(ValueError, match="multiple"):
+        s.window("4s", "2s").window("3s", "2s")
+
+
+def test_function_raising_in_a_batch_reaches_await_termination_and_later_batches_run(sc):
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    s = ssc.queueStream([[1, 2], [0, 3], [4]])
+
+    def invert(x):
+        return 10 // x
+
+    seen: list[list[int]] = []
+    s.map(invert).foreachRDD(lambda rdd: seen.append(sorted(rdd.collect())))
+    ssc.start()
+    try:
+        _advance(ssc, clock, 3)
+        with pytest.raises(Exception) as excinfo:
+            ssc.awaitTermination(timeout=10)
+        text = str(excinfo.value)
+        assert "ZeroDivisionError" in text and "invert" in text, text  # the user's traceback
+        assert text.startswith(f"batch {ssc.startTime.ms + 1000} failed"), text
+        assert "\tat org.apache" not in text  # the JVM stack stays in __cause__
+        assert seen == [[5, 10], [2]]  # batch 2 failed, batch 3 still ran
+        infos = ssc.batchInfos()
+        assert [i.failed for i in infos] == [False, True, False]
+        assert "ZeroDivisionError" in infos[1].outputOperationInfos()[0].failureReason()
+    finally:
+        ssc.stop(stopSparkContext=False)
+
+
+def test_driver_side_error_in_foreach_is_raised_as_is(sc):
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+
+    class BoomError(Exception):
+        pass
+
+    def fail(rdd):
+        raise BoomError("from my foreachRDD")
+
+    ssc.queueStream([[1]]).foreachRDD(fail)
+    ssc.start()
+    try:
+        _advance(ssc, clock, 1)
+        with pytest.raises(BoomError, match="from my foreachRDD"):
+            ssc.awaitTermination(timeout=10)
+    finally:
+        ssc.stop(stopSparkContext=False)
+
+
+@pytest.mark.parametrize("op", ["runningReduce", "reduceByKey", "window", "updateStateByKey", "join"])
+def test_non_pair_stream_to_pair_operator(sc, op):
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    s = ssc.queueStream([["not-a-pair", "not-a-pair-either"]])
+    if op == "runningReduce":
+        out = s.runningReduce(operator.add)
+    elif op == "reduceByKey":
+        out = s.reduceByKey(operator.add)
+    elif op == "window":
+        out = s.reduceByKeyAndWindow(operator.add, operator.sub, 5, 1)
+    elif op == "updateStateByKey":
+        out = s.updateStateByKey(lambda vs, st: 1)
+    else:
+        out = s.join(s)
+    out.foreachRDD(lambda rdd: rdd.collect())
+    ssc.start()
+    try:
+        _advance(ssc, clock, 1)
+        with pytest.raises(Exception, match=r"\(key, value\) pairs") as excinfo:
+            ssc.awaitTermination(timeout=10)
+        assert "not-a-pair" in str(excinfo.value)
+    finally:
+        ssc.stop(stopSparkContext=False)
+
+
+def test_foreach_rdd_arity_detection(sc):
+    calls: dict[str, list] = {"one": [], "two": [], "partial": [], "obj": []}
+
+    class Sink:
+        def __call__(self, time, rdd):
+            calls["obj"].append((time.tzinfo is not None, rdd.count()))
+
+    def two(time, rdd, tag="x"):
+        calls["two"].append(rdd.count())
+
+    def build(s):
+        s.foreachRDD(lambda rdd: calls["one"].append(rdd.count()))
+        s.foreachRDD(two)
+        s.foreachRDD(functools.partial(lambda label, rdd: calls["partial"].append(label), "p"))
+        s.foreachRDD(Sink())
+        return {}
+
+    run_manual(sc, [[1, 2], [3]], build)
+    assert calls == {"one": [2, 1], "two": [2, 1], "partial": ["p", "p"], "obj": [(True, 2), (True, 1)]}
+
+
+def test_foreach_rdd_rejects_wrong_arity(sc):
+    ssc = _ssc(sc)
+    with pytest.raises(TypeError, match="must take"):
+        ssc.queueStream([[1]]).foreachRDD(lambda a, b, c: None)
+
+
+def test_listeners_get_pyspark_compatible_events(sc):
+    events: list[tuple[str, object]] = []
+
+    class Recorder(StreamingListener):
+        def onStreamingStarted(self, e):
+            events.append(("started", e.time()))
+
+        def onBatchSubmitted(self, e):
+            events.append(("submitted", e.batchInfo().batchTime().milliseconds()))
+
+        def onBatchStarted(self, e):
+            events.append(("batchStarted", e.batchInfo().schedulingDelay().isDefined()))
+
+        def onOutputOperationCompleted(self, e):
+            events.append(("opDone", e.outputOperationInfo().failureReason()))
+
+        def onBatchCompleted(self, e):
+            info = e.batchInfo()
+            events.append(("completed", (info.numRecords(), info.processingDelay().get() >= 0,
+                                         info.totalDelay().get() >= info.processingDelay().get())))
+
+    class Broken:
+        def onBatchCompleted(self, e):
+            raise RuntimeError("listener bug")
+
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.addStreamingListener(Broken())
+    ssc.addStreamingListener(Recorder())
+    ssc.generatorStream(3, 2).count().foreachRDD(lambda rdd: rdd.collect())
+    ssc.start()
+    try:
+        _advance(ssc, clock, 2)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    kinds = [k for k, _ in events]
+    assert kinds[0] == "started"
+    assert kinds[1:] == ["submitted", "batchStarted", "opDone", "completed"] * 2
+    assert events[1][1] == 1000
+    assert events[4] == ("completed", (6, True, True))
+    assert events[3] == ("opDone", None)
+
+
+def test_get_or_create_and_get_active_or_create(sc, tmp_path):
+    made = []
+
+    def setup():
+        ssc = StreamingContext(sc, 1, clock=ManualClock())
+        ssc.queueStream([[1]]).pprint()
+        made.append(ssc)
+        return ssc
+
+    ssc = StreamingContext.getOrCreate(str(tmp_path / "ckpt"), setup)
+    assert ssc is made[0] and ssc.checkpointDirectory == str(tmp_path / "ckpt")
+    assert StreamingContext.getActiveOrCreate(None, setup) is made[1]
+    made[1].start()
+    try:
+        assert StreamingContext.getActiveOrCreate(None, setup) is made[1]
+        assert len(made) == 2
+    finally:
+        made[1].stop(stopSparkContext=False)
+
+
+def test_graceful_stop_runs_queued_batches(sc):
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    seen = []
+    ssc.queueStream([[1], [2], [3]]).foreachRDD(lambda rdd: seen.extend(rdd.collect()))
+    ssc.start()
+    clock.advance(3000)  # three batches due at once
+    ssc.awaitBatch(ssc.startTime.ms, 60)
+    ssc.stop(stopSparkContext=False, stopGraceFully=True)
+    assert sorted(seen) == [1, 2, 3]
+    assert ssc.awaitTerminationOrTimeout(1) is True
