@@ -1,0 +1,312 @@
+#!/usr/bin/env bash
+# Local S3-compatible services for the tests: a real Ceph RADOS Gateway on 127.0.0.1:7480 (user
+# AKTEST/SKTEST, data under .ceph/cluster, kept across restarts) and a moto server on 127.0.0.1:5055
+# (in memory). usage: scripts/services.sh start|stop|status
+#
+# Never fatal: when a service cannot be installed or started (no root, no apt, port taken) it prints a
+# WARNING and exits 0, and the tests that need that service skip with a clear reason. Every wait is a
+# bounded polling loop. Nothing is exported: tests read DSTREAMS_TEST_RGW_ENDPOINT and
+# DSTREAMS_TEST_MOTO_ENDPOINT, whose defaults are the endpoints below.
+set -u
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BASE="$ROOT/.ceph"
+D="$BASE/cluster"
+C="$D/ceph.conf"
+RGW_HOST=127.0.0.1
+RGW_PORT=7480
+RGW_URL="http://$RGW_HOST:$RGW_PORT"
+MOTO_PORT=5055
+MOTO_URL="http://127.0.0.1:$MOTO_PORT"
+MOTO_PID="$BASE/moto.pid"
+MOTO_LOG="$BASE/moto.log"
+CEPH_PACKAGES="radosgw ceph-mon ceph-osd uuid-runtime bc curl"
+T0=$(date +%s%N)
+
+elapsed() { echo "$(( ($(date +%s%N) - T0) / 1000000 ))ms"; }
+log() { echo "[services $(elapsed)] $*" >&2; }
+warn() { echo "WARNING: $*" >&2; }
+ceph_cli() { timeout 20 ceph -c "$C" "$@"; }
+
+# http_up URL: true when something answers HTTP on URL (any status code).
+http_up() {
+  if command -v curl >/dev/null 2>&1; then
+    curl -s -o /dev/null --max-time 2 "$1"
+  else
+    python3 - "$1" <<'PY' 2>/dev/null
+import sys, urllib.request, urllib.error
+try:
+    urllib.request.urlopen(sys.argv[1], timeout=2)
+except urllib.error.HTTPError:
+    pass
+PY
+  fi
+}
+
+# wait_for SECONDS COMMAND...: poll COMMAND every 0.2 s until it succeeds or SECONDS pass.
+wait_for() {
+  local limit=$(( $1 * 5 )) i
+  shift
+  for (( i = 0; i < limit; i++ )); do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  return 1
+}
+
+# pid_alive PIDFILE NAME: the pid in PIDFILE is running and its command line mentions NAME
+# (guards against a stale pid file whose pid was reused by another process).
+pid_alive() {
+  local p
+  [ -f "$1" ] || return 1
+  p=$(cat "$1" 2>/dev/null) || return 1
+  [ -n "$p" ] && [ -r "/proc/$p/cmdline" ] && tr '\0' ' ' <"/proc/$p/cmdline" | grep -q -- "$2"
+}
+
+# stop_pid PIDFILE NAME: TERM, wait up to 10 s, then KILL; quiet when not running.
+stop_pid() {
+  local p
+  if pid_alive "$1" "$2"; then
+    p=$(cat "$1")
+    kill "$p" 2>/dev/null
+    wait_for 10 bash -c "! kill -0 $p" || { kill -9 "$p" 2>/dev/null; wait_for 5 bash -c "! kill -0 $p"; }
+    log "stopped $2 (pid $p)"
+  fi
+  rm -f "$1"
+}
+
+# ---------------------------------------------------------------- Ceph RADOS Gateway
+
+ceph_installed() {
+  command -v radosgw >/dev/null && command -v ceph-mon >/dev/null && command -v ceph-osd >/dev/null &&
+    command -v uuidgen >/dev/null && command -v curl >/dev/null
+}
+
+install_ceph() {
+  ceph_installed && return 0
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 || [ -n "${DSTREAMS_NO_APT:-}" ]; then
+    warn "Ceph is not installed and cannot be installed here (needs root and apt-get, DSTREAMS_NO_APT unset)."
+    warn "Install it with: apt-get install --no-install-recommends $CEPH_PACKAGES"
+    return 1
+  fi
+  log "installing $CEPH_PACKAGES (apt-get)"
+  if ! apt-cache show radosgw >/dev/null 2>&1; then
+    timeout 300 apt-get update -qq >/dev/null 2>&1 || warn "apt-get update failed"
+  fi
+  # shellcheck disable=SC2086
+  if ! DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-install-recommends \
+      $CEPH_PACKAGES >"$BASE/apt.log" 2>&1; then
+    timeout 300 apt-get update -qq >/dev/null 2>&1
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-install-recommends \
+      $CEPH_PACKAGES >"$BASE/apt.log" 2>&1 || { warn "apt-get install failed, see $BASE/apt.log"; return 1; }
+  fi
+  ceph_installed || { warn "Ceph packages installed but radosgw/ceph-mon/ceph-osd not on PATH"; return 1; }
+  log "Ceph installed"
+}
+
+write_ceph_conf() {
+  local fsid=$1
+  cat >"$C" <<EOF
+[global]
+fsid = $fsid
+mon host = [v2:127.0.0.1:3300,v1:127.0.0.1:6789]
+public network = 127.0.0.0/8
+auth cluster required = none
+auth service required = none
+auth client required = none
+auth allow insecure global id reclaim = true
+osd pool default size = 1
+osd pool default min size = 1
+osd pool default pg num = 8
+osd pool default pgp num = 8
+osd pool default pg autoscale mode = off
+mon allow pool size one = true
+mon allow pool delete = true
+mon max pg per osd = 1000
+mon warn on pool no redundancy = false
+osd crush chooseleaf type = 0
+run dir = $D/run
+admin socket = $D/run/\$name.asok
+log file = $D/log/\$name.log
+pid file = $D/run/\$name.pid
+keyring = $D/keyring
+mon data = $D/mon.\$id
+osd data = $D/osd.\$id
+osd objectstore = bluestore
+bluestore block create = true
+bluestore block size = 4294967296
+bluestore fsck on mount = false
+bluestore cache size = 134217728
+osd memory target = 939524096
+osd op num shards = 1
+osd op num threads per shard = 2
+ms bind ipv4 = true
+ms bind ipv6 = false
+# Without the crc modes the gateway hangs at start.
+ms mon client mode = crc
+ms client mode = crc
+ms cluster mode = crc
+ms service mode = crc
+[client.rgw.a]
+rgw frontends = beast endpoint=$RGW_HOST:$RGW_PORT
+rgw data = $D/rgw
+rgw thread pool size = 64
+rgw dns name = localhost
+EOF
+}
+
+# ceph_daemons MODE: MODE=init creates the monitor, OSD and user; MODE=start reuses them.
+ceph_daemons() {
+  local mode=$1 fsid
+  if [ "$mode" = init ]; then
+    rm -rf "$D"
+    mkdir -p "$D/run" "$D/log" "$D/mon.a" "$D/osd.0" "$D/rgw"
+    fsid=$(uuidgen)
+    write_ceph_conf "$fsid"
+    ceph-authtool --create-keyring "$D/keyring" --gen-key -n mon. --cap mon 'allow *' >/dev/null || return 1
+    monmaptool --create --addv a '[v2:127.0.0.1:3300,v1:127.0.0.1:6789]' --fsid "$fsid" "$D/monmap" \
+      >/dev/null || return 1
+    timeout 60 ceph-mon -c "$C" --mkfs -i a --monmap "$D/monmap" >"$D/log/mon-mkfs.out" 2>&1 || return 1
+  fi
+  pid_alive "$D/run/mon.a.pid" ceph-mon || timeout 30 ceph-mon -c "$C" -i a >>"$D/log/daemons.out" 2>&1 || return 1
+  wait_for 30 ceph_cli mon stat || { warn "ceph-mon did not answer within 30 s"; return 1; }
+  log "ceph-mon up"
+  if [ "$mode" = init ]; then
+    ceph_cli osd create >/dev/null || return 1
+    timeout 120 ceph-osd -c "$C" -i 0 --mkfs --osd-uuid "$(uuidgen)" >"$D/log/osd-mkfs.out" 2>&1 || {
+      tail -5 "$D/log/osd-mkfs.out" >&2
+      return 1
+    }
+  fi
+  pid_alive "$D/run/osd.0.pid" ceph-osd || timeout 60 ceph-osd -c "$C" -i 0 >>"$D/log/daemons.out" 2>&1 || return 1
+  wait_for 60 bash -c "timeout 20 ceph -c '$C' osd stat 2>/dev/null | grep -q '1 up'" ||
+    { warn "ceph-osd did not come up within 60 s"; return 1; }
+  log "ceph-osd up"
+  pid_alive "$D/run/client.rgw.a.pid" radosgw || timeout 120 radosgw -c "$C" -n client.rgw.a \
+    >>"$D/log/daemons.out" 2>&1 || return 1
+  wait_for 90 http_up "$RGW_URL/" || { warn "radosgw did not answer HTTP within 90 s"; return 1; }
+  log "radosgw answers on $RGW_URL"
+  if [ "$mode" = init ]; then
+    timeout 60 radosgw-admin -c "$C" user create --uid=test --display-name=test \
+      --access-key=AKTEST --secret=SKTEST >"$D/user.json" 2>&1 || { cat "$D/user.json" >&2; return 1; }
+    touch "$D/.initialised"
+    log "user AKTEST created"
+  fi
+}
+
+stop_ceph() {
+  stop_pid "$D/run/client.rgw.a.pid" radosgw
+  stop_pid "$D/run/osd.0.pid" ceph-osd
+  stop_pid "$D/run/mon.a.pid" ceph-mon
+}
+
+rgw_ours() { pid_alive "$D/run/client.rgw.a.pid" radosgw; }
+
+start_ceph() {
+  if rgw_ours && http_up "$RGW_URL/"; then
+    echo "ceph-rgw: running at $RGW_URL (access key AKTEST, secret SKTEST)"
+    return 0
+  fi
+  if http_up "$RGW_URL/"; then
+    warn "something that is not this project's radosgw already answers on $RGW_URL; Ceph not started."
+    echo "ceph-rgw: $RGW_URL (answered by another process: not started or stopped here)"
+    return 0
+  fi
+  if ! install_ceph; then
+    echo "ceph-rgw: NOT AVAILABLE (tests marked s3 against Ceph will skip)"
+    return 0
+  fi
+  local mode=init t
+  t=$(date +%s%N)
+  [ -f "$D/.initialised" ] && [ -f "$C" ] && mode=start
+  log "ceph: $mode in $D"
+  if ! ceph_daemons "$mode"; then
+    stop_ceph
+    if [ "$mode" = start ]; then
+      warn "restarting the existing Ceph data failed (logs in $D/log); re-initialising it (test data is lost)"
+      ceph_daemons init || { stop_ceph; mode=failed; }
+    else
+      mode=failed
+    fi
+  fi
+  if [ "$mode" = failed ]; then
+    warn "Ceph RADOS Gateway could not be started; logs in $D/log. Tests that need it will skip."
+    echo "ceph-rgw: NOT STARTED (see $D/log)"
+    return 0
+  fi
+  echo "ceph-rgw: $RGW_URL (access key AKTEST, secret SKTEST; $mode took $(( ($(date +%s%N) - t) / 1000000 ))ms)"
+}
+
+# ---------------------------------------------------------------- moto server
+
+# The project's .venv python if it can run moto's server, else python3.
+moto_python() {
+  local py
+  for py in "$ROOT/.venv/bin/python" python3; do
+    if command -v "$py" >/dev/null 2>&1 && "$py" -c "import importlib.util as u; exit(not (u.find_spec('moto') and u.find_spec('flask')))" \
+      >/dev/null 2>&1; then
+      echo "$py"
+      return 0
+    fi
+  done
+  return 1
+}
+
+start_moto() {
+  local py t
+  if pid_alive "$MOTO_PID" moto.server && http_up "$MOTO_URL/"; then
+    echo "moto: running at $MOTO_URL"
+    return 0
+  fi
+  if http_up "$MOTO_URL/"; then
+    warn "something that is not this project's moto server already answers on $MOTO_URL; moto not started."
+    echo "moto: $MOTO_URL (answered by another process: not started or stopped here)"
+    return 0
+  fi
+  if ! py=$(moto_python); then
+    warn "neither .venv/bin/python nor python3 can import moto.server: install the test extras (pip install -e '.[test]')."
+    echo "moto: NOT AVAILABLE"
+    return 0
+  fi
+  t=$(date +%s%N)
+  setsid nohup "$py" -m moto.server -H 127.0.0.1 -p "$MOTO_PORT" >"$MOTO_LOG" 2>&1 </dev/null &
+  echo $! >"$MOTO_PID"
+  if ! wait_for 20 http_up "$MOTO_URL/"; then
+    stop_pid "$MOTO_PID" moto.server
+    warn "moto server did not answer within 20 s; see $MOTO_LOG"
+    echo "moto: NOT STARTED (see $MOTO_LOG)"
+    return 0
+  fi
+  echo "moto: $MOTO_URL (started in $(( ($(date +%s%N) - t) / 1000000 ))ms)"
+}
+
+# ---------------------------------------------------------------- main
+
+status() {
+  if rgw_ours && http_up "$RGW_URL/"; then echo "ceph-rgw: running at $RGW_URL"
+  else echo "ceph-rgw: stopped"; fi
+  if pid_alive "$MOTO_PID" moto.server && http_up "$MOTO_URL/"; then echo "moto: running at $MOTO_URL"
+  else echo "moto: stopped"; fi
+}
+
+mkdir -p "$BASE"
+case "${1:-}" in
+  start)
+    start_moto &  # moto needs 1-3 s to import: start it while Ceph comes up
+    start_ceph
+    wait
+    ;;
+  stop)
+    # In parallel: each daemon takes 1-2 s to exit after SIGTERM.
+    stop_pid "$MOTO_PID" moto.server &
+    stop_ceph
+    wait
+    echo "services stopped"
+    ;;
+  status) status ;;
+  *)
+    echo "usage: $0 start|stop|status" >&2
+    exit 2
+    ;;
+esac
+exit 0
