@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from pyspark import RDD, SparkConf, SparkContext, StorageLevel
 
-from dstreams.checkpoint import Checkpointer, SparkCheckpointer
+from dstreams.checkpoint import Checkpointer
 from dstreams.clock import Clock, SystemClock
 from dstreams.graph import DStreamGraph
 from dstreams.listener import BatchInfo, ListenerBus
@@ -31,6 +31,8 @@ from dstreams.nodes.input import QueueInputNode
 from dstreams.nodes.socket import SocketInputNode
 from dstreams.nodes.transformed import TransformedNode
 from dstreams.nodes.union import UnionNode
+from dstreams.recovery.checkpointer import StoreCheckpointer
+from dstreams.recovery.storespec import StoreSpec
 from dstreams.scheduler import JobScheduler
 from dstreams.sparkconf import create_spark_context
 from dstreams.time import BatchTime, Duration, DurationLike, parse_duration, to_datetime
@@ -84,6 +86,7 @@ class StreamingContext:
         self._checkpoint_dir: str | None = None
         self._temp_checkpoint_dir: str | None = None
         self._checkpointer: Checkpointer | None = None
+        self._store_options: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -166,12 +169,24 @@ class StreamingContext:
         self._check_not_started("call remember()")
         self._graph.remember(parse_duration(duration, "remember duration"))
 
-    def checkpoint(self, directory: str) -> None:
-        """Set the folder (or store URL) where stateful streams write their checkpoints."""
+    def checkpoint(self, directory: str, **storeOptions: Any) -> None:
+        """Set where stateful streams write their checkpoints: a local folder or a store URL.
+
+        ``s3://bucket/prefix`` writes to an S3-compatible store through boto3: the endpoint and
+        credentials come from boto3's standard chain (``AWS_ENDPOINT_URL_S3``,
+        ``AWS_ACCESS_KEY_ID``, ...) or from ``storeOptions`` (``endpoint_url``, ``access_key``,
+        ``secret_key``, ``region``, ``path_style``).
+        """
         if not directory:
             raise ValueError("the checkpoint directory must be a non-empty path")
+        if str(directory).startswith("memory://"):
+            raise ValueError(
+                "memory:// stores live in one process and executors write checkpoints from their own "
+                "processes: use a local folder or an s3:// URL"
+            )
         self._check_not_started("set the checkpoint directory")
         self._checkpoint_dir = directory
+        self._store_options = dict(storeOptions)
 
     @property
     def checkpointDirectory(self) -> str | None:
@@ -268,7 +283,7 @@ class StreamingContext:
         elif "://" not in directory:
             os.makedirs(directory, exist_ok=True)
             directory = os.path.abspath(directory)
-        return SparkCheckpointer(self._sc, directory)
+        return StoreCheckpointer(self._sc, StoreSpec(directory, dict(self._store_options)))
 
     def start(self) -> None:
         """Start generating and running batches on the clock."""
@@ -312,6 +327,8 @@ class StreamingContext:
             with StreamingContext._class_lock:
                 if StreamingContext._activeContext is self:
                     StreamingContext._activeContext = None
+            if isinstance(self._checkpointer, StoreCheckpointer):
+                self._checkpointer.close(wait=stopGraceFully)
             if self._temp_checkpoint_dir:
                 shutil.rmtree(self._temp_checkpoint_dir, ignore_errors=True)
             self._stopped.set()

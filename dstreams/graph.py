@@ -18,6 +18,7 @@ from .time import BatchTime, Duration
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
+    from .node import DStreamNode
     from .nodes.input import InputNode
     from .nodes.output import OutputNode
 
@@ -54,6 +55,22 @@ class DStreamGraph:
         self.checkpointer: Checkpointer | None = None  # type: ignore[assignment]
         self.lock = threading.RLock()
         self.started = False
+        self.nodes: list[DStreamNode] = []
+
+    def register(self, node: DStreamNode) -> str:
+        """Add ``node`` to the graph's registry; returns its stable key (position and type)."""
+        with self.lock:
+            self._check_open("a stream")
+            self.nodes.append(node)
+            return f"{len(self.nodes) - 1:03d}-{type(node).__name__}"
+
+    def fingerprint(self) -> list[str]:
+        """A description of the topology that a restarted driver must reproduce exactly."""
+        out = []
+        for n in self.nodes:
+            deps = ",".join(d.key for d in n.dependencies)
+            out.append(f"{n.key}[{n.describe()}]<-({deps})")
+        return out
 
     # ------------------------------------------------------------------ building
     def _check_open(self, what: str) -> None:

@@ -47,7 +47,10 @@ class DStreamNode:
         with DStreamNode._ids_lock:
             DStreamNode._ids += 1
             self.id = DStreamNode._ids
+        #: Stable across driver restarts that rebuild the same graph: the node's position in it.
+        self.key = graph.register(self)
         self.generated: dict[int, RDD] = {}
+        self._retired: dict[int, RDD] = {}
         self.zero_time: BatchTime | None = None
         self.remember_duration: Duration | None = None
         self.storage_level: StorageLevel | None = None
@@ -70,6 +73,20 @@ class DStreamNode:
     @property
     def name(self) -> str:
         return f"{type(self).__name__}#{self.id}"
+
+    def describe(self) -> str:
+        """The node's parameters that define the topology (for the graph fingerprint)."""
+        parts = [f"slide={self.slide_duration.ms}"]
+        for attr in ("window", "timeout"):
+            v = getattr(self, attr, None)
+            if isinstance(v, Duration):
+                parts.append(f"{attr}={v.ms}")
+        p = getattr(self, "partitioner", None)
+        if p is not None:
+            parts.append(f"partitions={p.numPartitions}")
+        if getattr(self, "inv_func", None) is not None:
+            parts.append("inverse")
+        return " ".join(parts)
 
     def __repr__(self) -> str:
         return f"<{self.name} slide={self.slide_duration}>"
@@ -178,8 +195,32 @@ class DStreamNode:
             if t in self._persisted_by_engine:
                 self._persisted_by_engine.discard(t)
                 rdd.unpersist(blocking=False)
+        for t in [t for t in self._retired if t <= horizon]:
+            self._retired.pop(t).unpersist(blocking=False)
         for dep in self.dependencies:
             dep.clear_metadata(time)
 
     def persist(self, level: StorageLevel) -> None:
         self.storage_level = level
+
+    def adopt_checkpoint(self, time: BatchTime, reader: RDD) -> None:
+        """Use ``reader`` (an RDD reading a committed checkpoint) as this node's RDD at ``time``.
+
+        RDDs generated afterwards build on it, which cuts their lineage. The replaced RDD stays
+        cached until it leaves the remember window (batches generated before the commit use it).
+        """
+        with self.graph.lock:
+            old = self.generated.get(time.ms)
+            if old is None:
+                return  # already forgotten: a newer checkpoint will cut the lineage
+            if time.ms in self._persisted_by_engine:
+                self._retired[time.ms] = old
+            self.restore(time, reader)
+
+    def restore(self, time: BatchTime, rdd: RDD) -> None:
+        """Set this node's RDD at ``time`` (a checkpoint reader, when a driver recovers)."""
+        with self.graph.lock:
+            if self.storage_level is not None:
+                rdd.persist(self.storage_level)
+            self.generated[time.ms] = rdd
+            self._persisted_by_engine.add(time.ms)

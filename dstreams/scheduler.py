@@ -110,7 +110,7 @@ class JobScheduler:
         self._running: dict[int, Batch] = {}
         self._pending_times: list[int] = []  # submitted, not completed
         self._completed: set[int] = set()
-        self._cleared_up_to: int | None = None
+        self._done_through = -1  # every batch up to this time has completed and been cleaned up
         self.infos: deque[BatchInfo] = deque(maxlen=keep_batch_infos)
         self.last_generated: BatchTime | None = None
         self.last_completed: BatchTime | None = None
@@ -253,22 +253,27 @@ class JobScheduler:
     def _batch_done(self, b: Batch) -> None:
         self.infos.append(b.info)
         self.bus.post("onBatchCompleted", StreamingListenerBatchCompleted(b.info))
-        clear_to: int | None = None
         with self._cond:
             self._completed.add(b.time.ms)
             # Clear only up to the newest batch whose predecessors have all completed.
+            ready: list[int] = []
             while self._pending_times and self._pending_times[0] in self._completed:
-                clear_to = self._pending_times.pop(0)
-                self._completed.discard(clear_to)
+                t = self._pending_times.pop(0)
+                self._completed.discard(t)
+                ready.append(t)
+        # Bookkeeping first, then wake waiters: whoever waits for batch t sees its cleanup done
+        # and its checkpoints started.
+        for t in ready:
+            try:
+                self.graph.clear_metadata(BatchTime(t))
+                if self.graph.checkpointer is not None:
+                    self.graph.checkpointer.batch_completed(BatchTime(t))
+            except Exception:
+                log.exception("error clearing metadata at %s", t)
+        with self._cond:
+            self._done_through = max([self._done_through, *ready]) if ready else self._done_through
             self.last_completed = b.time if self.last_completed is None else max(self.last_completed, b.time)
             self._cond.notify_all()
-        if clear_to is not None:
-            try:
-                self.graph.clear_metadata(BatchTime(clear_to))
-                if self.graph.checkpointer is not None:
-                    self.graph.checkpointer.batch_completed(BatchTime(clear_to))
-            except Exception:
-                log.exception("error clearing metadata at %s", clear_to)
 
     def _report_error(self, e: BaseException) -> None:
         if self.error is None:
@@ -281,7 +286,7 @@ class JobScheduler:
         deadline = _time.monotonic() + timeout_s
         with self._cond:
             while True:
-                if self.last_completed is not None and self.last_completed >= t and t.ms not in self._pending_times:
+                if self._done_through >= t.ms:
                     for info in reversed(self.infos):
                         if info.batch_time_ms == t.ms:
                             return info

@@ -19,6 +19,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+
 from dstreams.recovery.retry import RetryPolicy
 from dstreams.recovery.store import Store
 from dstreams.recovery.store.local import LocalStore

@@ -8,9 +8,10 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-from dstreams.recovery.store import PreconditionFailed, Store
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from dstreams.recovery.store import PreconditionFailed, Store
 
 BINARY = bytes(range(256)) * 5 + b"\x00\r\n\xff"
 

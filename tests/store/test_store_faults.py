@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from botocore.response import StreamingBody
 from botocore.stub import Stubber
+
 from dstreams.recovery.retry import ENV_RETRY_SECONDS, RetryPolicy
 from dstreams.recovery.store import (
     BucketNotFoundError,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from dstreams.recovery.store import StoreConfigError, StorePermissionError
 from dstreams.recovery.store.local import LocalStore
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from dstreams.recovery.store import StoreConfigError, open_store
 from dstreams.recovery.store.local import LocalStore
 from dstreams.recovery.store.memory import MemoryStore, clear_named

@@ -1,0 +1,185 @@
+"""Data checkpoints of stateful streams into a store, written asynchronously, then the lineage cut.
+
+Contract (``dstreams.checkpoint.Checkpointer``):
+
+* ``mark(node, t, rdd)`` is called while batch ``t`` is generated; nothing is written yet.
+* After batch ``t`` completes, a single background writer thread runs one Spark job that writes
+  every partition of the (cached) RDD from the executors, in parallel, to
+  ``checkpoints/<node key>/<t>/part-NNNNN`` (versioned, checksummed: :mod:`.codec`), then the driver
+  writes ``MANIFEST.json`` naming the parts and their checksums: the commit point. Nothing reads a
+  part that no manifest names. The batch that triggered the checkpoint does not wait for it.
+* On commit, the node's RDD at ``t`` is replaced by one that reads the checkpoint (same
+  partitioner, partition ``i`` from part ``i``): later batches build on it, so lineage reaches back
+  at most to the newest committed checkpoint. ``on_commit(node_key, t)`` lets the metadata log
+  record the newest checkpoint.
+* Old checkpoints of a node are deleted once two newer ones are committed.
+* Two attempts of one task (speculation) write identical bytes under the same key: harmless.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from pyspark import RDD, SparkContext
+from pyspark.rdd import Partitioner
+
+from dstreams.checkpoint import Checkpointer
+from dstreams.partitioned import MARKERS
+from dstreams.time import BatchTime
+
+from .codec import CorruptCheckpointError, decode_partition, encode_partition
+from .storespec import StoreSpec
+
+if TYPE_CHECKING:
+    from dstreams.node import DStreamNode
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "MANIFEST.json"
+KEEP_NEWER = 2
+
+
+def checkpoint_prefix(node_key: str, time_ms: int) -> str:
+    return f"checkpoints/{node_key}/{time_ms:015d}"
+
+
+def reader_rdd(sc: SparkContext, spec: StoreSpec, prefix: str, manifest: dict[str, Any],
+               partitioner: Partitioner | None) -> RDD:
+    """An RDD whose partition ``i`` is part ``i`` of the checkpoint (keeping the partitioner)."""
+    parts = {int(p["index"]): p for p in manifest["parts"]}
+    n = int(manifest["num_partitions"])
+
+    def read(i: int, _: Iterable[Any]) -> list[Any]:
+        p = parts[i]
+        key = f"{prefix}/{p['key']}"
+        try:
+            data = spec.open().get(key)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"checkpoint part {key} named by its manifest is missing") from None
+        return decode_partition(data, p["sha256"], key)
+
+    if partitioner is not None and partitioner.numPartitions == n:
+        base = MARKERS.get(sc, n)
+        return base.mapPartitionsWithIndex(read, preservesPartitioning=True)
+    return sc.parallelize(range(n), n).mapPartitionsWithIndex(read)
+
+
+class StoreCheckpointer(Checkpointer):
+    """Checkpoints stateful streams into ``spec``'s store (see the module docstring)."""
+
+    def __init__(self, sc: SparkContext, spec: StoreSpec,
+                 on_commit: Callable[[str, int], None] | None = None,
+                 guard: Callable[[], None] | None = None) -> None:
+        self.sc = sc
+        self.spec = spec
+        self.store = spec.open()
+        self.on_commit = on_commit
+        self.guard = guard  # raises when this driver may no longer commit (fencing)
+        self._pending: dict[int, list[tuple[DStreamNode, RDD]]] = defaultdict(list)
+        self._lock = threading.Lock()
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="dstreams-checkpoint")
+        self._futures: list[Future[None]] = []
+        self.committed: dict[str, list[int]] = defaultdict(list)
+        self.errors: list[BaseException] = []
+
+    def mark(self, node: DStreamNode, time: BatchTime, rdd: RDD) -> None:
+        with self._lock:
+            self._pending[time.ms].append((node, rdd))
+
+    def batch_completed(self, time: BatchTime) -> None:
+        with self._lock:
+            due = sorted(t for t in self._pending if t <= time.ms)
+            work = [(t, node, rdd) for t in due for node, rdd in self._pending.pop(t)]
+        for t, node, rdd in work:
+            self._futures.append(self._writer.submit(self._write, node, t, rdd))
+        self._futures = [f for f in self._futures if not f.done()]
+
+    def flush(self, timeout_s: float = 60.0) -> None:
+        """Wait for the checkpoints already started (used at stop and in tests)."""
+        for f in list(self._futures):
+            f.result(timeout=timeout_s)
+
+    def close(self, wait: bool = True) -> None:
+        self._writer.shutdown(wait=wait, cancel_futures=not wait)
+
+    # ------------------------------------------------------------------ writing
+    def _write(self, node: DStreamNode, t: int, rdd: RDD) -> None:
+        try:
+            self._write_checkpoint(node, t, rdd)
+        except BaseException as e:  # a failed checkpoint delays the lineage cut; the stream goes on
+            self.errors.append(e)
+            log.warning("checkpoint of %s at %d failed (the next one will be tried): %s", node.name, t, e)
+
+    def _write_checkpoint(self, node: DStreamNode, t: int, rdd: RDD) -> None:
+        prefix = checkpoint_prefix(node.key, t)
+        spec = self.spec
+
+        def write(i: int, it: Iterable[Any]) -> list[dict[str, Any]]:
+            data, sha, count = encode_partition(it)
+            key = f"part-{i:05d}"
+            spec.open().put(f"{prefix}/{key}", data)
+            return [{"index": i, "key": key, "sha256": sha, "records": count, "bytes": len(data)}]
+
+        self.sc.setJobGroup(f"dstreams-checkpoint-{node.key}-{t}", f"checkpoint of {node.name} at {t}")
+        parts = sorted(rdd.mapPartitionsWithIndex(write).collect(), key=lambda p: p["index"])
+        partitioner = getattr(node, "partitioner", None)
+        manifest = {
+            "format": 1,
+            "node": node.key,
+            "time_ms": t,
+            "num_partitions": len(parts),
+            "partitioned": partitioner is not None,
+            "parts": parts,
+        }
+        if self.guard is not None:
+            self.guard()
+        self.store.put(f"{prefix}/{MANIFEST}", json.dumps(manifest, sort_keys=True).encode())
+        reader = reader_rdd(self.sc, spec, prefix, manifest, partitioner)
+        node.adopt_checkpoint(BatchTime(t), reader)
+        self.committed[node.key].append(t)
+        if self.on_commit is not None:
+            self.on_commit(node.key, t)
+        self._delete_old(node.key)
+        log.debug("checkpoint of %s at %d committed (%d parts)", node.name, t, len(parts))
+
+    def _delete_old(self, node_key: str) -> None:
+        times = self.committed[node_key]
+        while len(times) > KEEP_NEWER + 1:
+            old = times.pop(0)
+            prefix = checkpoint_prefix(node_key, old)
+            try:
+                # The manifest goes first: a half-deleted checkpoint is never trusted.
+                self.store.delete(f"{prefix}/{MANIFEST}")
+                for key in self.store.list(prefix + "/"):
+                    self.store.delete(key)
+            except Exception as e:
+                log.warning("could not delete old checkpoint %s: %s", prefix, e)
+
+
+def load_manifest(store, node_key: str, time_ms: int) -> dict[str, Any]:
+    prefix = checkpoint_prefix(node_key, time_ms)
+    raw = store.get(f"{prefix}/{MANIFEST}")
+    try:
+        manifest = json.loads(raw)
+    except ValueError:
+        raise CorruptCheckpointError(f"{prefix}/{MANIFEST} is not valid JSON") from None
+    if manifest.get("format") != 1 or manifest.get("node") != node_key:
+        raise CorruptCheckpointError(f"{prefix}/{MANIFEST} is not a format-1 manifest of {node_key}")
+    return manifest
+
+
+def list_checkpoints(store, node_key: str) -> list[int]:
+    """Times of the committed checkpoints of ``node_key`` (newest first)."""
+    times = set()
+    for key in store.list(f"checkpoints/{node_key}/"):
+        rest = key[len(f"checkpoints/{node_key}/"):]
+        t, _, name = rest.partition("/")
+        if name == MANIFEST and t.isdigit():
+            times.add(int(t))
+    return sorted(times, reverse=True)

@@ -1,0 +1,49 @@
+"""Encoding of one checkpointed partition: versioned, checksummed pickle.
+
+Layout: ``b"DSCK"`` magic, 1-byte format version, 4-byte big-endian record count, 32-byte SHA-256
+of the payload, then the payload (a pickled list of records). :func:`decode_partition` raises
+:class:`CorruptCheckpointError` for anything that does not check out (truncated object, bad magic,
+unknown version, checksum mismatch), never returns wrong data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import struct
+from collections.abc import Iterable
+from typing import Any
+
+MAGIC = b"DSCK"
+VERSION = 1
+_HEADER = struct.Struct(">4sBI32s")
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint object is truncated, corrupt or of an unknown format."""
+
+
+def encode_partition(records: Iterable[Any]) -> tuple[bytes, str, int]:
+    """``(bytes, sha256 hex of the payload, record count)`` for a partition's records."""
+    items = list(records)
+    payload = pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)
+    digest = hashlib.sha256(payload).digest()
+    return _HEADER.pack(MAGIC, VERSION, len(items), digest) + payload, digest.hex(), len(items)
+
+
+def decode_partition(data: bytes, expected_sha256: str | None = None, what: str = "checkpoint") -> list[Any]:
+    if len(data) < _HEADER.size:
+        raise CorruptCheckpointError(f"{what}: truncated ({len(data)} bytes, header needs {_HEADER.size})")
+    magic, version, count, digest = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise CorruptCheckpointError(f"{what}: not a dstreams checkpoint object (bad magic {magic!r})")
+    if version != VERSION:
+        raise CorruptCheckpointError(f"{what}: format version {version} is not supported (expected {VERSION})")
+    payload = data[_HEADER.size:]
+    actual = hashlib.sha256(payload).digest()
+    if actual != digest or (expected_sha256 is not None and actual.hex() != expected_sha256):
+        raise CorruptCheckpointError(f"{what}: checksum mismatch (object corrupt or truncated)")
+    items = pickle.loads(payload)
+    if not isinstance(items, list) or len(items) != count:
+        raise CorruptCheckpointError(f"{what}: record count mismatch")
+    return items
