@@ -32,6 +32,9 @@ from dstreams.nodes.socket import SocketInputNode
 from dstreams.nodes.transformed import TransformedNode
 from dstreams.nodes.union import UnionNode
 from dstreams.recovery.checkpointer import StoreCheckpointer
+from dstreams.recovery.journal import Journal
+from dstreams.recovery.metadata import MetadataLog
+from dstreams.recovery.resume import ResumePlan, plan_resume
 from dstreams.recovery.storespec import StoreSpec
 from dstreams.scheduler import JobScheduler
 from dstreams.sparkconf import create_spark_context
@@ -87,6 +90,8 @@ class StreamingContext:
         self._temp_checkpoint_dir: str | None = None
         self._checkpointer: Checkpointer | None = None
         self._store_options: dict[str, Any] = {}
+        self._resume = False
+        self._metadata: MetadataLog | None = None
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -155,12 +160,14 @@ class StreamingContext:
         """
         if not checkpointPath:
             raise ValueError("checkpointPath must be a non-empty path or URL")
-        # Recovery of a previous run from its checkpoint (master failover) is not implemented yet:
-        # the context is always created fresh by setupFunc.
         ssc = setupFunc()
         if not isinstance(ssc, StreamingContext):
             raise TypeError(f"setupFunc must return a dstreams StreamingContext, got {type(ssc).__name__}")
-        ssc.checkpoint(checkpointPath)
+        options = ssc._store_options if ssc._checkpoint_dir == checkpointPath else {}
+        ssc.checkpoint(checkpointPath, **options)
+        # start() resumes from the metadata log there, if any: state from the newest valid data
+        # checkpoints, then the pending and missed batches, then the clock.
+        ssc._resume = True
         return ssc
 
     # ------------------------------------------------------------------ configuration
@@ -285,6 +292,34 @@ class StreamingContext:
             directory = os.path.abspath(directory)
         return StoreCheckpointer(self._sc, StoreSpec(directory, dict(self._store_options)))
 
+    def _open_metadata_log(self, scheduler: JobScheduler, checkpointer: StoreCheckpointer) -> ResumePlan | None:
+        """Take ownership of the metadata log at the checkpoint location; plan the resume if any."""
+        assert self._graph.batch_duration is not None
+        spec = checkpointer.spec
+        store = spec.open()
+        existing = MetadataLog.read(store)
+        if existing is not None and not self._resume:
+            raise StreamingContextStateError(
+                f"the checkpoint location {self._checkpoint_dir} already holds the metadata log of a previous run: "
+                "resume it with StreamingContext.getOrCreate(path, setupFunc), or use an empty location"
+            )
+        batch_ms = self._graph.batch_duration.ms
+        log_ = MetadataLog(store, self._sc.appName, self._graph.fingerprint(), batch_ms)
+        previous = log_.take_over(zero_ms=scheduler.first_batch_time().ms - batch_ms)
+        self._metadata = log_
+        journal = Journal(log_, self._graph)
+        scheduler.journal = journal
+        checkpointer.on_commit = journal.checkpoint_committed
+        checkpointer.guard = log_.check_owner
+        if previous is None:
+            return None
+        return plan_resume(self._sc, spec, self._graph, previous)
+
+    def _output_guard(self) -> None:
+        """Raise FencedError when another driver has taken over (called before sink commits)."""
+        if self._metadata is not None:
+            self._metadata.check_owner()
+
     def start(self) -> None:
         """Start generating and running batches on the clock."""
         with self._lock:
@@ -303,10 +338,16 @@ class StreamingContext:
                         "only one StreamingContext may be active in a process: stop the active one first"
                     )
                 self._graph.validate()
-                self._checkpointer = self._make_checkpointer()
-                self._graph.checkpointer = self._checkpointer
-                self._scheduler = JobScheduler(self._graph, self._clock, self._bus, self._concurrent)
-                self._scheduler.start()
+                checkpointer = self._make_checkpointer()
+                self._checkpointer = checkpointer
+                self._graph.checkpointer = checkpointer
+                scheduler = JobScheduler(self._graph, self._clock, self._bus, self._concurrent)
+                plan = self._open_metadata_log(scheduler, checkpointer) if self._checkpoint_dir else None
+                self._scheduler = scheduler
+                if plan is not None:
+                    scheduler.start(plan.first_batch, plan.zero, plan.prepare)
+                else:
+                    scheduler.start()
                 self._state = self.ACTIVE
                 StreamingContext._activeContext = self
 

@@ -27,6 +27,7 @@ from dstreams.nodes.transformed import TransformedNode
 from dstreams.nodes.union import UnionNode
 from dstreams.nodes.windowed import WindowedNode
 from dstreams.partitioned import checked_pairs, hash_partitioner, pre_reduce
+from dstreams.recovery.sinks import save_text_exactly_once
 from dstreams.time import BatchTime, DurationLike, from_user_time, parse_duration, to_datetime
 
 from .functions import positional_arity
@@ -364,11 +365,18 @@ class DStream:
         self.foreachRDD(take_and_print)
 
     def saveAsTextFiles(self, prefix: str, suffix: str | None = None) -> None:
-        """Save each batch as a text-file folder ``prefix-<batch ms>[.suffix]``."""
+        """Save each batch as a text-file folder ``prefix-<batch ms>[.suffix]``, exactly once.
+
+        A folder is committed by its ``_SUCCESS`` marker: a batch re-run after a failure leaves a
+        committed folder alone and rewrites one that was cut off half-way. ``prefix`` may be a
+        local path or an ``s3://bucket/prefix`` URL (then each task writes its part object).
+        """
+        ssc = self._ssc
 
         def save(time: Any, rdd: RDD) -> None:
             ms = round(time.timestamp() * 1000)
-            rdd.saveAsTextFile(rdd_to_file_name(prefix, suffix, ms))
+            save_text_exactly_once(rdd, rdd_to_file_name(prefix, suffix, ms), ssc._output_guard,
+                                   ssc._store_options)
 
         self.foreachRDD(save)
 

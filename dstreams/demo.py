@@ -47,29 +47,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="localhost", help="socket source host")
     p.add_argument("--port", type=int, default=9999, help="socket source port")
     p.add_argument("--window", default="30s", help="sliding window length (default 30s)")
-    p.add_argument("--checkpoint", default=os.path.join(".dstreams-checkpoints", "demo"),
-                   help="checkpoint folder (default .dstreams-checkpoints/demo)")
+    p.add_argument("--checkpoint", default=None,
+                   help="checkpoint folder or s3:// URL (default: a new folder under .dstreams-checkpoints/); "
+                        "an existing one is resumed")
     p.add_argument("--master", default="local[*]")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
-    ssc = StreamingContext.local(args.batch, master=args.master, appName="dstreams-demo")
-    ssc.checkpoint(args.checkpoint)
-    if args.source == "generator":
-        parts = ssc.sparkContext.defaultParallelism
-        lines = ssc.generatorStream(max(1, args.rate // parts), parts, seed=42)
-    else:
-        lines = ssc.socketTextStream(args.host, args.port)
-    words = lines.flatMap(str.split).map(lambda w: (w, 1))
-    counts = words.runningReduce(operator.add)
-    windowed = words.reduceByKeyAndWindow(operator.add, operator.sub, args.window, args.batch,
-                                          filterFunc=lambda kv: kv[1] > 0)
-    print(f"dstreams demo: word count over the {args.source} source, {args.batch} batches, "
-          f"checkpoints in {args.checkpoint}", flush=True)
-    counts.foreachRDD(lambda t, rdd: print(f"running counts at {t:%H:%M:%S}", flush=True))
-    counts.foreachRDD(_top(5))
-    windowed.foreachRDD(lambda t, rdd: print(f"last {args.window} at {t:%H:%M:%S}", flush=True))
-    windowed.foreachRDD(_top(5))
+    checkpoint = args.checkpoint or os.path.join(".dstreams-checkpoints", f"demo-{int(time.time())}")
+
+    def setup() -> StreamingContext:
+        return _build(args, checkpoint)
+
+    ssc = StreamingContext.getOrCreate(checkpoint, setup)
     ssc.addStreamingListener(_Progress())
     ssc.start()
     try:
@@ -85,6 +75,27 @@ def main(argv: list[str] | None = None) -> int:
         ssc.stop(stopSparkContext=True, stopGraceFully=True)
     print("done", flush=True)
     return 0
+
+
+def _build(args: argparse.Namespace, checkpoint: str) -> StreamingContext:
+    ssc = StreamingContext.local(args.batch, master=args.master, appName="dstreams-demo")
+    ssc.checkpoint(checkpoint)
+    if args.source == "generator":
+        parts = ssc.sparkContext.defaultParallelism
+        lines = ssc.generatorStream(max(1, args.rate // parts), parts, seed=42)
+    else:
+        lines = ssc.socketTextStream(args.host, args.port)
+    words = lines.flatMap(str.split).map(lambda w: (w, 1))
+    counts = words.runningReduce(operator.add)
+    windowed = words.reduceByKeyAndWindow(operator.add, operator.sub, args.window, args.batch,
+                                          filterFunc=lambda kv: kv[1] > 0)
+    print(f"dstreams demo: word count over the {args.source} source, {args.batch} batches, "
+          f"checkpoints in {checkpoint}", flush=True)
+    counts.foreachRDD(lambda t, rdd: print(f"running counts at {t:%H:%M:%S}", flush=True))
+    counts.foreachRDD(_top(5))
+    windowed.foreachRDD(lambda t, rdd: print(f"last {args.window} at {t:%H:%M:%S}", flush=True))
+    windowed.foreachRDD(_top(5))
+    return ssc
 
 
 if __name__ == "__main__":

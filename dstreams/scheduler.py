@@ -26,6 +26,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .clock import Clock
 from .graph import DStreamGraph, Job
@@ -119,16 +120,33 @@ class JobScheduler:
         self.error_event = threading.Event()
         self._threads: list[threading.Thread] = []
         self.on_generate: list[Callable[[BatchTime], None]] = []
+        #: Optional journal (master recovery): ``batch_generated(t)`` before a batch runs and
+        #: ``batch_completed(t)`` after it; raising there stops this driver (fencing).
+        self.journal: Any = None
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, first_batch: BatchTime | None = None) -> BatchTime:
+    def first_batch_time(self) -> BatchTime:
+        """The next batch boundary after the clock's current time."""
+        batch = self.graph.batch_duration
+        assert batch is not None
+        return BatchTime((self.clock.time_ms() // batch.ms + 1) * batch.ms)
+
+    def start(self, first_batch: BatchTime | None = None, zero_time: BatchTime | None = None,
+              prepare: Callable[[], None] | None = None) -> BatchTime:
+        """Initialise the graph at ``zero_time`` and generate from ``first_batch`` on.
+
+        ``prepare`` runs after the graph is initialised and before the first batch is generated
+        (a recovering driver restores state there). Batch times before the clock's time are
+        generated at once (catching up).
+        """
         batch = self.graph.batch_duration
         assert batch is not None
         if first_batch is None:
-            now = self.clock.time_ms()
-            first_batch = BatchTime((now // batch.ms + 1) * batch.ms)
+            first_batch = self.first_batch_time()
         self.start_time = first_batch
-        self.graph.start(first_batch - batch)
+        self.graph.start(zero_time if zero_time is not None else first_batch - batch)
+        if prepare is not None:
+            prepare()
         gen = threading.Thread(target=self._generate_loop, name=f"dstreams-{self.ctx_id}-generator", daemon=True)
         self._threads.append(gen)
         for i in range(self.concurrent_batches):
@@ -192,6 +210,13 @@ class JobScheduler:
             log.error("error generating the jobs of batch %s", t, exc_info=True)
             b.error = e
             self._report_error(e)
+        if self.journal is not None and b.error is None:
+            try:
+                self.journal.batch_generated(t)
+            except BaseException as e:
+                log.error("could not record batch %s in the metadata log: %s", t, e)
+                self._fatal(e)
+                return
         records = self.graph.input_records(t)
         info.records_per_input = records
         info.num_records = sum(records.values())
@@ -264,6 +289,12 @@ class JobScheduler:
         # Bookkeeping first, then wake waiters: whoever waits for batch t sees its cleanup done
         # and its checkpoints started.
         for t in ready:
+            if self.journal is not None:
+                try:
+                    self.journal.batch_completed(BatchTime(t))
+                except BaseException as e:
+                    log.error("could not record the completion of batch %s: %s", t, e)
+                    self._fatal(e)
             try:
                 self.graph.clear_metadata(BatchTime(t))
                 if self.graph.checkpointer is not None:
@@ -274,6 +305,14 @@ class JobScheduler:
             self._done_through = max([self._done_through, *ready]) if ready else self._done_through
             self.last_completed = b.time if self.last_completed is None else max(self.last_completed, b.time)
             self._cond.notify_all()
+
+    def _fatal(self, e: BaseException) -> None:
+        """Stop generating batches (e.g. this driver was fenced off) and report ``e``."""
+        self._stop_generating.set()
+        with self._cond:
+            self._queue.clear()
+            self._cond.notify_all()
+        self._report_error(e)
 
     def _report_error(self, e: BaseException) -> None:
         if self.error is None:

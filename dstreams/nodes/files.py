@@ -9,7 +9,7 @@ written should be moved in atomically). The batch's file list is its replayable 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD
 
@@ -28,6 +28,7 @@ class FileInputNode(InputNode):
         self.directory = directory
         self.record_length = record_length
         self.seen: set[str] = set()
+        self._restored = False
 
     def _list(self) -> list[str]:
         try:
@@ -46,9 +47,24 @@ class FileInputNode(InputNode):
         return sorted(out)
 
     def start(self) -> None:
-        self.seen.update(self._list())
+        if not self._restored:
+            self.seen.update(self._list())
+
+    def source_state(self) -> Any:
+        return {"seen": sorted(self.seen)}
+
+    def restore_source_state(self, state: Any) -> None:
+        # After a restart, files that arrived while the driver was down are new: only the files
+        # recorded as consumed are skipped.
+        self.seen = set(state.get("seen", [])) if isinstance(state, dict) else set()
+        self._restored = True
 
     def compute(self, time: BatchTime) -> RDD | None:
+        if time.ms in self.replay:
+            files = list(self.replay.pop(time.ms).get("files", []))
+            self.seen.update(files)
+            self._report(time, None, {"files": files})
+            return self.read_files(files)
         new = [p for p in self._list() if p not in self.seen]
         self.seen.update(new)
         self._report(time, None, {"files": new})

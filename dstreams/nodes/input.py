@@ -30,6 +30,8 @@ class InputNode(DStreamNode):
         super().__init__(graph)
         self._records: dict[int, int] = {}
         self._offsets: dict[int, Any] = {}
+        #: Offsets of batches to rebuild exactly as before (set when a driver recovers).
+        self.replay: dict[int, Any] = {}
         graph.add_input(self)
 
     @property
@@ -46,6 +48,16 @@ class InputNode(DStreamNode):
 
     def stop(self) -> None:
         """Called once when the context stops."""
+
+    #: Whether a batch can be rebuilt from its offsets after a driver failure.
+    replayable = True
+
+    def source_state(self) -> Any:
+        """What the source must remember across a driver restart (JSON-able), or None."""
+        return None
+
+    def restore_source_state(self, state: Any) -> None:
+        """Restore what :meth:`source_state` returned before the restart."""
 
     def records_at(self, time: BatchTime) -> int | None:
         return self._records.get(time.ms)
@@ -67,6 +79,8 @@ class InputNode(DStreamNode):
 
 
 class QueueInputNode(InputNode):
+    replayable = False
+
     """``queueStream``: one queued RDD per batch (or all queued RDDs at once), else ``default``.
 
     Same semantics as PySpark: an exhausted queue yields ``default`` when given, else an empty RDD

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 
 class SocketInputNode(InputNode):
+    replayable = False
     def __init__(self, graph: DStreamGraph, host: str, port: int) -> None:
         super().__init__(graph)
         if not isinstance(port, int) or not 0 < port < 65536:

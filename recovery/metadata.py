@@ -1,0 +1,190 @@
+"""The metadata log for master (driver) failover, fenced by compare-and-swap on one head object.
+
+Layout in the checkpoint store:
+
+* ``meta/head.json`` – the only mutable object: application name, graph fingerprint, batch
+  duration, zero time, the owning driver's **epoch**, the input offsets of every batch not yet
+  known to be outside the replay window, the time through which every batch has completed, the
+  newest committed data checkpoint of every stateful stream and per-source state (e.g. the files
+  a folder source has consumed). Every update is a conditional write on the ETag this driver
+  last wrote (``put_if_match``).
+* ``meta/batches/<time>.json`` – an immutable record per batch (its offsets and epoch), written
+  before the batch runs, for audit and debugging.
+
+Fencing: a driver that starts on an existing log takes the next epoch by a conditional write of
+the head. From then on, any commit of an older driver (paused, then resumed: a zombie) fails its
+compare-and-swap and raises :class:`FencedError`; the zombie stops without committing metadata,
+checkpoints or outputs. Stores without conditional writes cannot fence (all three backends here
+have them: S3's ``If-Match``/``If-None-Match``, the local folder's lock, the memory store).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import uuid
+from typing import Any
+
+from .store import PreconditionFailed, Store
+
+HEAD = "meta/head.json"
+FORMAT = 1
+
+
+class FencedError(RuntimeError):
+    """Another driver has taken over this checkpoint location; this one must stop."""
+
+
+class GraphChangedError(ValueError):
+    """The stream graph built by ``setupFunc`` differs from the one that wrote the checkpoint."""
+
+
+class ForeignCheckpointError(ValueError):
+    """The checkpoint location holds another application's (or an unknown format's) data."""
+
+
+def describe_graph_change(old: list[str], new: list[str]) -> str:
+    lines = []
+    for i in range(max(len(old), len(new))):
+        a = old[i] if i < len(old) else "(none)"
+        b = new[i] if i < len(new) else "(none)"
+        if a != b:
+            lines.append(f"  node {i}: checkpoint has {a}, setupFunc built {b}")
+    return "\n".join(lines[:20])
+
+
+class MetadataLog:
+    """The head object plus per-batch records; see the module docstring."""
+
+    def __init__(self, store: Store, app_name: str, fingerprint: list[str], batch_ms: int) -> None:
+        self.store = store
+        self.app_name = app_name
+        self.fingerprint = fingerprint
+        self.batch_ms = batch_ms
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.head: dict[str, Any] = {}
+        self._etag: str | None = None
+        self._lock = threading.Lock()
+        self.fenced = False
+
+    # ------------------------------------------------------------------ reading
+    @staticmethod
+    def read(store: Store) -> dict[str, Any] | None:
+        """The head of the log at ``store``, or None when there is none."""
+        try:
+            raw = store.get(HEAD)
+        except FileNotFoundError:
+            return None
+        try:
+            head = json.loads(raw)
+        except ValueError:
+            raise ForeignCheckpointError(
+                f"{store.url}/{HEAD} is not a dstreams metadata log (not JSON): point the checkpoint at an "
+                "empty location or at one written by this application"
+            ) from None
+        if not isinstance(head, dict) or head.get("format") != FORMAT:
+            raise ForeignCheckpointError(f"{store.url}/{HEAD} has an unknown format: {str(head)[:200]}")
+        return head
+
+    # ------------------------------------------------------------------ taking over
+    def take_over(self, zero_ms: int) -> dict[str, Any] | None:
+        """Become the owning driver. Returns the previous head (None for a fresh location).
+
+        Raises :class:`ForeignCheckpointError` for another application's log and
+        :class:`GraphChangedError` when the topology differs.
+        """
+        with self._lock:
+            try:
+                raw, etag = self.store.get_with_etag(HEAD)
+            except FileNotFoundError:
+                self.head = {
+                    "format": FORMAT,
+                    "app": self.app_name,
+                    "fingerprint": self.fingerprint,
+                    "batch_ms": self.batch_ms,
+                    "zero_ms": zero_ms,
+                    "epoch": 1,
+                    "owner": self.owner,
+                    "offsets": {},
+                    "completed_through": None,
+                    "checkpoints": {},
+                    "sources": {},
+                }
+                data = self._encode()
+                try:
+                    self.store.put_if_absent(HEAD, data)
+                except FileExistsError:
+                    raise FencedError("another driver created this checkpoint location at the same moment") from None
+                _, self._etag = self.store.get_with_etag(HEAD)
+                return None
+            previous = self.read(self.store)
+            assert previous is not None
+            if previous.get("app") != self.app_name:
+                raise ForeignCheckpointError(
+                    f"the checkpoint at {self.store.url} belongs to application {previous.get('app')!r}, not "
+                    f"{self.app_name!r}: use another checkpoint location, or the same appName"
+                )
+            if previous.get("batch_ms") != self.batch_ms:
+                raise GraphChangedError(
+                    f"the checkpoint was written with a batch duration of {previous.get('batch_ms')} ms; "
+                    f"this context uses {self.batch_ms} ms"
+                )
+            if previous.get("fingerprint") != self.fingerprint:
+                raise GraphChangedError(
+                    "the stream graph built by setupFunc differs from the one in the checkpoint at "
+                    f"{self.store.url}:\n" + describe_graph_change(previous.get("fingerprint", []), self.fingerprint)
+                    + "\nrestore the original graph, or start from an empty checkpoint location"
+                )
+            self.head = dict(previous, epoch=int(previous["epoch"]) + 1, owner=self.owner)
+            try:
+                self._etag = self.store.put_if_match(HEAD, self._encode(), etag)
+            except PreconditionFailed:
+                raise FencedError("another driver took over this checkpoint location at the same moment") from None
+            return previous
+
+    # ------------------------------------------------------------------ committing
+    def _encode(self) -> bytes:
+        return json.dumps(self.head, sort_keys=True).encode()
+
+    def commit(self, **updates: Any) -> None:
+        """Apply ``updates`` to the head and write it conditionally (raises FencedError)."""
+        with self._lock:
+            if self.fenced:
+                raise FencedError(self._fenced_message())
+            new = dict(self.head)
+            new.update(updates)
+            old, self.head = self.head, new
+            try:
+                assert self._etag is not None
+                self._etag = self.store.put_if_match(HEAD, self._encode(), self._etag)
+            except PreconditionFailed:
+                self.head = old
+                self.fenced = True
+                raise FencedError(self._fenced_message()) from None
+            except BaseException:
+                self.head = old
+                raise
+
+    def _fenced_message(self) -> str:
+        current = None
+        try:
+            current = self.read(self.store)
+        except Exception:
+            pass
+        who = f" (now epoch {current.get('epoch')}, owner {current.get('owner')})" if current else ""
+        return (f"this driver (epoch {self.head.get('epoch')}) has been replaced by another driver{who}: "
+                "it stops without committing anything more")
+
+    def check_owner(self) -> None:
+        """Raise FencedError if another driver has taken over (a read; used before sink commits)."""
+        current = self.read(self.store)
+        if current is None or current.get("epoch") != self.head.get("epoch") or current.get("owner") != self.owner:
+            with self._lock:
+                self.fenced = True
+            raise FencedError(self._fenced_message())
+
+    def record_batch(self, time_ms: int, offsets: dict[str, Any]) -> None:
+        record = {"time_ms": time_ms, "epoch": self.head.get("epoch"), "offsets": offsets}
+        self.store.put(f"meta/batches/{time_ms:015d}.json", json.dumps(record, sort_keys=True).encode())

@@ -1,0 +1,137 @@
+"""Master failover: resume from the metadata log and data checkpoints with exactly-once outputs."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from dstreams import ManualClock, StreamingContext, StreamingContextStateError
+from dstreams.recovery.checkpointer import list_checkpoints
+from dstreams.recovery.metadata import FencedError, ForeignCheckpointError, GraphChangedError, MetadataLog
+from dstreams.recovery.store import open_store
+
+from .recovery_app import build, read_outputs
+
+
+def _run(ssc: StreamingContext, clock: ManualClock, until_ms: int, flush: bool = True) -> None:
+    ssc.start()
+    t = ssc.startTime.ms
+    clock.set_time(max(clock.time_ms(), until_ms))
+    while t <= until_ms:
+        ssc.awaitBatch(t, 120)
+        if flush:
+            ssc._checkpointer.flush(60)
+        t += 1000
+
+
+def _reference(sc, tmp_path, batches: int) -> dict[str, list[str]]:
+    out = tmp_path / "ref-out"
+    clock = ManualClock()
+    ssc = build(sc, str(tmp_path / "ref-ckpt"), str(out), clock)
+    try:
+        _run(ssc, clock, batches * 1000)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    return read_outputs(str(out))
+
+
+@pytest.mark.slow
+def test_resume_after_abrupt_stop_gives_exactly_the_uninterrupted_outputs(sc, tmp_path):
+    expected = _reference(sc, tmp_path, 14)
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    clock = ManualClock()
+    first = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out, clock))
+    try:
+        _run(first, clock, 7000)
+    finally:
+        first.stop(stopSparkContext=False)  # the driver "dies" after batch 7
+    # A half-written output of batch 8 (no _SUCCESS) must be replaced, not kept.
+    os.makedirs(os.path.join(out, "counts-8000"))
+    with open(os.path.join(out, "counts-8000", "part-00000"), "w") as f:
+        f.write("garbage\n")
+    clock2 = ManualClock(11_500)  # down for a few batches: 8..11 are missed and caught up
+    second = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out, clock2))
+    try:
+        _run(second, clock2, 14_000)
+        assert second._metadata is not None and second._metadata.head["epoch"] == 2
+    finally:
+        second.stop(stopSparkContext=False)
+    got = read_outputs(out)
+    assert got == expected
+    assert sorted(expected) == sorted(f"{n}-{t}" for n in ("counts", "sessions", "window")
+                                      for t in range(1000, 15000, 1000))
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(sc, tmp_path, caplog):
+    expected = _reference(sc, tmp_path, 9)
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    clock = ManualClock()
+    first = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out, clock))
+    try:
+        _run(first, clock, 6000)
+        node_key = first._graph.outputs[0].parent.key  # the running reduce
+    finally:
+        first.stop(stopSparkContext=False)
+    store = open_store(ckpt)
+    newest = list_checkpoints(store, node_key)[0]
+    part = f"checkpoints/{node_key}/{newest:015d}/part-00000"
+    store.put(part, store.get(part)[:-3])  # truncated
+    clock2 = ManualClock(6000)
+    second = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out, clock2))
+    try:
+        with caplog.at_level(logging.WARNING, logger="dstreams.recovery.resume"):
+            _run(second, clock2, 9000)
+    finally:
+        second.stop(stopSparkContext=False)
+    assert any("unreadable" in r.message for r in caplog.records)
+    assert read_outputs(out) == expected
+
+
+def test_changed_graph_is_refused_with_what_changed(sc, tmp_path):
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    clock = ManualClock()
+    first = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out, clock))
+    try:
+        _run(first, clock, 2000, flush=False)
+    finally:
+        first.stop(stopSparkContext=False)
+    other = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out, ManualClock(), window="20s"))
+    with pytest.raises(GraphChangedError, match="window=10000.*window=20000"):
+        other.start()
+    other.stop(stopSparkContext=False)
+
+
+def test_plain_start_on_a_used_location_and_foreign_application(sc, tmp_path):
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    clock = ManualClock()
+    first = build(sc, ckpt, out, clock)
+    try:
+        _run(first, clock, 1000, flush=False)
+    finally:
+        first.stop(stopSparkContext=False)
+    again = build(sc, ckpt, out, ManualClock())
+    with pytest.raises(StreamingContextStateError, match="getOrCreate"):
+        again.start()
+    again.stop(stopSparkContext=False)
+    store = open_store(ckpt)
+    log = MetadataLog(store, "another-app", [], 1000)
+    with pytest.raises(ForeignCheckpointError, match="belongs to application"):
+        log.take_over(0)
+
+
+def test_stale_driver_is_fenced_off():
+    store = open_store("memory://fencing-test")
+    a = MetadataLog(store, "app", ["g"], 1000)
+    assert a.take_over(0) is None
+    a.commit(completed_through=1000)
+    b = MetadataLog(store, "app", ["g"], 1000)
+    prev = b.take_over(0)
+    assert prev is not None and prev["epoch"] == 1 and b.head["epoch"] == 2
+    with pytest.raises(FencedError, match="replaced by another driver"):
+        a.commit(completed_through=2000)
+    with pytest.raises(FencedError):
+        a.check_owner()
+    b.commit(completed_through=2000)
+    assert MetadataLog.read(store)["completed_through"] == 2000
