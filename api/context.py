@@ -31,6 +31,7 @@ from dstreams.nodes.input import QueueInputNode
 from dstreams.nodes.socket import SocketInputNode
 from dstreams.nodes.transformed import TransformedNode
 from dstreams.nodes.union import UnionNode
+from dstreams.recovery import faults
 from dstreams.recovery.checkpointer import StoreCheckpointer
 from dstreams.recovery.journal import Journal
 from dstreams.recovery.metadata import MetadataLog
@@ -309,6 +310,7 @@ class StreamingContext:
         self._metadata = log_
         journal = Journal(log_, self._graph)
         scheduler.journal = journal
+        scheduler.fault_hook = faults.reached
         checkpointer.on_commit = journal.checkpoint_committed
         checkpointer.guard = log_.check_owner
         if previous is None:

@@ -123,6 +123,8 @@ class JobScheduler:
         #: Optional journal (master recovery): ``batch_generated(t)`` before a batch runs and
         #: ``batch_completed(t)`` after it; raising there stops this driver (fencing).
         self.journal: Any = None
+        #: Optional fault-injection hook (tests): called with a point name.
+        self.fault_hook: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def first_batch_time(self) -> BatchTime:
@@ -256,7 +258,9 @@ class JobScheduler:
             sc.setJobGroup(info.job_group, f"dstreams batch {b.time.ms}", interruptOnCancel=False)
         except Exception:
             log.debug("could not set the job group", exc_info=True)
-        for job in b.jobs:
+        for i, job in enumerate(b.jobs):
+            if i == 0 and self.fault_hook is not None:
+                self.fault_hook("mid-batch")
             op = info.output_operations[job.output_id]
             op.start_time_ms = wall_ms()
             self.bus.post("onOutputOperationStarted", StreamingListenerOutputOperationStarted(op))

@@ -33,6 +33,7 @@ from dstreams.checkpoint import Checkpointer
 from dstreams.partitioned import MARKERS
 from dstreams.time import BatchTime
 
+from . import faults
 from .codec import CorruptCheckpointError, decode_partition, encode_partition
 from .storespec import StoreSpec
 
@@ -137,6 +138,7 @@ class StoreCheckpointer(Checkpointer):
             "partitioned": partitioner is not None,
             "parts": parts,
         }
+        faults.reached("checkpoint-write")
         if self.guard is not None:
             self.guard()
         self.store.put(f"{prefix}/{MANIFEST}", json.dumps(manifest, sort_keys=True).encode())

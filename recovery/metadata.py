@@ -27,6 +27,7 @@ import threading
 import uuid
 from typing import Any
 
+from . import faults
 from .store import PreconditionFailed, Store
 
 HEAD = "meta/head.json"
@@ -159,6 +160,7 @@ class MetadataLog:
             try:
                 assert self._etag is not None
                 self._etag = self.store.put_if_match(HEAD, self._encode(), self._etag)
+                faults.reached("after-metadata-commit")
             except PreconditionFailed:
                 self.head = old
                 self.fenced = True

@@ -1,0 +1,177 @@
+"""Driver processes killed with SIGKILL (and a paused zombie) with checkpoints on a real S3 server.
+
+The driver (tests/recovery_app.py) runs runningReduce + a 10 s invertible window + track on the
+generator source with 1 s batches, checkpoints in Ceph's RADOS Gateway (started by
+scripts/services.sh), outputs with exactly-once saveAsTextFiles. Each test kills it at a chosen
+point (recovery/faults.py), restarts it, and compares every committed output, batch by batch,
+with a run on a manual clock over the same batch times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from dstreams import ManualClock
+
+from .recovery_app import build, read_outputs
+
+pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.s3]
+
+RGW = os.environ.get("DSTREAMS_TEST_RGW_ENDPOINT", "http://127.0.0.1:7480")
+APP = os.path.join(os.path.dirname(__file__), "recovery_app.py")
+
+
+@pytest.fixture(scope="module")
+def rgw_bucket():
+    boto3 = pytest.importorskip("boto3")
+    from botocore.config import Config
+
+    client = boto3.client("s3", endpoint_url=RGW, aws_access_key_id="AKTEST", aws_secret_access_key="SKTEST",
+                          region_name="us-east-1",
+                          config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1},
+                                        connect_timeout=2, read_timeout=10))
+    bucket = f"failover-{uuid.uuid4().hex[:8]}"
+    try:
+        client.create_bucket(Bucket=bucket)
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"Ceph RGW at {RGW} is not reachable ({e}); run `bash scripts/services.sh start`")
+    return bucket
+
+
+def _env():
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
+               AWS_ENDPOINT_URL_S3=RGW, AWS_ACCESS_KEY_ID="AKTEST", AWS_SECRET_ACCESS_KEY="SKTEST",
+               AWS_DEFAULT_REGION="us-east-1", DSTREAMS_STORE_RETRY_SECONDS="20")
+    for k in ("DSTREAMS_FAULT_KILL", "DSTREAMS_FAULT_KILL_AFTER"):
+        env.pop(k, None)
+    return env
+
+
+def _driver(ckpt: str, out: str, log_path: str, **env_extra: str) -> subprocess.Popen:
+    env = _env()
+    env.update(env_extra)
+    log = open(log_path, "ab")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen([sys.executable, APP, ckpt, out], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            cwd=os.path.dirname(out))
+
+
+def _stop(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def _wait(cond, timeout: float, what: str, proc: subprocess.Popen | None = None, log_path: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        if proc is not None and proc.poll() is not None and not cond():
+            tail = open(log_path, errors="replace").read()[-4000:] if log_path else ""
+            raise AssertionError(f"driver exited ({proc.returncode}) while waiting for {what}\n{tail}")
+        time.sleep(0.2)
+    tail = open(log_path, errors="replace").read()[-4000:] if log_path else ""
+    raise TimeoutError(f"timed out after {timeout} s waiting for {what}\n{tail}")
+
+
+def _committed_times(out: str) -> set[int]:
+    """Batch times whose three outputs are all committed."""
+    if not os.path.isdir(out):
+        return set()
+    by_name: dict[str, set[int]] = {}
+    for n in os.listdir(out):
+        if os.path.exists(os.path.join(out, n, "_SUCCESS")):
+            name, t = n.rsplit("-", 1)
+            by_name.setdefault(name, set()).add(int(t))
+    if len(by_name) < 3:
+        return set()
+    return set.intersection(*by_name.values())
+
+
+def _head(ckpt_url: str) -> dict:
+    from dstreams.recovery.store import open_store
+
+    store = open_store(ckpt_url, endpoint_url=RGW, access_key="AKTEST", secret_key="SKTEST")
+    return json.loads(store.get("meta/head.json"))
+
+
+def _reference(sc, tmp_path, zero_ms: int, last_ms: int) -> dict[str, list[str]]:
+    out = tmp_path / "ref-out"
+    clock = ManualClock(zero_ms)
+    ssc = build(sc, str(tmp_path / "ref-ckpt"), str(out), clock)
+    ssc.start()
+    try:
+        clock.set_time(last_ms)
+        ssc.awaitBatch(last_ms, 300)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    return read_outputs(str(out))
+
+
+def _check_against_reference(sc, tmp_path, ckpt_url: str, out: str) -> None:
+    head = _head(ckpt_url)
+    times = sorted(_committed_times(out))
+    zero, last = head["zero_ms"], times[-1]
+    assert times == list(range(zero + 1000, last + 1, 1000)), f"missing batches: {times}"
+    expected = {k: v for k, v in _reference(sc, tmp_path, zero, last).items() if int(k.rsplit("-", 1)[1]) <= last}
+    got = {k: v for k, v in read_outputs(out).items() if int(k.rsplit("-", 1)[1]) <= last}
+    assert got == expected
+
+
+@pytest.mark.parametrize("point, after", [("mid-batch", 6), ("checkpoint-write", 2), ("after-metadata-commit", 9)])
+def test_killed_driver_resumes_with_exactly_once_outputs(sc, tmp_path, rgw_bucket, point, after):
+    ckpt = f"s3://{rgw_bucket}/{point}-{uuid.uuid4().hex[:6]}"
+    out = str(tmp_path / "out")
+    log_path = str(tmp_path / "driver.log")
+    proc = _driver(ckpt, out, log_path, DSTREAMS_FAULT_KILL=point, DSTREAMS_FAULT_KILL_AFTER=str(after))
+    try:
+        proc.wait(timeout=240)
+    finally:
+        _stop(proc)
+    assert proc.returncode == -signal.SIGKILL, open(log_path, errors="replace").read()[-4000:]
+    assert f"SIGKILL at {point}" in open(log_path, errors="replace").read()
+    before = _committed_times(out)
+    proc = _driver(ckpt, out, log_path)
+    try:
+        _wait(lambda: len(_committed_times(out) - before) >= 4, 240, "4 new batches after the restart",
+              proc, log_path)
+    finally:
+        _stop(proc)
+    _check_against_reference(sc, tmp_path, ckpt, out)
+
+
+def test_zombie_driver_is_fenced_and_outputs_stay_exactly_once(sc, tmp_path, rgw_bucket):
+    ckpt = f"s3://{rgw_bucket}/zombie-{uuid.uuid4().hex[:6]}"
+    out = str(tmp_path / "out")
+    log_old, log_new = str(tmp_path / "old.log"), str(tmp_path / "new.log")
+    old = _driver(ckpt, out, log_old)
+    new = None
+    try:
+        _wait(lambda: len(_committed_times(out)) >= 3, 240, "3 batches from the first driver", old, log_old)
+        old.send_signal(signal.SIGSTOP)  # paused: a zombie in the making
+        new = _driver(ckpt, out, log_new)
+        _wait(lambda: _head(ckpt)["epoch"] == 2 and len(_committed_times(out)) >= 6, 240,
+              "the new driver to take over and commit", new, log_new)
+        old.send_signal(signal.SIGCONT)
+        _wait(lambda: old.poll() is not None or "replaced by another driver" in open(log_old, errors="replace").read(),
+              120, "the zombie to notice it was fenced off")
+        time.sleep(2)  # let the new driver go on a little while the zombie is awake
+        assert "replaced by another driver" in open(log_old, errors="replace").read()
+    finally:
+        _stop(old)
+        if new is not None:
+            _stop(new)
+    assert _head(ckpt)["epoch"] == 2
+    _check_against_reference(sc, tmp_path, ckpt, out)
