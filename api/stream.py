@@ -364,19 +364,23 @@ class DStream:
 
         self.foreachRDD(take_and_print)
 
-    def saveAsTextFiles(self, prefix: str, suffix: str | None = None) -> None:
+    def saveAsTextFiles(self, prefix: str, suffix: str | None = None, **storeOptions: Any) -> None:
         """Save each batch as a text-file folder ``prefix-<batch ms>[.suffix]``, exactly once.
 
         A folder is committed by its ``_SUCCESS`` marker: a batch re-run after a failure leaves a
         committed folder alone and rewrites one that was cut off half-way. ``prefix`` may be a
-        local path or an ``s3://bucket/prefix`` URL (then each task writes its part object).
+        local path or an ``s3://bucket/prefix`` URL (then each task writes its part object);
+        ``storeOptions`` (``endpoint_url``, ``access_key``, ...) default to the checkpoint store's
+        when that is an ``s3://`` location too, else to boto3's standard chain.
         """
         ssc = self._ssc
 
         def save(time: Any, rdd: RDD) -> None:
             ms = round(time.timestamp() * 1000)
-            save_text_exactly_once(rdd, rdd_to_file_name(prefix, suffix, ms), ssc._output_guard,
-                                   ssc._store_options)
+            options = storeOptions
+            if not options and str(ssc._checkpoint_dir or "").startswith(("s3://", "s3a://")):
+                options = ssc._store_options
+            save_text_exactly_once(rdd, rdd_to_file_name(prefix, suffix, ms), ssc._output_guard, options)
 
         self.foreachRDD(save)
 

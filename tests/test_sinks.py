@@ -1,0 +1,68 @@
+"""Exactly-once text sinks: local folders and S3 (moto server) committed by _SUCCESS."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from dstreams import ManualClock, StreamingContext
+from dstreams.recovery.sinks import save_text_exactly_once
+from dstreams.recovery.store import open_store
+
+MOTO = os.environ.get("DSTREAMS_TEST_MOTO_ENDPOINT", "http://127.0.0.1:5055")
+MOTO_OPTS = {"endpoint_url": MOTO, "access_key": "testing", "secret_key": "testing", "region": "us-east-1"}
+
+
+def test_local_sink_skips_committed_and_rewrites_partial(sc, tmp_path):
+    path = str(tmp_path / "out-1000")
+    assert save_text_exactly_once(sc.parallelize([1, 2], 2), path) is True
+    assert save_text_exactly_once(sc.parallelize([9], 1), path) is False  # committed: left alone
+    assert sorted(open(os.path.join(path, p)).read() for p in os.listdir(path) if p.startswith("part-")) == [
+        "1\n", "2\n"]
+    partial = str(tmp_path / "out-2000")
+    os.makedirs(partial)
+    open(os.path.join(partial, "part-00007"), "w").write("stale\n")
+    assert save_text_exactly_once(sc.parallelize([3], 1), partial) is True
+    assert not os.path.exists(os.path.join(partial, "part-00007"))
+
+
+def test_fenced_driver_does_not_commit(sc, tmp_path):
+    class Fenced(Exception):  # noqa: N818
+        pass
+
+    def guard():
+        raise Fenced()
+
+    path = str(tmp_path / "out-3000")
+    with pytest.raises(Fenced):
+        save_text_exactly_once(sc.parallelize([1], 1), path, guard)
+    assert not os.path.exists(os.path.join(path, "_SUCCESS"))
+
+
+@pytest.mark.s3
+def test_s3_sink_through_save_as_text_files(sc, tmp_path):
+    boto3 = pytest.importorskip("boto3")
+    client = boto3.client("s3", endpoint_url=MOTO, aws_access_key_id="testing", aws_secret_access_key="testing",
+                          region_name="us-east-1")
+    bucket = f"sink-{uuid.uuid4().hex[:8]}"
+    try:
+        client.create_bucket(Bucket=bucket)
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"moto server at {MOTO} is not reachable ({e}); run `bash scripts/services.sh start`")
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.queueStream([[("a", 1), ("b", 2)], [("a", 3)]]).saveAsTextFiles(f"s3://{bucket}/out/counts", **MOTO_OPTS)
+    ssc.start()
+    try:
+        for i in (1, 2):
+            clock.advance(1000)
+            ssc.awaitBatch(i * 1000, 120)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    store = open_store(f"s3://{bucket}/out", **MOTO_OPTS)
+    keys = store.list("")
+    assert "counts-1000/_SUCCESS" in keys and "counts-2000/_SUCCESS" in keys
+    lines = b"".join(store.get(k) for k in keys if k.startswith("counts-1000/part-")).decode().split()
+    assert sorted(lines) == ["('a',", "('b',", "1)", "2)"]
