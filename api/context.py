@@ -38,7 +38,7 @@ from dstreams.recovery.metadata import MetadataLog
 from dstreams.recovery.resume import ResumePlan, plan_resume
 from dstreams.recovery.storespec import StoreSpec
 from dstreams.scheduler import JobScheduler
-from dstreams.sparkconf import create_spark_context
+from dstreams.sparkconf import create_spark_context, speculation_available
 from dstreams.time import BatchTime, Duration, DurationLike, parse_duration, to_datetime
 
 from .functions import positional_arity
@@ -317,6 +317,16 @@ class StreamingContext:
             return None
         return plan_resume(self._sc, spec, self._graph, previous)
 
+    def _log_speculation(self) -> None:
+        conf = self._sc.getConf()
+        master = conf.get("spark.master", "") or ""
+        if not speculation_available(conf):
+            log.info("speculative execution of stragglers is unavailable with master %s (Spark never "
+                     "speculates in local mode); run on a cluster master for it", master)
+        elif conf.get("spark.speculation", "false") != "true":
+            log.warning("speculative execution is off on %s: slow tasks (stragglers) delay whole batches; "
+                        "set spark.speculation=true (dstreams.sparkconf.tuned_conf does)", master)
+
     def _output_guard(self) -> None:
         """Raise FencedError when another driver has taken over (called before sink commits)."""
         if self._metadata is not None:
@@ -346,6 +356,7 @@ class StreamingContext:
                 scheduler = JobScheduler(self._graph, self._clock, self._bus, self._concurrent)
                 plan = self._open_metadata_log(scheduler, checkpointer) if self._checkpoint_dir else None
                 self._scheduler = scheduler
+                self._log_speculation()
                 if plan is not None:
                     scheduler.start(plan.first_batch, plan.zero, plan.prepare)
                 else:

@@ -68,10 +68,34 @@ def _daemon_module_applies(conf: SparkConf) -> bool:
     return _same_interpreter(python)
 
 
+#: Speculative re-execution of stragglers as in the D-Streams paper: a task 1.4x slower than the
+#: median of its stage (once half of the stage's tasks finished) is copied to another executor, after
+#: a minimum runtime suited to sub-second batches. Applied when the master is not ``local``/``local[N]``
+#: (Spark never speculates there).
+SPECULATION_DEFAULTS: dict[str, str] = {
+    "spark.speculation": "true",
+    "spark.speculation.multiplier": "1.4",
+    "spark.speculation.quantile": "0.5",
+    "spark.speculation.minTaskRuntime": "100ms",
+    "spark.speculation.interval": "50ms",
+}
+
+
+def is_local_master(master: str) -> bool:
+    """True for ``local``, ``local[N]``, ``local[*]`` and ``local[N,F]``: one JVM, no speculation."""
+    return master == "local" or master.startswith("local[")
+
+
+def speculation_available(conf: SparkConf) -> bool:
+    return not is_local_master(conf.get("spark.master", "local[*]") or "local[*]")
+
+
 def _applicable_defaults(conf: SparkConf) -> dict[str, str]:
     defaults = dict(LOW_LATENCY_DEFAULTS)
     if not _daemon_module_applies(conf):
         defaults.pop(DAEMON_MODULE_KEY)
+    if speculation_available(conf):
+        defaults.update(SPECULATION_DEFAULTS)
     return defaults
 
 

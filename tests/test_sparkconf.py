@@ -279,3 +279,16 @@ def test_tuned_context_runs_python_jobs_through_the_worker_daemon(tmp_path):
         assert r["zip_cache"] == [], r["zip_cache"]
     assert result["local_dir"] == str(tmp_path / "spark-local")
     assert result["in_local_dir"], "Spark wrote nothing under DSTREAMS_SPARK_LOCAL_DIR"
+
+
+def test_speculation_defaults_follow_the_paper_off_local_masters():
+    from dstreams.sparkconf import tuned_conf
+
+    local = tuned_conf("local[2]", "t")
+    assert local.get("spark.speculation") is None
+    cluster = tuned_conf("spark://127.0.0.1:7077", "t")
+    assert cluster.get("spark.speculation") == "true"
+    assert cluster.get("spark.speculation.multiplier") == "1.4"
+    assert cluster.get("spark.speculation.quantile") == "0.5"
+    mine = tuned_conf("spark://127.0.0.1:7077", "t", {"spark.speculation": "false"})
+    assert mine.get("spark.speculation") == "false"  # the user's choice wins

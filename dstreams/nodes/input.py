@@ -84,14 +84,15 @@ class QueueInputNode(InputNode):
     """``queueStream``: one queued RDD per batch (or all queued RDDs at once), else ``default``.
 
     Same semantics as PySpark: an exhausted queue yields ``default`` when given, else an empty RDD
-    with no partitions. Not replayable after a driver failure (the queue lives in the driver).
+    with one partition (PySpark's JVM queue stream defaults to ``makeRDD(Seq.empty, 1)``: ``count()``
+    of such a batch is ``[0]``). Not replayable after a driver failure (the queue lives in the driver).
     """
 
     def __init__(self, graph: DStreamGraph, rdds: Iterable[RDD], one_at_a_time: bool, default: RDD | None):
         super().__init__(graph)
         self.queue: deque[RDD] = deque(rdds)
         self.one_at_a_time = one_at_a_time
-        self.default = default
+        self.default = default if default is not None else graph.sc.parallelize([], 1)
         self._lock = threading.Lock()
 
     def compute(self, time: BatchTime) -> RDD | None:
@@ -103,6 +104,4 @@ class QueueInputNode(InputNode):
                 self.queue.clear()
         if taken:
             return taken[0] if len(taken) == 1 else self.graph.sc.union(taken)
-        if self.default is not None:
-            return self.default
-        return self.graph.sc.emptyRDD()
+        return self.default
