@@ -32,7 +32,7 @@ from dstreams.nodes.socket import SocketInputNode
 from dstreams.nodes.transformed import TransformedNode
 from dstreams.nodes.union import UnionNode
 from dstreams.recovery import faults
-from dstreams.recovery.checkpointer import StoreCheckpointer
+from dstreams.recovery.checkpointer import StoreCheckpointer, StoreWriteAheadLog
 from dstreams.recovery.journal import Journal
 from dstreams.recovery.metadata import MetadataLog
 from dstreams.recovery.resume import ResumePlan, plan_resume
@@ -311,6 +311,7 @@ class StreamingContext:
         journal = Journal(log_, self._graph)
         scheduler.journal = journal
         scheduler.fault_hook = faults.reached
+        self._graph.wal = StoreWriteAheadLog(store)
         checkpointer.on_commit = journal.checkpoint_committed
         checkpointer.guard = log_.check_owner
         if previous is None:

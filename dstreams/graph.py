@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .checkpoint import Checkpointer
 from .time import BatchTime, Duration
@@ -38,6 +38,12 @@ class Job:
         self.func()
 
 
+class WriteAheadLog(Protocol):
+    def write(self, key: str, records: list[Any]) -> str: ...
+
+    def read(self, key: str) -> list[Any]: ...
+
+
 class GraphFrozenError(RuntimeError):
     """Raised when streams or outputs are added after the context has started."""
 
@@ -56,6 +62,9 @@ class DStreamGraph:
         self.lock = threading.RLock()
         self.started = False
         self.nodes: list[DStreamNode] = []
+        #: Write-ahead log for sources that cannot replay (``write(key, records) -> key``,
+        #: ``read(key) -> records``); set when the checkpoint location is durable.
+        self.wal: WriteAheadLog | None = None
 
     def register(self, node: DStreamNode) -> str:
         """Add ``node`` to the graph's registry; returns its stable key (position and type)."""

@@ -185,3 +185,18 @@ def list_checkpoints(store, node_key: str) -> list[int]:
         if name == MANIFEST and t.isdigit():
             times.add(int(t))
     return sorted(times, reverse=True)
+
+
+class StoreWriteAheadLog:
+    """Write-ahead log of driver-side input blocks (socket lines) in the checkpoint store."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+
+    def write(self, key: str, records: list[Any]) -> str:
+        data, _, _ = encode_partition(records)
+        self.store.put(key, data)
+        return key
+
+    def read(self, key: str) -> list[Any]:
+        return decode_partition(self.store.get(key), None, key)

@@ -73,6 +73,15 @@ class Journal:
         offsets = dict(self.metadata.head.get("offsets", {}))
         self.metadata.head["completed_through"] = time.ms  # for the horizon below; committed just after
         horizon = self._replay_horizon()
+        dropped: list[Any] = []
         if horizon is not None:
+            dropped = [o for t, o in offsets.items() if int(t) <= horizon]
             offsets = {t: o for t, o in offsets.items() if int(t) > horizon}
         self.metadata.commit(completed_through=time.ms, checkpoints=checkpoints, offsets=offsets)
+        for batch_offsets in dropped:  # write-ahead-log blocks no restart can need any more
+            for o in batch_offsets.values():
+                if isinstance(o, dict) and "wal" in o:
+                    try:
+                        self.metadata.store.delete(o["wal"])
+                    except Exception as e:
+                        log.warning("could not delete write-ahead-log block %s: %s", o["wal"], e)

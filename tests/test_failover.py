@@ -135,3 +135,50 @@ def test_stale_driver_is_fenced_off():
         a.check_owner()
     b.commit(completed_through=2000)
     assert MetadataLog.read(store)["completed_through"] == 2000
+
+
+def test_socket_batches_are_replayed_from_the_write_ahead_log(sc, tmp_path):
+    import operator
+
+    from .test_sources import _LineServer, _wait_buffered
+
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    server = _LineServer()
+
+    def setup(clock):
+        def build_socket():
+            ssc = StreamingContext(sc, 1, clock=clock)
+            ssc.checkpoint(ckpt)
+            lines = ssc.socketTextStream("127.0.0.1", server.port)
+            counts = lines.flatMap(str.split).map(lambda w: (w, 1)).runningReduce(operator.add).checkpoint("2s")
+            counts.saveAsTextFiles(os.path.join(out, "counts"))
+            return ssc
+
+        return build_socket
+
+    clock = ManualClock()
+    first = StreamingContext.getOrCreate(ckpt, setup(clock))
+    try:
+        first.start()
+        for i, text in enumerate([b"a b\n", b"b c\n", b"c d\n", b"d e\n", b"e f\n"], start=1):
+            server.send(text)
+            _wait_buffered(first._graph.inputs[0], 1)
+            clock.advance(1000)
+            first.awaitBatch(i * 1000, 120)
+            first._checkpointer.flush(60)
+    finally:
+        first.stop(stopSparkContext=False)
+    expected = read_outputs(out)
+    import shutil
+
+    shutil.rmtree(os.path.join(out, "counts-5000"))  # batch 5 comes after the last checkpoint (4000)
+    second = StreamingContext.getOrCreate(ckpt, setup(ManualClock(5000)))
+    try:
+        second.start()
+        second.awaitBatch(5000, 120)
+    finally:
+        second.stop(stopSparkContext=False)
+        server.close()
+    assert read_outputs(out) == expected  # batch 5 rebuilt from the write-ahead log, not from the socket
+    assert expected["counts-5000"] == sorted(str(x) for x in [("a", 1), ("b", 2), ("c", 2), ("d", 2), ("e", 2),
+                                                                ("f", 1)])

@@ -4,7 +4,11 @@ Contract: a background thread connects to ``host:port`` (reconnecting with backo
 connection fails or closes) and buffers each received line; batch ``t`` holds the lines received
 before its generation and after the previous batch's. Lines are UTF-8 decoded with replacement of
 invalid bytes, so a malformed line is kept, never dropped. A socket cannot be replayed: without
-a write-ahead log its batches are at-most-once across a driver failure.
+a write-ahead log its batches are at-most-once across a driver failure. With a durable checkpoint
+location (``graph.wal``, set by the context), each batch's lines are written to it *before* the
+batch is used, and a restarted driver replays them from there: every line that went into a batch
+is processed exactly once; lines received in the last interval before a crash, not yet in a batch,
+are lost.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ log = logging.getLogger(__name__)
 
 
 class SocketInputNode(InputNode):
-    replayable = False
+    @property
+    def replayable(self) -> bool:  # type: ignore[override]
+        return self.graph.wal is not None
     def __init__(self, graph: DStreamGraph, host: str, port: int) -> None:
         super().__init__(graph)
         if not isinstance(port, int) or not 0 < port < 65536:
@@ -83,9 +89,15 @@ class SocketInputNode(InputNode):
             delay = min(delay * 2, 2.0)
 
     def compute(self, time: BatchTime) -> RDD | None:
-        with self._lock:
-            lines, self._buffer = self._buffer, []
-        self._report(time, len(lines))
+        wal = self.graph.wal
+        if time.ms in self.replay and wal is not None:
+            lines = wal.read(self.replay.pop(time.ms)["wal"])
+            offsets = None
+        else:
+            with self._lock:
+                lines, self._buffer = self._buffer, []
+            offsets = {"wal": wal.write(f"wal/{self.key}/{time.ms:015d}", lines)} if wal is not None else None
+        self._report(time, len(lines), offsets)
         sc = self.graph.sc
         if not lines:
             return sc.emptyRDD()
