@@ -293,7 +293,8 @@ class StreamingContext:
             directory = os.path.abspath(directory)
         return StoreCheckpointer(self._sc, StoreSpec(directory, dict(self._store_options)))
 
-    def _open_metadata_log(self, scheduler: JobScheduler, checkpointer: StoreCheckpointer) -> ResumePlan | None:
+    def _open_metadata_log(self, scheduler: JobScheduler, checkpointer: StoreCheckpointer,
+                           first: BatchTime) -> ResumePlan | None:
         """Take ownership of the metadata log at the checkpoint location; plan the resume if any."""
         assert self._graph.batch_duration is not None
         spec = checkpointer.spec
@@ -306,7 +307,7 @@ class StreamingContext:
             )
         batch_ms = self._graph.batch_duration.ms
         log_ = MetadataLog(store, self._sc.appName, self._graph.fingerprint(), batch_ms)
-        previous = log_.take_over(zero_ms=scheduler.first_batch_time().ms - batch_ms)
+        previous = log_.take_over(zero_ms=first.ms - batch_ms)
         self._metadata = log_
         journal = Journal(log_, self._graph)
         scheduler.journal = journal
@@ -355,13 +356,15 @@ class StreamingContext:
                 self._checkpointer = checkpointer
                 self._graph.checkpointer = checkpointer
                 scheduler = JobScheduler(self._graph, self._clock, self._bus, self._concurrent)
-                plan = self._open_metadata_log(scheduler, checkpointer) if self._checkpoint_dir else None
+                first = scheduler.first_batch_time()
+                plan = self._open_metadata_log(scheduler, checkpointer, first) if self._checkpoint_dir else None
                 self._scheduler = scheduler
                 self._log_speculation()
                 if plan is not None:
                     scheduler.start(plan.first_batch, plan.zero, plan.prepare)
                 else:
-                    scheduler.start()
+                    # The same first batch as recorded in the metadata log: the zero time must match.
+                    scheduler.start(first)
                 self._state = self.ACTIVE
                 StreamingContext._activeContext = self
 

@@ -130,25 +130,32 @@ def _check_against_reference(sc, tmp_path, ckpt_url: str, out: str) -> None:
     assert got == expected
 
 
-@pytest.mark.parametrize("point, after", [("mid-batch", 6), ("checkpoint-write", 2), ("after-metadata-commit", 9)])
-def test_killed_driver_resumes_with_exactly_once_outputs(sc, tmp_path, rgw_bucket, point, after):
-    ckpt = f"s3://{rgw_bucket}/{point}-{uuid.uuid4().hex[:6]}"
+def test_driver_killed_at_several_points_resumes_with_exactly_once_outputs(sc, tmp_path, rgw_bucket):
+    """One application, killed with SIGKILL three times at different points, restarted each time."""
+    ckpt = f"s3://{rgw_bucket}/kills-{uuid.uuid4().hex[:6]}"
     out = str(tmp_path / "out")
     log_path = str(tmp_path / "driver.log")
-    proc = _driver(ckpt, out, log_path, DSTREAMS_FAULT_KILL=point, DSTREAMS_FAULT_KILL_AFTER=str(after))
-    try:
-        proc.wait(timeout=240)
-    finally:
-        _stop(proc)
-    assert proc.returncode == -signal.SIGKILL, open(log_path, errors="replace").read()[-4000:]
-    assert f"SIGKILL at {point}" in open(log_path, errors="replace").read()
-    before = _committed_times(out)
+    # (point, how many passes through it before the kill): mid-batch on the 5th batch; during the
+    # next data checkpoint write; right after a metadata commit a few batches later.
+    for point, after in [("mid-batch", 5), ("checkpoint-write", 1), ("after-metadata-commit", 6)]:
+        before = _committed_times(out)
+        proc = _driver(ckpt, out, log_path, DSTREAMS_FAULT_KILL=point, DSTREAMS_FAULT_KILL_AFTER=str(after))
+        try:
+            proc.wait(timeout=240)
+        finally:
+            _stop(proc)
+        text = open(log_path, errors="replace").read()
+        assert proc.returncode == -signal.SIGKILL, text[-4000:]
+        assert f"SIGKILL at {point}" in text, text[-4000:]
+        assert _committed_times(out) >= before  # nothing committed was lost
     proc = _driver(ckpt, out, log_path)
+    before = _committed_times(out)
     try:
-        _wait(lambda: len(_committed_times(out) - before) >= 4, 240, "4 new batches after the restart",
+        _wait(lambda: len(_committed_times(out) - before) >= 3, 240, "3 new batches after the last restart",
               proc, log_path)
     finally:
         _stop(proc)
+    assert _head(ckpt)["epoch"] == 4
     _check_against_reference(sc, tmp_path, ckpt, out)
 
 
