@@ -150,12 +150,28 @@ def _forget_modules_from(archives: Sequence[str]) -> None:
         sys.modules.pop(name, None)
 
 
+def quiet_broken_pipe(worker):
+    """Wrap pyspark.daemon's ``worker``: a JVM that closed the socket (shutdown) is a quiet exit.
+
+    Without it every forked worker prints a ``BrokenPipeError`` traceback when the SparkContext stops.
+    """
+
+    def run(sock, authenticated):
+        try:
+            return worker(sock, authenticated)
+        except BrokenPipeError:
+            return 0
+
+    return run
+
+
 def main() -> None:
     removed = strip_redundant_archives(sys.path, sys.path_importer_cache)
     if removed:
         _forget_modules_from(removed)
     import pyspark.daemon  # after the clean-up: resolves to the directory install
 
+    pyspark.daemon.worker = quiet_broken_pipe(pyspark.daemon.worker)  # looked up by manager() per fork
     pyspark.daemon.manager()  # reads sys.argv[1] (the worker module), which we leave as is
 
 
