@@ -45,7 +45,16 @@ def save_text_exactly_once(rdd: RDD, path: str, guard: Callable[[], None] | None
             shutil.rmtree(local)
     if guard is not None:
         guard()
-    rdd.saveAsTextFile(path)
+    try:
+        rdd.saveAsTextFile(path)
+    except Exception as e:
+        if "FileAlreadyExistsException" not in str(e):
+            raise
+        # Another writer created the folder since the check: a driver that took over (then this one
+        # is fenced and stops) or a concurrent attempt of the same deterministic batch.
+        if guard is not None:
+            guard()
+        return False
     return True
 
 

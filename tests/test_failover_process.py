@@ -171,14 +171,19 @@ def test_zombie_driver_is_fenced_and_outputs_stay_exactly_once(sc, tmp_path, rgw
         new = _driver(ckpt, out, log_new)
         _wait(lambda: _head(ckpt)["epoch"] == 2 and len(_committed_times(out)) >= 6, 240,
               "the new driver to take over and commit", new, log_new)
+        new_owner = _head(ckpt)["owner"]
         old.send_signal(signal.SIGCONT)
         _wait(lambda: old.poll() is not None or "replaced by another driver" in open(log_old, errors="replace").read(),
               120, "the zombie to notice it was fenced off")
-        time.sleep(2)  # let the new driver go on a little while the zombie is awake
-        assert "replaced by another driver" in open(log_old, errors="replace").read()
+        before = _committed_times(out)
+        _wait(lambda: len(_committed_times(out) - before) >= 2, 120, "the new driver to go on", new, log_new)
+        # The zombie could not commit: the head still belongs to the new driver.
+        head = _head(ckpt)
+        assert head["epoch"] == 2 and head["owner"] == new_owner
+        text = open(log_old, errors="replace").read()
+        assert "FencedError" in text or "replaced by another driver" in text, text[-4000:]
     finally:
         _stop(old)
         if new is not None:
             _stop(new)
-    assert _head(ckpt)["epoch"] == 2
     _check_against_reference(sc, tmp_path, ckpt, out)
