@@ -50,7 +50,7 @@ class DStreamNode:
         #: Stable across driver restarts that rebuild the same graph: the node's position in it.
         self.key = graph.register(self)
         self.generated: dict[int, RDD] = {}
-        self._retired: dict[int, RDD] = {}
+        self._retired: dict[int, list[RDD]] = {}
         self.zero_time: BatchTime | None = None
         self.remember_duration: Duration | None = None
         self.storage_level: StorageLevel | None = None
@@ -196,7 +196,8 @@ class DStreamNode:
                 self._persisted_by_engine.discard(t)
                 rdd.unpersist(blocking=False)
         for t in [t for t in self._retired if t <= horizon]:
-            self._retired.pop(t).unpersist(blocking=False)
+            for rdd in self._retired.pop(t):
+                rdd.unpersist(blocking=False)
         for dep in self.dependencies:
             dep.clear_metadata(time)
 
@@ -206,16 +207,34 @@ class DStreamNode:
     def adopt_checkpoint(self, time: BatchTime, reader: RDD) -> None:
         """Use ``reader`` (an RDD reading a committed checkpoint) as this node's RDD at ``time``.
 
-        RDDs generated afterwards build on it, which cuts their lineage. The replaced RDD stays
-        cached until it leaves the remember window (batches generated before the commit use it).
+        RDDs generated afterwards build on it, which cuts their lineage. When the generator has
+        already built later batches on the old lineage (a backlog), those RDDs of this node are
+        rebuilt on top of ``reader`` too (RDD construction only: no Spark job), or every later
+        batch would keep chaining from them and the lineage would never be cut. Jobs already
+        queued keep the RDDs they were built with (same data). Replaced RDDs stay cached until
+        they leave the remember window.
         """
         with self.graph.lock:
             old = self.generated.get(time.ms)
             if old is None:
                 return  # already forgotten: a newer checkpoint will cut the lineage
-            if time.ms in self._persisted_by_engine:
-                self._retired[time.ms] = old
+            self._retire(time.ms, old)
             self.restore(time, reader)
+            if not self.must_checkpoint:
+                return
+            slide = self.slide_duration
+            t = time + slide
+            while t.ms in self.generated:
+                fresh = self.compute(t)
+                if fresh is None:
+                    break
+                self._retire(t.ms, self.generated[t.ms])
+                self.restore(t, fresh)
+                t = t + slide
+
+    def _retire(self, t: int, rdd: RDD) -> None:
+        if t in self._persisted_by_engine:
+            self._retired.setdefault(t, []).append(rdd)
 
     def restore(self, time: BatchTime, rdd: RDD) -> None:
         """Set this node's RDD at ``time`` (a checkpoint reader, when a driver recovers)."""

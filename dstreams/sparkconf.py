@@ -104,6 +104,18 @@ def _jvm_properties_are_users() -> bool:
     return SparkContext._gateway is None or "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def _export_worker_python(conf: SparkConf) -> None:
+    """Make ``spark.pyspark.python`` effective for a SparkContext created in this process.
+
+    PySpark's in-process SparkContext takes its worker interpreter from the ``PYSPARK_PYTHON`` environment
+    variable only (default ``python3`` from ``PATH``, often another interpreter without pyspark); the conf
+    key is honoured by ``spark-submit`` alone. So when the variable is unset, it is exported from the conf.
+    """
+    python = conf.get("spark.pyspark.python")
+    if python and "PYSPARK_PYTHON" not in os.environ and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        os.environ["PYSPARK_PYTHON"] = python
+
+
 def tuned_conf(
     master: str = "local[*]",
     app_name: str = "dstreams",
@@ -115,6 +127,10 @@ def tuned_conf(
     ``app_name`` > dstreams' defaults. When this process launched the JVM itself (pyspark's in-process
     gateway), its system properties are the *first* SparkContext's conf (master, app name, ...), not the
     user's, so they are not loaded: a second context gets the master asked for.
+
+    Side effect: outside ``spark-submit``, an unset ``PYSPARK_PYTHON`` is exported from
+    ``spark.pyspark.python`` (this interpreter unless ``conf`` names another), because PySpark's
+    in-process SparkContext reads the worker interpreter from that variable only.
     """
     out = SparkConf(loadDefaults=_jvm_properties_are_users())
     if isinstance(conf, SparkConf):
@@ -129,6 +145,7 @@ def tuned_conf(
         out.setAppName(app_name)
     if not out.contains("spark.pyspark.python") and "PYSPARK_PYTHON" not in os.environ:
         out.set("spark.pyspark.python", sys.executable)
+    _export_worker_python(out)
     for k, v in _applicable_defaults(out).items():
         if not out.contains(k):
             out.set(k, v)

@@ -292,3 +292,16 @@ def test_speculation_defaults_follow_the_paper_off_local_masters():
     assert cluster.get("spark.speculation.quantile") == "0.5"
     mine = tuned_conf("spark://127.0.0.1:7077", "t", {"spark.speculation": "false"})
     assert mine.get("spark.speculation") == "false"  # the user's choice wins
+
+
+def test_tuned_conf_exports_the_worker_interpreter_pyspark_reads_from_the_environment(monkeypatch):
+    # PySpark's in-process SparkContext ignores spark.pyspark.python and runs workers with $PYSPARK_PYTHON
+    # (default: whatever "python3" is on PATH). Regression: CI's PATH python3 lacked pyspark.
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    conf = tuned_conf("local[2]", "t")
+    assert conf.get("spark.pyspark.python") == sys.executable
+    assert os.environ["PYSPARK_PYTHON"] == sys.executable
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/other/python3")
+    tuned_conf("local[2]", "t", {"spark.pyspark.python": "/mine/python3"})
+    assert os.environ["PYSPARK_PYTHON"] == "/opt/other/python3"  # an explicit environment is never changed

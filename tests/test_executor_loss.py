@@ -1,0 +1,216 @@
+"""Executor loss on a real cluster manager, and the fault-injection helpers it uses.
+
+The acceptance test runs a driver process (tests/executor_loss_app.py) on ``local-cluster[2,1,1024]``
+(a standalone master, two workers and one executor JVM each, all on this machine): a stateful, windowed
+and stateless pipeline on a ManualClock, one batch at a time. After batch 5 it SIGKILLs one executor
+JVM (its cached state partitions and shuffle outputs are lost), runs 8 more batches, waits for the
+replacement executor and runs 2 more. Every batch must complete, and every batch's output must equal
+that of a failure-free run of the same pipeline on the session's ``local[2]`` context over the same
+batch times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from dstreams import ManualClock
+from dstreams.recovery import faults
+
+from .executor_loss_app import EXECUTORS, build, normalise
+
+APP = os.path.join(os.path.dirname(__file__), "executor_loss_app.py")
+KILL_AFTER, AFTER_KILL, AFTER_RECOVERY = 5, 8, 2
+LAST_MS = (KILL_AFTER + AFTER_KILL + AFTER_RECOVERY) * 1000
+NAMES = ("counts", "window", "lengths", "total")
+DRIVER_TIMEOUT_S = 330  # generous: the machine may be shared; ~75-100 s when quiet
+_FAULT_ENV = (faults.SLOW_EXECUTOR_ENV, faults.SLOW_PARTITION_ENV, faults.SLOW_SECONDS_ENV, faults.SLOW_FACTOR_ENV,
+              "DSTREAMS_FAULT_KILL", "DSTREAMS_FAULT_KILL_AFTER")
+
+
+# ------------------------------------------------------------------------------------ slowdown contract
+def test_slow_spec_is_off_unless_a_target_is_set():
+    assert faults.slow_spec({}) is None
+    assert faults.slow_spec({faults.SLOW_SECONDS_ENV: "3", faults.SLOW_FACTOR_ENV: "2"}) is None
+    assert faults.slow_spec({faults.SLOW_EXECUTOR_ENV: "", faults.SLOW_PARTITION_ENV: " , "}) is None
+
+
+def test_slow_spec_parses_targets_and_amounts():
+    spec = faults.slow_spec({faults.SLOW_PARTITION_ENV: "1, 3"})
+    assert spec == faults.SlowSpec(None, frozenset({1, 3}), 1.0, 1.0)  # 1 s by default
+    assert spec.matches("7", 3) and not spec.matches("7", 2)
+
+    spec = faults.slow_spec({faults.SLOW_EXECUTOR_ENV: "0,driver", faults.SLOW_SECONDS_ENV: "0.25"})
+    assert spec == faults.SlowSpec(frozenset({"0", "driver"}), None, 0.25, 1.0)
+    assert spec.matches("driver", 5) and not spec.matches("1", 5)
+
+    spec = faults.slow_spec({faults.SLOW_EXECUTOR_ENV: "2", faults.SLOW_PARTITION_ENV: "0",
+                             faults.SLOW_FACTOR_ENV: "3"})
+    assert spec == faults.SlowSpec(frozenset({"2"}), frozenset({0}), 0.0, 3.0)
+    assert spec.matches("2", 0) and not spec.matches("2", 1) and not spec.matches("1", 0)  # both must match
+    assert spec.delay(0.5) == pytest.approx(1.0)  # 3x as long: 2 x the elapsed 0.5 s more
+    both = faults.slow_spec({faults.SLOW_PARTITION_ENV: "0", faults.SLOW_SECONDS_ENV: "1", faults.SLOW_FACTOR_ENV: "2"})
+    assert both is not None and both.delay(0.5) == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize("env", [
+    {faults.SLOW_PARTITION_ENV: "one"},
+    {faults.SLOW_PARTITION_ENV: "1", faults.SLOW_SECONDS_ENV: "-1"},
+    {faults.SLOW_PARTITION_ENV: "1", faults.SLOW_SECONDS_ENV: "nan"},
+    {faults.SLOW_PARTITION_ENV: "1", faults.SLOW_FACTOR_ENV: "0.5"},
+    {faults.SLOW_EXECUTOR_ENV: "1", faults.SLOW_SECONDS_ENV: "soon"},
+])
+def test_slow_spec_rejects_malformed_values(env):
+    with pytest.raises(ValueError):
+        faults.slow_spec(env)
+
+
+def test_maybe_slow_task_is_a_no_op_outside_tasks_and_when_off():
+    assert faults.maybe_slow_task(environ={faults.SLOW_PARTITION_ENV: "0", faults.SLOW_SECONDS_ENV: "30"}) == 0.0
+    assert faults.maybe_slow_task(environ={}) == 0.0
+
+
+def test_maybe_slow_task_slows_only_the_chosen_partition_in_local_mode(sc):
+    env = {faults.SLOW_PARTITION_ENV: "1", faults.SLOW_SECONDS_ENV: "0.05"}
+    slept = sc.parallelize(range(4), 2).mapPartitions(lambda it: [faults.maybe_slow_task(environ=env)]).collect()
+    assert slept == [0.0, 0.05]
+    env = {faults.SLOW_EXECUTOR_ENV: "driver", faults.SLOW_SECONDS_ENV: "0.01"}  # local[N]: tasks run on "driver"
+    ids = sc.parallelize(range(2), 2).mapPartitions(
+        lambda it: [(faults.current_executor_id(), faults.maybe_slow_task(environ=env))]).collect()
+    assert ids == [("driver", 0.01), ("driver", 0.01)]
+    assert sorted(sc.parallelize(range(6), 2).mapPartitions(faults.slowed_partition).collect()) == list(range(6))
+
+
+def test_kill_executor_refuses_local_mode(sc):
+    assert faults.executor_pids(sc.applicationId) == {}
+    with pytest.raises(LookupError):
+        faults.kill_executor(sc)
+
+
+# ------------------------------------------------------------------------------------ executor loss
+def _reference(sc: Any, tmp_path: Any, last_ms: int) -> dict[tuple[int, str], list[Any]]:
+    """Failure-free outputs of the same pipeline on the session's ``local[2]`` context."""
+    got: dict[tuple[int, str], list[Any]] = {}
+
+    def sink(name: str, t: int, rows: list[Any]) -> None:
+        got[(t, name)] = normalise(rows)
+
+    clock = ManualClock(0)
+    ssc = build(sc, clock, sink, str(tmp_path / "ref-checkpoint"))
+    ssc.start()
+    try:
+        for t in range(1000, last_ms + 1, 1000):
+            clock.set_time(t)
+            ssc.awaitBatch(t, 120)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    return got
+
+
+def _read_batches(path: str) -> dict[tuple[int, str], list[Any]]:
+    got: dict[tuple[int, str], list[Any]] = {}
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            key = (rec["t"], rec["name"])
+            # foreachRDD may run again for a batch re-run after a failure: it must say the same.
+            assert got.setdefault(key, rec["rows"]) == rec["rows"], f"batch {key} output twice, differently"
+    return got
+
+
+def _tail(path: str, n: int = 6000) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-n:]
+    except OSError:
+        return ""
+
+
+def _read_status(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def _cleanup(proc: subprocess.Popen, status_path: str) -> None:
+    """Kill the driver's process group if it still runs, then any executor JVM of its application."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver, its JVM and the executors it launched
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+    app_id = _read_status(status_path).get("app_id")
+    if not app_id:
+        return
+    deadline = time.monotonic() + 20  # a driver JVM that exits stops its executors itself
+    while faults.executor_pids(app_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in faults.executor_pids(app_id).values():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+@pytest.mark.timeout(DRIVER_TIMEOUT_S + 90)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds executor JVMs through /proc")
+def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, tmp_path):
+    out = tmp_path / "driver"
+    (tmp_path / "tmp").mkdir()
+    out.mkdir()
+    log_path, status_path = str(tmp_path / "driver.log"), str(out / "status.json")
+    env = {k: v for k, v in os.environ.items() if k not in _FAULT_ENV}
+    env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, TMPDIR=str(tmp_path / "tmp"))
+    args = [sys.executable, APP, str(out), "--kill-after", str(KILL_AFTER), "--after-kill", str(AFTER_KILL),
+            "--after-recovery", str(AFTER_RECOVERY), "--timeout", "90"]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path),
+                                start_new_session=True)
+    try:
+        expected = _reference(sc, tmp_path, LAST_MS)  # while the driver's cluster starts
+        try:
+            rc = proc.wait(timeout=DRIVER_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"driver still running after {DRIVER_TIMEOUT_S} s\n{_tail(log_path)}") from None
+    finally:
+        _cleanup(proc, status_path)
+    log_text = _tail(log_path)
+    status = _read_status(status_path)
+    assert rc == 0 and status.get("ok"), f"driver failed (rc={rc})\n{log_text}"
+
+    # Every batch completed, none with a failed output operation.
+    times = list(range(1000, LAST_MS + 1, 1000))
+    assert [b["t"] for b in status["batches"]] == times
+    assert all(not b["failures"] for b in status["batches"]), status["batches"]
+
+    # The executor really died, held cached partitions when it did, and the driver saw it go and a
+    # replacement come.
+    killed, pid = status["killed_executor"], status["killed_pid"]
+    assert status["executors_before"][killed] == pid and len(status["executors_before"]) == EXECUTORS
+    assert status["task_executor_ids"] == sorted(status["executors_before"])  # current_executor_id() in tasks
+    assert not faults.pid_alive(pid)
+    assert status["rdd_blocks_before_kill"].get(killed, 0) > 0, status["rdd_blocks_before_kill"]
+    timeline = status["executor_timeline"]
+    after_kill = [ids for at, ids in timeline if at >= status["kill_s"]]
+    assert any(killed not in ids and len(ids) < EXECUTORS for ids in after_kill), timeline
+    final = timeline[-1][1]
+    assert len(final) == EXECUTORS and killed not in final, timeline
+    assert pid not in status["executors_after"].values()
+
+    # Every batch's output equals the failure-free run's.
+    got = _read_batches(str(out / "batches.jsonl"))
+    assert sorted(got) == sorted(expected) == sorted((t, n) for t in times for n in NAMES)
+    for key in sorted(expected):
+        assert got[key] == expected[key], f"batch {key[0]} output {key[1]} differs"
