@@ -379,6 +379,9 @@ class StreamingContext:
             if was_active and self._scheduler is not None:
                 batch = self._graph.batch_duration
                 timeout = max(10.0, 10 * batch.seconds) if batch else 10.0
+                journal = self._scheduler.journal
+                if journal is not None and not stopGraceFully:
+                    journal.close()  # a batch waiting for an unavailable store gives up now
                 self._scheduler.stop(graceful=stopGraceFully, timeout_s=timeout)
                 self._graph.stop()
         finally:

@@ -182,3 +182,76 @@ def test_socket_batches_are_replayed_from_the_write_ahead_log(sc, tmp_path):
     assert read_outputs(out) == expected  # batch 5 rebuilt from the write-ahead log, not from the socket
     assert expected["counts-5000"] == sorted(str(x) for x in [("a", 1), ("b", 2), ("c", 2), ("d", 2), ("e", 2),
                                                                 ("f", 1)])
+
+
+class _Outage:
+    """Wraps the metadata log's store: while ``down`` is set every call fails as an exhausted retry would."""
+
+    def __init__(self, inner) -> None:
+        import threading
+
+        self.inner = inner
+        self.down = threading.Event()
+        self.refused = 0
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            from dstreams.recovery.store.errors import StoreUnavailableError
+
+            if self.down.is_set():
+                self.refused += 1
+                raise StoreUnavailableError(f"{name}: store unreachable (injected outage)")
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def test_batches_wait_for_a_store_that_is_down_for_a_while_and_lose_nothing(sc, tmp_path, caplog):
+    expected = _reference(sc, tmp_path, 8)
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    clock = ManualClock()
+    ssc = build(sc, ckpt, out, clock)
+    try:
+        _run(ssc, clock, 3000)
+        outage = _Outage(ssc._metadata.store)
+        ssc._metadata.store = outage
+        outage.down.set()
+        clock.set_time(8000)
+        with caplog.at_level(logging.WARNING, logger="dstreams.recovery.journal"):
+            with pytest.raises(TimeoutError):
+                ssc.awaitBatch(5000, 4.0)  # batch 4's offsets cannot be recorded: it waits, not runs
+            assert outage.refused >= 2  # retried, not given up
+            assert ssc._scheduler.last_generated.ms <= 4000
+            outage.down.clear()  # the store is back
+            for t in range(4000, 8001, 1000):
+                ssc.awaitBatch(t, 120)
+        ssc._checkpointer.flush(60)
+        assert any("unavailable" in r.message and "waits and retries" in r.message for r in caplog.records)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert read_outputs(out) == expected
+
+
+def test_a_store_down_longer_than_the_outage_bound_stops_the_driver_with_the_error(sc, tmp_path):
+    from dstreams.recovery.store.errors import StoreUnavailableError
+
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    clock = ManualClock()
+    ssc = build(sc, ckpt, out, clock)
+    try:
+        _run(ssc, clock, 2000)
+        ssc._scheduler.journal.outage_seconds = 1.5
+        outage = _Outage(ssc._metadata.store)
+        ssc._metadata.store = outage
+        outage.down.set()
+        clock.set_time(4000)
+        with pytest.raises(StoreUnavailableError, match="injected outage"):
+            ssc.awaitTermination(60)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    # Nothing after batch 2 was committed as output; a restart resumes from the log (see the tests above).
+    assert all(int(name.rsplit("-", 1)[1]) <= 3000 for name in read_outputs(out))
