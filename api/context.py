@@ -233,15 +233,20 @@ class StreamingContext:
         self._check_can_add_input()
         return DStream(SocketInputNode(self._graph, hostname, port), self)
 
-    def textFileStream(self, directory: str) -> DStream:
-        """Lines of the new text files that appear in ``directory`` (each file in exactly one batch)."""
-        self._check_can_add_input()
-        return DStream(FileInputNode(self._graph, directory), self)
+    def textFileStream(self, directory: str, **storeOptions: Any) -> DStream:
+        """Lines of the new text files that appear in ``directory`` (each file in exactly one batch).
 
-    def binaryRecordsStream(self, directory: str, recordLength: int) -> DStream:
+        ``directory`` is a local folder or an ``s3://bucket/prefix/`` URL (new objects under the prefix;
+        ``storeOptions`` as for :meth:`checkpoint`). Replayable after a driver restart: the files of
+        each batch are recorded in the metadata log before it runs.
+        """
+        self._check_can_add_input()
+        return DStream(FileInputNode(self._graph, directory, None, storeOptions), self)
+
+    def binaryRecordsStream(self, directory: str, recordLength: int, **storeOptions: Any) -> DStream:
         """Fixed-length binary records (``bytes``) of the new files that appear in ``directory``."""
         self._check_can_add_input()
-        return DStream(FileInputNode(self._graph, directory, recordLength), self)
+        return DStream(FileInputNode(self._graph, directory, recordLength, storeOptions), self)
 
     def generatorStream(self, recordsPerPartition: int, numPartitions: int | None = None, seed: int = 0,
                         recordFunc: RecordFunc | None = None) -> DStream:

@@ -1,15 +1,27 @@
-"""Folder sources: ``textFileStream`` and ``binaryRecordsStream``.
+"""Folder sources: ``textFileStream`` and ``binaryRecordsStream``, on a local folder or an S3 prefix.
 
 Contract: files present when the context starts are ignored (new files only, as in Spark); at
 each batch the folder is listed and every file not seen before goes into that batch and no other
 (each file in exactly one batch). Names starting with ``.`` or ``_`` are skipped (files being
-written should be moved in atomically). The batch's file list is its replayable offset.
+written should be moved in atomically; for S3 keys any path component counts, and an object
+appears whole once its upload completes). The batch's file list is its replayable offset.
+
+What the source remembers between batches (and across a driver restart, in the metadata log) is the
+set of files in the folder's last listing: a file deleted from the folder is forgotten, so the state is
+bounded by the number of files the folder holds. Delete or move processed files to keep it small.
+
+Locations: a local path (read by Spark's ``textFile``/``binaryRecords``) or a store URL
+``s3://bucket/prefix/`` (listed by the driver, each object read by an executor through the store layer
+with its retries; endpoint and credentials from boto3's standard chain or ``storeOptions``).
 """
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from pyspark import RDD
 
@@ -19,18 +31,78 @@ from .input import InputNode
 if TYPE_CHECKING:
     from ..graph import DStreamGraph
 
+_STORE_SCHEMES = ("s3", "s3a")
+_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
+#: At most this many objects per partition when reading a store prefix (more objects: fewer tasks).
+_MAX_PARTITIONS = 64
+
+
+def is_store_url(location: str) -> bool:
+    return urlsplit(location).scheme.lower() in _STORE_SCHEMES
+
+
+def _visible(name: str) -> bool:
+    """False when any path component starts with ``.`` or ``_`` (temporary or hidden, as in Hadoop)."""
+    return not any(part.startswith((".", "_")) for part in name.strip("/").split("/"))
+
+
+def split_lines(data: bytes) -> list[str]:
+    """Lines of a text object as Spark's ``textFile`` reads them (``\\n``, ``\\r\\n`` or ``\\r``; UTF-8)."""
+    lines = _LINE_BREAK.split(data)
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return [line.decode("utf-8", errors="replace") for line in lines]
+
+
+def _read_objects(spec: Any, record_length: int | None, keys: Iterator[str]) -> Iterator[Any]:
+    """Executor side: the records of the objects ``keys`` of the store ``spec``."""
+    store = spec.open()
+    for key in keys:
+        try:
+            data = store.get(key)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"{spec.url.rstrip('/')}/{key} was listed for this batch but is gone: files of a file stream "
+                "must stay until their batch has run") from None
+        if record_length is None:
+            yield from split_lines(data)
+        else:
+            if len(data) % record_length:
+                raise ValueError(f"{spec.url.rstrip('/')}/{key} holds {len(data)} bytes, not a multiple of "
+                                 f"recordLength={record_length}")
+            for i in range(0, len(data), record_length):
+                yield data[i:i + record_length]
+
 
 class FileInputNode(InputNode):
-    def __init__(self, graph: DStreamGraph, directory: str, record_length: int | None = None) -> None:
+    def __init__(self, graph: DStreamGraph, directory: str, record_length: int | None = None,
+                 store_options: dict[str, Any] | None = None) -> None:
         super().__init__(graph)
         if record_length is not None and record_length <= 0:
             raise ValueError(f"recordLength must be positive, got {record_length}")
+        if not directory:
+            raise ValueError("the directory of a file stream must be a non-empty path or s3:// URL")
         self.directory = directory
         self.record_length = record_length
         self.seen: set[str] = set()
         self._restored = False
+        self._spec: Any = None
+        if is_store_url(directory):
+            from dstreams.recovery.storespec import StoreSpec
+
+            self._spec = StoreSpec(directory, dict(store_options or {}))
+        elif store_options:
+            raise ValueError(f"store options apply to s3:// locations only, not to the local folder {directory!r}")
 
     def _list(self) -> list[str]:
+        if self._spec is not None:
+            try:
+                keys = self._spec.open().list("")
+            except FileNotFoundError:
+                raise FileNotFoundError(
+                    f"the location {self.directory!r} watched by a file stream does not exist (missing bucket?)"
+                ) from None
+            return sorted(k for k in keys if _visible(k))
         try:
             names = os.listdir(self.directory)
         except FileNotFoundError:
@@ -39,7 +111,7 @@ class FileInputNode(InputNode):
             ) from None
         out = []
         for n in names:
-            if n.startswith((".", "_")):
+            if not _visible(n):
                 continue
             p = os.path.join(self.directory, n)
             if os.path.isfile(p):
@@ -48,7 +120,7 @@ class FileInputNode(InputNode):
 
     def start(self) -> None:
         if not self._restored:
-            self.seen.update(self._list())
+            self.seen = set(self._list())
 
     def source_state(self) -> Any:
         return {"seen": sorted(self.seen)}
@@ -65,8 +137,10 @@ class FileInputNode(InputNode):
             self.seen.update(files)
             self._report(time, None, {"files": files})
             return self.read_files(files)
-        new = [p for p in self._list() if p not in self.seen]
-        self.seen.update(new)
+        listing = self._list()
+        new = [p for p in listing if p not in self.seen]
+        # Remember the current listing only: deleted files are forgotten (bounded state).
+        self.seen = set(listing)
         self._report(time, None, {"files": new})
         return self.read_files(new)
 
@@ -74,6 +148,10 @@ class FileInputNode(InputNode):
         sc = self.graph.sc
         if not paths:
             return sc.emptyRDD()
+        if self._spec is not None:
+            spec, record_length = self._spec, self.record_length
+            keys = sc.parallelize(paths, min(len(paths), _MAX_PARTITIONS))
+            return keys.mapPartitions(lambda it: _read_objects(spec, record_length, it))
         if self.record_length is None:
             return sc.textFile(",".join(paths))
         rdds = [sc.binaryRecords(p, self.record_length) for p in paths]
