@@ -27,7 +27,7 @@ from dstreams.nodes.transformed import TransformedNode
 from dstreams.nodes.union import UnionNode
 from dstreams.nodes.windowed import WindowedNode
 from dstreams.partitioned import checked_pairs, hash_partitioner, pre_reduce
-from dstreams.recovery.sinks import save_text_exactly_once
+from dstreams.recovery.sinks import save_text_exactly_once, save_to_store_exactly_once
 from dstreams.time import BatchTime, DurationLike, from_user_time, parse_duration, to_datetime
 
 from .functions import positional_arity
@@ -381,6 +381,37 @@ class DStream:
             if not options and str(ssc._checkpoint_dir or "").startswith(("s3://", "s3a://")):
                 options = ssc._store_options
             save_text_exactly_once(rdd, rdd_to_file_name(prefix, suffix, ms), ssc._output_guard, options)
+
+        self.foreachRDD(save)
+
+    def saveToStore(self, location: str, format: str = "text", **storeOptions: Any) -> None:
+        """Save each batch under ``location/<batch ms, 15 digits>/`` in a store, exactly once.
+
+        ``location`` is an ``s3://bucket/prefix`` URL or a local folder (shared by the executors).
+        Each task writes its partition as ``part-NNNNN`` (``format``: ``"text"`` lines of ``str(x)``,
+        ``"json"`` lines, ``.jsonl``, or ``"pickle"``, a pickled list, ``.pickle``); the driver then
+        writes ``_SUCCESS``. A batch re-run after a failure or a driver restart leaves a committed
+        batch alone and rewrites one that was cut off, so readers that only take folders with
+        ``_SUCCESS`` see every batch once. ``storeOptions`` as for ``StreamingContext.checkpoint``
+        (default: the checkpoint store's when that is an ``s3://`` location, else boto3's chain).
+        """
+        ssc = self._ssc
+        from dstreams.recovery.sinks import FORMATS
+
+        if format not in FORMATS:
+            raise ValueError(f"unknown output format {format!r}: choose one of {sorted(FORMATS)}")
+        if not location or str(location).startswith("memory://"):
+            raise ValueError("saveToStore needs an s3:// URL or a local folder the executors can write "
+                             f"(memory:// stores live in one process), got {location!r}")
+
+        def save(time: Any, rdd: RDD) -> None:
+            ms = round(time.timestamp() * 1000)
+            options = storeOptions
+            if not options and str(location).startswith(("s3://", "s3a://")) and \
+                    str(ssc._checkpoint_dir or "").startswith(("s3://", "s3a://")):
+                options = ssc._store_options
+            target = f"{str(location).rstrip('/')}/{ms:015d}"
+            save_to_store_exactly_once(rdd, target, ssc._output_guard, options, format)
 
         self.foreachRDD(save)
 

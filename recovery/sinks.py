@@ -10,12 +10,17 @@ half-way) is removed and written again. Readers must ignore folders without ``_S
 * ``s3://`` and other store URLs: each task writes its part object ``part-NNNNN`` (two attempts of
   one task write identical bytes under the same key), then the driver writes ``_SUCCESS``.
 
+:func:`save_to_store_exactly_once` is the same protocol for any store location (local folder or
+``s3://``) with a choice of encoding (:data:`FORMATS`): the sink behind ``DStream.saveToStore``.
+
 ``guard()`` is called right before the commit; it raises when this driver has been fenced off.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import shutil
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -58,8 +63,43 @@ def save_text_exactly_once(rdd: RDD, path: str, guard: Callable[[], None] | None
     return True
 
 
+def _text(records: Iterable[Any]) -> bytes:
+    return "".join(f"{x}\n" for x in records).encode("utf-8")
+
+
+def _json_lines(records: Iterable[Any]) -> bytes:
+    return "".join(json.dumps(x, sort_keys=True, default=str) + "\n" for x in records).encode("utf-8")
+
+
+def _pickled(records: Iterable[Any]) -> bytes:
+    return pickle.dumps(list(records), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+#: Encodings of a part object: name -> (encoder of a partition's records, file extension).
+FORMATS: dict[str, tuple[Callable[[Iterable[Any]], bytes], str]] = {
+    "text": (_text, ""),
+    "json": (_json_lines, ".jsonl"),
+    "pickle": (_pickled, ".pickle"),
+}
+
+
 def _save_to_store(rdd: RDD, url: str, guard: Callable[[], None] | None, options: dict[str, Any]) -> bool:
-    spec = StoreSpec(url.rstrip("/"), options)
+    return save_to_store_exactly_once(rdd, url, guard, options, "text")
+
+
+def save_to_store_exactly_once(rdd: RDD, location: str, guard: Callable[[], None] | None = None,
+                               store_options: dict[str, Any] | None = None, format: str = "text") -> bool:
+    """Write ``rdd`` under the store ``location`` once, as ``part-NNNNN[.ext]`` objects and a ``_SUCCESS`` marker.
+
+    Each task writes its partition's object (a speculative or retried attempt writes the same bytes under
+    the same key); the driver writes ``_SUCCESS`` after every part, so a reader that sees the marker sees
+    the whole batch. Returns False (and writes nothing) when ``location`` is already committed; leftovers
+    of a write that was cut off are deleted first.
+    """
+    if format not in FORMATS:
+        raise ValueError(f"unknown output format {format!r}: choose one of {sorted(FORMATS)}")
+    encode, ext = FORMATS[format]
+    spec = StoreSpec(location.rstrip("/"), dict(store_options or {}))
     store = spec.open()
     if store.exists(SUCCESS):
         return False
@@ -67,8 +107,7 @@ def _save_to_store(rdd: RDD, url: str, guard: Callable[[], None] | None, options
         store.delete(key)
 
     def write(i: int, it: Iterable[Any]) -> list[int]:
-        lines = "".join(f"{x}\n" for x in it).encode("utf-8")
-        spec.open().put(f"part-{i:05d}", lines)
+        spec.open().put(f"part-{i:05d}{ext}", encode(it))
         return [i]
 
     rdd.mapPartitionsWithIndex(write).collect()

@@ -66,3 +66,67 @@ def test_s3_sink_through_save_as_text_files(sc, tmp_path):
     assert "counts-1000/_SUCCESS" in keys and "counts-2000/_SUCCESS" in keys
     lines = b"".join(store.get(k) for k in keys if k.startswith("counts-1000/part-")).decode().split()
     assert sorted(lines) == ["('a',", "('b',", "1)", "2)"]
+
+
+def _moto_bucket(prefix: str) -> str:
+    boto3 = pytest.importorskip("boto3")
+    client = boto3.client("s3", endpoint_url=MOTO, aws_access_key_id="testing", aws_secret_access_key="testing",
+                          region_name="us-east-1")
+    bucket = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    try:
+        client.create_bucket(Bucket=bucket)
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"moto server at {MOTO} is not reachable ({e}); run `bash scripts/services.sh start`")
+    return bucket
+
+
+@pytest.mark.s3
+def test_save_to_store_writes_each_batch_once_as_json_lines(sc):
+    import json
+
+    bucket = _moto_bucket("store-sink")
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.queueStream([[("a", 1), ("b", 2)], [("a", 3)]]).saveToStore(f"s3://{bucket}/out", "json", **MOTO_OPTS)
+    ssc.start()
+    try:
+        for i in (1, 2):
+            clock.advance(1000)
+            ssc.awaitBatch(i * 1000, 120)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    store = open_store(f"s3://{bucket}/out", **MOTO_OPTS)
+    keys = store.list("")
+    assert "000000000001000/_SUCCESS" in keys and "000000000002000/_SUCCESS" in keys
+    parts = [k for k in keys if k.startswith("000000000001000/part-")]
+    assert parts and all(k.endswith(".jsonl") for k in parts)
+    records = [json.loads(line) for k in parts for line in store.get(k).decode().splitlines()]
+    assert sorted(records) == [["a", 1], ["b", 2]]
+
+
+def test_save_to_store_leaves_a_committed_batch_alone_and_rewrites_a_partial_one(sc, tmp_path):
+    import pickle
+
+    from dstreams.recovery.sinks import save_to_store_exactly_once
+
+    target = str(tmp_path / "out" / "000000000001000")
+    assert save_to_store_exactly_once(sc.parallelize([1, 2, 3], 2), target, format="pickle") is True
+    assert save_to_store_exactly_once(sc.parallelize([9], 1), target, format="pickle") is False
+    parts = sorted(p for p in os.listdir(target) if p.startswith("part-"))
+    assert parts == ["part-00000.pickle", "part-00001.pickle"]
+    got = [x for p in parts for x in pickle.loads(open(os.path.join(target, p), "rb").read())]
+    assert got == [1, 2, 3]
+    partial = str(tmp_path / "out" / "000000000002000")
+    os.makedirs(partial)
+    open(os.path.join(partial, "part-00007.pickle"), "wb").write(b"stale")
+    assert save_to_store_exactly_once(sc.parallelize([4], 1), partial, format="pickle") is True
+    assert sorted(os.listdir(partial)) == ["_SUCCESS", "part-00000.pickle"]
+
+
+def test_save_to_store_refuses_an_unknown_format_and_memory_stores(sc):
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+    stream = ssc.queueStream([[1]])
+    with pytest.raises(ValueError, match="unknown output format 'csv'"):
+        stream.saveToStore("s3://b/out", "csv")
+    with pytest.raises(ValueError, match="memory://"):
+        stream.saveToStore("memory://x/out")
