@@ -132,6 +132,11 @@ def tuned_conf(
     ``spark.pyspark.python`` (this interpreter unless ``conf`` names another), because PySpark's
     in-process SparkContext reads the worker interpreter from that variable only.
     """
+    if "PYSPARK_GATEWAY_PORT" in os.environ and SparkContext._jvm is None:
+        # Under spark-submit the JVM already runs with the user's --master/--conf as system properties,
+        # but a SparkConf made before PySpark connects to it is a bare dict that cannot load them (the
+        # master would silently become ``master``'s default): connect first. Cheap, and only here.
+        SparkContext._ensure_initialized()
     out = SparkConf(loadDefaults=_jvm_properties_are_users())
     if isinstance(conf, SparkConf):
         for k, v in conf.getAll():
