@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 from pyspark import RDD, StorageLevel
 from pyspark.resultiterable import ResultIterable
 
+from dstreams.arrow import DEFAULT_BATCH_SIZE as DEFAULT_ARROW_BATCH_SIZE
+from dstreams.arrow import arrow_batches_func
 from dstreams.node import DStreamNode
 from dstreams.nodes.output import OutputNode
 from dstreams.nodes.reduced_window import ReducedWindowNode
@@ -116,6 +118,17 @@ class DStream:
     def mapPartitions(self, f: Callable[[Iterator[Any]], Iterable[Any]],
                       preservesPartitioning: bool = False) -> DStream:
         return self._rdd_op("mapPartitions", lambda rdd: rdd.mapPartitions(f, preservesPartitioning))
+
+    def mapArrowBatches(self, f: Callable[[Any], Any], batchSize: int = DEFAULT_ARROW_BATCH_SIZE,
+                        preservesPartitioning: bool = False) -> DStream:
+        """Vectorized map: ``f`` receives each partition as ``pyarrow.RecordBatch`` chunks (column ``value``).
+
+        ``f`` returns a RecordBatch/Table (its rows become the records: the values of a single column,
+        tuples for several) or any iterable of records. Chunks hold at most ``batchSize`` records, in
+        order. Use ``pyarrow.compute`` inside ``f`` to process a chunk without a Python call per record.
+        """
+        func = arrow_batches_func(f, batchSize)
+        return self._rdd_op("mapArrowBatches", lambda rdd: rdd.mapPartitions(func, preservesPartitioning))
 
     def map(self, f: Callable[[Any], Any], preservesPartitioning: bool = False) -> DStream:
         return self._rdd_op("map", lambda rdd: rdd.map(f, preservesPartitioning))

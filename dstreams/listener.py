@@ -127,6 +127,10 @@ class BatchInfo:
     processing_end_time_ms: int | None = None
     output_operations: dict[int, OutputOperationInfo] = field(default_factory=dict)
     job_group: str = ""
+    #: Driver time (ms, monotonic clock) spent building this batch's RDDs and jobs, and clearing
+    #: old metadata after it: engine overhead outside Spark jobs (``benchmarks floor`` reports it).
+    generation_ms: float | None = None
+    cleanup_ms: float | None = None
 
     @property
     def batch_time(self) -> BatchTime:

@@ -160,27 +160,43 @@ def checked_pairs(op: str) -> Callable[[Iterable[Any]], Iterator[tuple[Any, Any]
     return check
 
 
+_MISSING = object()
+
+
+def reduce_pairs(func: Callable[[Any, Any], Any], pairs: Iterable[tuple[Any, Any]],
+                 acc: dict[Any, Any] | None = None) -> dict[Any, Any]:
+    """Fold ``pairs`` into ``acc`` (a new dict by default) by key with ``func``, in order; returns ``acc``.
+
+    A key seen for the first time keeps its value as is; later values are ``func(previous, value)``.
+    """
+    acc = {} if acc is None else acc
+    get = acc.get
+    missing = _MISSING
+    for k, v in pairs:
+        old = get(k, missing)
+        acc[k] = v if old is missing else func(old, v)
+    return acc
+
+
 def pre_reduce(rdd: RDD, func: Callable[[Any, Any], Any], partitioner: Partitioner, op: str) -> RDD:
     """Per-batch reduce by key into ``partitioner`` (map-side combine, one shuffle)."""
 
+    # Hot loops (one step per record): one dict lookup and one store per record.
     def combine(it: Iterable[Any]) -> Iterable[tuple[Any, Any]]:
         acc: dict[Any, Any] = {}
+        get = acc.get
+        missing = _MISSING
         for x in it:
-            k, v = x if (type(x) is tuple and len(x) == 2) else require_pair(x, op)
-            if k in acc:
-                acc[k] = func(acc[k], v)
+            if type(x) is tuple and len(x) == 2:
+                k, v = x
             else:
-                acc[k] = v
+                k, v = require_pair(x, op)
+            old = get(k, missing)
+            acc[k] = v if old is missing else func(old, v)
         return acc.items()
 
     def merge(it: Iterable[tuple[Any, Any]]) -> Iterable[tuple[Any, Any]]:
-        acc: dict[Any, Any] = {}
-        for k, v in it:
-            if k in acc:
-                acc[k] = func(acc[k], v)
-            else:
-                acc[k] = v
-        return acc.items()
+        return reduce_pairs(func, it).items()
 
     return (
         rdd.mapPartitions(combine)

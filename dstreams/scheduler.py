@@ -202,6 +202,7 @@ class JobScheduler:
             t = t + batch
 
     def generate_batch(self, t: BatchTime) -> None:
+        started = _time.perf_counter()
         info = BatchInfo(t.ms, wall_ms(), job_group=f"dstreams-{self.ctx_id}-{t.ms}")
         b = Batch(t, [], info)
         try:
@@ -225,6 +226,7 @@ class JobScheduler:
         for j in b.jobs:
             info.output_operations[j.output_id] = OutputOperationInfo(t.ms, j.output_id, j.name, j.description)
         self.last_generated = t
+        info.generation_ms = (_time.perf_counter() - started) * 1000.0
         with self._cond:
             self._queue.append(b)
             self._pending_times.append(t.ms)
@@ -280,6 +282,7 @@ class JobScheduler:
         info.processing_end_time_ms = wall_ms()
 
     def _batch_done(self, b: Batch) -> None:
+        started = _time.perf_counter()
         self.infos.append(b.info)
         self.bus.post("onBatchCompleted", StreamingListenerBatchCompleted(b.info))
         with self._cond:
@@ -305,6 +308,7 @@ class JobScheduler:
                     self.graph.checkpointer.batch_completed(BatchTime(t))
             except Exception:
                 log.exception("error clearing metadata at %s", t)
+        b.info.cleanup_ms = (_time.perf_counter() - started) * 1000.0
         with self._cond:
             self._done_through = max([self._done_through, *ready]) if ready else self._done_through
             self.last_completed = b.time if self.last_completed is None else max(self.last_completed, b.time)

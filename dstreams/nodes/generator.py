@@ -32,13 +32,13 @@ _WORDS = (
 def text_records(seed: int, time_ms: int, partition: int, n: int, record_bytes: int = 100) -> Iterator[str]:
     """``n`` pseudo-random text lines of ``record_bytes`` characters made of common words.
 
-    Deterministic in ``(seed, time_ms, partition)``.
+    Deterministic in ``(seed, time_ms, partition)``. A pool of up to 256 distinct lines is drawn
+    first, then each record is a pool line picked by one random byte: the per-record cost is a C-level
+    ``map`` step (tens of ns), so generation stays much cheaper than the work measured downstream.
     """
     rng = random.Random(f"{seed}:{time_ms}:{partition}")
     words = _WORDS
-    # Precompute a pool of lines once per partition and sample from it: generation must be much
-    # cheaper than the work measured downstream.
-    pool_size = min(n, 512) or 1
+    pool_size = min(n, _POOL) or 1
     pool: list[str] = []
     for _ in range(pool_size):
         parts: list[str] = []
@@ -48,9 +48,14 @@ def text_records(seed: int, time_ms: int, partition: int, n: int, record_bytes: 
             parts.append(w)
             size += len(w) + 1
         pool.append(" ".join(parts)[:record_bytes].ljust(record_bytes))
+    if pool_size == _POOL:
+        return map(pool.__getitem__, rng.randbytes(n))
     choice = rng.randrange
-    for _ in range(n):
-        yield pool[choice(pool_size)]
+    return iter([pool[choice(pool_size)] for _ in range(n)])
+
+
+#: Lines per generator pool: one random byte picks a line.
+_POOL = 256
 
 
 class GeneratorInputNode(InputNode):
@@ -73,6 +78,7 @@ class GeneratorInputNode(InputNode):
         self.num_partitions = int(num_partitions)
         self.seed = int(seed)
         self.record_func: RecordFunc = record_func or text_records
+        self._base: RDD | None = None
 
     def compute(self, time: BatchTime) -> RDD | None:
         seed, t, n, func = self.seed, time.ms, self.records_per_partition, self.record_func
@@ -80,6 +86,15 @@ class GeneratorInputNode(InputNode):
         def gen(partition: int, _: Iterable[Any]) -> Iterable[Any]:
             return func(seed, t, partition, n)
 
-        rdd = self.graph.sc.parallelize(range(self.num_partitions), self.num_partitions)
         self._report(time, n * self.num_partitions, {"seed": seed, "time": t})
-        return rdd.mapPartitionsWithIndex(gen)
+        return self._partitions_rdd().mapPartitionsWithIndex(gen)
+
+    def _partitions_rdd(self) -> RDD:
+        """One ``parallelize(range(P), P)`` reused by every batch: building it costs the driver a
+        serialisation and several Py4J calls per batch; each batch's RDD is a new map over it."""
+        sc = self.graph.sc
+        rdd = self._base
+        if rdd is None or rdd.ctx is not sc or sc._jsc is None:
+            rdd = sc.parallelize(range(self.num_partitions), self.num_partitions)
+            self._base = rdd
+        return rdd

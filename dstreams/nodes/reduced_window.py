@@ -23,7 +23,7 @@ from pyspark import RDD, StorageLevel
 from pyspark.rdd import Partitioner
 
 from ..node import DStreamNode
-from ..partitioned import segmented_merge
+from ..partitioned import reduce_pairs, segmented_merge
 from ..time import BatchTime, Duration
 from .windowed import check_window
 
@@ -34,11 +34,7 @@ if TYPE_CHECKING:
 def _reduce_segments(func: Callable[[Any, Any], Any], segments: Iterable[list[Any]]) -> dict[Any, Any]:
     acc: dict[Any, Any] = {}
     for seg in segments:
-        for k, v in seg:
-            if k in acc:
-                acc[k] = func(acc[k], v)
-            else:
-                acc[k] = v
+        reduce_pairs(func, seg, acc)
     return acc
 
 

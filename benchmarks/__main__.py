@@ -1,0 +1,130 @@
+"""``python -m benchmarks``: the paper's workloads side by side with the peers, the per-batch floor, the table.
+
+Commands (run from the repository root)::
+
+    python -m benchmarks run --quick          # a few minutes: 1 s target, short trials, few rates
+    python -m benchmarks run                  # full method: 1 s and 2 s targets, 20 measured batches
+    python -m benchmarks floor                # per-batch floor and driver overhead (dstreams vs pyspark.streaming)
+    python -m benchmarks table                # regenerate the table in benchmarks/README.md from the JSON
+
+``run`` starts one subprocess per (engine, workload) (each with its own SparkContext, the same tuned
+conf for every engine), writes ``benchmarks/results/<workload>.json`` (every trial with its per-batch
+samples), PNG plots when matplotlib is installed, and regenerates ``benchmarks/README.md``'s table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .engines import ENGINES
+from .run import MARKER, child_main
+from .workloads import WORKLOADS
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results"
+
+
+def _machine() -> dict[str, object]:
+    import platform
+
+    import pyspark
+
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gb = None
+    try:
+        mem_gb = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError):
+        pass
+    return {"cpus": os.cpu_count(), "cpu_model": cpu, "memory_gb": mem_gb, "python": platform.python_version(),
+            "pyspark": pyspark.__version__, "os": platform.platform(terse=True),
+            "load_average_at_start": list(os.getloadavg())}
+
+
+def _run_child(engine: str, workload: str, targets: list[float], mode: str, timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "benchmarks", "--child", engine, workload, mode, *[str(t) for t in targets]]
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT.parent, stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"engine": engine, "workload": workload, "failed": f"timed out after {timeout:.0f} s", "searches": []}
+    for line in proc.stdout.splitlines():
+        if line.startswith(MARKER):
+            doc = json.loads(line[len(MARKER):])
+            doc["wall_s"] = round(time.monotonic() - t0, 1)
+            return doc
+    return {"engine": engine, "workload": workload, "failed": f"child exited {proc.returncode}", "searches": []}
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from . import report
+
+    targets = args.targets or ([1000.0] if args.quick else [1000.0, 2000.0])
+    mode = "quick" if args.quick else "full"
+    machine = _machine()
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    command = "python -m benchmarks " + " ".join(sys.argv[1:] if args.argv is None else args.argv)
+    for workload in args.workloads:
+        runs = []
+        for engine in args.engines:
+            print(f"== {workload} on {engine}", flush=True)
+            runs.append(_run_child(engine, workload, targets, mode, args.timeout))
+        doc = {"benchmark": workload, "command": command, "mode": mode, "started": started,
+               "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine, "targets_ms": targets,
+               "runs": runs}
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        out = RESULTS / f"{workload}.json"
+        tmp = out.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, out)
+        print(report.summary_lines(doc), flush=True)
+        print(f"wrote {out}")
+        report.plot(doc, RESULTS / f"{workload}.png")
+    report.write_readme()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    raw = sys.argv[1:] if argv is None else argv
+    if raw and raw[0] == "--child":
+        engine, workload, mode, *targets = raw[1:]
+        return child_main(engine, workload, [float(t) for t in targets], mode)
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="rate search for each workload and engine")
+    r.add_argument("--quick", action="store_true", help="short trials, 1 s target only (a few minutes)")
+    r.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    r.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    r.add_argument("--targets", nargs="+", type=float, help="latency targets in ms (interval = target / 2)")
+    r.add_argument("--timeout", type=float, default=1800.0, help="seconds per (engine, workload) subprocess")
+    f = sub.add_parser("floor", help="per-batch floor and driver-side overhead")
+    f.add_argument("--quick", action="store_true")
+    sub.add_parser("table", help="regenerate benchmarks/README.md's table from benchmarks/results/*.json")
+    args = p.parse_args(raw)
+    args.argv = raw
+    if args.cmd == "run":
+        return cmd_run(args)
+    if args.cmd == "floor":
+        from .floor import main as floor_main
+
+        return floor_main(quick=args.quick, command="python -m benchmarks " + " ".join(raw))
+    from . import report
+
+    report.write_readme()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""One trial = one engine running one workload at one input rate for a fixed number of batches.
+
+Contract: ``ENGINES[name](sc, workload, rate, interval_s, plan)`` runs the trial on the running
+SparkContext ``sc`` and returns the per-batch samples of every batch that completed, oldest first,
+as :class:`Sample` (batch index, scheduling delay, processing time in ms). A trial stops when
+``plan.warmup + plan.measure`` batches completed, when a post-warm-up batch waited more than
+``plan.abort_sched_ms`` to start (clearly not keeping up), or at a deadline; it always stops its
+streaming context (the SparkContext survives for the next trial).
+
+Engines:
+
+* ``dstreams``: ``ssc.generatorStream`` (records made in the executors) and the workload's ``build``;
+  metrics from ``ssc.batchInfos()``.
+* ``pyspark.streaming``: ``queueStream`` of lazily generated RDDs (the same record function runs in the
+  executors when a batch is computed), the same ``build``; metrics from a ``StreamingListener``.
+* ``ss-udf`` / ``ss-sql``: Structured Streaming on the ``rate-micro-batch`` source (a fixed number of
+  rows per batch, so a slow query falls behind instead of growing its batches), 100-byte lines picked
+  from the generator's line pool by a hash of the row number; the workload's logic as Python UDFs, or
+  as built-in SQL functions. Metrics from the query's progress: scheduling delay = trigger start minus
+  its slot on the trigger grid anchored at the first measured batch.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark import SparkContext
+
+from .workloads import PATTERN, SEED, TOP_K, WINDOW_S, Workload, grep_match, line_pool, partition_records
+
+#: Seconds a trial waits for its first batch.
+FIRST_BATCH_S = 90.0
+
+
+@dataclass
+class Sample:
+    index: int
+    scheduling_ms: float
+    processing_ms: float
+    #: Engine-specific breakdown (Structured Streaming: the progress' ``durationMs`` and state rows).
+    detail: dict[str, Any] | None = None
+
+
+@dataclass
+class Plan:
+    warmup: int
+    measure: int
+    target_ms: float
+    abort_sched_ms: float
+    slack_s: float
+
+
+def _num(value: Any) -> float:
+    """A Py4J number, or a Scala ``Option`` of one (PySpark's listener hands plain longs)."""
+    return float(value.get() if hasattr(value, "get") else value)
+
+
+def _wait(samples_fn: Callable[[], list[Sample]], plan: Plan, interval_s: float) -> list[Sample]:
+    want = plan.warmup + plan.measure
+    # The first batch may take long (code generation, worker start-up, a loaded machine): the trial's
+    # clock starts when it completes, within FIRST_BATCH_S.
+    deadline = time.monotonic() + FIRST_BATCH_S
+    started = False
+    samples: list[Sample] = []
+    while time.monotonic() < deadline:
+        time.sleep(min(0.25, interval_s / 2))
+        samples = samples_fn()
+        if samples and not started:
+            started = True
+            deadline = time.monotonic() + want * interval_s + plan.slack_s
+        if len(samples) >= want:
+            break
+        if any(s.scheduling_ms > plan.abort_sched_ms for s in samples[plan.warmup:]):
+            break
+    return samples_fn()
+
+
+# ----------------------------------------------------------------------------------------- dstreams
+def run_dstreams(sc: SparkContext, wl: Workload, rate: int, interval_s: float, plan: Plan,
+                 arrow: bool = False) -> list[Sample]:
+    from dstreams import StreamingContext
+
+    parts = sc.defaultParallelism
+    per_part = round(rate * interval_s / parts)
+    ssc = StreamingContext(sc, interval_s)
+    lines = ssc.generatorStream(per_part, parts, seed=SEED)
+    (wl.build_arrow if arrow else wl.build)(ssc, lines, interval_s, lambda _: None)
+
+    def samples() -> list[Sample]:
+        infos = sorted((i for i in ssc.batchInfos() if i.processing_end_time_ms is not None),
+                       key=lambda i: i.batch_time_ms)
+        return [Sample(k, float(i.scheduling_delay_ms), float(i.processing_delay_ms)) for k, i in enumerate(infos)]
+
+    ssc.start()
+    try:
+        return _wait(samples, plan, interval_s)
+    finally:
+        ssc.stop(stopSparkContext=False, stopGraceFully=False)
+
+
+# -------------------------------------------------------------------------------- pyspark.streaming
+def _lazy_batch(sc: SparkContext, parts: int, per_part: int, time_ms: int) -> Any:
+    def gen(partition: int, _: Any) -> Any:
+        return partition_records(SEED, time_ms, partition, per_part)
+
+    return sc.parallelize(range(parts), parts).mapPartitionsWithIndex(gen)
+
+
+def run_pyspark(sc: SparkContext, wl: Workload, rate: int, interval_s: float, plan: Plan) -> list[Sample]:
+    from pyspark.streaming import StreamingContext, StreamingListener
+
+    parts = sc.defaultParallelism
+    per_part = round(rate * interval_s / parts)
+    interval_ms = round(interval_s * 1000)
+    count = plan.warmup + plan.measure + 20
+    rdds = [_lazy_batch(sc, parts, per_part, (i + 1) * interval_ms) for i in range(count)]
+    ssc = StreamingContext(sc, interval_s)
+    tmp = tempfile.mkdtemp(prefix="bench-pyspark-ckpt-")
+    if wl.windowed:
+        ssc.checkpoint(tmp)
+    got: list[tuple[int, float, float]] = []
+    lock = threading.Lock()
+
+    class Collect(StreamingListener):
+        def onBatchCompleted(self, batchCompleted: Any) -> None:
+            info = batchCompleted.batchInfo()
+            start = _num(info.processingStartTime())
+            end = _num(info.processingEndTime())
+            with lock:
+                got.append((info.batchTime().milliseconds(), float(start - info.submissionTime()),
+                            float(end - start)))
+
+    ssc.addStreamingListener(Collect())
+    lines = ssc.queueStream(rdds, oneAtATime=True)
+    wl.build(ssc, lines, interval_s, lambda _: None)
+
+    def samples() -> list[Sample]:
+        with lock:
+            rows = sorted(got)
+        return [Sample(k, s, p) for k, (_, s, p) in enumerate(rows)]
+
+    ssc.start()
+    try:
+        return _wait(samples, plan, interval_s)
+    finally:
+        ssc.stop(stopSparkContext=False, stopGraceFully=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------ Structured Streaming
+def _ss_lines(spark: Any, rows: int, parts: int, interval_ms: int) -> Any:
+    from pyspark.sql import functions as F  # noqa: N812 - the usual alias
+
+    pool = line_pool()
+    src = (
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", rows)
+        .option("numPartitions", parts)
+        .option("advanceMillisPerBatch", interval_ms)
+        .load()
+    )
+    index = (F.pmod(F.xxhash64("value"), F.lit(len(pool))) + 1).cast("int")
+    pick = F.element_at(F.array(*[F.lit(s) for s in pool]), index)
+    return src.select(pick.alias("line"), "timestamp")
+
+
+def _ss_query(spark: Any, wl: Workload, lines: Any, interval_ms: int, use_udf: bool, ckpt: str) -> Any:
+    from pyspark.sql import functions as F  # noqa: N812 - the usual alias
+    from pyspark.sql.types import ArrayType, BooleanType, StringType
+
+    trigger = {"processingTime": f"{interval_ms} milliseconds"}
+    if wl.name == "grep":
+        if use_udf:
+            matched = lines.filter(F.udf(grep_match, BooleanType())("line"))
+        else:
+            matched = lines.filter(F.col("line").contains(F.lit(PATTERN)))
+        return matched.writeStream.format("noop").option("checkpointLocation", ckpt).trigger(**trigger).start()
+    if use_udf:
+        words = lines.select(F.explode(F.udf(lambda s: s.split(), ArrayType(StringType()))("line")).alias("word"),
+                             "timestamp")
+    else:
+        words = lines.select(F.explode(F.split("line", " ")).alias("word"), "timestamp").where("word != ''")
+    counts = (
+        words.withWatermark("timestamp", "0 seconds")
+        .groupBy(F.window("timestamp", f"{int(WINDOW_S)} seconds", f"{interval_ms} milliseconds"), "word")
+        .count()
+    )
+    writer = counts.writeStream.outputMode("update").option("checkpointLocation", ckpt).trigger(**trigger)
+    if wl.name == "wordcount":
+        return writer.format("noop").start()
+
+    def top(df: Any, _batch_id: int) -> None:
+        rows = df.collect()
+        if rows:
+            newest = max(r["window"]["end"] for r in rows)
+            sorted(((r["word"], r["count"]) for r in rows if r["window"]["end"] == newest),
+                   key=lambda kv: (-kv[1], kv[0]))[:TOP_K]
+
+    return writer.foreachBatch(top).start()
+
+
+def _progress_dicts(query: Any) -> list[dict[str, Any]]:
+    out = []
+    for p in query.recentProgress:
+        out.append(json.loads(p.json) if hasattr(p, "json") else dict(p))
+    return out
+
+
+def _iso_ms(stamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() * 1000.0
+
+
+def _run_ss(sc: SparkContext, wl: Workload, rate: int, interval_s: float, plan: Plan, use_udf: bool) -> list[Sample]:
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession(sc)
+    parts = sc.defaultParallelism
+    spark.conf.set("spark.sql.shuffle.partitions", str(parts))
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "1000")
+    interval_ms = round(interval_s * 1000)
+    rows = max(1, round(rate * interval_s))
+    tmp = tempfile.mkdtemp(prefix="bench-ss-ckpt-")
+    query = _ss_query(spark, wl, _ss_lines(spark, rows, parts, interval_ms), interval_ms, use_udf, tmp)
+
+    def samples() -> list[Sample]:
+        progress = sorted(_progress_dicts(query), key=lambda p: p["batchId"])
+        starts = [_iso_ms(p["timestamp"]) for p in progress]
+        procs = [float(p["durationMs"].get("triggerExecution", 0)) for p in progress]
+        if not progress:
+            return []
+        anchor_i = min(plan.warmup, len(progress) - 1)
+        anchor = starts[anchor_i]
+        out = []
+        for k, (s, d) in enumerate(zip(starts, procs, strict=True)):
+            sched = max(0.0, s - (anchor + (k - anchor_i) * interval_ms)) if k >= anchor_i else 0.0
+            detail = {"durationMs": progress[k].get("durationMs"), "numInputRows": progress[k].get("numInputRows"),
+                      "stateRows": [op.get("numRowsTotal") for op in progress[k].get("stateOperators", [])]}
+            out.append(Sample(k, sched, d, detail))
+        return out
+
+    try:
+        return _wait(samples, plan, interval_s)
+    finally:
+        query.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_ss_udf(sc: SparkContext, wl: Workload, rate: int, interval_s: float, plan: Plan) -> list[Sample]:
+    return _run_ss(sc, wl, rate, interval_s, plan, use_udf=True)
+
+
+def run_ss_sql(sc: SparkContext, wl: Workload, rate: int, interval_s: float, plan: Plan) -> list[Sample]:
+    return _run_ss(sc, wl, rate, interval_s, plan, use_udf=False)
+
+
+def run_dstreams_arrow(sc: SparkContext, wl: Workload, rate: int, interval_s: float, plan: Plan) -> list[Sample]:
+    return run_dstreams(sc, wl, rate, interval_s, plan, arrow=True)
+
+
+ENGINES: dict[str, Callable[[SparkContext, Workload, int, float, Plan], list[Sample]]] = {
+    "dstreams": run_dstreams,
+    "dstreams-arrow": run_dstreams_arrow,
+    "pyspark.streaming": run_pyspark,
+    "ss-udf": run_ss_udf,
+    "ss-sql": run_ss_sql,
+}
+
+ENGINE_LABELS = {
+    "dstreams": "dstreams (same Python functions)",
+    "dstreams-arrow": "dstreams, mapArrowBatches + pyarrow.compute",
+    "pyspark.streaming": "pyspark.streaming (same Python functions)",
+    "ss-udf": "Structured Streaming, Python UDFs",
+    "ss-sql": "Structured Streaming, built-in SQL functions",
+}

@@ -1,0 +1,75 @@
+"""Engine pieces the benchmarks rely on: the fast generator's contract and the per-batch driver timings."""
+
+from __future__ import annotations
+
+from dstreams import ManualClock, StreamingContext
+from dstreams.nodes.generator import text_records
+
+
+def test_text_records_deterministic_sized_and_100_bytes():
+    for n in (0, 1, 7, 255, 256, 5000):
+        a = list(text_records(3, 1000, 1, n))
+        assert a == list(text_records(3, 1000, 1, n))
+        assert len(a) == n
+        assert all(isinstance(x, str) and len(x) == 100 for x in a)
+    big = list(text_records(3, 1000, 1, 5000))
+    assert len(set(big)) > 100  # many distinct lines, not one repeated
+    assert big != list(text_records(3, 1000, 2, 5000))  # another partition, other lines
+    assert big != list(text_records(3, 2000, 1, 5000))  # another batch, other lines
+
+
+def test_batch_info_reports_generation_and_cleanup_time(sc):
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1.0, clock=clock)
+    ssc.generatorStream(10, 2).foreachRDD(lambda rdd: rdd.count())
+    ssc.start()
+    try:
+        first = ssc.startTime
+        for k in range(2):
+            clock.advance(1000)
+            ssc.awaitBatch(first.ms + 1000 * k, timeout=120)
+        infos = ssc.batchInfos()
+        assert infos
+        for info in infos:
+            assert info.generation_ms is not None and info.generation_ms >= 0
+            assert info.cleanup_ms is not None and info.cleanup_ms >= 0
+    finally:
+        ssc.stop(stopSparkContext=False)
+
+
+def test_map_arrow_batches_chunks_in_order_and_converts_back(sc):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from dstreams.arrow import arrow_batches_func
+
+    seen: list[int] = []
+
+    def double(batch):
+        seen.append(batch.num_rows)
+        assert batch.schema.names == ["value"]
+        return pa.RecordBatch.from_arrays([pc.multiply(batch.column(0), 2)], names=["value"])
+
+    assert list(arrow_batches_func(double, 3)(iter(range(7)))) == [0, 2, 4, 6, 8, 10, 12]
+    assert seen == [3, 3, 1]
+    assert list(arrow_batches_func(double, 3)(iter([]))) == []
+    pairs = arrow_batches_func(lambda b: pa.table({"k": b.column(0), "v": pc.add(b.column(0), 1)}))
+    assert list(pairs(iter([1, 2]))) == [(1, 2), (2, 3)]
+    assert list(arrow_batches_func(lambda b: [b.num_rows])(iter("abcde"))) == [5]
+
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1.0, clock=clock)
+    got: list[list[int]] = []
+    counts = ssc.queueStream([["x error", "y", "error z"], ["none"]]).mapArrowBatches(
+        lambda b: [pc.sum(pc.match_substring(b.column(0), "error")).as_py() or 0]
+    )
+    counts.foreachRDD(lambda rdd: got.append(sum(rdd.collect())))
+    ssc.start()
+    try:
+        first = ssc.startTime
+        for k in range(2):
+            clock.advance(1000)
+            ssc.awaitBatch(first.ms + 1000 * k, timeout=120)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert got == [2, 0]
