@@ -150,17 +150,24 @@ def _forget_modules_from(archives: Sequence[str]) -> None:
         sys.modules.pop(name, None)
 
 
+#: Exit code of a forked worker whose JVM side closed the socket (any non-zero code ends its reuse loop).
+PEER_CLOSED = 3
+
+
 def quiet_broken_pipe(worker):
     """Wrap pyspark.daemon's ``worker``: a JVM that closed the socket (shutdown) is a quiet exit.
 
     Without it every forked worker prints a ``BrokenPipeError`` traceback when the SparkContext stops.
+    The wrapper returns a non-zero code then: pyspark.daemon's forked worker treats 0 as "the socket
+    is still good, serve the next task on it", and a worker that did so on a closed socket would fail
+    again at once, forever (a busy loop per leaked worker). Non-zero makes it exit quietly.
     """
 
     def run(sock, authenticated):
         try:
             return worker(sock, authenticated)
         except BrokenPipeError:
-            return 0
+            return PEER_CLOSED
 
     return run
 
