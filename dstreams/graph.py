@@ -127,9 +127,12 @@ class DStreamGraph:
                 node.start()
 
     def stop(self) -> None:
+        """Stop the inputs, then unpersist what the engine cached for every node (see ``release``)."""
         with self.lock:
             for node in self.inputs:
                 node.stop()
+            for node in self.nodes:
+                node.release()
 
     def generate_jobs(self, time: BatchTime) -> list[Job]:
         with self.lock:

@@ -201,6 +201,23 @@ class DStreamNode:
         for dep in self.dependencies:
             dep.clear_metadata(time)
 
+    def release(self) -> None:
+        """Unpersist every RDD the engine persisted for this node (the context stopped).
+
+        The SparkContext may outlive the StreamingContext (``stop(stopSparkContext=False)``): without
+        this, the cached state, window and input RDDs of a stopped stream would stay in executor memory
+        for the rest of the application. The RDDs themselves stay usable (recomputed on demand).
+        """
+        for t in sorted(self._persisted_by_engine):
+            rdd = self.generated.get(t)
+            if rdd is not None:
+                rdd.unpersist(blocking=False)
+        self._persisted_by_engine.clear()
+        for rdds in self._retired.values():
+            for rdd in rdds:
+                rdd.unpersist(blocking=False)
+        self._retired.clear()
+
     def persist(self, level: StorageLevel) -> None:
         self.storage_level = level
 

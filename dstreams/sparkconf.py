@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import sys
 from collections.abc import Mapping
@@ -46,6 +47,13 @@ LOW_LATENCY_DEFAULTS: dict[str, str] = {
 }
 
 _warned_contexts: set[int] = set()
+
+UDS_KEY = "spark.python.unix.domain.socket.enabled"
+UDS_DIR_KEY = "spark.python.unix.domain.socket.dir"
+#: Longest folder in which PySpark's ``.<uuid4>.sock`` socket names still fit a Unix socket path
+#: (at most 107 bytes on Linux): longer ones fail at start-up with "AF_UNIX path too long".
+MAX_SOCKET_DIR = 107 - len("/.00000000-0000-0000-0000-000000000000.sock")
+_JAVA_TMPDIR = re.compile(r"-Djava\.io\.tmpdir=(\S+)")
 
 
 def _same_interpreter(python: str | None) -> bool:
@@ -158,7 +166,36 @@ def tuned_conf(
     if local_dir and not out.contains("spark.local.dir"):
         os.makedirs(local_dir, exist_ok=True)
         out.set("spark.local.dir", local_dir)
+    _fit_socket_dir(out)
     return out
+
+
+def _fit_socket_dir(conf: SparkConf) -> None:
+    """Keep Unix-domain sockets startable when the JVMs' ``java.io.tmpdir`` is a long path.
+
+    Without ``spark.python.unix.domain.socket.dir``, PySpark puts its sockets in the JVM's
+    ``java.io.tmpdir``; past :data:`MAX_SOCKET_DIR` characters the SparkContext fails to start. Then the
+    sockets go to ``/tmp`` (their names are random, as in Java's default temporary folder), or, where
+    ``/tmp`` is not writable, Unix sockets are turned off (TCP instead: a few ms more per task). A
+    socket folder the user set is left alone.
+    """
+    if conf.get(UDS_KEY, "false").lower() != "true" or conf.contains(UDS_DIR_KEY):
+        return
+    tmpdirs = []
+    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        found = _JAVA_TMPDIR.findall(conf.get(key, "") or "")
+        if found:
+            tmpdirs.append(found[-1])
+    if all(len(d) <= MAX_SOCKET_DIR for d in tmpdirs):
+        return
+    if os.path.isdir("/tmp") and os.access("/tmp", os.W_OK | os.X_OK):
+        conf.set(UDS_DIR_KEY, "/tmp")
+        logger.info("dstreams: java.io.tmpdir is too long for Unix socket paths; sockets go to /tmp")
+    else:
+        conf.set(UDS_KEY, "false")
+        logger.warning("dstreams: java.io.tmpdir is too long for Unix socket paths and /tmp is not writable: "
+                       "Python workers talk to the JVM over TCP (set %s to a short folder to keep them)",
+                       UDS_DIR_KEY)
 
 
 def _warn_if_untuned(sc: SparkContext) -> None:

@@ -268,3 +268,30 @@ def test_graceful_stop_runs_queued_batches(sc):
     ssc.stop(stopSparkContext=False, stopGraceFully=True)
     assert sorted(seen) == [1, 2, 3]
     assert ssc.awaitTerminationOrTimeout(1) is True
+
+
+def _cached_rdd_names(sc) -> list[str]:
+    rdds = sc._jsc.getPersistentRDDs()
+    return sorted(str(rdds.get(k).name()) for k in rdds.keySet())
+
+
+def test_stop_unpersists_the_streams_cached_rdds_when_the_spark_context_lives_on(sc):
+    before = _cached_rdd_names(sc)
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1.0, clock=clock)
+    pairs = ssc.queueStream([sc.parallelize([("a", 1), ("b", 2)], 2) for _ in range(6)])
+    pairs.runningReduce(operator.add).foreachRDD(lambda rdd: rdd.collect())
+    pairs.reduceByKeyAndWindow(operator.add, operator.sub, 3, 1).foreachRDD(lambda rdd: rdd.collect())
+    pairs.window(3, 1).count().foreachRDD(lambda rdd: rdd.collect())
+    ssc.start()
+    try:
+        for i in range(1, 6):
+            clock.advance(1000)
+            ssc.awaitBatch(i * 1000, 60)
+        assert len(_cached_rdd_names(sc)) > len(before) + 5  # state, window and input RDDs are cached
+    finally:
+        ssc.stop(stopSparkContext=False)
+    # Unpersisting is asynchronous on the executors, but the driver's registry drops them at once.
+    # The only one allowed to stay is the engine's shared marker RDD (one per partition count, reused).
+    left = [n for n in _cached_rdd_names(sc) if not n.startswith("dstreams-segment-markers")]
+    assert left == [n for n in before if not n.startswith("dstreams-segment-markers")]

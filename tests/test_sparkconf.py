@@ -305,3 +305,48 @@ def test_tuned_conf_exports_the_worker_interpreter_pyspark_reads_from_the_enviro
     monkeypatch.setenv("PYSPARK_PYTHON", "/opt/other/python3")
     tuned_conf("local[2]", "t", {"spark.pyspark.python": "/mine/python3"})
     assert os.environ["PYSPARK_PYTHON"] == "/opt/other/python3"  # an explicit environment is never changed
+
+
+def test_unix_sockets_move_out_of_a_java_tmpdir_too_long_for_a_socket_path():
+    from dstreams.sparkconf import MAX_SOCKET_DIR, UDS_DIR_KEY, tuned_conf
+
+    long_dir = "/tmp/" + "d" * MAX_SOCKET_DIR
+    conf = tuned_conf("local[2]", "t", {"spark.driver.extraJavaOptions": f"-Xss4m -Djava.io.tmpdir={long_dir}"})
+    assert conf.get(UDS_DIR_KEY) == "/tmp"
+    short = tuned_conf("local[2]", "t", {"spark.driver.extraJavaOptions": "-Djava.io.tmpdir=/tmp/x"})
+    assert short.get(UDS_DIR_KEY) is None
+    mine = tuned_conf("local[2]", "t", {"spark.executor.extraJavaOptions": f"-Djava.io.tmpdir={long_dir}",
+                                        UDS_DIR_KEY: "/run/me"})
+    assert mine.get(UDS_DIR_KEY) == "/run/me"  # the user's folder is left alone
+    off = tuned_conf("local[2]", "t", {"spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={long_dir}",
+                                       "spark.python.unix.domain.socket.enabled": "false"})
+    assert off.get(UDS_DIR_KEY) is None
+
+
+_LONG_TMPDIR = textwrap.dedent(
+    """
+    import sys
+    from pyspark import SparkContext
+    from dstreams.sparkconf import tuned_conf
+
+    conf = {"spark.driver.extraJavaOptions": "-Djava.io.tmpdir=" + sys.argv[1]}
+    sc = SparkContext(conf=tuned_conf("local[1]", "test_sparkconf_long_tmpdir", conf))
+    try:
+        print("SUM", sc.parallelize(range(10), 2).map(lambda x: x * 2).sum())
+    finally:
+        sc.stop()
+    """
+)
+
+
+@pytest.mark.timeout(120)
+def test_context_starts_and_runs_python_tasks_with_a_long_java_tmpdir(tmp_path):
+    # Regression: a deep TMPDIR / java.io.tmpdir (CI's pytest folders) made the SparkContext fail with
+    # "OSError: AF_UNIX path too long" when dstreams turned Unix-domain sockets on.
+    long_dir = tmp_path / ("t" * 40) / ("u" * 40)
+    long_dir.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}
+    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    proc = subprocess.run([sys.executable, "-c", _LONG_TMPDIR, str(long_dir)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0 and "SUM 90" in proc.stdout, proc.stderr[-3000:]
