@@ -9,8 +9,12 @@ smallest interval that keeps up.
 
 **Driver-side overhead per batch** (dstreams) = time building the batch (``BatchInfo.generation_ms``)
 + processing time not covered by a Spark job of that batch + clean-up after it (``cleanup_ms``); the
-Spark jobs' submission and completion times come from Spark's status store. For pyspark.streaming
-only the processing time not covered by its Spark jobs is known (its batches are built in the JVM).
+Spark jobs' submission and completion times come from Spark's status store. It includes what PySpark
+itself spends on the driver for the output's action (``rdd.count()``: wrapping the Python function,
+Py4J calls, serving the result over a socket). **The engine's own overhead** leaves that out: building
++ clean-up + processing time outside the output operations (scheduling, listener events, job group).
+For pyspark.streaming only the processing time not covered by its Spark jobs is known (its batches
+are built in the JVM).
 Results go to ``benchmarks/results/floor.json`` and the README's table.
 """
 
@@ -61,7 +65,7 @@ def _covered(start: float, end: float, jobs: list[tuple[float, float]]) -> float
     return total
 
 
-def _dstreams_trial(sc: Any, interval_ms: int, plan: Plan) -> tuple[list[Sample], list[float]]:
+def _dstreams_trial(sc: Any, interval_ms: int, plan: Plan) -> tuple[list[Sample], list[float], list[float]]:
     from dstreams import StreamingContext
 
     ssc = StreamingContext(sc, interval_ms / 1000.0)
@@ -80,14 +84,18 @@ def _dstreams_trial(sc: Any, interval_ms: int, plan: Plan) -> tuple[list[Sample]
     finally:
         ssc.stop(stopSparkContext=False, stopGraceFully=False)
     jobs = _spark_jobs(sc)
-    overhead = []
+    overhead, own = [], []
     for i in infos()[plan.warmup: plan.warmup + plan.measure]:
         outside = i.processing_delay_ms - _covered(i.processing_start_time_ms, i.processing_end_time_ms, jobs)
+        in_outputs = sum(op.end_time_ms - op.start_time_ms for op in i.output_operations.values()
+                         if op.start_time_ms is not None and op.end_time_ms is not None)
+        engine_only = (i.generation_ms or 0.0) + (i.processing_delay_ms - in_outputs) + (i.cleanup_ms or 0.0)
         overhead.append((i.generation_ms or 0.0) + outside + (i.cleanup_ms or 0.0))
-    return got, overhead
+        own.append(engine_only)
+    return got, overhead, own
 
 
-def _pyspark_trial(sc: Any, interval_ms: int, plan: Plan) -> tuple[list[Sample], list[float]]:
+def _pyspark_trial(sc: Any, interval_ms: int, plan: Plan) -> tuple[list[Sample], list[float], list[float]]:
     from pyspark.streaming import StreamingContext, StreamingListener
 
     got: list[tuple[int, float, float, float, float]] = []
@@ -116,7 +124,7 @@ def _pyspark_trial(sc: Any, interval_ms: int, plan: Plan) -> tuple[list[Sample],
     jobs = _spark_jobs(sc)
     rows = sorted(got)[plan.warmup: plan.warmup + plan.measure]
     overhead = [p - _covered(a, b, jobs) for _, _, p, a, b in rows]
-    return out, overhead
+    return out, overhead, []
 
 
 def child(engine: str, intervals: list[int], warmup: int, measure: int) -> dict[str, Any]:
@@ -130,7 +138,7 @@ def child(engine: str, intervals: list[int], warmup: int, measure: int) -> dict[
     try:
         for interval in intervals:
             plan = Plan(warmup=warmup, measure=measure, target_ms=2 * interval, abort_sched_ms=4000.0, slack_s=10.0)
-            samples, overhead = trial(sc, interval, plan)
+            samples, overhead, own = trial(sc, interval, plan)
             measured = samples[warmup: warmup + measure]
             proc = [s.processing_ms for s in measured]
             growth = _slope([s.scheduling_ms for s in measured]) * len(measured)
@@ -142,6 +150,7 @@ def child(engine: str, intervals: list[int], warmup: int, measure: int) -> dict[
                 "scheduling_growth_ms": growth,
                 "driver_overhead_ms_median": statistics.median(overhead) if overhead else None,
                 "driver_overhead_ms": overhead,
+                "engine_overhead_ms_median": statistics.median(own) if own else None,
             }
             print(f"[floor {engine}] {interval} ms: keeps up={keeps} median processing="
                   f"{result['intervals'][str(interval)]['median_processing_ms']} ms overhead="
@@ -152,6 +161,9 @@ def child(engine: str, intervals: list[int], warmup: int, measure: int) -> dict[
     result["floor_ms"] = min(ok) if ok else None
     per = [v["driver_overhead_ms_median"] for v in result["intervals"].values() if v["driver_overhead_ms_median"]]
     result["driver_overhead_ms"] = statistics.median(per) if per else None
+    own = [v["engine_overhead_ms_median"] for v in result["intervals"].values()
+           if v["engine_overhead_ms_median"] is not None]
+    result["engine_overhead_ms"] = statistics.median(own) if own else None
     return result
 
 

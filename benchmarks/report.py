@@ -25,7 +25,7 @@ PAPER_PER_NODE = {"grep": 640_000, "wordcount": 250_000, "topk": 250_000}
 #: This issue's targets on this 2-core machine, 1 s latency target.
 TARGETS = {"grep": 2_000_000, "wordcount": 300_000, "topk": 250_000}
 WORKLOAD_ORDER = ("grep", "wordcount", "topk")
-ENGINE_ORDER = ("dstreams", "dstreams-arrow", "pyspark.streaming", "ss-udf", "ss-sql")
+ENGINE_ORDER = ("dstreams", "dstreams-arrow", "pyspark.streaming", "pyspark.streaming-defaults", "ss-udf", "ss-sql")
 
 
 def _fmt_rate(r: float | None) -> str:
@@ -111,6 +111,47 @@ def workload_table() -> list[str]:
     return out
 
 
+def _bounds(search: dict[str, Any] | None) -> tuple[float, float | None] | None:
+    """(best sustainable rate, lowest failing rate or None) of a search: the true limit lies between."""
+    if search is None or search.get("error") or not search.get("max_sustainable_rate"):
+        return None
+    return float(search["max_sustainable_rate"]), search.get("lowest_failing_rate")
+
+
+def ratio_lines() -> list[str]:
+    """dstreams' best path against each pyspark.streaming line, with the bounds the search leaves open."""
+    rows = []
+    for w in WORKLOAD_ORDER:
+        doc = _load(w)
+        if doc is None:
+            continue
+        searches = {(r["engine"], s["target_ms"]): s for r in doc["runs"] for s in r.get("searches", [])}
+        for target in doc["targets_ms"]:
+            ours = {e: _bounds(searches.get((e, target))) for e in ("dstreams", "dstreams-arrow")}
+            for peer in ("pyspark.streaming", "pyspark.streaming-defaults"):
+                if (peer, target) not in searches:
+                    continue
+                theirs = _bounds(searches[(peer, target)])
+                for engine, mine in ours.items():
+                    if mine is None:
+                        continue
+                    if theirs is None:
+                        cell = "peer sustains none of the rates tried"
+                    else:
+                        low = mine[0] / theirs[1] if theirs[1] else None
+                        high = mine[1] / theirs[0] if mine[1] else None
+                        lo = f"{low:.2f}x" if low is not None else "? (the peer's limit was not reached)"
+                        hi = f"{high:.2f}x" if high is not None else "? (dstreams' limit was not reached)"
+                        cell = f"{mine[0] / theirs[0]:.2f}x (limits allow {lo} to {hi})"
+                    rows.append(f"| {w} | {target / 1000:g} s | {ENGINE_LABELS[engine]} | {ENGINE_LABELS[peer]} "
+                                f"| {cell} |")
+    if not rows:
+        return []
+    return ["", "Ratios of the highest sustainable rates in the run above (a search stops between a sustainable "
+            "and a failing rate, so each ratio comes with the range the true limits allow):", "",
+            "| workload | target | dstreams | against | ratio |", "| --- | --- | --- | --- | --- |", *rows]
+
+
 def floor_table() -> list[str]:
     doc = _load("floor")
     if doc is None:
@@ -119,14 +160,14 @@ def floor_table() -> list[str]:
            f"{doc['partitions']} partitions, one `count()` per batch); keeps up = median processing time "
            "under the interval and no growing scheduling delay.", ""]
     out.append("| engine | smallest interval that keeps up | median processing (ms) at each interval "
-               "| driver-side ms/batch outside Spark jobs (median) |")
-    out.append("| --- | --- | --- | --- |")
+               "| driver-side ms/batch outside Spark jobs (median) | of which the engine's own (median) |")
+    out.append("| --- | --- | --- | --- | --- |")
     for engine, r in doc["engines"].items():
         per = ", ".join(f"{i} ms: {v['median_processing_ms']:.0f}{'' if v['keeps_up'] else ' (no)'}"
                         for i, v in sorted(r["intervals"].items(), key=lambda kv: -int(kv[0])))
-        overhead = r.get("driver_overhead_ms")
+        overhead, own = r.get("driver_overhead_ms"), r.get("engine_overhead_ms")
         out.append(f"| {ENGINE_LABELS.get(engine, engine)} | {r['floor_ms'] or 'none tried'} ms | {per} | "
-                   f"{'-' if overhead is None else f'{overhead:.1f}'} |")
+                   f"{'-' if overhead is None else f'{overhead:.1f}'} | {'-' if own is None else f'{own:.1f}'} |")
     return out
 
 
@@ -151,7 +192,7 @@ def window_cost_table() -> list[str]:
 
 
 def write_readme() -> None:
-    body = "\n".join([*workload_table(), *floor_table(), *window_cost_table()])
+    body = "\n".join([*workload_table(), *ratio_lines(), *floor_table(), *window_cost_table()])
     text = README.read_text() if README.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
     if BEGIN not in text:
         text += f"\n{BEGIN}\n{END}\n"

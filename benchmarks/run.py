@@ -25,7 +25,7 @@ import traceback
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .engines import ENGINES, Plan, Sample
+from .engines import ENGINES, UNTUNED_ENGINES, Plan, Sample
 from .memory import PeakMemory
 from .workloads import WORKLOADS, Workload
 
@@ -35,13 +35,14 @@ MIN_RATE = 1_000
 #: First rate per (engine, workload): near what was measured before, so the search spends its
 #: trials around the answer. Any start works; it only changes how many trials the search needs.
 START_RATES: dict[tuple[str, str], int] = {
-    ("dstreams", "grep"): 1_000_000,
-    ("pyspark.streaming", "grep"): 400_000,
+    ("dstreams", "grep"): 2_800_000,
+    ("pyspark.streaming", "grep"): 2_800_000,
+    ("pyspark.streaming-defaults", "grep"): 1_000_000,
     ("ss-udf", "grep"): 400_000,
     ("ss-sql", "grep"): 2_000_000,
-    ("dstreams", "wordcount"): 200_000,
-    ("dstreams", "topk"): 200_000,
-    ("dstreams-arrow", "grep"): 2_000_000,
+    ("dstreams", "wordcount"): 100_000,
+    ("dstreams", "topk"): 100_000,
+    ("dstreams-arrow", "grep"): 2_800_000,
     ("dstreams-arrow", "wordcount"): 400_000,
     ("dstreams-arrow", "topk"): 400_000,
 }
@@ -58,7 +59,7 @@ class Mode:
     fill_window: bool
 
 
-QUICK = Mode(warmup=4, measure=10, max_trials=4, precision=1.6, fill_window=False)
+QUICK = Mode(warmup=4, measure=10, max_trials=6, precision=1.3, fill_window=True)
 FULL = Mode(warmup=10, measure=20, max_trials=8, precision=1.25, fill_window=True)
 
 
@@ -204,7 +205,14 @@ def child_main(engine: str, workload: str, targets: list[float], mode_name: str)
     from dstreams.sparkconf import create_spark_context
 
     mode = QUICK if mode_name == "quick" else FULL
-    sc = create_spark_context("local[2]", f"bench-{engine}-{workload}")
+    if engine in UNTUNED_ENGINES:
+        # What a pyspark.streaming user gets out of the box: Spark's defaults (workers run this interpreter).
+        from pyspark import SparkConf, SparkContext
+
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        sc = SparkContext(conf=SparkConf().setMaster("local[2]").setAppName(f"bench-{engine}-{workload}"))
+    else:
+        sc = create_spark_context("local[2]", f"bench-{engine}-{workload}")
     sc.setLogLevel("ERROR")
     jvm_pid = getattr(getattr(sc._gateway, "proc", None), "pid", None)
     memory = PeakMemory(jvm_pid).start()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dstreams import ManualClock, StreamingContext
-from dstreams.nodes.generator import text_records
+from dstreams.nodes.generator import text_record_batches, text_records
 
 
 def test_text_records_deterministic_sized_and_100_bytes():
@@ -16,6 +16,13 @@ def test_text_records_deterministic_sized_and_100_bytes():
     assert len(set(big)) > 100  # many distinct lines, not one repeated
     assert big != list(text_records(3, 1000, 2, 5000))  # another partition, other lines
     assert big != list(text_records(3, 2000, 1, 5000))  # another batch, other lines
+
+
+def test_text_record_batches_are_the_same_lines_as_arrow_batches():
+    for n, size in ((0, 10), (1, 10), (255, 10), (256, 100), (5000, 1024), (5000, 5000)):
+        batches = list(text_record_batches(3, 1000, 1, n, batch_size=size))
+        assert all(b.schema.names == ["value"] and b.num_rows <= size for b in batches)
+        assert [x for b in batches for x in b.column(0).to_pylist()] == list(text_records(3, 1000, 1, n))
 
 
 def test_batch_info_reports_generation_and_cleanup_time(sc):
@@ -73,3 +80,38 @@ def test_map_arrow_batches_chunks_in_order_and_converts_back(sc):
     finally:
         ssc.stop(stopSparkContext=False)
     assert got == [2, 0]
+
+
+def test_map_arrow_batches_takes_arrow_records_as_they_are(sc):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from dstreams.arrow import arrow_batches_func
+
+    b1 = pa.RecordBatch.from_arrays([pa.array([1, 2, 3])], names=["value"])
+    t2 = pa.table({"value": [4, 5]})
+    seen: list[object] = []
+
+    def keep(batch):
+        seen.append(batch)
+        return batch
+
+    # Arrow records pass through untouched (the same object); stray plain records are chunked in order.
+    assert list(arrow_batches_func(keep, 2)(iter([b1, 10, 11, 12, t2]))) == [1, 2, 3, 10, 11, 12, 4, 5]
+    assert seen[0] is b1 and [b.num_rows for b in seen] == [3, 2, 1, 2]
+
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1.0, clock=clock)
+    got: list[int] = []
+    ssc.generatorStream(3000, 2, seed=5, recordFunc=text_record_batches).mapArrowBatches(
+        lambda b: [pc.sum(pc.match_substring(b.column(0), "error")).as_py() or 0]
+    ).foreachRDD(lambda rdd: got.append(sum(rdd.collect())))
+    ssc.start()
+    try:
+        first = ssc.startTime
+        clock.advance(1000)
+        ssc.awaitBatch(first.ms, timeout=120)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    expected = sum("error" in line for p in range(2) for line in text_records(5, first.ms, p, 3000))
+    assert got == [expected] and expected > 0
