@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterable, Iterator
-from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD, StorageLevel
@@ -29,6 +28,14 @@ from dstreams.nodes.transformed import TransformedNode
 from dstreams.nodes.union import UnionNode
 from dstreams.nodes.windowed import WindowedNode
 from dstreams.partitioned import checked_pairs, hash_partitioner, pre_reduce
+from dstreams.records import (
+    PartitionFunc,
+    filter_records,
+    flat_map_records,
+    flat_map_values,
+    map_records,
+    map_values,
+)
 from dstreams.recovery.sinks import save_text_exactly_once, save_to_store_exactly_once
 from dstreams.time import BatchTime, DurationLike, from_user_time, parse_duration, to_datetime
 
@@ -110,6 +117,10 @@ class DStream:
         self._check_open()
         return self._derive(TransformedNode(self._node.graph, [self._node], lambda rdds, t: op(rdds[0]), label))
 
+    def _per_record(self, label: str, func: PartitionFunc, preservesPartitioning: bool) -> DStream:
+        """A per-record operator: one Python call of the user's function per record (``dstreams.records``)."""
+        return self._rdd_op(label, lambda rdd: rdd.mapPartitionsWithIndex(func, preservesPartitioning))
+
     def mapPartitionsWithIndex(self, f: Callable[[int, Iterator[Any]], Iterable[Any]],
                                preservesPartitioning: bool = False) -> DStream:
         return self._rdd_op("mapPartitionsWithIndex",
@@ -131,16 +142,13 @@ class DStream:
         return self._rdd_op("mapArrowBatches", lambda rdd: rdd.mapPartitions(func, preservesPartitioning))
 
     def map(self, f: Callable[[Any], Any], preservesPartitioning: bool = False) -> DStream:
-        return self._rdd_op("map", lambda rdd: rdd.map(f, preservesPartitioning))
+        return self._per_record("map", map_records(f), preservesPartitioning)
 
     def flatMap(self, f: Callable[[Any], Iterable[Any]], preservesPartitioning: bool = False) -> DStream:
-        def func(_: int, it: Iterator[Any]) -> Iterable[Any]:
-            return chain.from_iterable(map(f, it))
-
-        return self.mapPartitionsWithIndex(func, preservesPartitioning)
+        return self._per_record("flatMap", flat_map_records(f), preservesPartitioning)
 
     def filter(self, f: Callable[[Any], bool]) -> DStream:
-        return self._rdd_op("filter", lambda rdd: rdd.filter(f))
+        return self._per_record("filter", filter_records(f), True)
 
     def glom(self) -> DStream:
         return self._rdd_op("glom", lambda rdd: rdd.glom())
@@ -158,16 +166,10 @@ class DStream:
         return self._rdd_op("partitionBy", lambda rdd: rdd.mapPartitions(check).partitionBy(n, pf))
 
     def mapValues(self, f: Callable[[Any], Any]) -> DStream:
-        def map_values(kv: Any) -> tuple[Any, Any]:
-            return kv[0], f(kv[1])
-
-        return self.map(map_values, preservesPartitioning=True)
+        return self._per_record("mapValues", map_values(f), True)
 
     def flatMapValues(self, f: Callable[[Any], Iterable[Any]]) -> DStream:
-        def flat_map_values(kv: Any) -> Iterable[tuple[Any, Any]]:
-            return ((kv[0], x) for x in f(kv[1]))
-
-        return self.flatMap(flat_map_values, preservesPartitioning=True)
+        return self._per_record("flatMapValues", flat_map_values(f), True)
 
     # ------------------------------------------------------------------ aggregations per batch
     def count(self) -> DStream:

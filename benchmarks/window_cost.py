@@ -32,7 +32,10 @@ MARKER = "WINDOW_COST_RESULT "
 
 
 def _stage_spans(sc: Any) -> list[tuple[float, float]]:
-    seq = sc._jsc.sc().statusStore().stageList(None)
+    gw = sc._gateway
+    # AppStatusStore.stageList(statuses, details, withSummaries, unsortedQuantiles, taskStatus): Py4J
+    # does not see Scala's default arguments.
+    seq = sc._jsc.sc().statusStore().stageList(None, False, False, gw.new_array(gw.jvm.double, 0), None)
     out = []
     for i in range(seq.size()):
         st = seq.apply(i)
@@ -55,7 +58,9 @@ def child(engine: str, windows: list[float], interval_s: float, rate: int, measu
         for window in windows:
             wl_mod.WINDOW_S = window
             fill = int(round(window / interval_s))
-            plan = Plan(warmup=fill, measure=measure, target_ms=1e9, abort_sched_ms=1e12, slack_s=30.0)
+            # A peer may take several intervals per batch: give it time to complete the measured batches.
+            plan = Plan(warmup=fill, measure=measure, target_ms=1e9, abort_sched_ms=1e12,
+                        slack_s=30.0 + 6 * (fill + measure) * interval_s)
             wall0 = time.time() * 1000.0
             if engine == "dstreams":
                 samples = run_dstreams(sc, WORKLOADS["wordcount"], rate, interval_s, plan)
