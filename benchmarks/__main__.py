@@ -68,6 +68,33 @@ def _run_child(engine: str, workload: str, targets: list[float], mode: str, time
     return {"engine": engine, "workload": workload, "failed": f"child exited {proc.returncode}", "searches": []}
 
 
+def _merge(old: dict, new: dict) -> dict:
+    """``new`` plus the searches of ``old`` for latency targets ``new`` did not run (``--merge``).
+
+    Each search keeps the command and start time of the run that made it, so a table mixing two runs
+    says so; engines compare within one target, which always comes from one run.
+    """
+    for doc in (old, new):
+        for run in doc["runs"]:
+            for search in run.get("searches", []):
+                search.setdefault("command", doc["command"])
+                search.setdefault("started", doc["started"])
+    targets = sorted(set(old["targets_ms"]) | set(new["targets_ms"]))
+    runs = {r["engine"]: r for r in new["runs"]}
+    for run in old["runs"]:
+        kept = [s for s in run.get("searches", []) if s["target_ms"] not in new["targets_ms"]]
+        if not kept:
+            continue
+        if run["engine"] in runs:
+            runs[run["engine"]]["searches"] = sorted(kept + runs[run["engine"]]["searches"],
+                                                    key=lambda s: s["target_ms"])
+        else:
+            runs[run["engine"]] = {**run, "searches": kept}
+    commands = [c for c in (old["command"], new["command"]) if c]
+    return {**new, "command": " and ".join(dict.fromkeys(commands)), "targets_ms": targets,
+            "runs": list(runs.values())}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from . import report
 
@@ -86,6 +113,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                "runs": runs}
         RESULTS.mkdir(parents=True, exist_ok=True)
         out = RESULTS / f"{workload}.json"
+        if args.merge and out.exists():
+            doc = _merge(json.loads(out.read_text()), doc)
         tmp = out.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
         os.replace(tmp, out)
@@ -109,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
     r.add_argument("--targets", nargs="+", type=float, help="latency targets in ms (interval = target / 2)")
     r.add_argument("--timeout", type=float, default=1800.0, help="seconds per (engine, workload) subprocess")
+    r.add_argument("--merge", action="store_true",
+                   help="keep the existing results for the latency targets this run does not measure")
     f = sub.add_parser("floor", help="per-batch floor and driver-side overhead")
     f.add_argument("--quick", action="store_true")
     sub.add_parser("table", help="regenerate benchmarks/README.md's table from benchmarks/results/*.json")

@@ -115,3 +115,24 @@ def test_map_arrow_batches_takes_arrow_records_as_they_are(sc):
         ssc.stop(stopSparkContext=False)
     expected = sum("error" in line for p in range(2) for line in text_records(5, first.ms, p, 3000))
     assert got == [expected] and expected > 0
+
+
+def test_benchmark_merge_keeps_other_targets_and_replaces_the_rerun_ones():
+    from benchmarks.__main__ import _merge
+
+    def search(target, rate):
+        return {"target_ms": target, "max_sustainable_rate": rate}
+
+    old = {"command": "run --quick", "started": "t0", "targets_ms": [1000.0],
+           "runs": [{"engine": "a", "searches": [search(1000.0, 5)]},
+                    {"engine": "b", "searches": [search(1000.0, 7)]}]}
+    new = {"command": "run --targets 2000 --merge", "started": "t1", "targets_ms": [2000.0],
+           "runs": [{"engine": "a", "searches": [search(2000.0, 9)]}]}
+    merged = _merge(old, new)
+    assert merged["targets_ms"] == [1000.0, 2000.0]
+    by_engine = {r["engine"]: r["searches"] for r in merged["runs"]}
+    assert [(s["target_ms"], s["max_sustainable_rate"], s["started"]) for s in by_engine["a"]] == [
+        (1000.0, 5, "t0"), (2000.0, 9, "t1")]
+    assert [s["max_sustainable_rate"] for s in by_engine["b"]] == [7]
+    rerun = _merge(merged, {**new, "runs": [{"engine": "a", "searches": [search(2000.0, 11)]}]})
+    assert [s["max_sustainable_rate"] for r in rerun["runs"] if r["engine"] == "a" for s in r["searches"]] == [5, 11]
