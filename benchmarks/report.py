@@ -147,8 +147,9 @@ def ratio_lines() -> list[str]:
                                 f"| {cell} |")
     if not rows:
         return []
-    return ["", "Ratios of the highest sustainable rates in the run above (a search stops between a sustainable "
-            "and a failing rate, so each ratio comes with the range the true limits allow):", "",
+    return ["", "Ratios of the highest sustainable rates above, each target from one run (a search stops "
+            "between a sustainable and a failing rate, so each ratio comes with the range the true limits allow):",
+            "",
             "| workload | target | dstreams | against | ratio |", "| --- | --- | --- | --- | --- |", *rows]
 
 
