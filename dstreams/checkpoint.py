@@ -30,3 +30,7 @@ class Checkpointer:
 
     def batch_completed(self, time: BatchTime) -> None:
         """Called after every batch (in batch order); a hook for asynchronous commits."""
+
+    def resumed(self, node: DStreamNode, restored_ms: int | None, existing: list[int]) -> None:
+        """Called by a restarted driver for each stateful node: the checkpoint it restored from
+        (None: none usable) and the node's checkpoints found in the store."""

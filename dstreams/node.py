@@ -56,6 +56,8 @@ class DStreamNode:
         self.storage_level: StorageLevel | None = None
         self.checkpoint_interval: Duration | None = None
         self._persisted_by_engine: set[int] = set()
+        #: Times whose RDD reads a committed checkpoint (adopted or restored): lineage stops there.
+        self._reader_times: set[int] = set()
 
     # ----------------------------------------------------------------- the three members
     @property
@@ -192,6 +194,7 @@ class DStreamNode:
         old = [t for t in self.generated if t <= horizon]
         for t in old:
             rdd = self.generated.pop(t)
+            self._reader_times.discard(t)
             if t in self._persisted_by_engine:
                 self._persisted_by_engine.discard(t)
                 rdd.unpersist(blocking=False)
@@ -221,42 +224,56 @@ class DStreamNode:
     def persist(self, level: StorageLevel) -> None:
         self.storage_level = level
 
-    def adopt_checkpoint(self, time: BatchTime, reader: RDD) -> None:
+    def adopt_checkpoint(self, time: BatchTime, reader: RDD) -> int:
         """Use ``reader`` (an RDD reading a committed checkpoint) as this node's RDD at ``time``.
 
         RDDs generated afterwards build on it, which cuts their lineage. When the generator has
         already built later batches on the old lineage (a backlog), those RDDs of this node are
         rebuilt on top of ``reader`` too (RDD construction only: no Spark job), or every later
-        batch would keep chaining from them and the lineage would never be cut. Jobs already
-        queued keep the RDDs they were built with (same data). Replaced RDDs stay cached until
-        they leave the remember window.
+        batch would keep chaining from them and the lineage would never be cut; the rebuild stops
+        at an RDD that already reads a newer checkpoint. Jobs already queued keep the RDDs they were
+        built with (same data). Replaced RDDs stay cached until they leave the remember window.
+
+        Returns the newest batch time of this node built before the adoption: jobs up to that
+        batch may still reach back to the checkpoints older than ``time`` (see the checkpointer's
+        deletion rule).
         """
         with self.graph.lock:
+            built_through = max(self.generated, default=time.ms)
             old = self.generated.get(time.ms)
             if old is None:
-                return  # already forgotten: a newer checkpoint will cut the lineage
+                return built_through  # already forgotten: a newer checkpoint will cut the lineage
             self._retire(time.ms, old)
             self.restore(time, reader)
             if not self.must_checkpoint:
-                return
+                return built_through
             slide = self.slide_duration
             t = time + slide
-            while t.ms in self.generated:
+            while t.ms in self.generated and t.ms not in self._reader_times:
                 fresh = self.compute(t)
                 if fresh is None:
                     break
                 self._retire(t.ms, self.generated[t.ms])
-                self.restore(t, fresh)
+                self._install(t, fresh)
                 t = t + slide
+            return built_through
 
     def _retire(self, t: int, rdd: RDD) -> None:
         if t in self._persisted_by_engine:
             self._retired.setdefault(t, []).append(rdd)
 
     def restore(self, time: BatchTime, rdd: RDD) -> None:
-        """Set this node's RDD at ``time`` (a checkpoint reader, when a driver recovers)."""
+        """Set this node's RDD at ``time`` to ``rdd``, which reads a committed checkpoint.
+
+        Used when a driver recovers and when a checkpoint is adopted; later batches build on it.
+        """
         with self.graph.lock:
-            if self.storage_level is not None:
-                rdd.persist(self.storage_level)
-            self.generated[time.ms] = rdd
-            self._persisted_by_engine.add(time.ms)
+            self._install(time, rdd)
+            self._reader_times.add(time.ms)
+
+    def _install(self, time: BatchTime, rdd: RDD) -> None:
+        if self.storage_level is not None:
+            rdd.persist(self.storage_level)
+        self.generated[time.ms] = rdd
+        self._persisted_by_engine.add(time.ms)
+        self._reader_times.discard(time.ms)

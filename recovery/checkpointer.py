@@ -12,7 +12,11 @@ Contract (``dstreams.checkpoint.Checkpointer``):
   partitioner, partition ``i`` from part ``i``): later batches build on it, so lineage reaches back
   at most to the newest committed checkpoint. ``on_commit(node_key, t)`` lets the metadata log
   record the newest checkpoint.
-* Old checkpoints of a node are deleted once two newer ones are committed.
+* Old checkpoints of a node are deleted once two newer ones are committed *and* nothing the
+  engine still holds can reach them: every batch built before the next checkpoint was adopted has
+  completed, and the node's RDDs between the two checkpoints have left its remember window (a
+  queued batch, or a cached partition lost with an executor, may otherwise need to re-read it).
+* A checkpoint at or before the one a restarted driver restored from is not written again.
 * Two attempts of one task (speculation) write identical bytes under the same key: harmless.
 """
 
@@ -86,19 +90,49 @@ class StoreCheckpointer(Checkpointer):
         self._lock = threading.Lock()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="dstreams-checkpoint")
         self._futures: list[Future[None]] = []
+        #: Committed checkpoint times per node key, oldest first.
         self.committed: dict[str, list[int]] = defaultdict(list)
+        #: (node key, checkpoint time) -> newest batch of the node built before it was adopted.
+        self._built_through: dict[tuple[str, int], int] = {}
+        self._nodes: dict[str, DStreamNode] = {}
+        self._restored: dict[str, int] = {}
+        self._completed_ms: int | None = None
         self.errors: list[BaseException] = []
 
     def mark(self, node: DStreamNode, time: BatchTime, rdd: RDD) -> None:
         with self._lock:
+            if time.ms <= self._restored.get(node.key, -1):
+                return  # covered by the checkpoint this driver restored from
             self._pending[time.ms].append((node, rdd))
+
+    def resumed(self, node: DStreamNode, restored_ms: int | None, existing: list[int]) -> None:
+        """A restarted driver restored ``node`` from its checkpoint at ``restored_ms`` (None: none).
+
+        ``existing`` are the node's checkpoints found in the store: those up to the restored one
+        join the committed ones (nothing of this run is built on them), so the deletion rule
+        eventually removes them too; newer ones are written again as the batches are re-run.
+        """
+        with self._lock:
+            self._nodes[node.key] = node
+            if restored_ms is None:
+                return
+            self._restored[node.key] = restored_ms
+            older = {t for t in existing if t <= restored_ms}
+            for t in older:
+                self._built_through.setdefault((node.key, t), -1)
+            times = self.committed[node.key]
+            times[:] = sorted(set(times) | older)
 
     def batch_completed(self, time: BatchTime) -> None:
         with self._lock:
+            self._completed_ms = time.ms
             due = sorted(t for t in self._pending if t <= time.ms)
             work = [(t, node, rdd) for t in due for node, rdd in self._pending.pop(t)]
+            collect = any(self._deletable(key) for key in self.committed)
         for t, node, rdd in work:
             self._futures.append(self._writer.submit(self._write, node, t, rdd))
+        if collect:
+            self._futures.append(self._writer.submit(self._delete_old))
         self._futures = [f for f in self._futures if not f.done()]
 
     def flush(self, timeout_s: float = 60.0) -> None:
@@ -143,23 +177,52 @@ class StoreCheckpointer(Checkpointer):
             self.guard()
         self.store.put(f"{prefix}/{MANIFEST}", json.dumps(manifest, sort_keys=True).encode())
         reader = reader_rdd(self.sc, spec, prefix, manifest, partitioner)
-        node.adopt_checkpoint(BatchTime(t), reader)
-        self.committed[node.key].append(t)
+        built_through = node.adopt_checkpoint(BatchTime(t), reader)
+        with self._lock:
+            self._nodes[node.key] = node
+            self._built_through[(node.key, t)] = built_through
+            times = self.committed[node.key]
+            if t not in times:
+                times.append(t)
+                times.sort()
         if self.on_commit is not None:
             self.on_commit(node.key, t)
-        self._delete_old(node.key)
+        self._delete_old()
         log.debug("checkpoint of %s at %d committed (%d parts)", node.name, t, len(parts))
 
-    def _delete_old(self, node_key: str) -> None:
+    # ------------------------------------------------------------------ deleting
+    def _deletable(self, node_key: str) -> bool:
+        """Whether the oldest committed checkpoint of ``node_key`` may go (caller holds the lock).
+
+        It may once ``KEEP_NEWER`` newer ones are committed and the next one has taken over: every
+        batch built on the older lineage has completed, and the node's RDDs before the next
+        checkpoint have left its remember window.
+        """
         times = self.committed[node_key]
-        while len(times) > KEEP_NEWER + 1:
-            old = times.pop(0)
-            prefix = checkpoint_prefix(node_key, old)
+        if len(times) <= KEEP_NEWER + 1 or self._completed_ms is None:
+            return False
+        successor = times[1]
+        built = self._built_through.get((node_key, successor))
+        if built is None or self._completed_ms < built:
+            return False
+        node = self._nodes.get(node_key)
+        remember = node.remember_duration.ms if node is not None and node.remember_duration else 0
+        return self._completed_ms - remember >= successor
+
+    def _delete_old(self) -> None:
+        while True:
+            with self._lock:
+                key = next((k for k in self.committed if self._deletable(k)), None)
+                if key is None:
+                    return
+                old = self.committed[key].pop(0)
+                self._built_through.pop((key, old), None)
+            prefix = checkpoint_prefix(key, old)
             try:
                 # The manifest goes first: a half-deleted checkpoint is never trusted.
                 self.store.delete(f"{prefix}/{MANIFEST}")
-                for key in self.store.list(prefix + "/"):
-                    self.store.delete(key)
+                for part in self.store.list(prefix + "/"):
+                    self.store.delete(part)
             except Exception as e:
                 log.warning("could not delete old checkpoint %s: %s", prefix, e)
 

@@ -64,10 +64,11 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
     store = spec.open()
     restored: dict[str, int | None] = {}
     rdds: dict[str, tuple[int, RDD]] = {}
+    found: dict[str, list[int]] = {}
     for node in graph.nodes:
         if not node.must_checkpoint:
             continue
-        candidates = list_checkpoints(store, node.key)
+        candidates = found[node.key] = list_checkpoints(store, node.key)
         if completed is not None:
             candidates = [t for t in candidates if t <= completed]
         got = _restore_node(sc, spec, node, candidates)
@@ -95,6 +96,9 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
         by_key = {n.key: n for n in graph.nodes}
         for key, (t, rdd) in rdds.items():
             by_key[key].restore(BatchTime(t), rdd)
+        if graph.checkpointer is not None:
+            for key, t in restored.items():
+                graph.checkpointer.resumed(by_key[key], t, found[key])
         for node in graph.inputs:
             if node.key in sources:
                 node.restore_source_state(sources[node.key])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import operator
+import threading
+import time as _time
 
 import pytest
 
@@ -60,3 +62,61 @@ def test_state_is_checkpointed_and_lineage_stays_bounded(sc, tmp_path):
     assert max(lineage[-8:]) <= max(lineage[6:14]), lineage
     assert lineage[-1] < lineage[3] * 4, lineage
     assert ssc._checkpointer.errors == []
+
+
+def _batch_ms(time) -> int:
+    return round(time.timestamp() * 1000)
+
+
+def test_a_checkpoint_is_kept_while_queued_batches_still_reach_it(sc, tmp_path):
+    """Regression (seen in CI under load): with a backlog, a batch built on checkpoint 3's lineage
+    ran after checkpoints 4, 5 and 6 were committed and 3 had been deleted: the batch failed."""
+    url = str(tmp_path / "ckpt")
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.checkpoint(url)
+    pairs = ssc.queueStream([[("k", 1)] for _ in range(12)])
+    gates = {t: threading.Event() for t in (3000, 4000, 7000)}
+    entered = {t: threading.Event() for t in gates}
+
+    def hold(time, rdd) -> None:  # the batch's first job: holds the runner at the gated batches
+        ms = _batch_ms(time)
+        if ms in gates:
+            entered[ms].set()
+            assert gates[ms].wait(60)
+
+    pairs.foreachRDD(hold)
+    counts = pairs.runningReduce(operator.add).checkpoint("1s")
+    seen: dict[int, list] = {}
+    counts.foreachRDD(lambda time, rdd: seen.__setitem__(_batch_ms(time), sorted(rdd.collect())))
+    ssc.start()
+    try:
+        clock.set_time(6000)  # batches 1-6 built at once; the runner stops in batch 3
+        assert entered[3000].wait(60)
+        gates[3000].set()
+        assert entered[4000].wait(60)
+        ssc._checkpointer.flush(60)  # checkpoint 3 committed: batches 4-6 rebuilt on it
+        clock.set_time(7000)  # batch 7 is built on checkpoint 3's lineage
+        deadline = _time.monotonic() + 60
+        while (ssc._scheduler.last_generated is None or ssc._scheduler.last_generated.ms < 7000):
+            assert _time.monotonic() < deadline, "batch 7 was not generated"
+            _time.sleep(0.01)
+        gates[4000].set()
+        assert entered[7000].wait(60)
+        ssc._checkpointer.flush(60)  # checkpoints 4, 5, 6 committed while batch 7 waits
+        assert 3000 in list_checkpoints(open_store(url), counts._node.key)
+        gates[7000].set()
+        ssc.awaitBatch(7000, 120)
+        for t in range(8, 13):
+            clock.set_time(t * 1000)
+            ssc.awaitBatch(t * 1000, 120)
+            ssc._checkpointer.flush(60)
+    finally:
+        for g in gates.values():
+            g.set()
+        ssc.stop(stopSparkContext=False)
+    assert ssc._scheduler.error is None, ssc._scheduler.error
+    assert ssc._checkpointer.errors == []
+    assert {t: seen.get(t) for t in (7000, 12000)} == {7000: [("k", 7)], 12000: [("k", 12)]}
+    times = list_checkpoints(open_store(url), counts._node.key)
+    assert times[0] == 12_000 and 3000 not in times and len(times) <= 4, times  # old ones still go

@@ -20,7 +20,10 @@ def _run(ssc: StreamingContext, clock: ManualClock, until_ms: int, flush: bool =
     t = ssc.startTime.ms
     clock.set_time(max(clock.time_ms(), until_ms))
     while t <= until_ms:
-        ssc.awaitBatch(t, 120)
+        info = ssc.awaitBatch(t, 120)
+        failed = {op.name: (op.failure_reason or "")[-2000:] for op in info.output_operations.values()
+                  if op.failure_reason and op.failure_reason != "stopped"}
+        assert not failed, f"batch {t} failed: {failed}"
         if flush:
             ssc._checkpointer.flush(60)
         t += 1000
