@@ -163,6 +163,27 @@ def _arg_after(argv: Sequence[str], flag: str) -> str | None:
     return None
 
 
+def _executor_of_task(_: object) -> str:
+    time.sleep(0.2)  # long enough that one executor cannot take every task before another is offered any
+    return current_executor_id()
+
+
+def warm_up_executors(sc: SparkContext, expected: int, timeout_s: float, tasks: int = 8) -> list[str]:
+    """Run small jobs until tasks have run on ``expected`` executors, or ``timeout_s`` passes.
+
+    Starts the Python workers of every executor before a measurement, and checks that the fault
+    injection can tell them apart. An executor that has just registered may get no task of the first
+    job on a loaded machine, hence the retries. Returns the executor ids the tasks reported.
+    """
+    deadline = time.monotonic() + timeout_s
+    seen: set[str] = set()
+    while True:
+        seen |= set(sc.parallelize(range(tasks), tasks).map(_executor_of_task).collect())
+        if len(seen) >= expected or time.monotonic() > deadline:
+            return sorted(seen)
+        time.sleep(0.5)
+
+
 _executor_id_cache: dict[int, str] = {}
 
 

@@ -168,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                                            f"{EXECUTORS} executors to register")
         status["executors_before"] = faults.executor_pids(sc.applicationId)
         # Which executor each task says it ran on (also starts the Python workers of both executors).
-        ran_on = sc.parallelize(range(8), 8).map(lambda _: faults.current_executor_id()).collect()
-        status["task_executor_ids"] = sorted(set(ran_on))
+        status["task_executor_ids"] = faults.warm_up_executors(sc, EXECUTORS, args.timeout)
         monitor = ExecutorMonitor(sc)
         monitor.start()
         clock = ManualClock(0)

@@ -228,8 +228,7 @@ def _run_apps(args: argparse.Namespace, out: str, short_tmp: str, status: dict[s
             app_status["executors_wait_s"] = _poll(lambda sc=sc: len(executor_ids(sc)) >= EXECUTORS, args.timeout,
                                                    f"{EXECUTORS} executors to register")
             # Start the Python workers of both executors and check which executor each task reports.
-            ran_on = sc.parallelize(range(8), 8).map(lambda _: faults.current_executor_id()).collect()
-            app_status["task_executor_ids"] = sorted(set(ran_on))
+            app_status["task_executor_ids"] = faults.warm_up_executors(sc, EXECUTORS, args.timeout)
             app_status["startup_s"] = round(time.monotonic() - t_app, 2)
             phases = [("baseline", False), ("straggler", True)] if speculation else [("straggler", True)]
             for name, slow in phases:

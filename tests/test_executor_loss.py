@@ -88,6 +88,13 @@ def test_maybe_slow_task_slows_only_the_chosen_partition_in_local_mode(sc):
     assert sorted(sc.parallelize(range(6), 2).mapPartitions(faults.slowed_partition).collect()) == list(range(6))
 
 
+def test_warm_up_executors_reports_where_tasks_ran_and_gives_up_after_its_timeout(sc):
+    assert faults.warm_up_executors(sc, 1, 30, tasks=2) == ["driver"]  # local[N]: one "executor"
+    started = time.monotonic()
+    assert faults.warm_up_executors(sc, 2, 0.0, tasks=2) == ["driver"]  # never 2: returns after one round
+    assert time.monotonic() - started < 30
+
+
 def test_kill_executor_refuses_local_mode(sc):
     assert faults.executor_pids(sc.applicationId) == {}
     with pytest.raises(LookupError):
