@@ -3,14 +3,18 @@
 Contract: in one process (one SparkContext, ``tuned_conf``, ``local[2]``), each workload (grep,
 wordcount, topk; per-record and Arrow paths) runs on a tiny generator stream (``--records`` lines per
 partition, 2 partitions) at 500 ms batches under a manual clock, one batch at a time, for
-``--batches`` batches. After the 30 s window has filled, it records per batch:
+``--batches`` batches, the next batch ``--settle`` seconds after the previous one completed (as in a
+stream whose tiny batches leave the driver idle until the next interval; 0 = back to back). Each
+runs twice, alternating: with the engine's lean JVM construction (:mod:`dstreams.jvm`) and with
+PySpark's own calls (``DSTREAMS_LEAN_JVM=0``). After the 30 s window has filled, it records per batch:
 
 * ``generation_ms``: the engine building the batch's RDDs and jobs (``BatchInfo.generation_ms``),
 * ``py4j_calls``: round trips to the JVM made while building it (counted on the generator thread),
 * ``engine_ms``: the engine's own driver time (building + clean-up + processing time outside the
   output operations), the figure the issue's "driver-side overhead per batch <= 10 ms" is about.
 
-Prints medians and p95 per workload and writes ``benchmarks/results/generation.json``. With
+Prints medians and p95 per workload and mode, and the ratio of the medians (PySpark calls / lean),
+and writes ``benchmarks/results/generation.json``. With
 ``--sites`` it also prints which call sites (first frame outside PySpark and Py4J) make the round
 trips of one batch. Run: ``python -m benchmarks.generation [--batches 90] [--sites]``.
 """
@@ -24,6 +28,7 @@ import os
 import platform
 import statistics
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -75,8 +80,11 @@ def _p95(xs: list[float]) -> float:
     return sorted(xs)[min(len(xs) - 1, int(0.95 * len(xs)))] if xs else float("nan")
 
 
-def measure(sc: Any, name: str, arrow: bool, batches: int, records: int, sites: bool) -> dict[str, Any]:
-    from dstreams import ManualClock, StreamingContext
+def measure(sc: Any, name: str, arrow: bool, batches: int, records: int, sites: bool, settle: float,
+            lean: bool) -> dict[str, Any]:
+    from dstreams import ManualClock, StreamingContext, jvm
+
+    jvm.set_enabled(lean)
 
     workload = workloads.WORKLOADS[name]
     clock = ManualClock()
@@ -94,11 +102,14 @@ def measure(sc: Any, name: str, arrow: bool, batches: int, records: int, sites: 
             clock.set_time(k * INTERVAL_MS)
             ssc.awaitBatch(k * INTERVAL_MS, 120)
             calls.append(counter.calls - before)
+            if settle > 0:
+                time.sleep(settle)
             if counter.sites is not None and before_sites is not None and k == batches:
                 site_counts = counter.sites - before_sites
     finally:
         counter.close()
         ssc.stop(stopSparkContext=False)
+        jvm.set_enabled(True)
     skip = WINDOW_BATCHES + 2 if workload.windowed else 5
     infos = sorted(ssc.batchInfos(), key=lambda i: i.batch_time_ms)[skip:]
     gen = [float(i.generation_ms or 0.0) for i in infos]
@@ -112,6 +123,7 @@ def measure(sc: Any, name: str, arrow: bool, batches: int, records: int, sites: 
     return {
         "workload": name,
         "path": "arrow" if arrow else "per-record",
+        "jvm_calls": "lean" if lean else "pyspark",
         "batches_measured": len(infos),
         "generation_ms_p50": _median(gen),
         "generation_ms_p95": _p95(gen),
@@ -127,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=WINDOW_BATCHES + 32)
     parser.add_argument("--records", type=int, default=100, help="lines per partition per batch")
     parser.add_argument("--workloads", default="grep,wordcount,topk")
+    parser.add_argument("--settle", type=float, default=0.3, help="idle seconds between batches (0: back to back)")
     parser.add_argument("--sites", action="store_true", help="print the call sites of one batch's round trips")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
@@ -138,14 +151,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in args.workloads.split(","):
             for arrow in (False, True):
-                row = measure(sc, name, arrow, args.batches, args.records, args.sites)
-                rows.append(row)
-                print(f"{name:10s} {row['path']:10s} build {row['generation_ms_p50']:6.1f} ms "
-                      f"(p95 {row['generation_ms_p95']:6.1f})  engine {row['engine_ms_p50']:6.1f} ms "
-                      f"(p95 {row['engine_ms_p95']:6.1f})  py4j calls {row['py4j_calls_p50']:5.0f}", flush=True)
-                if args.sites:
-                    for site, n in list(row["sites"].items())[:25]:
-                        print(f"    {n:4d}  {site}")
+                pair = {}
+                for lean in (True, False):
+                    row = measure(sc, name, arrow, args.batches, args.records, args.sites, args.settle, lean)
+                    rows.append(row)
+                    pair[lean] = row
+                    print(f"{name:10s} {row['path']:10s} {row['jvm_calls']:7s} "
+                          f"build {row['generation_ms_p50']:6.1f} ms "
+                          f"(p95 {row['generation_ms_p95']:6.1f})  engine {row['engine_ms_p50']:6.1f} ms "
+                          f"(p95 {row['engine_ms_p95']:6.1f})  py4j calls {row['py4j_calls_p50']:5.0f}", flush=True)
+                    if args.sites:
+                        for site, n in list(row["sites"].items())[:25]:
+                            print(f"    {n:4d}  {site}")
+                lean_ms, pyspark_ms = pair[True]["generation_ms_p50"], pair[False]["generation_ms_p50"]
+                if lean_ms > 0.5:
+                    print(f"{'':10s} {'':10s} build time, PySpark calls / lean: {pyspark_ms / lean_ms:.2f}x")
     finally:
         sc.stop()
     if not args.no_write:
@@ -155,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
             "interval_ms": INTERVAL_MS,
             "records_per_partition": args.records,
+            "settle_s": args.settle,
             "rows": rows,
         }, indent=2, sort_keys=True))
         print(f"wrote {RESULTS}")

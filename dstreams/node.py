@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pyspark import RDD, StorageLevel
 
+from . import jvm
 from .time import BatchTime, Duration
 
 if TYPE_CHECKING:
@@ -158,7 +159,7 @@ class DStreamNode:
         if rdd is None:
             return None
         if self.storage_level is not None and not rdd.is_cached:
-            rdd.persist(self.storage_level)
+            jvm.persist(rdd, self.storage_level)
             self._persisted_by_engine.add(time.ms)
         if self.checkpoint_due(time):
             self.graph.checkpointer.mark(self, time, rdd)
@@ -272,8 +273,8 @@ class DStreamNode:
             self._reader_times.add(time.ms)
 
     def _install(self, time: BatchTime, rdd: RDD) -> None:
-        if self.storage_level is not None:
-            rdd.persist(self.storage_level)
+        if self.storage_level is not None and not rdd.is_cached:
+            jvm.persist(rdd, self.storage_level)
         self.generated[time.ms] = rdd
         self._persisted_by_engine.add(time.ms)
         self._reader_times.discard(time.ms)

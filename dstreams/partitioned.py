@@ -21,6 +21,8 @@ from typing import Any
 from pyspark import RDD, SparkContext, StorageLevel
 from pyspark.rdd import Partitioner, portable_hash
 
+from . import jvm
+
 
 class SegmentMarker:
     """Separates two segments inside one partition of a segmented union."""
@@ -40,13 +42,17 @@ def hash_partitioner(num_partitions: int) -> Partitioner:
 
 
 def union_rdds(sc: SparkContext, rdds: Sequence[RDD]) -> RDD:
-    """Union of ``rdds``; partition-wise (and keeping the partitioner) when they all share one."""
+    """Union of ``rdds``; partition-wise (and keeping the partitioner) when they all share one.
+
+    The partitioner is kept only when Spark built a partition-aware union (as many partitions as
+    the partitioner has), so a Python-side partitioner that the JVM does not share is never trusted.
+    """
     if len(rdds) == 1:
         return rdds[0]
-    out = sc.union(list(rdds))
+    out = jvm.union(sc, rdds)
     first = rdds[0].partitioner
-    if first is not None and all(r.partitioner == first for r in rdds) and all(
-        r.getNumPartitions() == first.numPartitions for r in rdds
+    if first is not None and all(r.partitioner == first for r in rdds) and (
+        out.getNumPartitions() == first.numPartitions
     ):
         out.partitioner = first
     return out
@@ -84,9 +90,7 @@ MARKERS = _MarkerCache()
 
 def ensure_partitioned(rdd: RDD, partitioner: Partitioner) -> RDD:
     """``rdd`` hash-partitioned by ``partitioner`` (a shuffle only when it is not already)."""
-    if rdd.partitioner == partitioner:
-        return rdd
-    return rdd.partitionBy(partitioner.numPartitions, partitioner.partitionFunc)
+    return jvm.shuffle(rdd, partitioner)
 
 
 def split_segments(it: Iterable[Any], count: int) -> list[list[Any]]:
@@ -198,11 +202,7 @@ def pre_reduce(rdd: RDD, func: Callable[[Any, Any], Any], partitioner: Partition
     def merge(it: Iterable[tuple[Any, Any]]) -> Iterable[tuple[Any, Any]]:
         return reduce_pairs(func, it).items()
 
-    return (
-        rdd.mapPartitions(combine)
-        .partitionBy(partitioner.numPartitions, partitioner.partitionFunc)
-        .mapPartitions(merge, preservesPartitioning=True)
-    )
+    return jvm.shuffle(rdd.mapPartitions(combine), partitioner).mapPartitions(merge, preservesPartitioning=True)
 
 
 def pre_group_ordered(rdd: RDD, partitioner: Partitioner, op: str) -> RDD:
@@ -239,8 +239,5 @@ def pre_group_ordered(rdd: RDD, partitioner: Partitioner, op: str) -> RDD:
                 chunks.sort(key=lambda c: c[0])
                 yield k, [v for _, vs in chunks for v in vs]
 
-    return (
-        rdd.mapPartitionsWithIndex(combine)
-        .partitionBy(partitioner.numPartitions, partitioner.partitionFunc)
-        .mapPartitions(merge, preservesPartitioning=True)
-    )
+    grouped = jvm.shuffle(rdd.mapPartitionsWithIndex(combine), partitioner)
+    return grouped.mapPartitions(merge, preservesPartitioning=True)

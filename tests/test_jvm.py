@@ -1,0 +1,71 @@
+"""The lean JVM construction (dstreams.jvm) builds what PySpark's own calls build."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark import StorageLevel
+from pyspark.rdd import portable_hash
+
+from dstreams import jvm
+from dstreams.partitioned import hash_partitioner, union_rdds
+
+
+def _partitions(rdd) -> list[list]:
+    return [sorted(p) for p in rdd.glom().collect()]
+
+
+@pytest.fixture(params=[True, False], ids=["lean", "pyspark"])
+def lean(request):
+    jvm.set_enabled(request.param)
+    yield request.param
+    jvm.set_enabled(True)
+
+
+def test_shuffle_places_records_as_partition_by_does(sc, lean):
+    pairs = [(f"k{i % 97}", i) for i in range(10_000)]  # more than CHUNK_PAIRS per map task
+    rdd = sc.parallelize(pairs, 2)
+    part = hash_partitioner(3)
+    got = jvm.shuffle(rdd.map(lambda kv: kv), part)
+    want = rdd.partitionBy(3, portable_hash)
+    assert got.partitioner == part
+    assert _partitions(got) == _partitions(want)
+    assert jvm.shuffle(got, part) is got  # already partitioned: no shuffle
+
+
+def test_union_keeps_partition_alignment_and_order(sc, lean):
+    part = hash_partitioner(2)
+    a = jvm.shuffle(sc.parallelize([("a", 1), ("b", 2), ("c", 3)], 2), part).mapPartitions(
+        lambda it: it, preservesPartitioning=True)
+    b = jvm.shuffle(sc.parallelize([("a", 10), ("d", 4)], 1), part)
+    joined = union_rdds(sc, [a, b, a])
+    assert joined.partitioner == part and joined.getNumPartitions() == 2
+    expected = [pa + pb + pa for pa, pb in zip(a.glom().collect(), b.glom().collect(), strict=True)]
+    assert joined.glom().collect() == expected
+    plain = union_rdds(sc, [sc.parallelize([1, 2], 2), sc.parallelize([3], 1), sc.parallelize(["x"], 1)])
+    assert plain.partitioner is None and plain.getNumPartitions() == 4
+    assert plain.collect() == [1, 2, 3, "x"]
+    mixed = union_rdds(sc, [sc.parallelize([1], 1), sc.textFile(__file__).map(len).filter(lambda n: n < 0)])
+    assert mixed.collect() == [1]  # different serializers: PySpark's path
+
+
+def test_materialize_and_persist_build_a_working_cached_rdd(sc, lean):
+    factor = sc.broadcast(3)
+    rdd = sc.parallelize(range(10), 2).map(lambda x: x * 2)
+    cached = jvm.persist(rdd, StorageLevel.MEMORY_ONLY)
+    assert cached.is_cached and cached.getStorageLevel() == StorageLevel.MEMORY_ONLY
+    assert cached.collect() == [x * 2 for x in range(10)]
+    with_broadcast = jvm.materialize(sc.parallelize(range(4), 2).map(lambda x: x * factor.value))
+    assert with_broadcast.collect() == [0, 3, 6, 9]  # a closure with a broadcast: PySpark's path
+    cached.unpersist()
+    factor.unpersist()
+
+
+def test_disabled_lean_path_is_pyspark_itself(sc):
+    jvm.set_enabled(False)
+    try:
+        rdd = sc.parallelize(range(4), 2).map(lambda x: x)
+        assert jvm.materialize(rdd)._jrdd_val is None  # left to PySpark's lazy _jrdd
+    finally:
+        jvm.set_enabled(True)
+    rdd = sc.parallelize(range(4), 2).map(lambda x: x)
+    assert jvm.materialize(rdd)._jrdd_val is not None
