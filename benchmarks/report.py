@@ -192,8 +192,35 @@ def window_cost_table() -> list[str]:
     return out
 
 
+def generation_table() -> list[str]:
+    doc = _load("generation")
+    if doc is None:
+        return []
+    out = ["", f"Driver time to build a batch (`{doc['command']}`): {doc['interval_ms']} ms batches, "
+           f"{doc['records_per_partition']} lines per partition, {doc['settle_s']} s idle between batches; "
+           "medians after the window filled. *Build*: the engine making the batch's RDDs and jobs; *engine*: "
+           "build + clean-up + processing time outside the output operations; *lean* is the engine's JVM "
+           "construction (`dstreams/jvm.py`), *PySpark calls* the same graph built through PySpark's API "
+           "(`DSTREAMS_LEAN_JVM=0`), alternating in one run.", ""]
+    out.append("| workload | path | build ms, lean / PySpark calls | engine ms, lean / PySpark calls "
+               "| Py4J round trips, lean / PySpark calls |")
+    out.append("| --- | --- | --- | --- | --- |")
+    rows: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for r in doc["rows"]:
+        rows.setdefault((r["workload"], r["path"]), {})[r["jvm_calls"]] = r
+    for (workload, path), pair in rows.items():
+        lean, slow = pair.get("lean"), pair.get("pyspark")
+        if lean is None or slow is None:
+            continue
+        out.append(f"| {workload} | {path} | {lean['generation_ms_p50']:.1f} / {slow['generation_ms_p50']:.1f} | "
+                   f"{lean['engine_ms_p50']:.1f} / {slow['engine_ms_p50']:.1f} | "
+                   f"{lean['py4j_calls_p50']:.0f} / {slow['py4j_calls_p50']:.0f} |")
+    return out
+
+
 def write_readme() -> None:
-    body = "\n".join([*workload_table(), *ratio_lines(), *floor_table(), *window_cost_table()])
+    body = "\n".join([*workload_table(), *ratio_lines(), *floor_table(), *window_cost_table(),
+                      *generation_table()])
     text = README.read_text() if README.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
     if BEGIN not in text:
         text += f"\n{BEGIN}\n{END}\n"

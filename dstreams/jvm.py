@@ -191,13 +191,13 @@ def _bucket_pairs(num_partitions: int, partition_func: Callable[[Any], int],
     def bucket(_: int, pairs: Iterable[Any]) -> Iterator[bytes]:
         buckets: dict[int, list[Any]] = {}
         held = 0
-        for pair in pairs:
-            target = partition_func(pair[0]) % num_partitions
+        for key, value in pairs:  # a record that is not a pair fails here, as in partitionBy
+            target = partition_func(key) % num_partitions
             chunk = buckets.get(target)
             if chunk is None:
-                buckets[target] = [pair]
+                buckets[target] = [(key, value)]
             else:
-                chunk.append(pair)
+                chunk.append((key, value))
             held += 1
             if held >= CHUNK_PAIRS:
                 for target, chunk in buckets.items():

@@ -69,3 +69,8 @@ def test_disabled_lean_path_is_pyspark_itself(sc):
         jvm.set_enabled(True)
     rdd = sc.parallelize(range(4), 2).map(lambda x: x)
     assert jvm.materialize(rdd)._jrdd_val is not None
+
+
+def test_shuffle_of_records_that_are_not_pairs_fails_as_partition_by_does(sc, lean):
+    with pytest.raises(Exception, match="unpack"):
+        jvm.shuffle(sc.parallelize(["abc", "de"], 1), hash_partitioner(2)).collect()
