@@ -59,10 +59,13 @@ def test_resume_after_abrupt_stop_gives_exactly_the_uninterrupted_outputs(sc, tm
     try:
         _run(second, clock2, 14_000)
         assert second._metadata is not None and second._metadata.head["epoch"] == 2
+        counts_key = second._graph.outputs[0].parent.key  # the running reduce
     finally:
         second.stop(stopSparkContext=False)
     got = read_outputs(out)
     assert got == expected
+    # The first driver's checkpoints (2, 4, 6 s) were taken over by the second and deleted in time.
+    assert min(list_checkpoints(open_store(ckpt), counts_key)) >= 8000
     assert sorted(expected) == sorted(f"{n}-{t}" for n in ("counts", "sessions", "window")
                                       for t in range(1000, 15000, 1000))
 
