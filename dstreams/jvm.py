@@ -53,10 +53,6 @@ def set_enabled(enabled: bool) -> None:
     _enabled = bool(enabled)
 
 
-def enabled() -> bool:
-    return _enabled
-
-
 class Bridge:
     """The JVM classes, members and objects one SparkContext's batches reuse."""
 

@@ -12,6 +12,7 @@ from dstreams import ManualClock, StreamingContext
 from dstreams.recovery.checkpointer import list_checkpoints, load_manifest
 from dstreams.recovery.codec import CorruptCheckpointError, decode_partition, encode_partition
 from dstreams.recovery.store import open_store
+from dstreams.time import from_user_time
 
 
 def test_codec_round_trip_and_corruption():
@@ -64,10 +65,6 @@ def test_state_is_checkpointed_and_lineage_stays_bounded(sc, tmp_path):
     assert ssc._checkpointer.errors == []
 
 
-def _batch_ms(time) -> int:
-    return round(time.timestamp() * 1000)
-
-
 def test_a_checkpoint_is_kept_while_queued_batches_still_reach_it(sc, tmp_path):
     """Regression (seen in CI under load): with a backlog, a batch built on checkpoint 3's lineage
     ran after checkpoints 4, 5 and 6 were committed and 3 had been deleted: the batch failed."""
@@ -80,7 +77,7 @@ def test_a_checkpoint_is_kept_while_queued_batches_still_reach_it(sc, tmp_path):
     entered = {t: threading.Event() for t in gates}
 
     def hold(time, rdd) -> None:  # the batch's first job: holds the runner at the gated batches
-        ms = _batch_ms(time)
+        ms = from_user_time(time).ms
         if ms in gates:
             entered[ms].set()
             assert gates[ms].wait(60)
@@ -88,7 +85,7 @@ def test_a_checkpoint_is_kept_while_queued_batches_still_reach_it(sc, tmp_path):
     pairs.foreachRDD(hold)
     counts = pairs.runningReduce(operator.add).checkpoint("1s")
     seen: dict[int, list] = {}
-    counts.foreachRDD(lambda time, rdd: seen.__setitem__(_batch_ms(time), sorted(rdd.collect())))
+    counts.foreachRDD(lambda time, rdd: seen.__setitem__(from_user_time(time).ms, sorted(rdd.collect())))
     ssc.start()
     try:
         clock.set_time(6000)  # batches 1-6 built at once; the runner stops in batch 3
