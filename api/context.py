@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from pyspark import RDD, SparkConf, SparkContext, StorageLevel
 
+from dstreams import jvm
 from dstreams.checkpoint import Checkpointer
 from dstreams.clock import Clock, SystemClock
 from dstreams.graph import DStreamGraph
@@ -365,6 +366,7 @@ class StreamingContext:
                 plan = self._open_metadata_log(scheduler, checkpointer, first) if self._checkpoint_dir else None
                 self._scheduler = scheduler
                 self._log_speculation()
+                jvm.prepare(self._sc)
                 if plan is not None:
                     scheduler.start(plan.first_batch, plan.zero, plan.prepare)
                 else:

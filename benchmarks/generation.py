@@ -5,15 +5,17 @@ wordcount, topk; per-record and Arrow paths) runs on a tiny generator stream (``
 partition, 2 partitions) at 500 ms batches under a manual clock, one batch at a time, for
 ``--batches`` batches, the next batch ``--settle`` seconds after the previous one completed (as in a
 stream whose tiny batches leave the driver idle until the next interval; 0 = back to back). Each
-runs twice, alternating: with the engine's lean JVM construction (:mod:`dstreams.jvm`) and with
-PySpark's own calls (``DSTREAMS_LEAN_JVM=0``). After the 30 s window has filled, it records per batch:
+runs once per JVM construction mode of :mod:`dstreams.jvm`, one after the other: ``compiled`` (the
+default: a JVM class compiled at start-up builds each RDD in one round trip), ``calls`` (plain Py4J
+calls on cached classes) and ``off`` (PySpark's own calls, ``DSTREAMS_LEAN_JVM=0``). After the 30 s
+window has filled, it records per batch:
 
 * ``generation_ms``: the engine building the batch's RDDs and jobs (``BatchInfo.generation_ms``),
 * ``py4j_calls``: round trips to the JVM made while building it (counted on the generator thread),
 * ``engine_ms``: the engine's own driver time (building + clean-up + processing time outside the
   output operations), the figure the issue's "driver-side overhead per batch <= 10 ms" is about.
 
-Prints medians and p95 per workload and mode, and the ratio of the medians (PySpark calls / lean),
+Prints medians and p95 per workload and mode, and the ratios of the build medians (off / each mode),
 and writes ``benchmarks/results/generation.json``. With
 ``--sites`` it also prints which call sites (first frame outside PySpark and Py4J) make the round
 trips of one batch. Run: ``python -m benchmarks.generation [--batches 90] [--sites]``.
@@ -38,6 +40,8 @@ from . import workloads
 RESULTS = Path(__file__).resolve().parent / "results" / "generation.json"
 INTERVAL_MS = 500
 WINDOW_BATCHES = int(workloads.WINDOW_S * 1000 / INTERVAL_MS)
+#: The JVM construction modes compared, PySpark's own calls last (the reference of the ratios).
+MODES = ("compiled", "calls", "off")
 
 
 class Py4JCounter:
@@ -81,10 +85,10 @@ def _p95(xs: list[float]) -> float:
 
 
 def measure(sc: Any, name: str, arrow: bool, batches: int, records: int, sites: bool, settle: float,
-            lean: bool) -> dict[str, Any]:
+            mode: str) -> dict[str, Any]:
     from dstreams import ManualClock, StreamingContext, jvm
 
-    jvm.set_enabled(lean)
+    jvm.set_mode(mode)
 
     workload = workloads.WORKLOADS[name]
     clock = ManualClock()
@@ -109,7 +113,7 @@ def measure(sc: Any, name: str, arrow: bool, batches: int, records: int, sites: 
     finally:
         counter.close()
         ssc.stop(stopSparkContext=False)
-        jvm.set_enabled(True)
+        jvm.set_mode("compiled")
     skip = WINDOW_BATCHES + 2 if workload.windowed else 5
     infos = sorted(ssc.batchInfos(), key=lambda i: i.batch_time_ms)[skip:]
     gen = [float(i.generation_ms or 0.0) for i in infos]
@@ -123,7 +127,7 @@ def measure(sc: Any, name: str, arrow: bool, batches: int, records: int, sites: 
     return {
         "workload": name,
         "path": "arrow" if arrow else "per-record",
-        "jvm_calls": "lean" if lean else "pyspark",
+        "jvm_mode": mode,
         "batches_measured": len(infos),
         "generation_ms_p50": _median(gen),
         "generation_ms_p95": _p95(gen),
@@ -151,21 +155,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in args.workloads.split(","):
             for arrow in (False, True):
-                pair = {}
-                for lean in (True, False):
-                    row = measure(sc, name, arrow, args.batches, args.records, args.sites, args.settle, lean)
+                by_mode = {}
+                for mode in MODES:
+                    row = measure(sc, name, arrow, args.batches, args.records, args.sites, args.settle, mode)
                     rows.append(row)
-                    pair[lean] = row
-                    print(f"{name:10s} {row['path']:10s} {row['jvm_calls']:7s} "
+                    by_mode[mode] = row
+                    print(f"{name:10s} {row['path']:10s} {mode:8s} "
                           f"build {row['generation_ms_p50']:6.1f} ms "
                           f"(p95 {row['generation_ms_p95']:6.1f})  engine {row['engine_ms_p50']:6.1f} ms "
                           f"(p95 {row['engine_ms_p95']:6.1f})  py4j calls {row['py4j_calls_p50']:5.0f}", flush=True)
                     if args.sites:
                         for site, n in list(row["sites"].items())[:25]:
                             print(f"    {n:4d}  {site}")
-                lean_ms, pyspark_ms = pair[True]["generation_ms_p50"], pair[False]["generation_ms_p50"]
-                if lean_ms > 0.5:
-                    print(f"{'':10s} {'':10s} build time, PySpark calls / lean: {pyspark_ms / lean_ms:.2f}x")
+                off_ms = by_mode["off"]["generation_ms_p50"]
+                for mode in MODES[:-1]:
+                    ms = by_mode[mode]["generation_ms_p50"]
+                    if ms > 0.5:
+                        print(f"{'':10s} {'':10s} build time, off / {mode}: {off_ms / ms:.2f}x")
     finally:
         sc.stop()
     if not args.no_write:

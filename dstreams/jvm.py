@@ -21,9 +21,15 @@ Contracts:
 * :func:`union(sc, rdds)` is ``sc.union(rdds)`` for RDDs whose Java RDDs are ``JavaRDD`` (every
   Python RDD's): a partition-aware union when all share one partitioner, as Spark decides.
 
-``DSTREAMS_LEAN_JVM=0`` in the driver's environment (or :func:`set_enabled(False)`) makes every
-function here take PySpark's own path: a switch for comparing the two and a way out should a
-PySpark release change what these build.
+Three modes (:func:`set_mode`, or ``DSTREAMS_LEAN_JVM`` in the driver's environment):
+
+* ``compiled`` (the default): a small JVM class compiled at start-up (:mod:`dstreams.jvm_compiled`)
+  builds each RDD in one round trip (a persisted one too, a shuffle too); when it cannot be
+  compiled, ``calls`` is used;
+* ``calls``: the same objects built with plain Py4J calls on cached classes and collections
+  (4 round trips per Python RDD, 9 per shuffle);
+* ``off`` (``DSTREAMS_LEAN_JVM=0``): every function here takes PySpark's own path: a switch for
+  comparing and a way out should a PySpark release change what these build.
 """
 
 from __future__ import annotations
@@ -39,18 +45,48 @@ from pyspark.core.rdd import PipelinedRDD
 from pyspark.rdd import Partitioner
 from pyspark.serializers import BatchedSerializer, CloudPickleSerializer, NoOpSerializer, pack_long
 
+from .jvm_compiled import compile_builder
+
 #: Pairs buffered per map task before a chunk per target partition is written (bounds memory).
 CHUNK_PAIRS = 4096
 
 _PICKLER = CloudPickleSerializer()
 
-_enabled = os.environ.get("DSTREAMS_LEAN_JVM", "1").strip().lower() not in ("0", "false", "no", "off")
+MODES = ("compiled", "calls", "off")
+
+
+def _mode_from_env(value: str) -> str:
+    value = value.strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return "off"
+    if value == "calls":
+        return "calls"
+    if value in ("", "1", "true", "yes", "on", "compiled"):
+        return "compiled"
+    raise ValueError(f"DSTREAMS_LEAN_JVM={value!r} is not one of compiled, calls, 0 (off)")
+
+
+_mode = _mode_from_env(os.environ.get("DSTREAMS_LEAN_JVM", ""))
+_enabled = _mode != "off"
+
+
+def set_mode(mode: str) -> None:
+    """``compiled`` (default), ``calls`` or ``off`` for the whole driver (see the module docstring)."""
+    global _mode, _enabled
+    if mode not in MODES:
+        raise ValueError(f"jvm mode {mode!r} is not one of {', '.join(MODES)}")
+    _mode = mode
+    _enabled = mode != "off"
+
+
+def mode() -> str:
+    """The current mode (``compiled`` also when the builder could not be compiled: see :meth:`Bridge.builder`)."""
+    return _mode
 
 
 def set_enabled(enabled: bool) -> None:
-    """Turn the lean path on or off for the whole driver (default: on unless ``DSTREAMS_LEAN_JVM=0``)."""
-    global _enabled
-    _enabled = bool(enabled)
+    """``set_mode("compiled")`` when true, ``set_mode("off")`` when false."""
+    set_mode("compiled" if enabled else "off")
 
 
 class Bridge:
@@ -74,7 +110,30 @@ class Bridge:
         self._env: Any = None
         self._includes: Any = None
         self._no_broadcasts: Any = None
+        self._builder: Any = None
+        self._builder_tried = False
+        self._builder_key: tuple[Any, ...] | None = None
+        self._builder_lock = threading.Lock()
         self.lock = threading.Lock()
+
+    def builder(self) -> Any | None:
+        """The compiled ``BatchBuilder`` with this context's collections set, or ``None`` when it
+        cannot be compiled (tried once per context)."""
+        with self._builder_lock:
+            if not self._builder_tried:
+                self._builder_tried = True
+                self._builder = compile_builder(self.sc._jvm, self.jsc)
+            builder = self._builder
+        if builder is None:
+            return None
+        env, includes, no_broadcasts = self.collections()
+        sc = self.sc
+        key = (id(env), id(includes), sc.pythonExec, sc.pythonVer, id(sc._javaAccumulator))
+        with self._builder_lock:
+            if key != self._builder_key:
+                builder.setContext(env, includes, sc.pythonExec, sc.pythonVer, no_broadcasts, sc._javaAccumulator)
+                self._builder_key = key
+        return builder
 
     def storage_level(self, level: StorageLevel) -> Any:
         key = (level.useDisk, level.useMemory, level.useOffHeap, level.deserialized, level.replication)
@@ -125,6 +184,16 @@ def bridge(sc: SparkContext) -> Bridge:
         return b
 
 
+def prepare(sc: SparkContext) -> None:
+    """Compile the JVM batch builder of ``sc`` in the background (about 0.5 s the first time in a JVM),
+    so the first batch that needs it does not wait as long; a no-op unless the mode is ``compiled``."""
+    if _mode != "compiled":
+        return
+    b = bridge(sc)
+    if not b._builder_tried:
+        threading.Thread(target=b.builder, name="dstreams-jvm-builder", daemon=True).start()
+
+
 def _profiling(sc: SparkContext) -> bool:
     return bool(sc.profiler_collector) and sc._conf.get("spark.python.profile", "false") == "true"
 
@@ -135,26 +204,54 @@ def _pickled_broadcasts(sc: SparkContext) -> bool:
     return next(iter(sc._pickled_broadcast_vars), None) is not None
 
 
-def materialize(rdd: RDD) -> RDD:
-    """Give a ``PipelinedRDD`` its Java RDD with the fewest round trips (see the module contract)."""
-    if not _enabled or not isinstance(rdd, PipelinedRDD) or rdd._jrdd_val is not None:
-        return rdd
+def _command(rdd: PipelinedRDD) -> bytes | None:
+    """The pickled command of ``rdd``'s Python function as PySpark's ``_jrdd`` would send it, or
+    ``None`` when PySpark must build it itself (profiling, broadcast variables, a large command)."""
     sc = rdd.ctx
     if _profiling(sc) or _pickled_broadcasts(sc):
-        return rdd  # PySpark's own path
+        return None
     if rdd._bypass_serializer:
         rdd._jrdd_deserializer = NoOpSerializer()
     command = (rdd.func, None, rdd._prev_jrdd_deserializer, rdd._jrdd_deserializer)
     pickled = _PICKLER.dumps(command)
-    b = bridge(sc)
-    if _pickled_broadcasts(sc) or len(pickled) > b.broadcast_threshold:
+    if _pickled_broadcasts(sc) or len(pickled) > bridge(sc).broadcast_threshold:
         sc._pickled_broadcast_vars.clear()  # PySpark pickles the command again and registers them anew
-        return rdd
+        return None
+    return pickled
+
+
+def _compiled_builder(sc: SparkContext) -> Any | None:
+    return bridge(sc).builder() if _mode == "compiled" else None
+
+
+def _build(rdd: RDD, level: Any = None) -> bool:
+    """Give an unbuilt ``PipelinedRDD`` its Java RDD leanly, persisted at the Java ``level`` if given;
+    False when it is left to PySpark (then nothing was persisted)."""
+    if not _enabled or not isinstance(rdd, PipelinedRDD) or rdd._jrdd_val is not None:
+        return False
+    pickled = _command(rdd)
+    if pickled is None:
+        return False
+    sc = rdd.ctx
+    builder = _compiled_builder(sc)
+    if builder is not None:
+        rdd._jrdd_val = builder.pipe(rdd._prev_jrdd, bytearray(pickled), rdd.preservesPartitioning,
+                                     rdd.is_barrier, level)
+        return True
+    b = bridge(sc)
     env, includes, no_broadcasts = b.collections()
     func = b.python_function(bytearray(pickled), env, includes, sc.pythonExec, sc.pythonVer, no_broadcasts,
                              sc._javaAccumulator)
     jrdd = b.python_rdd(rdd._prev_jrdd.rdd(), func, rdd.preservesPartitioning, rdd.is_barrier)
     rdd._jrdd_val = jrdd.asJavaRDD()
+    if level is not None:
+        rdd._jrdd_val.persist(level)
+    return True
+
+
+def materialize(rdd: RDD) -> RDD:
+    """Give a ``PipelinedRDD`` its Java RDD with the fewest round trips (see the module contract)."""
+    _build(rdd)
     return rdd
 
 
@@ -162,9 +259,10 @@ def persist(rdd: RDD, level: StorageLevel) -> RDD:
     """``rdd.persist(level)`` reusing the Java storage level (and building a pipelined RDD leanly)."""
     if not _enabled:
         return rdd.persist(level)
-    materialize(rdd)
+    jlevel = bridge(rdd.ctx).storage_level(level)
+    if not _build(rdd, jlevel):
+        rdd._jrdd.persist(jlevel)
     rdd.is_cached = True
-    rdd._jrdd.persist(bridge(rdd.ctx).storage_level(level))
     return rdd
 
 
@@ -219,10 +317,15 @@ def shuffle(rdd: RDD, partitioner: Partitioner) -> RDD:
     out_serializer = sc._unbatched_serializer
     keyed = rdd.mapPartitionsWithIndex(_bucket_pairs(n, func, out_serializer.dumps), preservesPartitioning=True)
     keyed._bypass_serializer = True  # type: ignore[attr-defined]
-    materialize(keyed)
     b = bridge(sc)
-    pairs = b.pairwise_rdd(keyed._jrdd.rdd()).asJavaPairRDD()
-    jrdd = b.value_of_pair(pairs.partitionBy(b.partitioner(n, func)))
+    builder = _compiled_builder(sc)
+    pickled = _command(keyed) if builder is not None else None
+    if builder is not None and pickled is not None:
+        jrdd = builder.shuffle(keyed._prev_jrdd, bytearray(pickled), keyed.is_barrier, b.partitioner(n, func))
+    else:
+        materialize(keyed)
+        pairs = b.pairwise_rdd(keyed._jrdd.rdd()).asJavaPairRDD()
+        jrdd = b.value_of_pair(pairs.partitionBy(b.partitioner(n, func)))
     out = _BuiltRDD(jrdd, sc, BatchedSerializer(out_serializer), barrier=False)
     out.partitioner = Partitioner(n, func)
     return out
@@ -244,3 +347,11 @@ def union(sc: SparkContext, rdds: Sequence[RDD]) -> RDD:
         return sc.union(list(rdds))
     barrier = any(r._is_barrier() for r in rdds)
     return _BuiltRDD(joined, sc, first, barrier)
+
+
+def num_partitions(rdd: RDD) -> int:
+    """``rdd.getNumPartitions()`` in one round trip when the compiled builder is there."""
+    builder = _compiled_builder(rdd.ctx) if _enabled else None
+    if builder is None:
+        return rdd.getNumPartitions()
+    return int(builder.numPartitions(rdd._jrdd))

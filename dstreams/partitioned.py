@@ -52,7 +52,7 @@ def union_rdds(sc: SparkContext, rdds: Sequence[RDD]) -> RDD:
     out = jvm.union(sc, rdds)
     first = rdds[0].partitioner
     if first is not None and all(r.partitioner == first for r in rdds) and (
-        out.getNumPartitions() == first.numPartitions
+        jvm.num_partitions(out) == first.numPartitions
     ):
         out.partitioner = first
     return out

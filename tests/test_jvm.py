@@ -14,11 +14,11 @@ def _partitions(rdd) -> list[list]:
     return [sorted(p) for p in rdd.glom().collect()]
 
 
-@pytest.fixture(params=[True, False], ids=["lean", "pyspark"])
+@pytest.fixture(params=["compiled", "calls", "off"])
 def lean(request):
-    jvm.set_enabled(request.param)
+    jvm.set_mode(request.param)
     yield request.param
-    jvm.set_enabled(True)
+    jvm.set_mode("compiled")
 
 
 def test_shuffle_places_records_as_partition_by_does(sc, lean):
@@ -58,6 +58,21 @@ def test_materialize_and_persist_build_a_working_cached_rdd(sc, lean):
     assert with_broadcast.collect() == [0, 3, 6, 9]  # a closure with a broadcast: PySpark's path
     cached.unpersist()
     factor.unpersist()
+
+
+def test_the_compiled_builder_is_used_by_default(sc):
+    assert jvm.mode() == "compiled"
+    assert jvm.bridge(sc).builder() is not None  # Janino is on PySpark's classpath
+
+
+def test_mode_from_the_environment():
+    assert jvm._mode_from_env("") == "compiled"
+    assert jvm._mode_from_env("0") == "off"
+    assert jvm._mode_from_env(" Calls ") == "calls"
+    with pytest.raises(ValueError, match="DSTREAMS_LEAN_JVM"):
+        jvm._mode_from_env("fast")
+    with pytest.raises(ValueError, match="not one of"):
+        jvm.set_mode("fast")
 
 
 def test_disabled_lean_path_is_pyspark_itself(sc):
