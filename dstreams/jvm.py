@@ -34,6 +34,7 @@ Three modes (:func:`set_mode`, or ``DSTREAMS_LEAN_JVM`` in the driver's environm
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -47,10 +48,15 @@ from pyspark.serializers import BatchedSerializer, CloudPickleSerializer, NoOpSe
 
 from .jvm_compiled import compile_builder
 
+#: RDDs the compiled builder unions in one call (its ``union`` has this many parameters).
+UNION_ARITY = 8
+
 #: Pairs buffered per map task before a chunk per target partition is written (bounds memory).
 CHUNK_PAIRS = 4096
 
 _PICKLER = CloudPickleSerializer()
+
+log = logging.getLogger(__name__)
 
 MODES = ("compiled", "calls", "off")
 
@@ -122,7 +128,13 @@ class Bridge:
         with self._builder_lock:
             if not self._builder_tried:
                 self._builder_tried = True
-                self._builder = compile_builder(self.sc._jvm, self.jsc)
+                try:
+                    self._builder = compile_builder(self.sc._jvm, self.jsc)
+                except (Py4JError, AttributeError) as e:  # AttributeError: the context was stopped meanwhile
+                    if self.sc._jsc is not None:
+                        log.warning("dstreams: could not compile the JVM batch builder (%s); stateful and "
+                                    "windowed batches are built with plain Py4J calls (a few ms more driver "
+                                    "time per batch)", str(e).splitlines()[0] if str(e) else type(e).__name__)
             builder = self._builder
         if builder is None:
             return None
@@ -331,6 +343,24 @@ def shuffle(rdd: RDD, partitioner: Partitioner) -> RDD:
     return out
 
 
+def _union_java(sc: SparkContext, jrdds: list[Any]) -> Any:
+    """The union of Java RDDs: flat, :data:`UNION_ARITY` per call with the compiled builder (the
+    union of the first ones is then unioned with the next ones), else chained ``JavaRDD.union``."""
+    builder = _compiled_builder(sc)
+    if builder is None:
+        joined = jrdds[0]
+        for other in jrdds[1:]:
+            joined = joined.union(other)
+        return joined
+    joined, rest = None, list(jrdds)
+    while rest:
+        take = UNION_ARITY if joined is None else UNION_ARITY - 1
+        args = ([] if joined is None else [joined]) + rest[:take]
+        rest = rest[take:]
+        joined = builder.union(*args, *[None] * (UNION_ARITY - len(args)))
+    return joined
+
+
 def union(sc: SparkContext, rdds: Sequence[RDD]) -> RDD:
     """``sc.union(rdds)`` (see the module contract); one RDD is returned as it is."""
     if len(rdds) == 1:
@@ -339,10 +369,8 @@ def union(sc: SparkContext, rdds: Sequence[RDD]) -> RDD:
     if not _enabled or any(r._jrdd_deserializer != first for r in rdds):
         return sc.union(list(rdds))  # PySpark re-serialises them to one format
     jrdds = [materialize(r)._jrdd for r in rdds]
-    joined = jrdds[0]
     try:
-        for other in jrdds[1:]:
-            joined = joined.union(other)
+        joined = _union_java(sc, jrdds)
     except Py4JError:  # not a JavaRDD (no Python RDD seen so far): PySpark's general path
         return sc.union(list(rdds))
     barrier = any(r._is_barrier() for r in rdds)

@@ -6,9 +6,9 @@ trip costs 0.1-1 ms on a busy driver. :data:`SOURCE` does those steps inside the
 side makes one call per RDD it builds.
 
 The class is compiled from source by Janino (the runtime compiler Spark SQL ships for its generated
-code, on every PySpark classpath), so no jar and no JDK are needed: :func:`compile_builder` returns
-``None`` when that is not possible (a Spark without Janino, a changed constructor), and the caller
-falls back to plain Py4J calls.
+code, on every PySpark classpath), so no jar and no JDK are needed. When that is not possible (a
+Spark without Janino, a changed constructor) :func:`compile_builder` raises and the caller
+(:meth:`dstreams.jvm.Bridge.builder`) falls back to plain Py4J calls.
 
 Contract of the compiled ``BatchBuilder`` (one per SparkContext):
 
@@ -19,17 +19,14 @@ Contract of the compiled ``BatchBuilder`` (one per SparkContext):
 * ``shuffle(parent, command, barrier, partitioner)`` is the JVM half of PySpark's ``partitionBy``:
   the bucketing ``PythonRDD`` over ``parent``, a ``PairwiseRDD``, ``partitionBy(partitioner)`` and
   ``PythonRDD.valueOfPair``;
+* ``union(a, b, ..., h)`` is ``JavaSparkContext.union`` of the leading non-null arguments (one flat
+  union: partition-aware when they share a partitioner, as Spark decides);
 * ``numPartitions(rdd)`` is ``rdd.getNumPartitions()``.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
-
-from py4j.protocol import Py4JError
-
-log = logging.getLogger(__name__)
 
 CLASS_NAME = "dstreams.jvm.BatchBuilder"
 
@@ -42,6 +39,7 @@ import java.util.Map;
 import org.apache.spark.Partitioner;
 import org.apache.spark.api.java.JavaPairRDD;
 import org.apache.spark.api.java.JavaRDD;
+import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.api.python.PairwiseRDD;
 import org.apache.spark.api.python.PythonRDD;
 import org.apache.spark.api.python.SimplePythonFunction;
@@ -86,6 +84,17 @@ public class BatchBuilder {
         return PythonRDD.valueOfPair(pairs.partitionBy(partitioner));
     }
 
+    public JavaRDD union(JavaRDD a, JavaRDD b, JavaRDD c, JavaRDD d, JavaRDD e, JavaRDD f, JavaRDD g, JavaRDD h) {
+        JavaRDD[] given = new JavaRDD[] {a, b, c, d, e, f, g, h};
+        int n = 0;
+        while (n < given.length && given[n] != null) {
+            n++;
+        }
+        JavaRDD[] rdds = new JavaRDD[n];
+        System.arraycopy(given, 0, rdds, 0, n);
+        return JavaSparkContext.fromSparkContext(a.context()).union(rdds);
+    }
+
     public int numPartitions(JavaRDD rdd) {
         return rdd.getNumPartitions();
     }
@@ -93,17 +102,10 @@ public class BatchBuilder {
 """
 
 
-def compile_builder(jvm: Any, anchor: Any) -> Any | None:
-    """A new ``BatchBuilder`` in the JVM behind ``jvm`` (its class loaded next to ``anchor``'s, a Spark
-    object), or ``None`` (logged) when Janino is missing or the source does not compile against this
-    Spark."""
-    try:
-        compiler = jvm.org.codehaus.janino.SimpleCompiler()
-        compiler.setParentClassLoader(anchor.getClass().getClassLoader())
-        compiler.cook(SOURCE)
-        return compiler.getClassLoader().loadClass(CLASS_NAME).newInstance()
-    except Py4JError as e:
-        log.warning("dstreams: could not compile the JVM batch builder (%s); stateful and windowed batches are "
-                    "built with plain Py4J calls (a few ms more driver time per batch)",
-                    str(e).splitlines()[0] if str(e) else type(e).__name__)
-        return None
+def compile_builder(jvm: Any, anchor: Any) -> Any:
+    """A new ``BatchBuilder`` in the JVM behind ``jvm``, its class loaded next to ``anchor``'s (a Spark
+    object). Raises ``Py4JError`` when Janino is missing or the source does not compile against this Spark."""
+    compiler = jvm.org.codehaus.janino.SimpleCompiler()
+    compiler.setParentClassLoader(anchor.getClass().getClassLoader())
+    compiler.cook(SOURCE)
+    return compiler.getClassLoader().loadClass(CLASS_NAME).newInstance()

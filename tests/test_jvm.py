@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from py4j.protocol import Py4JError
 from pyspark import StorageLevel
 from pyspark.rdd import portable_hash
 
@@ -48,6 +49,18 @@ def test_union_keeps_partition_alignment_and_order(sc, lean):
     assert mixed.collect() == [1]  # different serializers: PySpark's path
 
 
+def test_union_of_more_rdds_than_one_builder_call_takes(sc, lean):
+    part = hash_partitioner(2)
+    count = jvm.UNION_ARITY * 2 + 3
+    parts = [jvm.shuffle(sc.parallelize([(f"k{i}", i), (f"j{i}", -i)], 1), part) for i in range(count)]
+    joined = union_rdds(sc, parts)
+    assert joined.partitioner == part and joined.getNumPartitions() == 2
+    per_part = [r.glom().collect() for r in parts]
+    assert joined.glom().collect() == [sum((p[i] for p in per_part), []) for i in range(2)]
+    plain = union_rdds(sc, [sc.parallelize([i], 1) for i in range(jvm.UNION_ARITY + 1)])
+    assert plain.partitioner is None and plain.collect() == list(range(jvm.UNION_ARITY + 1))
+
+
 def test_materialize_and_persist_build_a_working_cached_rdd(sc, lean):
     factor = sc.broadcast(3)
     rdd = sc.parallelize(range(10), 2).map(lambda x: x * 2)
@@ -89,3 +102,18 @@ def test_disabled_lean_path_is_pyspark_itself(sc):
 def test_shuffle_of_records_that_are_not_pairs_fails_as_partition_by_does(sc, lean):
     with pytest.raises(Exception, match="unpack"):
         jvm.shuffle(sc.parallelize(["abc", "de"], 1), hash_partitioner(2)).collect()
+
+
+def test_a_builder_that_cannot_be_compiled_falls_back_to_plain_calls(sc, monkeypatch, caplog):
+    def no_janino(jvm_view, anchor):
+        raise Py4JError("class org.codehaus.janino.SimpleCompiler not found")
+
+    monkeypatch.setattr(jvm, "compile_builder", no_janino)
+    broken = jvm.Bridge(sc)
+    monkeypatch.setitem(jvm._bridges, id(sc), broken)
+    with caplog.at_level("WARNING", logger="dstreams.jvm"):
+        assert broken.builder() is None
+    assert "could not compile the JVM batch builder" in caplog.text
+    got = jvm.shuffle(sc.parallelize([("a", 1), ("b", 2), ("a", 3)], 2).map(lambda kv: kv), hash_partitioner(2))
+    assert sorted(got.collect()) == [("a", 1), ("a", 3), ("b", 2)]
+    assert jvm.num_partitions(got) == 2
