@@ -3,8 +3,9 @@
 Contract: ``ENGINES[name](sc, workload, rate, interval_s, plan)`` runs the trial on the running
 SparkContext ``sc`` and returns the per-batch samples of every batch that completed, oldest first,
 as :class:`Sample` (batch index, scheduling delay, processing time in ms). A trial stops when
-``plan.warmup + plan.measure`` batches completed, when a post-warm-up batch waited more than
-``plan.abort_sched_ms`` to start (clearly not keeping up), or at a deadline; it always stops its
+its measured batches completed (:func:`measured_start`: after ``plan.warmup`` batches and, when
+``plan.settle`` is set, once the start-up backlog has drained), when a post-warm-up batch waited more
+than ``plan.abort_sched_ms`` to start (clearly not keeping up), or at a deadline; it always stops its
 streaming context (the SparkContext survives for the next trial).
 
 Engines:
@@ -53,6 +54,10 @@ class Sample:
     detail: dict[str, Any] | None = None
 
 
+#: A batch has caught up when it started less than this fraction of the interval late.
+CAUGHT_UP = 0.5
+
+
 @dataclass
 class Plan:
     warmup: int
@@ -60,6 +65,31 @@ class Plan:
     target_ms: float
     abort_sched_ms: float
     slack_s: float
+    #: Extra warm-up batches, at most, to wait for the backlog of the start-up transient to drain
+    #: (see :func:`measured_start`); 0 measures right after ``warmup``.
+    settle: int = 0
+
+
+def measured_start(samples: list[Sample], plan: Plan, interval_ms: float) -> int | None:
+    """Index of the first measured batch, or ``None`` while it is not known yet.
+
+    Steady state, not the start-up transient, is what a trial measures. The first batches of a trial
+    run on a JVM that is still compiling hot code and on Python workers that are still starting; a
+    windowed workload also fills its window then. A rate the engine sustains in steady state can
+    leave a backlog from that transient which drains only slowly (a batch just under the interval
+    drains a few ms per batch), and latencies measured while it drains are not the steady state.
+    So with ``plan.settle > 0`` measurement starts at the first batch at or after ``plan.warmup``
+    that started less than :data:`CAUGHT_UP` of an interval late, and at ``plan.warmup +
+    plan.settle`` at the latest (a backlog that has not drained by then is measured as it is, and
+    fails the latency or growth test). With ``plan.settle == 0`` it starts at ``plan.warmup``.
+    """
+    if plan.settle <= 0:
+        return plan.warmup
+    last = plan.warmup + plan.settle
+    for i in range(plan.warmup, min(len(samples), last)):
+        if samples[i].scheduling_ms < CAUGHT_UP * interval_ms:
+            return i
+    return last if len(samples) >= last else None
 
 
 def _num(value: Any) -> float:
@@ -68,7 +98,7 @@ def _num(value: Any) -> float:
 
 
 def _wait(samples_fn: Callable[[], list[Sample]], plan: Plan, interval_s: float) -> list[Sample]:
-    want = plan.warmup + plan.measure
+    longest = plan.warmup + plan.settle + plan.measure
     # The first batch may take long (code generation, worker start-up, a loaded machine): the trial's
     # clock starts when it completes, within FIRST_BATCH_S.
     deadline = time.monotonic() + FIRST_BATCH_S
@@ -79,8 +109,9 @@ def _wait(samples_fn: Callable[[], list[Sample]], plan: Plan, interval_s: float)
         samples = samples_fn()
         if samples and not started:
             started = True
-            deadline = time.monotonic() + want * interval_s + plan.slack_s
-        if len(samples) >= want:
+            deadline = time.monotonic() + longest * interval_s + plan.slack_s
+        start = measured_start(samples, plan, interval_s * 1000.0)
+        if start is not None and len(samples) >= start + plan.measure:
             break
         if any(s.scheduling_ms > plan.abort_sched_ms for s in samples[plan.warmup:]):
             break

@@ -3,9 +3,11 @@
 Contract:
 
 * A rate is **sustainable** at target ``T`` (batch interval ``T/2``) when, over the measured batches
-  (after the warm-up), the median end-to-end latency ``interval + scheduling delay + processing time``
-  is under ``T`` and the scheduling delay does not grow: the least-squares slope of the scheduling
-  delay over the measured batches, times their number, stays under half an interval.
+  (after the warm-up and, within a bound, after the start-up backlog has drained:
+  :func:`benchmarks.engines.measured_start`), the median end-to-end latency
+  ``interval + scheduling delay + processing time`` is under ``T`` and the scheduling delay does not
+  grow: the least-squares slope of the scheduling delay over the measured batches, times their
+  number, stays under half an interval.
 * The search starts at the engine's start rate, doubles while sustainable and divides by 4 while not
   (down to :data:`MIN_RATE`), then bisects geometrically between the best sustainable and the lowest
   failing rate until they are within ``plan.precision`` or the trial budget is spent.
@@ -25,7 +27,7 @@ import traceback
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .engines import ENGINES, UNTUNED_ENGINES, Plan, Sample
+from .engines import ENGINES, UNTUNED_ENGINES, Plan, Sample, measured_start
 from .memory import PeakMemory
 from .workloads import WORKLOADS, Workload
 
@@ -55,12 +57,14 @@ class Mode:
     measure: int
     max_trials: int
     precision: float
+    #: Extra warm-up batches, at most, for the start-up backlog to drain (``Plan.settle``).
+    settle: int
     #: Windowed workloads warm up until the window is full (``window / interval`` batches) when set.
     fill_window: bool
 
 
-QUICK = Mode(warmup=4, measure=10, max_trials=6, precision=1.3, fill_window=True)
-FULL = Mode(warmup=10, measure=20, max_trials=8, precision=1.25, fill_window=True)
+QUICK = Mode(warmup=4, measure=10, max_trials=6, precision=1.3, settle=40, fill_window=True)
+FULL = Mode(warmup=10, measure=20, max_trials=8, precision=1.25, settle=60, fill_window=True)
 
 
 def _percentile(xs: list[float], q: float) -> float:
@@ -84,10 +88,18 @@ def _slope(ys: list[float]) -> float:
 
 def judge(samples: list[Sample], plan: Plan, interval_ms: float) -> dict[str, Any]:
     """Whether the measured batches of a trial meet the target (see the module contract)."""
-    measured = samples[plan.warmup: plan.warmup + plan.measure]
-    out: dict[str, Any] = {"batches_completed": len(samples), "batches_measured": len(measured)}
+    start = measured_start(samples, plan, interval_ms)
+    drained = start is not None
+    if start is None:  # the trial ended while the start-up backlog was still draining
+        start = plan.warmup + plan.settle
+    measured = samples[start: start + plan.measure]
+    out: dict[str, Any] = {"batches_completed": len(samples), "batches_measured": len(measured),
+                           "measured_from_batch": start}
     if len(measured) < plan.measure:
-        out.update(sustainable=False, reason=f"only {len(measured)} of {plan.measure} measured batches completed")
+        reason = f"only {len(measured)} of {plan.measure} measured batches completed"
+        if not drained:
+            reason += " (the backlog of the start-up never drained)"
+        out.update(sustainable=False, reason=reason)
         if measured:
             lat = [interval_ms + s.scheduling_ms + s.processing_ms for s in measured]
             out.update(p50_latency_ms=_percentile(lat, 0.5), p95_latency_ms=_percentile(lat, 0.95),
@@ -135,7 +147,8 @@ def search(engine: str, wl: Workload, target_ms: float, mode: Mode, sc: Any, mem
     if mode.fill_window and wl.windowed:
         warmup = max(warmup, int(round(30_000 / interval_ms)))
     plan = Plan(warmup=warmup, measure=mode.measure, target_ms=target_ms,
-                abort_sched_ms=max(4 * target_ms, 4000.0), slack_s=max(15.0, 3 * target_ms / 1000.0))
+                abort_sched_ms=max(4 * target_ms, 4000.0), slack_s=max(15.0, 3 * target_ms / 1000.0),
+                settle=mode.settle)
     start = START_RATES.get((engine, wl.name), PEER_WINDOWED_START if wl.windowed else 400_000)
     trials: list[dict[str, Any]] = []
     best: int | None = None

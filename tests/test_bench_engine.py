@@ -136,3 +136,37 @@ def test_benchmark_merge_keeps_other_targets_and_replaces_the_rerun_ones():
     assert [s["max_sustainable_rate"] for s in by_engine["b"]] == [7]
     rerun = _merge(merged, {**new, "runs": [{"engine": "a", "searches": [search(2000.0, 11)]}]})
     assert [s["max_sustainable_rate"] for r in rerun["runs"] if r["engine"] == "a" for s in r["searches"]] == [5, 11]
+
+
+def _samples(sched: list[float], processing: float = 400.0):
+    from benchmarks.engines import Sample
+
+    return [Sample(i, s, processing) for i, s in enumerate(sched)]
+
+
+def test_measurement_starts_once_the_start_up_backlog_has_drained():
+    from benchmarks.engines import Plan, measured_start
+    from benchmarks.run import judge
+
+    plan = Plan(warmup=3, measure=4, target_ms=1000.0, abort_sched_ms=4000.0, slack_s=1.0, settle=5)
+    # A backlog from the start-up transient (batches just under the interval drain it slowly).
+    draining = [900, 800, 700, 600, 400, 240, 20, 10, 12, 9, 11, 10]
+    assert measured_start(_samples(draining[:5]), plan, 500.0) is None  # not known yet
+    assert measured_start(_samples(draining), plan, 500.0) == 5
+    verdict = judge(_samples(draining), plan, 500.0)
+    assert verdict["sustainable"] and verdict["measured_from_batch"] == 5
+    # Without settling, the same trial is judged on the draining batches and fails.
+    assert not judge(_samples(draining), Plan(3, 4, 1000.0, 4000.0, 1.0), 500.0)["sustainable"]
+
+
+def test_a_backlog_that_never_drains_is_measured_at_the_bound_and_fails():
+    from benchmarks.engines import Plan, measured_start
+    from benchmarks.run import judge
+
+    plan = Plan(warmup=2, measure=3, target_ms=1000.0, abort_sched_ms=4000.0, slack_s=1.0, settle=3)
+    growing = [100.0 * i for i in range(1, 10)]
+    assert measured_start(_samples(growing), plan, 500.0) == 5
+    verdict = judge(_samples(growing), plan, 500.0)
+    assert not verdict["sustainable"] and verdict["measured_from_batch"] == 5
+    stopped = judge(_samples(growing[:4]), plan, 500.0)  # the trial ended before the bound
+    assert not stopped["sustainable"] and "never drained" in stopped["reason"]
