@@ -182,10 +182,11 @@ def reduce_pairs(func: Callable[[Any, Any], Any], pairs: Iterable[tuple[Any, Any
     return acc
 
 
-def pre_reduce(rdd: RDD, func: Callable[[Any, Any], Any], partitioner: Partitioner, op: str) -> RDD:
-    """Per-batch reduce by key into ``partitioner`` (map-side combine, one shuffle)."""
+def combiner(func: Callable[[Any, Any], Any], op: str) -> Callable[[Iterable[Any]], Iterable[tuple[Any, Any]]]:
+    """The map-side combine of :func:`pre_reduce`: a partition's pairs reduced by key with ``func``,
+    in input order; a record that is not a pair fails with the error of :func:`require_pair`."""
 
-    # Hot loops (one step per record): one dict lookup and one store per record.
+    # Hot loop (one step per record): one dict lookup and one store per record.
     def combine(it: Iterable[Any]) -> Iterable[tuple[Any, Any]]:
         acc: dict[Any, Any] = {}
         get = acc.get
@@ -199,10 +200,17 @@ def pre_reduce(rdd: RDD, func: Callable[[Any, Any], Any], partitioner: Partition
             acc[k] = v if old is missing else func(old, v)
         return acc.items()
 
+    return combine
+
+
+def pre_reduce(rdd: RDD, func: Callable[[Any, Any], Any], partitioner: Partitioner, op: str) -> RDD:
+    """Per-batch reduce by key into ``partitioner`` (map-side combine, one shuffle)."""
+
     def merge(it: Iterable[tuple[Any, Any]]) -> Iterable[tuple[Any, Any]]:
         return reduce_pairs(func, it).items()
 
-    return jvm.shuffle(rdd.mapPartitions(combine), partitioner).mapPartitions(merge, preservesPartitioning=True)
+    return jvm.shuffle(rdd.mapPartitions(combiner(func, op)), partitioner).mapPartitions(
+        merge, preservesPartitioning=True)
 
 
 def pre_group_ordered(rdd: RDD, partitioner: Partitioner, op: str) -> RDD:
