@@ -98,7 +98,7 @@ def judge(samples: list[Sample], plan: Plan, interval_ms: float) -> dict[str, An
     if len(measured) < plan.measure:
         reason = f"only {len(measured)} of {plan.measure} measured batches completed"
         if not drained:
-            reason += " (the backlog of the start-up never drained)"
+            reason += " (batches still started over half an interval late when the trial stopped)"
         out.update(sustainable=False, reason=reason)
         if measured:
             lat = [interval_ms + s.scheduling_ms + s.processing_ms for s in measured]

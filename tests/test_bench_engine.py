@@ -169,4 +169,4 @@ def test_a_backlog_that_never_drains_is_measured_at_the_bound_and_fails():
     verdict = judge(_samples(growing), plan, 500.0)
     assert not verdict["sustainable"] and verdict["measured_from_batch"] == 5
     stopped = judge(_samples(growing[:4]), plan, 500.0)  # the trial ended before the bound
-    assert not stopped["sustainable"] and "never drained" in stopped["reason"]
+    assert not stopped["sustainable"] and "late when the trial stopped" in stopped["reason"]
