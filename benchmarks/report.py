@@ -219,9 +219,57 @@ def generation_table() -> list[str]:
     return out
 
 
+def record_cost_table() -> list[str]:
+    doc = _load("record_cost")
+    if doc is None:
+        return []
+    out = ["", f"Map side of the per-record WordCount, per 100-byte line on one core (`{doc['command']}`): "
+           f"{doc['lines']:,} lines, low quartile of {doc['repeat']} repetitions, each step streamed after the "
+           f"previous ones; {doc['pairs_per_line']:.1f} `(word, 1)` pairs per line.", "",
+           "| step | us per line, cumulative | the step's own |", "| --- | ---: | ---: |"]
+    prev = 0.0
+    for name, r in doc["steps"].items():
+        q1 = r["us_per_line_q1"]
+        out.append(f"| {name} | {q1:.2f} | {q1 - prev:.2f} |")
+        prev = q1
+    out += ["", f"At 500 ms batches with {doc['fixed_ms']:.0f} ms of fixed cost per batch, two cores fill a batch "
+            f"at {doc['rate_bound_lines_per_s']:,.0f} lines/s with this map side (an upper bound: the merge stage "
+            "and the driver come on top)."]
+    return out
+
+
+def batch_timeline_table() -> list[str]:
+    doc = _load("batch_timeline")
+    if doc is None:
+        return []
+    s = doc["summary"]
+
+    def ms(v: Any) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    out = ["", f"Where a small windowed batch's time goes (`{doc['command']}`): {doc['workload']} at {doc['rate']} "
+           f"records/s, {doc['interval_ms']:.0f} ms batches, {doc['window_s']:g} s window, medians over "
+           f"{len(doc['batches'])} batches, from Spark's status store; times in ms from the start of the batch's "
+           "processing.", "", "| part | ms |", "| --- | ---: |",
+           f"| processing time of a batch | {ms(s['processing_ms'])} |",
+           f"| batch start -> first stage submitted (driver, job submission) | {ms(s['before_first_stage_ms'])} |"]
+    i = 1
+    while f"stage_{i}" in s:
+        st = s[f"stage_{i}"]
+        out.append(f"| stage {i}: span (submitted -> first task launched {ms(st['submit_to_first_task_ms'])}; "
+                   f"slowest task's run {ms(st['task_run_ms'])}, deserialization "
+                   f"{ms(st['task_deserialize_ms'])}) | {ms(st['stage_ms'])} |")
+        gap = s.get(f"between_stage_{i}_and_{i + 1}_ms")
+        if gap is not None:
+            out.append(f"| stage {i} end -> stage {i + 1} submitted | {ms(gap)} |")
+        i += 1
+    out.append(f"| last stage end -> batch end (result to the driver, bookkeeping) | {ms(s['after_last_stage_ms'])} |")
+    return out
+
+
 def write_readme() -> None:
     body = "\n".join([*workload_table(), *ratio_lines(), *floor_table(), *window_cost_table(),
-                      *generation_table()])
+                      *generation_table(), *record_cost_table(), *batch_timeline_table()])
     text = README.read_text() if README.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
     if BEGIN not in text:
         text += f"\n{BEGIN}\n{END}\n"
