@@ -170,3 +170,30 @@ def test_a_backlog_that_never_drains_is_measured_at_the_bound_and_fails():
     assert not verdict["sustainable"] and verdict["measured_from_batch"] == 5
     stopped = judge(_samples(growing[:4]), plan, 500.0)  # the trial ended before the bound
     assert not stopped["sustainable"] and "late when the trial stopped" in stopped["reason"]
+
+
+def test_profile_tables_render_from_their_benchmarks_json(monkeypatch):
+    import benchmarks.report as report
+
+    docs = {
+        "record_cost": {"command": "python -m benchmarks.record_cost", "lines": 100, "repeat": 5,
+                        "pairs_per_line": 17.0, "fixed_ms": 160.0, "rate_bound_lines_per_s": 150_000.0,
+                        "steps": {"generate": {"us_per_line_q1": 0.2}, "+ flatMap": {"us_per_line_q1": 4.0},
+                                  "+ combine": {"us_per_line_q1": 9.0}}},
+        "batch_timeline": {"command": "python -m benchmarks.batch_timeline", "workload": "wordcount", "rate": 200,
+                           "interval_ms": 500.0, "window_s": 5.0, "batches": [{}] * 3,
+                           "summary": {"processing_ms": 170.0, "before_first_stage_ms": 17.5,
+                                       "after_last_stage_ms": 17.0, "between_stage_1_and_2_ms": 4.0,
+                                       "stage_1": {"stage_ms": 51.0, "submit_to_first_task_ms": 5.0,
+                                                   "task_run_ms": 32.0, "task_deserialize_ms": 2.0},
+                                       "stage_2": {"stage_ms": 74.0, "submit_to_first_task_ms": None,
+                                                   "task_run_ms": 45.0, "task_deserialize_ms": 6.5}}},
+    }
+    monkeypatch.setattr(report, "_load", lambda name: docs.get(name))
+    cost = "\n".join(report.record_cost_table())
+    assert "| + combine | 9.00 | 5.00 |" in cost and "150,000 lines/s" in cost
+    timeline = "\n".join(report.batch_timeline_table())
+    assert "| stage 1 end -> stage 2 submitted | 4.0 |" in timeline
+    assert "submitted -> first task launched -;" in timeline and "| 74.0 |" in timeline
+    monkeypatch.setattr(report, "_load", lambda name: None)
+    assert report.record_cost_table() == [] and report.batch_timeline_table() == []
