@@ -159,7 +159,9 @@ def run_pyspark(sc: SparkContext, wl: Workload, rate: int, interval_s: float, pl
     parts = sc.defaultParallelism
     per_part = round(rate * interval_s / parts)
     interval_ms = round(interval_s * 1000)
-    count = plan.warmup + plan.measure + 20
+    # Queued batches for every batch the trial may measure (settling included), and spare: a queue that
+    # ran dry would hand the engine empty batches, which it processes fast (a false pass).
+    count = plan.warmup + plan.settle + plan.measure + 20
     rdds = [_lazy_batch(sc, parts, per_part, (i + 1) * interval_ms) for i in range(count)]
     ssc = StreamingContext(sc, interval_s)
     tmp = tempfile.mkdtemp(prefix="bench-pyspark-ckpt-")
@@ -183,7 +185,7 @@ def run_pyspark(sc: SparkContext, wl: Workload, rate: int, interval_s: float, pl
 
     def samples() -> list[Sample]:
         with lock:
-            rows = sorted(got)
+            rows = sorted(got)[:count]  # batches past the queue are empty: never measured
         return [Sample(k, s, p) for k, (_, s, p) in enumerate(rows)]
 
     ssc.start()
