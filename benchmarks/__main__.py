@@ -69,10 +69,11 @@ def _run_child(engine: str, workload: str, targets: list[float], mode: str, time
 
 
 def _merge(old: dict, new: dict) -> dict:
-    """``new`` plus the searches of ``old`` for latency targets ``new`` did not run (``--merge``).
+    """``new`` plus every search of ``old`` that ``new`` did not repeat (``--merge``).
 
-    Each search keeps the command and start time of the run that made it, so a table mixing two runs
-    says so; engines compare within one target, which always comes from one run.
+    A search is repeated when ``new`` ran its engine at its latency target: searches for other targets,
+    and every search of an engine ``new`` did not run (a run of a subset of the engines), are kept. Each
+    search keeps the command and start time of the run that made it, so a table mixing runs says so.
     """
     for doc in (old, new):
         for run in doc["runs"]:
@@ -82,15 +83,16 @@ def _merge(old: dict, new: dict) -> dict:
     targets = sorted(set(old["targets_ms"]) | set(new["targets_ms"]))
     runs = {r["engine"]: r for r in new["runs"]}
     for run in old["runs"]:
-        kept = [s for s in run.get("searches", []) if s["target_ms"] not in new["targets_ms"]]
+        rerun = run["engine"] in runs
+        kept = [s for s in run.get("searches", []) if not rerun or s["target_ms"] not in new["targets_ms"]]
         if not kept:
             continue
-        if run["engine"] in runs:
+        if rerun:
             runs[run["engine"]]["searches"] = sorted(kept + runs[run["engine"]]["searches"],
                                                     key=lambda s: s["target_ms"])
         else:
             runs[run["engine"]] = {**run, "searches": kept}
-    commands = [c for c in (old["command"], new["command"]) if c]
+    commands = [c for doc in (old, new) for c in doc["command"].split(" and ") if c]
     return {**new, "command": " and ".join(dict.fromkeys(commands)), "targets_ms": targets,
             "runs": list(runs.values())}
 

@@ -197,3 +197,17 @@ def test_profile_tables_render_from_their_benchmarks_json(monkeypatch):
     assert "submitted -> first task launched -;" in timeline and "| 74.0 |" in timeline
     monkeypatch.setattr(report, "_load", lambda name: None)
     assert report.record_cost_table() == [] and report.batch_timeline_table() == []
+
+
+def test_benchmark_merge_of_an_engine_subset_keeps_the_other_engines():
+    from benchmarks.__main__ import _merge
+
+    old = {"command": "run a and run b", "started": "t0", "targets_ms": [1000.0, 2000.0],
+           "runs": [{"engine": "a", "searches": [{"target_ms": 2000.0, "max_sustainable_rate": 5}]},
+                    {"engine": "b", "searches": [{"target_ms": 2000.0, "max_sustainable_rate": 7}]}]}
+    new = {"command": "run b", "started": "t1", "targets_ms": [2000.0],
+           "runs": [{"engine": "b", "searches": [{"target_ms": 2000.0, "max_sustainable_rate": 3}]}]}
+    merged = _merge(old, new)
+    by_engine = {r["engine"]: [s["max_sustainable_rate"] for s in r["searches"]] for r in merged["runs"]}
+    assert by_engine == {"a": [5], "b": [3]}
+    assert merged["command"] == "run a and run b"
