@@ -12,17 +12,15 @@ tests pass a ``ManualClock``).
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
 import threading
+import time as _time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pyspark import RDD, SparkConf, SparkContext, StorageLevel
 
 from dstreams import jvm
-from dstreams.checkpoint import Checkpointer
 from dstreams.clock import Clock, SystemClock
 from dstreams.graph import DStreamGraph
 from dstreams.listener import BatchInfo, ListenerBus
@@ -30,13 +28,12 @@ from dstreams.nodes.files import FileInputNode
 from dstreams.nodes.generator import GeneratorInputNode, RecordFunc
 from dstreams.nodes.input import QueueInputNode
 from dstreams.nodes.socket import SocketInputNode
-from dstreams.nodes.transformed import TransformedNode
+from dstreams.nodes.transformed import TransformedNode, require_same_slide
 from dstreams.nodes.union import UnionNode
-from dstreams.recovery import faults
-from dstreams.recovery.checkpointer import StoreCheckpointer, StoreWriteAheadLog
-from dstreams.recovery.journal import Journal
+from dstreams.recovery.checkpointer import StoreCheckpointer
 from dstreams.recovery.metadata import MetadataLog
-from dstreams.recovery.resume import ResumePlan, plan_resume
+from dstreams.recovery.runtime import CheckpointInUseError, DriverRuntime, RuntimeSettings
+from dstreams.recovery.store import is_store_url
 from dstreams.recovery.storespec import StoreSpec
 from dstreams.scheduler import JobScheduler
 from dstreams.sparkconf import create_spark_context, speculation_available
@@ -50,6 +47,16 @@ log = logging.getLogger(__name__)
 
 class StreamingContextStateError(RuntimeError):
     """An operation that the context's lifecycle state does not allow (e.g. restarting a stopped one)."""
+
+
+@dataclass(frozen=True)
+class OutputEnvironment:
+    """What a sink needs from its context when a batch is written: the checkpoint location (its store
+    options are the default for ``s3://`` outputs) and the fence to check before committing."""
+
+    checkpoint_dir: str | None
+    store_options: dict[str, Any]
+    check_owner: Callable[[], None]
 
 
 class StreamingContext:
@@ -84,16 +91,26 @@ class StreamingContext:
             concurrentBatches = int(sparkContext.getConf().get("spark.streaming.concurrentJobs", "1"))
         self._concurrent = concurrentBatches
         self._bus = ListenerBus()
-        self._scheduler: JobScheduler | None = None
+        self._runtime: DriverRuntime | None = None
         self._state = self.INITIALIZED
         self._lock = threading.RLock()
         self._stopped = threading.Event()
         self._checkpoint_dir: str | None = None
-        self._temp_checkpoint_dir: str | None = None
-        self._checkpointer: Checkpointer | None = None
         self._store_options: dict[str, Any] = {}
         self._resume = False
-        self._metadata: MetadataLog | None = None
+
+    # The runtime's parts, for tests and tools (None before start()).
+    @property
+    def _scheduler(self) -> JobScheduler | None:
+        return self._runtime.scheduler if self._runtime is not None else None
+
+    @property
+    def _checkpointer(self) -> StoreCheckpointer | None:
+        return self._runtime.checkpointer if self._runtime is not None else None
+
+    @property
+    def _metadata(self) -> MetadataLog | None:
+        return self._runtime.metadata if self._runtime is not None else None
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -230,8 +247,17 @@ class StreamingContext:
 
     def socketTextStream(self, hostname: str, port: int,
                          storageLevel: StorageLevel = StorageLevel.MEMORY_AND_DISK_2) -> DStream:
-        """Lines of text read from a TCP server at ``hostname:port`` (UTF-8, one record per line)."""
+        """Lines of text read from a TCP server at ``hostname:port`` (UTF-8, one record per line).
+
+        ``storageLevel`` is accepted for compatibility; dstreams keeps received lines in the driver until
+        their batch is built, and in the write-ahead log when a checkpoint location is set, so it is not
+        used (a different level than the default is logged).
+        """
         self._check_can_add_input()
+        if storageLevel != StorageLevel.MEMORY_AND_DISK_2:
+            log.warning("socketTextStream: storageLevel %s is not used: received lines stay in the driver until "
+                        "their batch is built (and in the write-ahead log when a checkpoint location is set)",
+                        storageLevel)
         return DStream(SocketInputNode(self._graph, hostname, port), self)
 
     def textFileStream(self, directory: str, **storeOptions: Any) -> DStream:
@@ -242,12 +268,13 @@ class StreamingContext:
         each batch are recorded in the metadata log before it runs.
         """
         self._check_can_add_input()
-        return DStream(FileInputNode(self._graph, directory, None, storeOptions), self)
+        return DStream(FileInputNode(self._graph, directory, None, _store_location(directory, storeOptions)), self)
 
     def binaryRecordsStream(self, directory: str, recordLength: int, **storeOptions: Any) -> DStream:
         """Fixed-length binary records (``bytes``) of the new files that appear in ``directory``."""
         self._check_can_add_input()
-        return DStream(FileInputNode(self._graph, directory, recordLength, storeOptions), self)
+        return DStream(FileInputNode(self._graph, directory, recordLength, _store_location(directory, storeOptions)),
+                       self)
 
     def generatorStream(self, recordsPerPartition: int, numPartitions: int | None = None, seed: int = 0,
                         recordFunc: RecordFunc | None = None) -> DStream:
@@ -268,8 +295,7 @@ class StreamingContext:
         if len(dstreams) == 1 and isinstance(dstreams[0], (list, tuple)):
             dstreams = tuple(dstreams[0])
         self._check_not_started("add a transformation")
-        if len({d._node.slide_duration for d in dstreams}) > 1:
-            raise ValueError("all DStreams should have the same slide duration")
+        require_same_slide([d._node for d in dstreams], "union", "all DStreams should have the same slide duration")
         if len(dstreams) == 1:
             return dstreams[0]
         return DStream(UnionNode(self._graph, [d._node for d in dstreams]), self)
@@ -287,44 +313,6 @@ class StreamingContext:
         return DStream(TransformedNode(self._graph, [d._node for d in dstreams], apply, "transform"), self)
 
     # ------------------------------------------------------------------ lifecycle
-    def _make_checkpointer(self) -> Checkpointer:
-        directory = self._checkpoint_dir
-        if directory is None:
-            self._temp_checkpoint_dir = tempfile.mkdtemp(prefix="dstreams-checkpoint-")
-            directory = self._temp_checkpoint_dir
-            log.info("no checkpoint directory set: stateful streams checkpoint into %s (removed at stop)",
-                     directory)
-        elif "://" not in directory:
-            os.makedirs(directory, exist_ok=True)
-            directory = os.path.abspath(directory)
-        return StoreCheckpointer(self._sc, StoreSpec(directory, dict(self._store_options)))
-
-    def _open_metadata_log(self, scheduler: JobScheduler, checkpointer: StoreCheckpointer,
-                           first: BatchTime) -> ResumePlan | None:
-        """Take ownership of the metadata log at the checkpoint location; plan the resume if any."""
-        assert self._graph.batch_duration is not None
-        spec = checkpointer.spec
-        store = spec.open()
-        existing = MetadataLog.read(store)
-        if existing is not None and not self._resume:
-            raise StreamingContextStateError(
-                f"the checkpoint location {self._checkpoint_dir} already holds the metadata log of a previous run: "
-                "resume it with StreamingContext.getOrCreate(path, setupFunc), or use an empty location"
-            )
-        batch_ms = self._graph.batch_duration.ms
-        log_ = MetadataLog(store, self._sc.appName, self._graph.fingerprint(), batch_ms)
-        previous = log_.take_over(zero_ms=first.ms - batch_ms)
-        self._metadata = log_
-        journal = Journal(log_, self._graph)
-        scheduler.journal = journal
-        scheduler.fault_hook = faults.reached
-        self._graph.wal = StoreWriteAheadLog(store)
-        checkpointer.on_commit = journal.checkpoint_committed
-        checkpointer.guard = log_.check_owner
-        if previous is None:
-            return None
-        return plan_resume(self._sc, spec, self._graph, previous)
-
     def _log_speculation(self) -> None:
         conf = self._sc.getConf()
         master = conf.get("spark.master", "") or ""
@@ -335,10 +323,19 @@ class StreamingContext:
             log.warning("speculative execution is off on %s: slow tasks (stragglers) delay whole batches; "
                         "set spark.speculation=true (dstreams.sparkconf.tuned_conf does)", master)
 
-    def _output_guard(self) -> None:
-        """Raise FencedError when another driver has taken over (called before sink commits)."""
-        if self._metadata is not None:
-            self._metadata.check_owner()
+    def _on_graph_thread(self, func: Callable[[], Any]) -> Any:
+        """Run ``func`` (which reads or builds node RDDs) on the scheduler's event loop once started."""
+        runtime = self._runtime
+        if runtime is not None and runtime.events.running:
+            return runtime.events.call(func)
+        with self._graph.lock:
+            return func()
+
+    def _output_environment(self) -> OutputEnvironment:
+        """For sinks: the checkpoint location and the fence (a no-op before start and without one)."""
+        runtime = self._runtime
+        return OutputEnvironment(self._checkpoint_dir, dict(self._store_options),
+                                 runtime.check_owner if runtime is not None else _no_fence)
 
     def start(self) -> None:
         """Start generating and running batches on the clock."""
@@ -358,20 +355,16 @@ class StreamingContext:
                         "only one StreamingContext may be active in a process: stop the active one first"
                     )
                 self._graph.validate()
-                checkpointer = self._make_checkpointer()
-                self._checkpointer = checkpointer
-                self._graph.checkpointer = checkpointer
-                scheduler = JobScheduler(self._graph, self._clock, self._bus, self._concurrent)
-                first = scheduler.first_batch_time()
-                plan = self._open_metadata_log(scheduler, checkpointer, first) if self._checkpoint_dir else None
-                self._scheduler = scheduler
+                settings = RuntimeSettings(self._checkpoint_dir, dict(self._store_options), self._resume,
+                                           self._concurrent)
+                try:
+                    runtime = DriverRuntime.build(self._sc, self._graph, self._clock, self._bus, settings)
+                except CheckpointInUseError as e:
+                    raise StreamingContextStateError(str(e)) from None
+                self._runtime = runtime
                 self._log_speculation()
                 jvm.prepare(self._sc)
-                if plan is not None:
-                    scheduler.start(plan.first_batch, plan.zero, plan.prepare)
-                else:
-                    # The same first batch as recorded in the metadata log: the zero time must match.
-                    scheduler.start(first)
+                runtime.start()
                 self._state = self.ACTIVE
                 StreamingContext._activeContext = self
 
@@ -383,22 +376,18 @@ class StreamingContext:
             was_active = self._state == self.ACTIVE
             self._state = self.STOPPED
         try:
-            if was_active and self._scheduler is not None:
+            if was_active and self._runtime is not None:
                 batch = self._graph.batch_duration
                 timeout = max(10.0, 10 * batch.seconds) if batch else 10.0
-                journal = self._scheduler.journal
-                if journal is not None and not stopGraceFully:
-                    journal.close()  # a batch waiting for an unavailable store gives up now
-                self._scheduler.stop(graceful=stopGraceFully, timeout_s=timeout)
-                self._graph.stop()
+                try:
+                    self._runtime.stop(graceful=stopGraceFully, timeout_s=timeout)
+                finally:
+                    self._graph.stop()
         finally:
             with StreamingContext._class_lock:
                 if StreamingContext._activeContext is self:
                     StreamingContext._activeContext = None
-            if isinstance(self._checkpointer, StoreCheckpointer):
-                self._checkpointer.close(wait=stopGraceFully)
-            if self._temp_checkpoint_dir:
-                shutil.rmtree(self._temp_checkpoint_dir, ignore_errors=True)
+            self._bus.stop(timeout_s=10.0)
             self._stopped.set()
             if stopSparkContext:
                 self._sc.stop()
@@ -412,8 +401,6 @@ class StreamingContext:
         return self._await(timeout)
 
     def _await(self, timeout: float | None) -> bool:
-        import time as _time
-
         deadline = None if timeout is None else _time.monotonic() + float(timeout)
         while True:
             sched = self._scheduler
@@ -443,9 +430,25 @@ class StreamingContext:
         if self._scheduler is None:
             raise StreamingContextStateError("the context has not been started")
         t = time if isinstance(time, BatchTime) else BatchTime(int(time))
-        return self._scheduler.wait_for_batch(t, timeout)
+        deadline = _time.monotonic() + timeout
+        info = self._scheduler.wait_for_batch(t, timeout)
+        self._bus.wait_until_empty(max(0.0, deadline - _time.monotonic()))  # listeners have seen the batch too
+        return info
 
     @property
     def startTime(self) -> BatchTime | None:
         """Time of the first batch (set by ``start()``)."""
         return self._scheduler.start_time if self._scheduler else None
+
+
+def _no_fence() -> None:
+    return None
+
+
+def _store_location(directory: str, store_options: dict[str, Any]) -> StoreSpec | None:
+    """The object store a file stream reads (None: a local folder, read by Spark itself)."""
+    if is_store_url(directory):
+        return StoreSpec(directory, dict(store_options))
+    if store_options:
+        raise ValueError(f"store options apply to s3:// locations only, not to the local folder {directory!r}")
+    return None

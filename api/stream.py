@@ -24,7 +24,7 @@ from dstreams.node import DStreamNode
 from dstreams.nodes.output import OutputNode
 from dstreams.nodes.reduced_window import ReducedWindowNode
 from dstreams.nodes.state import RunningReduceNode, TrackNode, UpdateStateNode
-from dstreams.nodes.transformed import TransformedNode
+from dstreams.nodes.transformed import TransformedNode, require_same_slide
 from dstreams.nodes.union import UnionNode
 from dstreams.nodes.windowed import WindowedNode
 from dstreams.partitioned import checked_pairs, hash_partitioner, pre_reduce
@@ -36,7 +36,7 @@ from dstreams.records import (
     map_records,
     map_values,
 )
-from dstreams.recovery.sinks import save_text_exactly_once, save_to_store_exactly_once
+from dstreams.recovery.sinks import save_text_exactly_once, save_to_store_exactly_once, sink_store_options
 from dstreams.time import BatchTime, DurationLike, from_user_time, parse_duration, to_datetime
 
 from .functions import positional_arity
@@ -202,8 +202,7 @@ class DStream:
 
     # ------------------------------------------------------------------ two streams
     def union(self, other: DStream) -> DStream:
-        if self._node.slide_duration != other._node.slide_duration:
-            raise ValueError("the two DStreams should have the same slide duration")
+        require_same_slide([self._node, other._node], "union", "the two DStreams should have the same slide duration")
         self._check_open()
         return self._derive(UnionNode(self._node.graph, [self._node, other._node]))
 
@@ -392,10 +391,10 @@ class DStream:
 
         def save(time: Any, rdd: RDD) -> None:
             ms = round(time.timestamp() * 1000)
-            options = storeOptions
-            if not options and str(ssc._checkpoint_dir or "").startswith(("s3://", "s3a://")):
-                options = ssc._store_options
-            save_text_exactly_once(rdd, rdd_to_file_name(prefix, suffix, ms), ssc._output_guard, options)
+            env = ssc._output_environment()
+            path = rdd_to_file_name(prefix, suffix, ms)
+            options = sink_store_options(path, storeOptions, env.checkpoint_dir, env.store_options)
+            save_text_exactly_once(rdd, path, env.check_owner, options)
 
         self.foreachRDD(save)
 
@@ -421,12 +420,10 @@ class DStream:
 
         def save(time: Any, rdd: RDD) -> None:
             ms = round(time.timestamp() * 1000)
-            options = storeOptions
-            if not options and str(location).startswith(("s3://", "s3a://")) and \
-                    str(ssc._checkpoint_dir or "").startswith(("s3://", "s3a://")):
-                options = ssc._store_options
+            env = ssc._output_environment()
+            options = sink_store_options(str(location), storeOptions, env.checkpoint_dir, env.store_options)
             target = f"{str(location).rstrip('/')}/{ms:015d}"
-            save_to_store_exactly_once(rdd, target, ssc._output_guard, options, format)
+            save_to_store_exactly_once(rdd, target, env.check_owner, options, format)
 
         self.foreachRDD(save)
 
@@ -434,5 +431,4 @@ class DStream:
     def slice(self, begin: Any, end: Any) -> list[RDD]:
         """The RDDs of the batches between ``begin`` and ``end`` (datetimes or unix seconds)."""
         b, e = from_user_time(begin), from_user_time(end)
-        with self._node.graph.lock:
-            return self._node.slice(b, e)
+        return self._ssc._on_graph_thread(lambda: self._node.slice(b, e))

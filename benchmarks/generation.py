@@ -6,8 +6,8 @@ partition, 2 partitions) at 500 ms batches under a manual clock, one batch at a 
 ``--batches`` batches, the next batch ``--settle`` seconds after the previous one completed (as in a
 stream whose tiny batches leave the driver idle until the next interval; 0 = back to back). Each
 runs once per JVM construction mode of :mod:`dstreams.jvm`, one after the other: ``compiled`` (the
-default: a JVM class compiled at start-up builds each RDD in one round trip), ``calls`` (plain Py4J
-calls on cached classes) and ``off`` (PySpark's own calls, ``DSTREAMS_LEAN_JVM=0``). After the 30 s
+default: a JVM class compiled at start-up builds each RDD in one round trip) and ``off`` (PySpark's own
+calls, ``spark.dstreams.jvm.mode=off`` / ``DSTREAMS_LEAN_JVM=0``). After the 30 s
 window has filled, it records per batch:
 
 * ``generation_ms``: the engine building the batch's RDDs and jobs (``BatchInfo.generation_ms``),
@@ -41,7 +41,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "generation.json"
 INTERVAL_MS = 500
 WINDOW_BATCHES = int(workloads.WINDOW_S * 1000 / INTERVAL_MS)
 #: The JVM construction modes compared, PySpark's own calls last (the reference of the ratios).
-MODES = ("compiled", "calls", "off")
+MODES = ("compiled", "off")
 
 
 class Py4JCounter:

@@ -201,15 +201,15 @@ def generation_table() -> list[str]:
            "medians after the window filled. *Build*: the engine making the batch's RDDs and jobs; *engine*: "
            "build + clean-up + processing time outside the output operations; modes of the engine's JVM "
            "construction (`dstreams/jvm.py`): *compiled* (default) builds each RDD with one call to a JVM class "
-           "compiled at start-up, *calls* with plain Py4J calls on cached classes, *PySpark* through PySpark's "
-           "API (`DSTREAMS_LEAN_JVM=0`); the modes run one after the other in one process.", ""]
-    out.append("| workload | path | build ms, compiled / calls / PySpark | engine ms, compiled / calls / PySpark "
-               "| Py4J round trips, compiled / calls / PySpark |")
+           "compiled at start-up, *PySpark* through PySpark's API (`spark.dstreams.jvm.mode=off`, "
+           "`DSTREAMS_LEAN_JVM=0`); the modes run one after the other in one process.", ""]
+    out.append("| workload | path | build ms, compiled / PySpark | engine ms, compiled / PySpark "
+               "| Py4J round trips, compiled / PySpark |")
     out.append("| --- | --- | --- | --- | --- |")
     rows: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     for r in doc["rows"]:
         rows.setdefault((r["workload"], r["path"]), {})[r.get("jvm_mode", "")] = r
-    modes = ("compiled", "calls", "off")
+    modes = ("compiled", "off")
     for (workload, path), by_mode in rows.items():
         if any(m not in by_mode for m in modes):
             continue

@@ -1,18 +1,24 @@
 """The stream graph: input nodes, output nodes, and what happens per batch.
 
-Contract: nodes are added before ``start(zero_time)``; after it the graph is frozen (adding
-raises). ``generate_jobs(time)`` builds, on the caller's thread and under the graph lock, one
-:class:`Job` per output node that is valid at ``time``; ``clear_metadata(time)`` forgets old RDDs.
+Contract: nodes are added before ``start(zero_time, services)``; after it the graph is frozen
+(adding raises). ``start`` hands the graph the runtime services its nodes use (the checkpointer,
+the write-ahead log); they are fixed for the run. ``generate_jobs(time)`` builds one :class:`Job`
+per output node that is valid at ``time``; ``clear_metadata(time)`` forgets old RDDs. Both run on
+the scheduler's event loop (:mod:`dstreams.events`), the only thread that changes node state once
+the context has started; the graph lock only guards the registry against concurrent definitions.
+
+What recovery reads of the graph goes through :meth:`DStreamGraph.input_offsets`,
+:meth:`DStreamGraph.stateful_nodes` and :meth:`DStreamGraph.fingerprint`.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from .checkpoint import Checkpointer
+from .contracts import Checkpointer, WriteAheadLog
 from .time import BatchTime, Duration
 
 if TYPE_CHECKING:
@@ -32,16 +38,26 @@ class Job:
     name: str
     description: str
     func: Callable[[], None]
-    result: object = field(default=None, repr=False)
 
     def run(self) -> None:
         self.func()
 
 
-class WriteAheadLog(Protocol):
-    def write(self, key: str, records: list[Any]) -> str: ...
+@dataclass(frozen=True)
+class GraphServices:
+    """What the nodes of a started graph use: the checkpointer and, when the checkpoint location
+    is durable, the write-ahead log of sources that cannot replay."""
 
-    def read(self, key: str) -> list[Any]: ...
+    checkpointer: Checkpointer
+    wal: WriteAheadLog | None = None
+
+
+@dataclass(frozen=True)
+class InputOffsets:
+    """What went into one batch, per input node key: its offsets and the sources' state."""
+
+    offsets: dict[str, Any]
+    sources: dict[str, Any]
 
 
 class GraphFrozenError(RuntimeError):
@@ -58,13 +74,20 @@ class DStreamGraph:
         self.outputs: list[OutputNode] = []
         self.zero_time: BatchTime | None = None
         self.remember_duration: Duration | None = None
-        self.checkpointer: Checkpointer | None = None  # type: ignore[assignment]
         self.lock = threading.RLock()
         self.started = False
         self.nodes: list[DStreamNode] = []
-        #: Write-ahead log for sources that cannot replay (``write(key, records) -> key``,
-        #: ``read(key) -> records``); set when the checkpoint location is durable.
-        self.wal: WriteAheadLog | None = None
+        self._services: GraphServices | None = None
+
+    @property
+    def checkpointer(self) -> Checkpointer | None:
+        """The checkpointer given to :meth:`start` (None before)."""
+        return self._services.checkpointer if self._services is not None else None
+
+    @property
+    def wal(self) -> WriteAheadLog | None:
+        """The write-ahead log given to :meth:`start`: set when the checkpoint location is durable."""
+        return self._services.wal if self._services is not None else None
 
     def register(self, node: DStreamNode) -> str:
         """Add ``node`` to the graph's registry; returns its stable key (position and type)."""
@@ -114,9 +137,10 @@ class DStreamGraph:
         for out in self.outputs:
             out.validate_at_start()
 
-    def start(self, zero_time: BatchTime) -> None:
+    def start(self, zero_time: BatchTime, services: GraphServices) -> None:
         with self.lock:
             self.validate()
+            self._services = services
             self.zero_time = zero_time
             for out in self.outputs:
                 out.initialize(zero_time)
@@ -151,6 +175,23 @@ class DStreamGraph:
             if n is not None:
                 out[node.id] = n
         return out
+
+    def input_offsets(self, time: BatchTime) -> InputOffsets:
+        """The offsets of batch ``time`` of every input that records them, and the sources' state."""
+        offsets: dict[str, Any] = {}
+        sources: dict[str, Any] = {}
+        for node in self.inputs:
+            o = node.offsets_at(time)
+            if o is not None:
+                offsets[node.key] = o
+            s = node.source_state()
+            if s is not None:
+                sources[node.key] = s
+        return InputOffsets(offsets, sources)
+
+    def stateful_nodes(self) -> list[DStreamNode]:
+        """The nodes whose state chain is checkpointed (``must_checkpoint``), in graph order."""
+        return [n for n in self.nodes if n.must_checkpoint]
 
     def clear_metadata(self, time: BatchTime) -> None:
         with self.lock:

@@ -21,21 +21,23 @@ Contracts:
 * :func:`union(sc, rdds)` is ``sc.union(rdds)`` for RDDs whose Java RDDs are ``JavaRDD`` (every
   Python RDD's): a partition-aware union when all share one partitioner, as Spark decides.
 
-Three modes (:func:`set_mode`, or ``DSTREAMS_LEAN_JVM`` in the driver's environment):
+Two modes, per SparkContext: its conf key ``spark.dstreams.jvm.mode``, else ``DSTREAMS_LEAN_JVM`` in
+the driver's environment (see :data:`dstreams.config.JVM_MODE`), resolved when a StreamingContext
+starts (:func:`prepare`) and kept on the context's :class:`Bridge`:
 
-* ``compiled`` (the default): a small JVM class compiled at start-up (:mod:`dstreams.jvm_compiled`)
-  builds each RDD in one round trip (a persisted one too, a shuffle too); when it cannot be
-  compiled, ``calls`` is used;
-* ``calls``: the same objects built with plain Py4J calls on cached classes and collections
-  (4 round trips per Python RDD, 9 per shuffle);
-* ``off`` (``DSTREAMS_LEAN_JVM=0``): every function here takes PySpark's own path: a switch for
+* ``compiled`` (the default; ``DSTREAMS_LEAN_JVM=compiled`` or ``1``): a small JVM class compiled at
+  start-up (:mod:`dstreams.jvm_compiled`) builds each RDD in one round trip (a persisted one too, a
+  shuffle too); when it cannot be compiled, one warning, and every function here takes PySpark's own path;
+* ``off`` (``DSTREAMS_LEAN_JVM=0`` or ``off``): every function here takes PySpark's own path: a switch for
   comparing and a way out should a PySpark release change what these build.
+
+:func:`set_mode` forces one mode on every context of the process (tests, benchmarks).
 """
+
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -46,6 +48,7 @@ from pyspark.core.rdd import PipelinedRDD
 from pyspark.rdd import Partitioner
 from pyspark.serializers import BatchedSerializer, CloudPickleSerializer, NoOpSerializer, pack_long
 
+from . import config
 from .jvm_compiled import compile_builder
 
 #: RDDs the compiled builder unions in one call (its ``union`` has this many parameters).
@@ -58,58 +61,52 @@ _PICKLER = CloudPickleSerializer()
 
 log = logging.getLogger(__name__)
 
-MODES = ("compiled", "calls", "off")
+MODES = config.JVM_MODES
+
+#: The mode :func:`set_mode` forces on every context, or None (each context's own setting).
+_forced: str | None = None
 
 
-def _mode_from_env(value: str) -> str:
-    value = value.strip().lower()
-    if value in ("0", "false", "no", "off"):
-        return "off"
-    if value == "calls":
-        return "calls"
-    if value in ("", "1", "true", "yes", "on", "compiled"):
-        return "compiled"
-    raise ValueError(f"DSTREAMS_LEAN_JVM={value!r} is not one of compiled, calls, 0 (off)")
+def resolve_mode(sc: SparkContext) -> str:
+    """``sc``'s mode: its conf key ``spark.dstreams.jvm.mode``, else ``$DSTREAMS_LEAN_JVM``, else
+    ``compiled``; a ``ValueError`` naming the accepted values for anything else."""
+    return config.get(config.JVM_MODE, sc._conf)
 
 
-_mode = _mode_from_env(os.environ.get("DSTREAMS_LEAN_JVM", ""))
-_enabled = _mode != "off"
-
-
-def set_mode(mode: str) -> None:
-    """``compiled`` (default), ``calls`` or ``off`` for the whole driver (see the module docstring)."""
-    global _mode, _enabled
-    if mode not in MODES:
+def set_mode(mode: str | None) -> None:
+    """Force ``compiled`` or ``off`` on every SparkContext of this process, over their conf and the
+    environment (tests, benchmarks); ``None`` returns each context to its own setting."""
+    global _forced
+    if mode is not None and mode not in MODES:
         raise ValueError(f"jvm mode {mode!r} is not one of {', '.join(MODES)}")
-    _mode = mode
-    _enabled = mode != "off"
+    _forced = mode
 
 
-def mode() -> str:
-    """The current mode (``compiled`` also when the builder could not be compiled: see :meth:`Bridge.builder`)."""
-    return _mode
-
-
-def set_enabled(enabled: bool) -> None:
-    """``set_mode("compiled")`` when true, ``set_mode("off")`` when false."""
-    set_mode("compiled" if enabled else "off")
+def mode(sc: SparkContext | None = None) -> str:
+    """The mode in effect for ``sc`` (default: the running SparkContext; with none, the environment's):
+    ``compiled`` also when the builder could not be compiled (see :meth:`Bridge.builder`)."""
+    if _forced is not None:
+        return _forced
+    if sc is None:
+        sc = SparkContext._active_spark_context
+    if sc is None or sc._jsc is None:
+        return config.get(config.JVM_MODE)
+    return bridge(sc).mode
 
 
 class Bridge:
-    """The JVM classes, members and objects one SparkContext's batches reuse."""
+    """One SparkContext's mode and the JVM classes, members and objects its batches reuse.
 
-    def __init__(self, sc: SparkContext) -> None:
-        jvm = sc._jvm
-        assert jvm is not None
+    Nothing is asked of the JVM before the builder is compiled (:meth:`builder`), so a context in mode
+    ``off``, or whose builder cannot be compiled, runs on PySpark's own calls alone."""
+
+    def __init__(self, sc: SparkContext, mode: str | None = None) -> None:
         self.sc = sc
         self.jsc = sc._jsc
-        self.python_rdd = jvm.org.apache.spark.api.python.PythonRDD
-        self.value_of_pair = self.python_rdd.valueOfPair
-        self.python_function = jvm.org.apache.spark.api.python.SimplePythonFunction
-        self.pairwise_rdd = jvm.org.apache.spark.api.python.PairwiseRDD
-        self.python_partitioner = jvm.org.apache.spark.api.python.PythonPartitioner
-        self.broadcast_threshold = int(jvm.org.apache.spark.api.python.PythonUtils.getBroadcastThreshold(sc._jsc))
-        self._storage_level = jvm.org.apache.spark.storage.StorageLevel
+        self.mode = resolve_mode(sc) if mode is None else mode
+        self.broadcast_threshold = 0
+        self._storage_level: Any = None
+        self._python_partitioner: Any = None
         self._levels: dict[tuple[bool, bool, bool, bool, int], Any] = {}
         self._partitioners: dict[tuple[int, int], Any] = {}
         self._collections_key: tuple[Any, ...] | None = None
@@ -122,19 +119,34 @@ class Bridge:
         self._builder_lock = threading.Lock()
         self.lock = threading.Lock()
 
+    def reresolve_mode(self) -> str:
+        """Read this context's mode again (:func:`resolve_mode`) and keep it."""
+        self.mode = resolve_mode(self.sc)
+        return self.mode
+
+    def _compile(self) -> None:
+        """Compile the builder and look up the JVM members used with it; on failure one warning, and
+        the builder stays None (PySpark's own calls)."""
+        try:
+            builder = compile_builder(self.sc._jvm, self.jsc)
+            python = self.sc._jvm.org.apache.spark.api.python
+            self.broadcast_threshold = int(python.PythonUtils.getBroadcastThreshold(self.jsc))
+            self._storage_level = self.sc._jvm.org.apache.spark.storage.StorageLevel
+            self._python_partitioner = python.PythonPartitioner
+            self._builder = builder
+        except (Py4JError, AttributeError) as e:  # AttributeError: the context was stopped meanwhile
+            if self.sc._jsc is not None:
+                log.warning("dstreams: could not compile the JVM batch builder (%s); stateful and windowed "
+                            "batches are built with PySpark's own calls (a few ms more driver time per batch)",
+                            str(e).splitlines()[0] if str(e) else type(e).__name__)
+
     def builder(self) -> Any | None:
         """The compiled ``BatchBuilder`` with this context's collections set, or ``None`` when it
         cannot be compiled (tried once per context)."""
         with self._builder_lock:
             if not self._builder_tried:
                 self._builder_tried = True
-                try:
-                    self._builder = compile_builder(self.sc._jvm, self.jsc)
-                except (Py4JError, AttributeError) as e:  # AttributeError: the context was stopped meanwhile
-                    if self.sc._jsc is not None:
-                        log.warning("dstreams: could not compile the JVM batch builder (%s); stateful and "
-                                    "windowed batches are built with plain Py4J calls (a few ms more driver "
-                                    "time per batch)", str(e).splitlines()[0] if str(e) else type(e).__name__)
+                self._compile()
             builder = self._builder
         if builder is None:
             return None
@@ -148,6 +160,7 @@ class Bridge:
         return builder
 
     def storage_level(self, level: StorageLevel) -> Any:
+        """The Java storage level of ``level`` (only once the builder compiled)."""
         key = (level.useDisk, level.useMemory, level.useOffHeap, level.deserialized, level.replication)
         with self.lock:
             jlevel = self._levels.get(key)
@@ -156,11 +169,12 @@ class Bridge:
             return jlevel
 
     def partitioner(self, num_partitions: int, partition_func: Callable[[Any], int]) -> Any:
+        """The JVM ``PythonPartitioner`` PySpark's ``partitionBy`` makes (only once the builder compiled)."""
         key = (num_partitions, id(partition_func))
         with self.lock:
             jpart = self._partitioners.get(key)
             if jpart is None:
-                jpart = self._partitioners[key] = self.python_partitioner(num_partitions, id(partition_func))
+                jpart = self._partitioners[key] = self._python_partitioner(num_partitions, id(partition_func))
             return jpart
 
     def collections(self) -> tuple[Any, Any, Any]:
@@ -188,7 +202,8 @@ _bridges_lock = threading.Lock()
 
 
 def bridge(sc: SparkContext) -> Bridge:
-    """The :class:`Bridge` of ``sc`` (made on first use; a stopped context's is replaced)."""
+    """The :class:`Bridge` of ``sc`` (made on first use, its mode resolved then; a stopped context's is
+    replaced)."""
     with _bridges_lock:
         b = _bridges.get(id(sc))
         if b is None or b.sc is not sc or b.jsc is not sc._jsc:
@@ -197,13 +212,21 @@ def bridge(sc: SparkContext) -> Bridge:
 
 
 def prepare(sc: SparkContext) -> None:
-    """Compile the JVM batch builder of ``sc`` in the background (about 0.5 s the first time in a JVM),
-    so the first batch that needs it does not wait as long; a no-op unless the mode is ``compiled``."""
-    if _mode != "compiled":
-        return
+    """Resolve ``sc``'s mode (:func:`resolve_mode`: raises ``ValueError`` for an invalid setting) and keep
+    it on its :class:`Bridge`; in mode ``compiled``, compile the JVM batch builder in the background
+    (about 0.5 s the first time in a JVM), so the first batch that needs it does not wait as long."""
     b = bridge(sc)
-    if not b._builder_tried:
+    b.reresolve_mode()
+    if mode(sc) == "compiled" and not b._builder_tried:
         threading.Thread(target=b.builder, name="dstreams-jvm-builder", daemon=True).start()
+
+
+def _compiled_builder(sc: SparkContext) -> Any | None:
+    """``sc``'s compiled builder, or None in mode ``off`` or when it could not be compiled."""
+    b = bridge(sc)
+    if (_forced or b.mode) != "compiled":
+        return None
+    return b.builder()
 
 
 def _profiling(sc: SparkContext) -> bool:
@@ -232,47 +255,35 @@ def _command(rdd: PipelinedRDD) -> bytes | None:
     return pickled
 
 
-def _compiled_builder(sc: SparkContext) -> Any | None:
-    return bridge(sc).builder() if _mode == "compiled" else None
-
-
-def _build(rdd: RDD, level: Any = None) -> bool:
-    """Give an unbuilt ``PipelinedRDD`` its Java RDD leanly, persisted at the Java ``level`` if given;
-    False when it is left to PySpark (then nothing was persisted)."""
-    if not _enabled or not isinstance(rdd, PipelinedRDD) or rdd._jrdd_val is not None:
+def _build(rdd: RDD, builder: Any, level: Any = None) -> bool:
+    """Give an unbuilt ``PipelinedRDD`` its Java RDD with ``builder``, persisted at the Java ``level`` if
+    given; False when it is left to PySpark (then nothing was persisted)."""
+    if not isinstance(rdd, PipelinedRDD) or rdd._jrdd_val is not None:
         return False
     pickled = _command(rdd)
     if pickled is None:
         return False
-    sc = rdd.ctx
-    builder = _compiled_builder(sc)
-    if builder is not None:
-        rdd._jrdd_val = builder.pipe(rdd._prev_jrdd, bytearray(pickled), rdd.preservesPartitioning,
-                                     rdd.is_barrier, level)
-        return True
-    b = bridge(sc)
-    env, includes, no_broadcasts = b.collections()
-    func = b.python_function(bytearray(pickled), env, includes, sc.pythonExec, sc.pythonVer, no_broadcasts,
-                             sc._javaAccumulator)
-    jrdd = b.python_rdd(rdd._prev_jrdd.rdd(), func, rdd.preservesPartitioning, rdd.is_barrier)
-    rdd._jrdd_val = jrdd.asJavaRDD()
-    if level is not None:
-        rdd._jrdd_val.persist(level)
+    rdd._jrdd_val = builder.pipe(rdd._prev_jrdd, bytearray(pickled), rdd.preservesPartitioning, rdd.is_barrier,
+                                 level)
     return True
 
 
 def materialize(rdd: RDD) -> RDD:
     """Give a ``PipelinedRDD`` its Java RDD with the fewest round trips (see the module contract)."""
-    _build(rdd)
+    if isinstance(rdd, PipelinedRDD) and rdd._jrdd_val is None:
+        builder = _compiled_builder(rdd.ctx)
+        if builder is not None:
+            _build(rdd, builder)
     return rdd
 
 
 def persist(rdd: RDD, level: StorageLevel) -> RDD:
     """``rdd.persist(level)`` reusing the Java storage level (and building a pipelined RDD leanly)."""
-    if not _enabled:
+    builder = _compiled_builder(rdd.ctx)
+    if builder is None:
         return rdd.persist(level)
     jlevel = bridge(rdd.ctx).storage_level(level)
-    if not _build(rdd, jlevel):
+    if not _build(rdd, builder, jlevel):
         rdd._jrdd.persist(jlevel)
     rdd.is_cached = True
     return rdd
@@ -322,36 +333,26 @@ def shuffle(rdd: RDD, partitioner: Partitioner) -> RDD:
     """``rdd.partitionBy(partitioner.numPartitions, partitioner.partitionFunc)`` (see the module contract)."""
     if rdd.partitioner == partitioner:
         return rdd
-    if not _enabled:
-        return rdd.partitionBy(partitioner.numPartitions, partitioner.partitionFunc)
     sc = rdd.ctx
     n, func = partitioner.numPartitions, partitioner.partitionFunc
+    builder = _compiled_builder(sc)
+    if builder is None:
+        return rdd.partitionBy(n, func)
     out_serializer = sc._unbatched_serializer
     keyed = rdd.mapPartitionsWithIndex(_bucket_pairs(n, func, out_serializer.dumps), preservesPartitioning=True)
     keyed._bypass_serializer = True  # type: ignore[attr-defined]
-    b = bridge(sc)
-    builder = _compiled_builder(sc)
-    pickled = _command(keyed) if builder is not None else None
-    if builder is not None and pickled is not None:
-        jrdd = builder.shuffle(keyed._prev_jrdd, bytearray(pickled), keyed.is_barrier, b.partitioner(n, func))
-    else:
-        materialize(keyed)
-        pairs = b.pairwise_rdd(keyed._jrdd.rdd()).asJavaPairRDD()
-        jrdd = b.value_of_pair(pairs.partitionBy(b.partitioner(n, func)))
+    pickled = _command(keyed)
+    if pickled is None:  # profiling, broadcast variables, a large command: PySpark's own shuffle
+        return rdd.partitionBy(n, func)
+    jrdd = builder.shuffle(keyed._prev_jrdd, bytearray(pickled), keyed.is_barrier, bridge(sc).partitioner(n, func))
     out = _BuiltRDD(jrdd, sc, BatchedSerializer(out_serializer), barrier=False)
     out.partitioner = Partitioner(n, func)
     return out
 
 
-def _union_java(sc: SparkContext, jrdds: list[Any]) -> Any:
-    """The union of Java RDDs: flat, :data:`UNION_ARITY` per call with the compiled builder (the
-    union of the first ones is then unioned with the next ones), else chained ``JavaRDD.union``."""
-    builder = _compiled_builder(sc)
-    if builder is None:
-        joined = jrdds[0]
-        for other in jrdds[1:]:
-            joined = joined.union(other)
-        return joined
+def _union_java(builder: Any, jrdds: list[Any]) -> Any:
+    """The flat union of Java RDDs, :data:`UNION_ARITY` per builder call (the union of the first ones is
+    then unioned with the next ones)."""
     joined, rest = None, list(jrdds)
     while rest:
         take = UNION_ARITY if joined is None else UNION_ARITY - 1
@@ -366,11 +367,12 @@ def union(sc: SparkContext, rdds: Sequence[RDD]) -> RDD:
     if len(rdds) == 1:
         return rdds[0]
     first = rdds[0]._jrdd_deserializer
-    if not _enabled or any(r._jrdd_deserializer != first for r in rdds):
-        return sc.union(list(rdds))  # PySpark re-serialises them to one format
+    builder = _compiled_builder(sc)
+    if builder is None or any(r._jrdd_deserializer != first for r in rdds):
+        return sc.union(list(rdds))  # PySpark's own calls; it re-serialises different formats to one
     jrdds = [materialize(r)._jrdd for r in rdds]
     try:
-        joined = _union_java(sc, jrdds)
+        joined = _union_java(builder, jrdds)
     except Py4JError:  # not a JavaRDD (no Python RDD seen so far): PySpark's general path
         return sc.union(list(rdds))
     barrier = any(r._is_barrier() for r in rdds)
@@ -379,7 +381,7 @@ def union(sc: SparkContext, rdds: Sequence[RDD]) -> RDD:
 
 def num_partitions(rdd: RDD) -> int:
     """``rdd.getNumPartitions()`` in one round trip when the compiled builder is there."""
-    builder = _compiled_builder(rdd.ctx) if _enabled else None
+    builder = _compiled_builder(rdd.ctx)
     if builder is None:
         return rdd.getNumPartitions()
     return int(builder.numPartitions(rdd._jrdd))

@@ -10,7 +10,20 @@ The base class owns everything else: ``get_or_compute`` (one RDD per valid batch
 a dict), validity (``time > zero`` and ``(time - zero) % slide == 0``), persistence, the remember
 duration (how long generated RDDs are kept so that windows and state can read them) and
 ``clear_metadata``, which forgets and unpersists what is no longer needed so that a long run keeps
-driver and executor memory flat. It also owns the checkpoint hook used by stateful nodes.
+driver and executor memory flat.
+
+A node also owns its **recovery contract**; the recovery layer calls only these members:
+
+* ``describe_params()`` – the parameters that define the topology, for the graph fingerprint that a
+  restarted driver must reproduce (each subclass names its own);
+* ``must_checkpoint`` and ``checkpoint_partitioner`` – whether the node's RDDs form a state chain that
+  is checkpointed, and the partitioner a checkpoint reader must keep (None: not hash-partitioned);
+* ``restore_from_checkpoint(time, reader)`` – a restarted driver installs the RDD reading the node's
+  checkpoint at ``time``; later batches build on it;
+* ``adopt_checkpoint(time, reader)`` – a checkpoint committed while running replaces the node's RDD
+  at ``time`` (the lineage cut), on the event loop's thread.
+
+Input nodes add the offsets contract (:class:`dstreams.nodes.input.InputNode`).
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ import threading
 from typing import TYPE_CHECKING, ClassVar
 
 from pyspark import RDD, StorageLevel
+from pyspark.rdd import Partitioner
 
 from . import jvm
 from .time import BatchTime, Duration
@@ -79,17 +93,16 @@ class DStreamNode:
 
     def describe(self) -> str:
         """The node's parameters that define the topology (for the graph fingerprint)."""
-        parts = [f"slide={self.slide_duration.ms}"]
-        for attr in ("window", "timeout"):
-            v = getattr(self, attr, None)
-            if isinstance(v, Duration):
-                parts.append(f"{attr}={v.ms}")
-        p = getattr(self, "partitioner", None)
-        if p is not None:
-            parts.append(f"partitions={p.numPartitions}")
-        if getattr(self, "inv_func", None) is not None:
-            parts.append("inverse")
-        return " ".join(parts)
+        return " ".join([f"slide={self.slide_duration.ms}", *self.describe_params()])
+
+    def describe_params(self) -> list[str]:
+        """Topology parameters beyond the slide (``window=30000``, ``partitions=4``...); subclasses add theirs."""
+        return []
+
+    @property
+    def checkpoint_partitioner(self) -> Partitioner | None:
+        """The partitioner a reader of this node's checkpoint must keep (None: not hash-partitioned)."""
+        return None
 
     def __repr__(self) -> str:
         return f"<{self.name} slide={self.slide_duration}>"
@@ -245,7 +258,7 @@ class DStreamNode:
             if old is None:
                 return built_through  # already forgotten: a newer checkpoint will cut the lineage
             self._retire(time.ms, old)
-            self.restore(time, reader)
+            self.restore_from_checkpoint(time, reader)
             if not self.must_checkpoint:
                 return built_through
             slide = self.slide_duration
@@ -263,13 +276,13 @@ class DStreamNode:
         if t in self._persisted_by_engine:
             self._retired.setdefault(t, []).append(rdd)
 
-    def restore(self, time: BatchTime, rdd: RDD) -> None:
-        """Set this node's RDD at ``time`` to ``rdd``, which reads a committed checkpoint.
+    def restore_from_checkpoint(self, time: BatchTime, reader: RDD) -> None:
+        """Set this node's RDD at ``time`` to ``reader``, which reads a committed checkpoint.
 
         Used when a driver recovers and when a checkpoint is adopted; later batches build on it.
         """
         with self.graph.lock:
-            self._install(time, rdd)
+            self._install(time, reader)
             self._reader_times.add(time.ms)
 
     def _install(self, time: BatchTime, rdd: RDD) -> None:

@@ -88,6 +88,19 @@ def _one_marker(_: Iterable[Any]) -> list[SegmentMarker]:
 MARKERS = _MarkerCache()
 
 
+def partition_aligned_rdd(sc: SparkContext, num_partitions: int, read: Callable[[int], Iterable[Any]]) -> RDD:
+    """An RDD whose partition ``i`` is ``read(i)`` and that keeps the state partitioning of ``num_partitions``.
+
+    Built on the (cached, hash-partitioned) segment markers, so Spark sees a partitioned RDD and merges
+    with it stay narrow: what a reader of a partitioned checkpoint builds on.
+    """
+
+    def partition(i: int, _: Iterable[Any]) -> Iterable[Any]:
+        return read(i)
+
+    return MARKERS.get(sc, num_partitions).mapPartitionsWithIndex(partition, preservesPartitioning=True)
+
+
 def ensure_partitioned(rdd: RDD, partitioner: Partitioner) -> RDD:
     """``rdd`` hash-partitioned by ``partitioner`` (a shuffle only when it is not already)."""
     return jvm.shuffle(rdd, partitioner)

@@ -1,17 +1,22 @@
-"""Job generation and job execution, kept apart.
+"""Job generation and job execution, kept apart; every change of graph state on one thread.
 
-Contract:
+Contract (Spark's ``JobScheduler`` and ``JobGenerator``):
 
-* The **generator** thread waits on the injected clock for each batch time ``t = start + k*batch``
-  and, on its own thread, builds the batch: input offsets are fixed, then one job per output
-  operation (RDD construction only, no Spark action). The batch is then queued for the runner.
-* The **runner** executes batches in submission order with at most ``concurrent_batches`` in
+* The **timer** thread waits on the injected clock for each batch time ``t = start + k*batch`` and
+  posts :class:`~dstreams.events.GenerateJobs` to the **event loop** (:mod:`dstreams.events`).
+* On the event loop's one thread, and only there, graph state changes: a batch is generated (input
+  offsets are fixed, then one job per output operation: RDD construction only, no Spark action;
+  then the journal records the batch before it may run), completed batches are cleaned up
+  (``clear_metadata``, the journal's completion record, checkpoints started) and committed data
+  checkpoints are adopted (the lineage cut). Other threads post events and never touch nodes.
+* The **runners** execute batches in submission order with at most ``concurrent_batches`` in
   flight (timestep pipelining); a batch's output jobs run in registration order. Each batch runs
   under its own Spark job group (``dstreams-<ctx>-<batch ms>``), so its Spark jobs can be found
-  (stage counts in tests) and cancelled.
+  (stage counts in tests) and cancelled. A runner posts :class:`~dstreams.events.BatchCompleted`.
 * When batch ``t`` and every earlier batch have completed, old RDDs are cleared up to ``t``.
 * A failed job is recorded (the first error is re-raised by ``await_termination``) and reported
-  in the batch's metrics; later batches still run, as in PySpark.
+  in the batch's metrics; later batches still run, as in PySpark. A journal that fails (fenced, or
+  the store stayed down past its bound) stops generation.
 * Metrics times are wall-clock epoch milliseconds; ``total delay = scheduling + processing``
   (as in Spark), so they stay meaningful with a manual clock.
 """
@@ -26,10 +31,11 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from .clock import Clock
-from .graph import DStreamGraph, Job
+from .contracts import BatchJournal, Checkpointer, FaultHook, no_fault
+from .events import BatchCompleted, CheckpointCommitted, Event, EventLoop, GenerateJobs
+from .graph import DStreamGraph, GraphServices, Job, WriteAheadLog
 from .listener import (
     BatchInfo,
     ListenerBus,
@@ -93,22 +99,37 @@ class Batch:
 
 
 class JobScheduler:
-    """Owns the generator thread, the runner threads and the batch metrics."""
+    """Owns the timer, the event loop, the runner threads and the batch metrics.
 
-    def __init__(self, graph: DStreamGraph, clock: Clock, bus: ListenerBus, concurrent_batches: int = 1,
+    Everything it works with comes through its constructor: the graph, the clock, the listener
+    bus, the checkpointer, and optionally the journal (master recovery), the write-ahead log of
+    sources that cannot replay and a fault-injection hook (tests).
+    """
+
+    def __init__(self, graph: DStreamGraph, clock: Clock, bus: ListenerBus, checkpointer: Checkpointer,
+                 events: EventLoop, *, concurrent_batches: int = 1, journal: BatchJournal | None = None,
+                 wal: WriteAheadLog | None = None, fault_hook: FaultHook = no_fault,
                  keep_batch_infos: int = 1000) -> None:
         if concurrent_batches < 1:
             raise ValueError(f"concurrentBatches must be >= 1, got {concurrent_batches}")
         self.graph = graph
         self.clock = clock
         self.bus = bus
+        self.checkpointer = checkpointer
+        self.events = events
         self.concurrent_batches = concurrent_batches
+        #: The metadata log seen from here: ``batch_generated(t)`` before a batch runs and
+        #: ``batch_completed(t)`` after it; raising there stops this driver (fencing).
+        self.journal = journal
+        self.wal = wal
+        self.fault_hook = fault_hook
         self.ctx_id = next(_ctx_ids)
         self._stop_generating = threading.Event()
         self._stop_running = threading.Event()
         self._cond = threading.Condition()
         self._queue: deque[Batch] = deque()
         self._running: dict[int, Batch] = {}
+        # Touched on the event loop's thread only:
         self._pending_times: list[int] = []  # submitted, not completed
         self._completed: set[int] = set()
         self._done_through = -1  # every batch up to this time has completed and been cleaned up
@@ -118,13 +139,9 @@ class JobScheduler:
         self.start_time: BatchTime | None = None
         self.error: BaseException | None = None
         self.error_event = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self.on_generate: list[Callable[[BatchTime], None]] = []
-        #: Optional journal (master recovery): ``batch_generated(t)`` before a batch runs and
-        #: ``batch_completed(t)`` after it; raising there stops this driver (fencing).
-        self.journal: Any = None
-        #: Optional fault-injection hook (tests): called with a point name.
-        self.fault_hook: Callable[[str], None] | None = None
+        self._fatal_error: BaseException | None = None
+        self._timer: threading.Thread | None = None
+        self._runners: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ lifecycle
     def first_batch_time(self) -> BatchTime:
@@ -146,32 +163,34 @@ class JobScheduler:
         if first_batch is None:
             first_batch = self.first_batch_time()
         self.start_time = first_batch
-        self.graph.start(zero_time if zero_time is not None else first_batch - batch)
+        services = GraphServices(self.checkpointer, self.wal)
+        self.graph.start(zero_time if zero_time is not None else first_batch - batch, services)
         if prepare is not None:
             prepare()
-        gen = threading.Thread(target=self._generate_loop, name=f"dstreams-{self.ctx_id}-generator", daemon=True)
-        self._threads.append(gen)
+        self.events.start(self._handle)
+        self._timer = threading.Thread(target=self._timer_loop, name=f"dstreams-{self.ctx_id}-timer", daemon=True)
         for i in range(self.concurrent_batches):
-            t = threading.Thread(target=self._run_loop, name=f"dstreams-{self.ctx_id}-runner-{i}", daemon=True)
-            self._threads.append(t)
-        for t in self._threads:
+            self._runners.append(threading.Thread(target=self._run_loop, name=f"dstreams-{self.ctx_id}-runner-{i}",
+                                                  daemon=True))
+        for t in [*self._runners, self._timer]:
             t.start()
         self.bus.post("onStreamingStarted", StreamingListenerStreamingStarted(wall_ms()))
         return first_batch
 
     def stop(self, graceful: bool, timeout_s: float) -> None:
-        """Stop generating; when ``graceful``, first let every queued batch finish (bounded)."""
+        """Stop generating; when ``graceful``, first let every generated batch finish (bounded)."""
         self._stop_generating.set()
-        threads = list(self._threads)
-        if threads:
-            threads[0].join(timeout=timeout_s)
+        if self._timer is not None:
+            self._timer.join(timeout=timeout_s)
         if graceful:
             deadline = _time.monotonic() + timeout_s
+            self.events.wait_idle(timeout_s)  # batches posted before the stop are generated
             with self._cond:
                 while (self._queue or self._running) and _time.monotonic() < deadline:
                     self._cond.wait(0.05)
                 if self._queue or self._running:
                     log.warning("graceful stop timed out after %.1f s with batches still pending", timeout_s)
+            self.events.wait_idle(max(0.1, deadline - _time.monotonic()))  # their completions are recorded
         with self._cond:
             dropped = len(self._queue)
             self._queue.clear()
@@ -186,11 +205,12 @@ class JobScheduler:
                 sc.cancelJobGroup(b.info.job_group)
             except Exception:  # the SparkContext may be stopping
                 pass
-        for t in threads[1:]:
+        for t in self._runners:
             t.join(timeout=timeout_s)
+        self.events.stop(timeout_s)
 
-    # ------------------------------------------------------------------ generation
-    def _generate_loop(self) -> None:
+    # ------------------------------------------------------------------ the event loop's thread
+    def _timer_loop(self) -> None:
         batch = self.graph.batch_duration
         assert batch is not None and self.start_time is not None
         t = self.start_time
@@ -198,16 +218,27 @@ class JobScheduler:
             self.clock.wait_till(t.ms, self._stop_generating)
             if self._stop_generating.is_set():
                 break
-            self.generate_batch(t)
+            self.events.post(GenerateJobs(t))
             t = t + batch
 
+    def _handle(self, event: Event) -> None:
+        if isinstance(event, GenerateJobs):
+            # Batches due before a graceful stop are still generated; none after a fatal error or a hard stop.
+            if self._fatal_error is None and not self._stop_running.is_set():
+                self.generate_batch(event.time)
+        elif isinstance(event, BatchCompleted):
+            self._batch_completed(event.time)
+        elif isinstance(event, CheckpointCommitted):
+            self._checkpoint_committed(event)
+        else:
+            raise TypeError(f"unknown event {event!r}")
+
     def generate_batch(self, t: BatchTime) -> None:
+        """Build batch ``t`` and queue it for the runners (on the event loop's thread)."""
         started = _time.perf_counter()
         info = BatchInfo(t.ms, wall_ms(), job_group=f"dstreams-{self.ctx_id}-{t.ms}")
         b = Batch(t, [], info)
         try:
-            for hook in self.on_generate:
-                hook(t)
             b.jobs = self.graph.generate_jobs(t)
         except BaseException as e:  # a user function raising while the graph is built
             log.error("error generating the jobs of batch %s", t, exc_info=True)
@@ -227,11 +258,49 @@ class JobScheduler:
             info.output_operations[j.output_id] = OutputOperationInfo(t.ms, j.output_id, j.name, j.description)
         self.last_generated = t
         info.generation_ms = (_time.perf_counter() - started) * 1000.0
+        self._pending_times.append(t.ms)
         with self._cond:
             self._queue.append(b)
-            self._pending_times.append(t.ms)
             self._cond.notify_all()
         self.bus.post("onBatchSubmitted", StreamingListenerBatchSubmitted(info))
+
+    def _batch_completed(self, time: BatchTime) -> None:
+        """Record, clean up and checkpoint every batch whose predecessors have all completed."""
+        started = _time.perf_counter()
+        self._completed.add(time.ms)
+        ready: list[int] = []
+        while self._pending_times and self._pending_times[0] in self._completed:
+            t = self._pending_times.pop(0)
+            self._completed.discard(t)
+            ready.append(t)
+        for t in ready:
+            if self.journal is not None:
+                try:
+                    self.journal.batch_completed(BatchTime(t))
+                except BaseException as e:
+                    log.error("could not record the completion of batch %s: %s", t, e)
+                    self._fatal(e)
+            try:
+                self.graph.clear_metadata(BatchTime(t))
+                self.checkpointer.batch_completed(BatchTime(t))
+            except Exception:
+                log.exception("error clearing metadata at %s", t)
+        info = next((i for i in reversed(self.infos) if i.batch_time_ms == time.ms), None)
+        if info is not None:
+            info.cleanup_ms = (_time.perf_counter() - started) * 1000.0
+        # Bookkeeping first, then wake waiters: whoever waits for batch t sees its cleanup done
+        # and its checkpoints started.
+        with self._cond:
+            self._done_through = max([self._done_through, *ready]) if ready else self._done_through
+            self.last_completed = time if self.last_completed is None else max(self.last_completed, time)
+            self._cond.notify_all()
+
+    def _checkpoint_committed(self, event: CheckpointCommitted) -> None:
+        """Adopt a committed checkpoint: the node's RDD at its time now reads it (the lineage cut)."""
+        built_through = event.node.adopt_checkpoint(event.time, event.reader)
+        self.checkpointer.adopted(event.node, event.time, built_through)
+        if self.journal is not None:
+            self.journal.checkpoint_committed(event.node.key, event.time.ms)
 
     # ------------------------------------------------------------------ running
     def _run_loop(self) -> None:
@@ -246,10 +315,12 @@ class JobScheduler:
             try:
                 self._run_batch(b)
             finally:
+                self.infos.append(b.info)
+                self.bus.post("onBatchCompleted", StreamingListenerBatchCompleted(b.info))
                 with self._cond:
                     self._running.pop(b.time.ms, None)
                     self._cond.notify_all()
-                self._batch_done(b)
+                self.events.post(BatchCompleted(b.time))
 
     def _run_batch(self, b: Batch) -> None:
         info = b.info
@@ -261,7 +332,7 @@ class JobScheduler:
         except Exception:
             log.debug("could not set the job group", exc_info=True)
         for i, job in enumerate(b.jobs):
-            if i == 0 and self.fault_hook is not None:
+            if i == 0:
                 self.fault_hook("mid-batch")
             op = info.output_operations[job.output_id]
             op.start_time_ms = wall_ms()
@@ -281,41 +352,9 @@ class JobScheduler:
             self.bus.post("onOutputOperationCompleted", StreamingListenerOutputOperationCompleted(op))
         info.processing_end_time_ms = wall_ms()
 
-    def _batch_done(self, b: Batch) -> None:
-        started = _time.perf_counter()
-        self.infos.append(b.info)
-        self.bus.post("onBatchCompleted", StreamingListenerBatchCompleted(b.info))
-        with self._cond:
-            self._completed.add(b.time.ms)
-            # Clear only up to the newest batch whose predecessors have all completed.
-            ready: list[int] = []
-            while self._pending_times and self._pending_times[0] in self._completed:
-                t = self._pending_times.pop(0)
-                self._completed.discard(t)
-                ready.append(t)
-        # Bookkeeping first, then wake waiters: whoever waits for batch t sees its cleanup done
-        # and its checkpoints started.
-        for t in ready:
-            if self.journal is not None:
-                try:
-                    self.journal.batch_completed(BatchTime(t))
-                except BaseException as e:
-                    log.error("could not record the completion of batch %s: %s", t, e)
-                    self._fatal(e)
-            try:
-                self.graph.clear_metadata(BatchTime(t))
-                if self.graph.checkpointer is not None:
-                    self.graph.checkpointer.batch_completed(BatchTime(t))
-            except Exception:
-                log.exception("error clearing metadata at %s", t)
-        b.info.cleanup_ms = (_time.perf_counter() - started) * 1000.0
-        with self._cond:
-            self._done_through = max([self._done_through, *ready]) if ready else self._done_through
-            self.last_completed = b.time if self.last_completed is None else max(self.last_completed, b.time)
-            self._cond.notify_all()
-
     def _fatal(self, e: BaseException) -> None:
         """Stop generating batches (e.g. this driver was fenced off) and report ``e``."""
+        self._fatal_error = e
         self._stop_generating.set()
         with self._cond:
             self._queue.clear()

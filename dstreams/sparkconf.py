@@ -15,9 +15,11 @@ a trivial two-task Python job in ``local[2]``):
   ~40 ms TCP delayed-ACK stall per task.
 
 The other entries are cosmetic for a streaming driver (no UI, no console progress bar); they did not move
-the measured latency. ``DSTREAMS_SPARK_LOCAL_DIR``, when set, becomes ``spark.local.dir`` (unless the
-conf sets it), so a run's scratch space can be isolated (note Spark's ``SPARK_LOCAL_DIRS`` env var still
-overrides ``spark.local.dir``).
+the measured latency. :data:`dstreams.config.SPARK_LOCAL_DIR` (``spark.dstreams.localDir``, else
+``DSTREAMS_SPARK_LOCAL_DIR``), when set, becomes ``spark.local.dir`` (unless the conf sets it), so a run's
+scratch space can be isolated (note Spark's ``SPARK_LOCAL_DIRS`` env var still overrides
+``spark.local.dir``); :data:`dstreams.config.SPARK_LOG_LEVEL` is the log level of a context
+:func:`create_spark_context` creates.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from collections.abc import Mapping
 
 from pyspark import SparkConf, SparkContext
 
+from . import config
+
 logger = logging.getLogger(__name__)
 
 DAEMON_MODULE_KEY = "spark.python.daemon.module"
-LOCAL_DIR_ENV = "DSTREAMS_SPARK_LOCAL_DIR"
+LOCAL_DIR_ENV = config.SPARK_LOCAL_DIR.env
 
 #: Defaults applied to a SparkContext that dstreams creates (``StreamingContext.local``).
 LOW_LATENCY_DEFAULTS: dict[str, str] = {
@@ -162,7 +166,7 @@ def tuned_conf(
     for k, v in _applicable_defaults(out).items():
         if not out.contains(k):
             out.set(k, v)
-    local_dir = os.environ.get(LOCAL_DIR_ENV)
+    local_dir = config.get(config.SPARK_LOCAL_DIR, out)
     if local_dir and not out.contains("spark.local.dir"):
         os.makedirs(local_dir, exist_ok=True)
         out.set("spark.local.dir", local_dir)
@@ -229,6 +233,8 @@ def create_spark_context(
     if running is not None:
         _warn_if_untuned(running)
         return running
-    sc = SparkContext.getOrCreate(tuned_conf(master, app_name, conf))
-    sc.setLogLevel(os.environ.get("DSTREAMS_SPARK_LOG_LEVEL", "WARN"))
+    tuned = tuned_conf(master, app_name, conf)
+    log_level = config.get(config.SPARK_LOG_LEVEL, tuned)  # a bad value fails before a JVM context starts
+    sc = SparkContext.getOrCreate(tuned)
+    sc.setLogLevel(log_level)
     return sc

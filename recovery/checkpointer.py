@@ -1,6 +1,6 @@
 """Data checkpoints of stateful streams into a store, written asynchronously, then the lineage cut.
 
-Contract (``dstreams.checkpoint.Checkpointer``):
+Contract (the engine's ``dstreams.contracts.Checkpointer``):
 
 * ``mark(node, t, rdd)`` is called while batch ``t`` is generated; nothing is written yet.
 * After batch ``t`` completes, a single background writer thread runs one Spark job that writes
@@ -8,10 +8,13 @@ Contract (``dstreams.checkpoint.Checkpointer``):
   ``checkpoints/<node key>/<t>/part-NNNNN`` (versioned, checksummed: :mod:`.codec`), then the driver
   writes ``MANIFEST.json`` naming the parts and their checksums: the commit point. Nothing reads a
   part that no manifest names. The batch that triggered the checkpoint does not wait for it.
-* On commit, the node's RDD at ``t`` is replaced by one that reads the checkpoint (same
-  partitioner, partition ``i`` from part ``i``): later batches build on it, so lineage reaches back
-  at most to the newest committed checkpoint. ``on_commit(node_key, t)`` lets the metadata log
-  record the newest checkpoint.
+* The writer thread only writes. On commit it posts :class:`~dstreams.events.CheckpointCommitted`
+  to the scheduler's event loop, which replaces the node's RDD at ``t`` by one that reads the
+  checkpoint (same partitioner, partition ``i`` from part ``i``; ``node.adopt_checkpoint``) and
+  then calls :meth:`StoreCheckpointer.adopted`: later batches build on it, so lineage reaches back
+  at most to the newest committed checkpoint. The metadata log records the newest checkpoint from there.
+* Before a manifest is written the fence is checked: a driver that another one took over from
+  (fencing) never commits a checkpoint.
 * Old checkpoints of a node are deleted once two newer ones are committed *and* nothing the
   engine still holds can reach them: every batch built before the next checkpoint was adopted has
   completed, and the node's RDDs between the two checkpoints have left its remember window (a
@@ -26,15 +29,16 @@ import json
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pyspark import RDD, SparkContext
 from pyspark.rdd import Partitioner
 
-from dstreams.checkpoint import Checkpointer
-from dstreams.partitioned import MARKERS
+from dstreams.contracts import Fence, NoFence
+from dstreams.events import CheckpointCommitted, Event
+from dstreams.partitioned import partition_aligned_rdd
 from dstreams.time import BatchTime
 
 from . import faults
@@ -50,8 +54,22 @@ MANIFEST = "MANIFEST.json"
 KEEP_NEWER = 2
 
 
+class CommitEvents(Protocol):
+    """The scheduler's event loop, as the checkpointer sees it."""
+
+    def post(self, event: Event) -> None: ...
+
+    def wait_idle(self, timeout_s: float) -> bool: ...
+
+
+def _node_root(node_key: str) -> str:
+    return f"checkpoints/{node_key}/"
+
+
 def checkpoint_prefix(node_key: str, time_ms: int) -> str:
-    return f"checkpoints/{node_key}/{time_ms:015d}"
+    """Where the checkpoint of ``node_key`` at ``time_ms`` lives (with :func:`list_checkpoints`, the one
+    place that spells the key format)."""
+    return f"{_node_root(node_key)}{time_ms:015d}"
 
 
 def reader_rdd(sc: SparkContext, spec: StoreSpec, prefix: str, manifest: dict[str, Any],
@@ -70,22 +88,23 @@ def reader_rdd(sc: SparkContext, spec: StoreSpec, prefix: str, manifest: dict[st
         return decode_partition(data, p["sha256"], key)
 
     if partitioner is not None and partitioner.numPartitions == n:
-        base = MARKERS.get(sc, n)
-        return base.mapPartitionsWithIndex(read, preservesPartitioning=True)
+        return partition_aligned_rdd(sc, n, lambda i: read(i, ()))
     return sc.parallelize(range(n), n).mapPartitionsWithIndex(read)
 
 
-class StoreCheckpointer(Checkpointer):
-    """Checkpoints stateful streams into ``spec``'s store (see the module docstring)."""
+class StoreCheckpointer:
+    """Checkpoints stateful streams into ``spec``'s store (see the module docstring).
 
-    def __init__(self, sc: SparkContext, spec: StoreSpec,
-                 on_commit: Callable[[str, int], None] | None = None,
-                 guard: Callable[[], None] | None = None) -> None:
+    :param events: the scheduler's event loop; committed checkpoints are posted there for adoption.
+    :param fence: checked before each manifest is written (raises when another driver took over).
+    """
+
+    def __init__(self, sc: SparkContext, spec: StoreSpec, events: CommitEvents, fence: Fence | None = None) -> None:
         self.sc = sc
         self.spec = spec
         self.store = spec.open()
-        self.on_commit = on_commit
-        self.guard = guard  # raises when this driver may no longer commit (fencing)
+        self.events = events
+        self.fence: Fence = fence if fence is not None else NoFence()
         self._pending: dict[int, list[tuple[DStreamNode, RDD]]] = defaultdict(list)
         self._lock = threading.Lock()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="dstreams-checkpoint")
@@ -130,14 +149,23 @@ class StoreCheckpointer(Checkpointer):
             work = [(t, node, rdd) for t in due for node, rdd in self._pending.pop(t)]
             collect = any(self._deletable(key) for key in self.committed)
         for t, node, rdd in work:
-            self._futures.append(self._writer.submit(self._write, node, t, rdd))
+            self._submit(self._write, node, t, rdd)
         if collect:
-            self._futures.append(self._writer.submit(self._delete_old))
+            self._submit(self._delete_old)
         self._futures = [f for f in self._futures if not f.done()]
 
+    def _submit(self, fn: Any, *args: Any) -> None:
+        try:
+            self._futures.append(self._writer.submit(fn, *args))
+        except RuntimeError:  # closed: the context is stopping
+            log.debug("checkpointer closed: %s not started", getattr(fn, "__name__", fn))
+
     def flush(self, timeout_s: float = 60.0) -> None:
-        """Wait for the checkpoints already started (used at stop and in tests)."""
+        """Wait for the checkpoints already started to be written and adopted (used in tests)."""
         for f in list(self._futures):
+            f.result(timeout=timeout_s)
+        self.events.wait_idle(timeout_s)
+        for f in list(self._futures):  # the deletions the adoptions started
             f.result(timeout=timeout_s)
 
     def close(self, wait: bool = True) -> None:
@@ -163,7 +191,7 @@ class StoreCheckpointer(Checkpointer):
 
         self.sc.setJobGroup(f"dstreams-checkpoint-{node.key}-{t}", f"checkpoint of {node.name} at {t}")
         parts = sorted(rdd.mapPartitionsWithIndex(write).collect(), key=lambda p: p["index"])
-        partitioner = getattr(node, "partitioner", None)
+        partitioner = node.checkpoint_partitioner
         manifest = {
             "format": 1,
             "node": node.key,
@@ -173,22 +201,25 @@ class StoreCheckpointer(Checkpointer):
             "parts": parts,
         }
         faults.reached("checkpoint-write")
-        if self.guard is not None:
-            self.guard()
+        self.fence.check_owner()
         self.store.put(f"{prefix}/{MANIFEST}", json.dumps(manifest, sort_keys=True).encode())
-        reader = reader_rdd(self.sc, spec, prefix, manifest, partitioner)
-        built_through = node.adopt_checkpoint(BatchTime(t), reader)
+        log.debug("checkpoint of %s at %d committed (%d parts)", node.name, t, len(parts))
+        self.events.post(CheckpointCommitted(node, BatchTime(t), reader_rdd(self.sc, spec, prefix, manifest,
+                                                                            partitioner)))
+
+    def adopted(self, node: DStreamNode, time: BatchTime, built_through: int) -> None:
+        """The engine adopted the checkpoint at ``time`` (on its event loop): it is committed for deletion's
+        bookkeeping; batches up to ``built_through`` were built on the older lineage."""
         with self._lock:
             self._nodes[node.key] = node
-            self._built_through[(node.key, t)] = built_through
+            self._built_through[(node.key, time.ms)] = built_through
             times = self.committed[node.key]
-            if t not in times:
-                times.append(t)
+            if time.ms not in times:
+                times.append(time.ms)
                 times.sort()
-        if self.on_commit is not None:
-            self.on_commit(node.key, t)
-        self._delete_old()
-        log.debug("checkpoint of %s at %d committed (%d parts)", node.name, t, len(parts))
+            collect = self._deletable(node.key)
+        if collect:
+            self._submit(self._delete_old)
 
     # ------------------------------------------------------------------ deleting
     def _deletable(self, node_key: str) -> bool:
@@ -242,8 +273,9 @@ def load_manifest(store, node_key: str, time_ms: int) -> dict[str, Any]:
 def list_checkpoints(store, node_key: str) -> list[int]:
     """Times of the committed checkpoints of ``node_key`` (newest first)."""
     times = set()
-    for key in store.list(f"checkpoints/{node_key}/"):
-        rest = key[len(f"checkpoints/{node_key}/"):]
+    root = _node_root(node_key)
+    for key in store.list(root):
+        rest = key[len(root):]
         t, _, name = rest.partition("/")
         if name == MANIFEST and t.isdigit():
             times.add(int(t))

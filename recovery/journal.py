@@ -19,12 +19,12 @@ through ``getOrCreate`` resumes from the log. A fenced driver (:class:`FencedErr
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time as _time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from dstreams import config
 from dstreams.time import BatchTime
 
 from .metadata import MetadataLog
@@ -35,23 +35,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ENV_OUTAGE_SECONDS = "DSTREAMS_STORE_OUTAGE_SECONDS"
-DEFAULT_OUTAGE_SECONDS = 900.0
+ENV_OUTAGE_SECONDS = config.STORE_OUTAGE_SECONDS.env
+DEFAULT_OUTAGE_SECONDS: float = config.STORE_OUTAGE_SECONDS.default
 
 
-def outage_seconds_from_env() -> float:
-    """``$DSTREAMS_STORE_OUTAGE_SECONDS`` as a number of seconds >= 0, else the default (15 min)."""
-    raw = os.environ.get(ENV_OUTAGE_SECONDS, "").strip()
-    if not raw:
-        return DEFAULT_OUTAGE_SECONDS
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise ValueError(f"{ENV_OUTAGE_SECONDS}={raw!r} is not a number of seconds >= 0: set it to how long "
-                         "batches may wait for an unavailable checkpoint store (e.g. 900), or unset it")
-    return value
+def outage_seconds_from_env(conf: config.ConfLike | None = None) -> float:
+    """The outage bound in seconds (>= 0): ``spark.dstreams.store.outageSeconds`` of ``conf`` (default: the
+    running SparkContext's conf), else ``$DSTREAMS_STORE_OUTAGE_SECONDS``, else the default (15 min).
+    ``ValueError`` for a value that is not a number of seconds >= 0."""
+    return float(config.get(config.STORE_OUTAGE_SECONDS, conf if conf is not None else config.active_conf()))
 
 
 class Journal:
@@ -94,7 +86,7 @@ class Journal:
 
     def _replay_horizon(self) -> int | None:
         """Offsets of batches at or before this time can no longer be needed by a restart."""
-        stateful = [n for n in self.graph.nodes if n.must_checkpoint]
+        stateful = self.graph.stateful_nodes()
         base = self.metadata.head.get("completed_through")
         if base is None:
             return None
@@ -108,15 +100,9 @@ class Journal:
         return base - (remember.ms if remember else 0) - 2 * batch
 
     def batch_generated(self, time: BatchTime) -> None:
-        offsets: dict[str, Any] = {}
-        sources: dict[str, Any] = {}
-        for node in self.graph.inputs:
-            o = node.offsets_at(time)
-            if o is not None:
-                offsets[node.key] = o
-            s = node.source_state()
-            if s is not None:
-                sources[node.key] = s
+        recorded = self.graph.input_offsets(time)
+        offsets, sources = recorded.offsets, recorded.sources
+
         def commit() -> None:
             all_offsets = dict(self.metadata.head.get("offsets", {}))
             all_offsets[str(time.ms)] = offsets

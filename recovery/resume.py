@@ -20,13 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD, SparkContext
 
+from dstreams.contracts import Checkpointer
 from dstreams.time import BatchTime
 
-from .checkpointer import list_checkpoints, load_manifest, reader_rdd
+from .checkpointer import checkpoint_prefix, list_checkpoints, load_manifest, reader_rdd
 from .storespec import StoreSpec
 
 if TYPE_CHECKING:
     from dstreams.graph import DStreamGraph
+    from dstreams.node import DStreamNode
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +41,13 @@ class ResumePlan:
     restored: dict[str, int | None]
 
 
-def _restore_node(sc: SparkContext, spec: StoreSpec, node: Any, candidates: list[int]) -> tuple[int, RDD] | None:
+def _restore_node(sc: SparkContext, spec: StoreSpec, node: DStreamNode,
+                  candidates: list[int]) -> tuple[int, RDD] | None:
     store = spec.open()
     for t in candidates:
         try:
             manifest = load_manifest(store, node.key, t)
-            reader = reader_rdd(sc, spec, f"checkpoints/{node.key}/{t:015d}", manifest,
-                                getattr(node, "partitioner", None))
+            reader = reader_rdd(sc, spec, checkpoint_prefix(node.key, t), manifest, node.checkpoint_partitioner)
             if node.storage_level is not None:
                 reader.persist(node.storage_level)
             reader.count()  # reads and verifies every part now, so a bad one is skipped here
@@ -56,7 +58,8 @@ def _restore_node(sc: SparkContext, spec: StoreSpec, node: Any, candidates: list
     return None
 
 
-def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous: dict[str, Any]) -> ResumePlan:
+def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous: dict[str, Any],
+                checkpointer: Checkpointer) -> ResumePlan:
     assert graph.batch_duration is not None
     batch = graph.batch_duration.ms
     zero = BatchTime(int(previous["zero_ms"]))
@@ -65,9 +68,7 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
     restored: dict[str, int | None] = {}
     rdds: dict[str, tuple[int, RDD]] = {}
     found: dict[str, list[int]] = {}
-    for node in graph.nodes:
-        if not node.must_checkpoint:
-            continue
+    for node in graph.stateful_nodes():
         candidates = found[node.key] = list_checkpoints(store, node.key)
         if completed is not None:
             candidates = [t for t in candidates if t <= completed]
@@ -93,16 +94,15 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
                         "original (use a file, generator or other replayable source for exactly-once)", node.name)
 
     def prepare() -> None:
-        by_key = {n.key: n for n in graph.nodes}
+        by_key = {n.key: n for n in graph.stateful_nodes()}
         for key, (t, rdd) in rdds.items():
-            by_key[key].restore(BatchTime(t), rdd)
-        if graph.checkpointer is not None:
-            for key, t in restored.items():
-                graph.checkpointer.resumed(by_key[key], t, found[key])
+            by_key[key].restore_from_checkpoint(BatchTime(t), rdd)
+        for key, t in restored.items():
+            checkpointer.resumed(by_key[key], t, found[key])
         for node in graph.inputs:
             if node.key in sources:
                 node.restore_source_state(sources[node.key])
-            node.replay = {int(t): o[node.key] for t, o in offsets.items() if node.key in o}
+            node.replay_from({int(t): o[node.key] for t, o in offsets.items() if node.key in o})
 
     log.info("resuming from batch %d (zero %d, completed through %s, checkpoints %s)",
              first, zero.ms, completed, restored)

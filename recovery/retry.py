@@ -8,15 +8,16 @@ bound is reached it raises :class:`~dstreams.recovery.store.errors.StoreUnavaila
 ("... unreachable for N s ..."), chained to the last transient error. Any other exception
 propagates at once, without retry.
 
-The bound defaults to :data:`DEFAULT_RETRY_SECONDS` and can be set with the environment variable
-``DSTREAMS_STORE_RETRY_SECONDS`` (read when a store is opened) or the ``retry_seconds`` option of
-``open_store``. ``0`` means a single attempt.
+The bound defaults to :data:`DEFAULT_RETRY_SECONDS` and can be set with the ``retry_seconds`` option of
+``open_store``, or :data:`dstreams.config.STORE_RETRY_SECONDS` (read when a store is opened): on the
+driver the Spark conf key ``spark.dstreams.store.retrySeconds`` of the running SparkContext, else the
+environment variable ``DSTREAMS_STORE_RETRY_SECONDS``; executors read the environment variable only.
+``0`` means a single attempt.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
 import time
 from collections.abc import Callable
@@ -25,10 +26,12 @@ from typing import TypeVar
 
 import tenacity
 
+from dstreams import config
+
 from .store.errors import StoreUnavailableError, TransientStoreError
 
-ENV_RETRY_SECONDS = "DSTREAMS_STORE_RETRY_SECONDS"
-DEFAULT_RETRY_SECONDS = 30.0
+ENV_RETRY_SECONDS = config.STORE_RETRY_SECONDS.env
+DEFAULT_RETRY_SECONDS: float = config.STORE_RETRY_SECONDS.default
 
 log = logging.getLogger("dstreams.recovery.store")
 
@@ -50,20 +53,13 @@ class RetryPolicy:
                 raise ValueError(f"RetryPolicy.{name} must be a number >= 0, got {value!r}")
 
     @classmethod
-    def from_env(cls, total_seconds: float | None = None, **kwargs: float) -> RetryPolicy:
-        """The policy with ``total_seconds`` if given, else ``$DSTREAMS_STORE_RETRY_SECONDS``, else 30 s."""
+    def from_env(cls, total_seconds: float | None = None, *, conf: config.ConfLike | None = None,
+                 **kwargs: float) -> RetryPolicy:
+        """The policy with ``total_seconds`` if given, else ``spark.dstreams.store.retrySeconds`` of ``conf``
+        (default: the running SparkContext's conf, none on an executor), else
+        ``$DSTREAMS_STORE_RETRY_SECONDS``, else 30 s. ``ValueError`` for a value that is not a number >= 0."""
         if total_seconds is None:
-            raw = os.environ.get(ENV_RETRY_SECONDS, "").strip()
-            if raw:
-                try:
-                    total_seconds = float(raw)
-                except ValueError:
-                    raise ValueError(
-                        f"{ENV_RETRY_SECONDS}={raw!r} is not a number: set it to the number of seconds "
-                        "a store operation may keep retrying (e.g. 30), or unset it"
-                    ) from None
-            else:
-                total_seconds = DEFAULT_RETRY_SECONDS
+            total_seconds = config.get(config.STORE_RETRY_SECONDS, conf if conf is not None else config.active_conf())
         return cls(total_seconds=float(total_seconds), **kwargs)
 
     def _wait(self, state: tenacity.RetryCallState) -> float:

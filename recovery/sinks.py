@@ -24,24 +24,20 @@ import pickle
 import shutil
 from collections.abc import Callable, Iterable
 from typing import Any
-from urllib.parse import urlsplit
 
 from pyspark import RDD
 
+from .store import is_store_url
 from .storespec import StoreSpec
 
 SUCCESS = "_SUCCESS"
 
 
-def _is_store_url(path: str) -> bool:
-    return urlsplit(path).scheme.lower() in ("s3", "s3a")
-
-
 def save_text_exactly_once(rdd: RDD, path: str, guard: Callable[[], None] | None = None,
                            store_options: dict[str, Any] | None = None) -> bool:
     """Write ``rdd`` as text under ``path`` once; returns False when it was already committed."""
-    if _is_store_url(path):
-        return _save_to_store(rdd, path, guard, store_options or {})
+    if is_store_url(path):
+        return save_to_store_exactly_once(rdd, path, guard, store_options, "text")
     local = path[len("file://"):] if path.startswith("file://") else path
     if "://" not in local:
         if os.path.exists(os.path.join(local, SUCCESS)):
@@ -53,12 +49,13 @@ def save_text_exactly_once(rdd: RDD, path: str, guard: Callable[[], None] | None
     try:
         rdd.saveAsTextFile(path)
     except Exception as e:
-        if "FileAlreadyExistsException" not in str(e):
-            raise
-        # Another writer created the folder since the check: a driver that took over (then this one
-        # is fenced and stops) or a concurrent attempt of the same deterministic batch.
+        # Another writer touched the folder since the check: a driver that took over (then this one is
+        # fenced, and that is the error to report: its write lost a race it had no business running)
+        # or a concurrent attempt of the same deterministic batch.
         if guard is not None:
             guard()
+        if "FileAlreadyExistsException" not in str(e):
+            raise
         return False
     return True
 
@@ -83,8 +80,16 @@ FORMATS: dict[str, tuple[Callable[[Iterable[Any]], bytes], str]] = {
 }
 
 
-def _save_to_store(rdd: RDD, url: str, guard: Callable[[], None] | None, options: dict[str, Any]) -> bool:
-    return save_to_store_exactly_once(rdd, url, guard, options, "text")
+def sink_store_options(location: str, explicit: dict[str, Any], checkpoint_dir: str | None,
+                       checkpoint_options: dict[str, Any]) -> dict[str, Any]:
+    """The store options a sink writing to ``location`` uses: ``explicit`` ones when given, else the
+    checkpoint store's when both are object stores (same endpoint and credentials), else none (boto3's
+    standard chain)."""
+    if explicit:
+        return explicit
+    if is_store_url(location) and is_store_url(checkpoint_dir):
+        return dict(checkpoint_options)
+    return {}
 
 
 def save_to_store_exactly_once(rdd: RDD, location: str, guard: Callable[[], None] | None = None,

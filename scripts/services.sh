@@ -3,10 +3,13 @@
 # AKTEST/SKTEST, data under .ceph/cluster, kept across restarts) and a moto server on 127.0.0.1:5055
 # (in memory). usage: scripts/services.sh start|stop|status
 #
-# Never fatal: when a service cannot be installed or started (no root, no apt, port taken) it prints a
-# WARNING and exits 0, and the tests that need that service skip with a clear reason. Every wait is a
-# bounded polling loop. Nothing is exported: tests read DSTREAMS_TEST_RGW_ENDPOINT and
-# DSTREAMS_TEST_MOTO_ENDPOINT, whose defaults are the endpoints below.
+# By default not fatal: when a service cannot be installed or started (no root, no apt, port taken) it
+# prints a WARNING and exits 0, and the tests that need that service skip with a clear reason.
+# Required mode (CI=true or DSTREAMS_REQUIRE_SERVICES=1; DSTREAMS_REQUIRE_SERVICES=0 turns it off): a
+# service that does not start makes `start` exit 1 with an ERROR naming the service and its log, and the
+# tests fail instead of skipping (tests/support.py). Every wait is a bounded polling loop. Nothing is
+# exported: tests read DSTREAMS_TEST_RGW_ENDPOINT and DSTREAMS_TEST_MOTO_ENDPOINT, whose defaults are
+# the endpoints below; when one is set to another address, that server is checked, not started here.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BASE="$ROOT/.ceph"
@@ -19,6 +22,8 @@ MOTO_PORT=5055
 MOTO_URL="http://127.0.0.1:$MOTO_PORT"
 MOTO_PID="$BASE/moto.pid"
 MOTO_LOG="$BASE/moto.log"
+MOTO_FAILURE="$BASE/moto.failure"  # why moto did not start (written by start_moto, which runs in a subshell)
+CEPH_FAILURE=""                     # why Ceph did not start, set by start_ceph
 CEPH_PACKAGES="radosgw ceph-mon ceph-osd uuid-runtime bc curl"
 T0=$(date +%s%N)
 
@@ -26,6 +31,25 @@ elapsed() { echo "$(( ($(date +%s%N) - T0) / 1000000 ))ms"; }
 log() { echo "[services $(elapsed)] $*" >&2; }
 warn() { echo "WARNING: $*" >&2; }
 ceph_cli() { timeout 20 ceph -c "$C" "$@"; }
+
+# required: whether a service that does not start is fatal (see the header).
+required() {
+  case "$(echo "${DSTREAMS_REQUIRE_SERVICES:-}" | tr '[:upper:]' '[:lower:]')" in
+    1 | true | yes | on) return 0 ;;
+    0 | false | no | off) return 1 ;;
+  esac
+  case "$(echo "${CI:-}" | tr '[:upper:]' '[:lower:]')" in
+    1 | true | yes | on) return 0 ;;
+  esac
+  return 1
+}
+
+# external VAR DEFAULT_URL: prints VAR's value when it is set to an endpoint other than DEFAULT_URL.
+external() {
+  local v="${!1:-}"
+  v="${v%/}"
+  [ -n "$v" ] && [ "$v" != "$2" ] && echo "$v"
+}
 
 # http_up URL: true when something answers HTTP on URL (any status code).
 http_up() {
@@ -86,6 +110,7 @@ install_ceph() {
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 || [ -n "${DSTREAMS_NO_APT:-}" ]; then
     warn "Ceph is not installed and cannot be installed here (needs root and apt-get, DSTREAMS_NO_APT unset)."
     warn "Install it with: apt-get install --no-install-recommends $CEPH_PACKAGES"
+    CEPH_FAILURE="Ceph is not installed and cannot be installed here (needs root and apt-get; no log)"
     return 1
   fi
   log "installing $CEPH_PACKAGES (apt-get)"
@@ -98,9 +123,17 @@ install_ceph() {
     timeout 300 apt-get update -qq >/dev/null 2>&1
     # shellcheck disable=SC2086
     DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-install-recommends \
-      $CEPH_PACKAGES >"$BASE/apt.log" 2>&1 || { warn "apt-get install failed, see $BASE/apt.log"; return 1; }
+      $CEPH_PACKAGES >"$BASE/apt.log" 2>&1 || {
+      warn "apt-get install failed, see $BASE/apt.log"
+      CEPH_FAILURE="installing Ceph with apt-get failed (log: $BASE/apt.log)"
+      return 1
+    }
   fi
-  ceph_installed || { warn "Ceph packages installed but radosgw/ceph-mon/ceph-osd not on PATH"; return 1; }
+  ceph_installed || {
+    warn "Ceph packages installed but radosgw/ceph-mon/ceph-osd not on PATH"
+    CEPH_FAILURE="Ceph packages installed but radosgw/ceph-mon/ceph-osd are not on PATH (log: $BASE/apt.log)"
+    return 1
+  }
   log "Ceph installed"
 }
 
@@ -203,6 +236,17 @@ stop_ceph() {
 rgw_ours() { pid_alive "$D/run/client.rgw.a.pid" radosgw; }
 
 start_ceph() {
+  local ext
+  if ext=$(external DSTREAMS_TEST_RGW_ENDPOINT "$RGW_URL"); then
+    if http_up "$ext/"; then
+      echo "ceph-rgw: using $ext (DSTREAMS_TEST_RGW_ENDPOINT; not started or stopped here)"
+      return 0
+    fi
+    warn "DSTREAMS_TEST_RGW_ENDPOINT=$ext does not answer (a server there is not started by this script)."
+    CEPH_FAILURE="nothing answers at DSTREAMS_TEST_RGW_ENDPOINT=$ext (not started here; no log)"
+    echo "ceph-rgw: NOT AVAILABLE at $ext"
+    return 1
+  fi
   if rgw_ours && http_up "$RGW_URL/"; then
     echo "ceph-rgw: running at $RGW_URL (access key AKTEST, secret SKTEST)"
     return 0
@@ -213,8 +257,8 @@ start_ceph() {
     return 0
   fi
   if ! install_ceph; then
-    echo "ceph-rgw: NOT AVAILABLE (tests marked s3 against Ceph will skip)"
-    return 0
+    echo "ceph-rgw: NOT AVAILABLE"
+    return 1
   fi
   local mode=init t
   t=$(date +%s%N)
@@ -230,9 +274,10 @@ start_ceph() {
     fi
   fi
   if [ "$mode" = failed ]; then
-    warn "Ceph RADOS Gateway could not be started; logs in $D/log. Tests that need it will skip."
+    warn "Ceph RADOS Gateway could not be started; logs in $D/log."
+    CEPH_FAILURE="the Ceph RADOS Gateway did not start (logs: $D/log, daemons' output in $D/log/daemons.out)"
     echo "ceph-rgw: NOT STARTED (see $D/log)"
-    return 0
+    return 1
   fi
   echo "ceph-rgw: $RGW_URL (access key AKTEST, secret SKTEST; $mode took $(( ($(date +%s%N) - t) / 1000000 ))ms)"
 }
@@ -252,8 +297,22 @@ moto_python() {
   return 1
 }
 
+# moto_failed REASON: records why moto did not start (start_moto runs in a background subshell).
+moto_failed() { echo "$1" >"$MOTO_FAILURE"; }
+
 start_moto() {
-  local py t
+  local py t ext
+  rm -f "$MOTO_FAILURE"
+  if ext=$(external DSTREAMS_TEST_MOTO_ENDPOINT "$MOTO_URL"); then
+    if http_up "$ext/"; then
+      echo "moto: using $ext (DSTREAMS_TEST_MOTO_ENDPOINT; not started or stopped here)"
+      return 0
+    fi
+    warn "DSTREAMS_TEST_MOTO_ENDPOINT=$ext does not answer (a server there is not started by this script)."
+    moto_failed "nothing answers at DSTREAMS_TEST_MOTO_ENDPOINT=$ext (not started here; no log)"
+    echo "moto: NOT AVAILABLE at $ext"
+    return 1
+  fi
   if pid_alive "$MOTO_PID" moto.server && http_up "$MOTO_URL/"; then
     echo "moto: running at $MOTO_URL"
     return 0
@@ -265,8 +324,9 @@ start_moto() {
   fi
   if ! py=$(moto_python); then
     warn "neither .venv/bin/python nor python3 can import moto.server: install the test extras (pip install -e '.[test]')."
+    moto_failed "moto.server cannot be imported by .venv/bin/python or python3 (pip install -e '.[test]'; no log)"
     echo "moto: NOT AVAILABLE"
-    return 0
+    return 1
   fi
   t=$(date +%s%N)
   setsid nohup "$py" -m moto.server -H 127.0.0.1 -p "$MOTO_PORT" >"$MOTO_LOG" 2>&1 </dev/null &
@@ -274,8 +334,9 @@ start_moto() {
   if ! wait_for 20 http_up "$MOTO_URL/"; then
     stop_pid "$MOTO_PID" moto.server
     warn "moto server did not answer within 20 s; see $MOTO_LOG"
+    moto_failed "the moto server did not answer on $MOTO_URL within 20 s (log: $MOTO_LOG)"
     echo "moto: NOT STARTED (see $MOTO_LOG)"
-    return 0
+    return 1
   fi
   echo "moto: $MOTO_URL (started in $(( ($(date +%s%N) - t) / 1000000 ))ms)"
 }
@@ -293,8 +354,24 @@ mkdir -p "$BASE"
 case "${1:-}" in
   start)
     start_moto &  # moto needs 1-3 s to import: start it while Ceph comes up
+    moto_job=$!
     start_ceph
-    wait
+    ceph_rc=$?
+    wait "$moto_job"
+    moto_rc=$?
+    failed=()
+    [ "$ceph_rc" = 0 ] || failed+=("ceph-rgw: ${CEPH_FAILURE:-the Ceph RADOS Gateway did not start (logs: $D/log)}")
+    [ "$moto_rc" = 0 ] || failed+=("moto: $(cat "$MOTO_FAILURE" 2>/dev/null || echo "the moto server did not start (log: $MOTO_LOG)")")
+    if [ "${#failed[@]}" -gt 0 ]; then
+      if required; then
+        echo "ERROR: ${#failed[@]} service(s) the tests need did not start, and services are required" \
+          "(CI=${CI:-} DSTREAMS_REQUIRE_SERVICES=${DSTREAMS_REQUIRE_SERVICES:-}):" >&2
+        for f in "${failed[@]}"; do echo "ERROR:   $f" >&2; done
+        exit 1
+      fi
+      for f in "${failed[@]}"; do warn "not started: $f"; done
+      warn "the tests that need these services will skip (CI=true or DSTREAMS_REQUIRE_SERVICES=1 makes this fatal)"
+    fi
     ;;
   stop)
     # In parallel: each daemon takes 1-2 s to exit after SIGTERM.

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Installs what the tests need, starts the services they use, runs ruff and the whole test suite.
 # Extra arguments go to pytest. Exit code 5 (no tests collected) is a failure.
+# Under CI=true (unless DSTREAMS_REQUIRE_SERVICES is set) it exports DSTREAMS_REQUIRE_SERVICES=1: a service
+# that does not start fails scripts/services.sh, and the tests that need one fail instead of skipping.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh" test
+case "$(echo "${CI:-}" | tr '[:upper:]' '[:lower:]')" in
+  1 | true | yes | on) export DSTREAMS_REQUIRE_SERVICES="${DSTREAMS_REQUIRE_SERVICES:-1}" ;;
+esac
 export DSTREAMS_TEST_TMP="${DSTREAMS_TEST_TMP:-$(mktemp -d -t dstreams-tests.XXXXXX)}"
 cleanup() {
-  if [ -x scripts/services.sh ]; then bash scripts/services.sh stop >/dev/null 2>&1 || true; fi
+  if [ -f scripts/services.sh ]; then bash scripts/services.sh stop >/dev/null 2>&1 || true; fi
 }
 trap cleanup EXIT
-if [ -x scripts/services.sh ]; then bash scripts/services.sh start; fi
+if [ -f scripts/services.sh ]; then bash scripts/services.sh start; fi
 "$VENV_PY" -m ruff check .
 set +e
 "$VENV_PY" -m pytest -q -ra "$@"

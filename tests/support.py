@@ -1,13 +1,57 @@
-"""Test harness: run a dstreams pipeline batch by batch on a ManualClock and collect its outputs."""
+"""Test harness: run a dstreams pipeline batch by batch on a ManualClock and collect its outputs; and
+the rule for tests whose server (Ceph RADOS Gateway, moto server, standalone Spark cluster) is missing.
+
+Services: by default a test whose server does not answer skips with the reason (a developer's
+machine). With ``CI=true``, ``DSTREAMS_REQUIRE_SERVICES=1`` or ``pytest --require-services`` it fails
+instead (:func:`service_unavailable`), so that a CI run cannot pass without testing against them.
+``DSTREAMS_REQUIRE_SERVICES=0`` turns that off even under ``CI=true``.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from dstreams import DStream, ManualClock, StreamingContext
+import pytest
 
-Build = Callable[[DStream], dict[str, DStream]]
+if TYPE_CHECKING:  # dstreams is imported lazily: tests/conftest.py imports this module at start-up
+    from dstreams import DStream, StreamingContext
+
+Build = Callable[["DStream"], dict[str, "DStream"]]
+
+REQUIRE_ENV = "DSTREAMS_REQUIRE_SERVICES"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+MOTO_ENDPOINT = os.environ.get("DSTREAMS_TEST_MOTO_ENDPOINT", "http://127.0.0.1:5055")
+RGW_ENDPOINT = os.environ.get("DSTREAMS_TEST_RGW_ENDPOINT", "http://127.0.0.1:7480")
+
+
+def services_required() -> bool:
+    """Whether a missing test service is a failure: ``DSTREAMS_REQUIRE_SERVICES`` if set (1/true/yes/on
+    or 0/false/no/off), else whether ``CI`` is true. ``--require-services`` sets the variable."""
+    flag = os.environ.get(REQUIRE_ENV, "").strip().lower()
+    if flag in _TRUE:
+        return True
+    if flag in _FALSE:
+        return False
+    return os.environ.get("CI", "").strip().lower() in _TRUE
+
+
+def required_by() -> str:
+    """What made services required, for messages."""
+    if os.environ.get(REQUIRE_ENV, "").strip().lower() in _TRUE:
+        return f"{REQUIRE_ENV}={os.environ[REQUIRE_ENV]} (or --require-services)"
+    return f"CI={os.environ.get('CI')}"
+
+
+def service_unavailable(reason: str) -> NoReturn:
+    """A test's server is not available: fail when services are required, else skip; ``reason`` says
+    which server, where, and how to start it."""
+    if services_required():
+        pytest.fail(f"{reason} [services are required: {required_by()}]", pytrace=False)
+    pytest.skip(f"{reason} [set {REQUIRE_ENV}=1 to make this a failure]")
 
 
 def collector(store: dict[str, list[Any]], name: str, normalise: Callable[[list[Any]], Any] = sorted):
@@ -25,6 +69,8 @@ def run_manual(sc, inputs: list[list[Any]], build: Build, batches: int | None = 
     ``build(stream)`` returns named output streams; each is collected per batch, with ``normalise``
     applied (sorted by default, since order inside a batch is not part of the contract).
     """
+    from dstreams import ManualClock, StreamingContext
+
     n = batches if batches is not None else len(inputs)
     clock = ManualClock()
     ssc = StreamingContext(sc, batch_ms / 1000.0, clock=clock)

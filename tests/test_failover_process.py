@@ -22,6 +22,7 @@ import pytest
 from dstreams import ManualClock
 
 from .recovery_app import build, read_outputs
+from .support import service_unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.s3]
 
@@ -42,7 +43,7 @@ def rgw_bucket():
     try:
         client.create_bucket(Bucket=bucket)
     except Exception as e:  # noqa: BLE001
-        pytest.skip(f"Ceph RGW at {RGW} is not reachable ({e}); run `bash scripts/services.sh start`")
+        service_unavailable(f"Ceph RGW at {RGW} is not reachable ({e}); run `bash scripts/services.sh start`")
     return bucket
 
 

@@ -15,11 +15,33 @@ def _partitions(rdd) -> list[list]:
     return [sorted(p) for p in rdd.glom().collect()]
 
 
-@pytest.fixture(params=["compiled", "calls", "off"])
+MODE_KEY = "spark.dstreams.jvm.mode"
+MODE_ENV = "DSTREAMS_LEAN_JVM"
+
+
+@pytest.fixture(params=["compiled", "off"])
 def lean(request):
     jvm.set_mode(request.param)
     yield request.param
-    jvm.set_mode("compiled")
+    jvm.set_mode(None)
+
+
+@pytest.fixture
+def conf_mode(sc, monkeypatch):
+    """Sets ``spark.dstreams.jvm.mode`` on the running context's conf (removed afterwards, and the context's
+    mode resolved again from a clean environment)."""
+    monkeypatch.delenv(MODE_ENV, raising=False)
+
+    def set_key(value: str | None) -> None:
+        if value is None:
+            sc._conf._jconf.remove(MODE_KEY)
+        else:
+            sc._conf.set(MODE_KEY, value)
+
+    yield set_key
+    set_key(None)
+    monkeypatch.delenv(MODE_ENV, raising=False)
+    jvm.bridge(sc).reresolve_mode()
 
 
 def test_shuffle_places_records_as_partition_by_does(sc, lean):
@@ -73,28 +95,67 @@ def test_materialize_and_persist_build_a_working_cached_rdd(sc, lean):
     factor.unpersist()
 
 
-def test_the_compiled_builder_is_used_by_default(sc):
-    assert jvm.mode() == "compiled"
+def test_the_compiled_builder_is_used_by_default(sc, conf_mode):
+    assert jvm.MODES == ("compiled", "off")
+    jvm.prepare(sc)
+    assert jvm.mode(sc) == jvm.mode() == "compiled"
     assert jvm.bridge(sc).builder() is not None  # Janino is on PySpark's classpath
+    rdd = sc.parallelize(range(4), 2).map(lambda x: x)
+    assert jvm.materialize(rdd)._jrdd_val is not None
 
 
-def test_mode_from_the_environment():
-    assert jvm._mode_from_env("") == "compiled"
-    assert jvm._mode_from_env("0") == "off"
-    assert jvm._mode_from_env(" Calls ") == "calls"
-    with pytest.raises(ValueError, match="DSTREAMS_LEAN_JVM"):
-        jvm._mode_from_env("fast")
-    with pytest.raises(ValueError, match="not one of"):
-        jvm.set_mode("fast")
+def test_the_mode_is_the_contexts_conf_key_before_the_environment(sc, conf_mode, monkeypatch):
+    monkeypatch.setenv(MODE_ENV, "compiled")
+    conf_mode("off")
+    jvm.prepare(sc)  # what StreamingContext.start calls: the mode is resolved there, per context
+    assert jvm.mode(sc) == "off" and jvm.bridge(sc).mode == "off"
+    rdd = sc.parallelize(range(4), 2).map(lambda x: x + 1)
+    assert jvm.materialize(rdd)._jrdd_val is None  # left to PySpark's lazy _jrdd
+    cached = jvm.persist(rdd, StorageLevel.MEMORY_ONLY)
+    assert cached.is_cached and cached.collect() == [1, 2, 3, 4]
+    cached.unpersist()
+    shuffled = jvm.shuffle(sc.parallelize([("a", 1), ("b", 2)], 2), hash_partitioner(2))
+    assert not isinstance(shuffled, jvm._BuiltRDD)  # PySpark's partitionBy
+    conf_mode("compiled")
+    monkeypatch.setenv(MODE_ENV, "0")
+    jvm.prepare(sc)
+    assert jvm.mode(sc) == "compiled"
 
 
-def test_disabled_lean_path_is_pyspark_itself(sc):
-    jvm.set_enabled(False)
+@pytest.mark.parametrize(("value", "expected"), [("", "compiled"), ("1", "compiled"), (" Compiled ", "compiled"),
+                                                 ("0", "off"), ("off", "off"), ("OFF", "off")])
+def test_the_environment_is_the_fallback(sc, conf_mode, monkeypatch, value, expected):
+    monkeypatch.setenv(MODE_ENV, value)
+    jvm.prepare(sc)
+    assert jvm.mode(sc) == expected
+    rdd = sc.parallelize(range(4), 2).map(lambda x: x)
+    assert (jvm.materialize(rdd)._jrdd_val is not None) == (expected == "compiled")
+
+
+def test_invalid_modes_fail_at_start_naming_the_accepted_values(sc, conf_mode, monkeypatch):
+    monkeypatch.setenv(MODE_ENV, "calls")  # the removed mode
+    with pytest.raises(ValueError, match=r"DSTREAMS_LEAN_JVM='calls' is not one of compiled \(or 1\) and off"):
+        jvm.prepare(sc)
+    monkeypatch.delenv(MODE_ENV)
+    conf_mode("fast")
+    with pytest.raises(ValueError, match=r"spark.dstreams.jvm.mode='fast' is not one of compiled .* e.g. "):
+        jvm.prepare(sc)
+    for bad in ("calls", "fast"):
+        with pytest.raises(ValueError, match="not one of compiled, off"):
+            jvm.set_mode(bad)
+
+
+def test_set_mode_overrides_every_context_until_reset(sc, conf_mode):
+    conf_mode("compiled")
+    jvm.prepare(sc)
+    jvm.set_mode("off")
     try:
+        assert jvm.mode(sc) == "off"
         rdd = sc.parallelize(range(4), 2).map(lambda x: x)
         assert jvm.materialize(rdd)._jrdd_val is None  # left to PySpark's lazy _jrdd
     finally:
-        jvm.set_enabled(True)
+        jvm.set_mode(None)
+    assert jvm.mode(sc) == "compiled"
     rdd = sc.parallelize(range(4), 2).map(lambda x: x)
     assert jvm.materialize(rdd)._jrdd_val is not None
 
@@ -104,16 +165,31 @@ def test_shuffle_of_records_that_are_not_pairs_fails_as_partition_by_does(sc, le
         jvm.shuffle(sc.parallelize(["abc", "de"], 1), hash_partitioner(2)).collect()
 
 
-def test_a_builder_that_cannot_be_compiled_falls_back_to_plain_calls(sc, monkeypatch, caplog):
+def test_a_builder_that_cannot_be_compiled_falls_back_to_pyspark_with_one_warning(sc, monkeypatch, caplog):
     def no_janino(jvm_view, anchor):
         raise Py4JError("class org.codehaus.janino.SimpleCompiler not found")
 
     monkeypatch.setattr(jvm, "compile_builder", no_janino)
-    broken = jvm.Bridge(sc)
+    broken = jvm.Bridge(sc, "compiled")
     monkeypatch.setitem(jvm._bridges, id(sc), broken)
     with caplog.at_level("WARNING", logger="dstreams.jvm"):
         assert broken.builder() is None
-    assert "could not compile the JVM batch builder" in caplog.text
-    got = jvm.shuffle(sc.parallelize([("a", 1), ("b", 2), ("a", 3)], 2).map(lambda kv: kv), hash_partitioner(2))
-    assert sorted(got.collect()) == [("a", 1), ("a", 3), ("b", 2)]
-    assert jvm.num_partitions(got) == 2
+        assert jvm.mode(sc) == "compiled"  # the setting; the builder is what is missing
+        pairs = sc.parallelize([("a", 1), ("b", 2), ("a", 3)], 2).map(lambda kv: kv)
+        got = jvm.shuffle(pairs, hash_partitioner(2))
+        assert not isinstance(got, jvm._BuiltRDD)  # PySpark's own partitionBy
+        assert got.partitioner == hash_partitioner(2)
+        assert sorted(got.collect()) == [("a", 1), ("a", 3), ("b", 2)]
+        assert jvm.num_partitions(got) == 2
+        rdd = sc.parallelize(range(4), 2).map(lambda x: x * 2)
+        assert jvm.materialize(rdd)._jrdd_val is None  # left to PySpark's lazy _jrdd
+        cached = jvm.persist(rdd, StorageLevel.MEMORY_ONLY)
+        assert cached.is_cached and cached.getStorageLevel() == StorageLevel.MEMORY_ONLY
+        joined = union_rdds(sc, [got, jvm.shuffle(sc.parallelize([("c", 4)], 1), hash_partitioner(2))])
+        assert not isinstance(joined, jvm._BuiltRDD) and joined.partitioner == hash_partitioner(2)
+        assert sorted(joined.collect()) == [("a", 1), ("a", 3), ("b", 2), ("c", 4)]
+        assert cached.collect() == [0, 2, 4, 6]
+        cached.unpersist()
+    warnings = [r for r in caplog.records if "could not compile the JVM batch builder" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "PySpark's own calls" in warnings[0].getMessage()

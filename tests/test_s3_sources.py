@@ -13,7 +13,7 @@ from dstreams.nodes.files import split_lines
 from dstreams.recovery.store import open_store
 
 from .recovery_app import read_outputs
-from .support import collector
+from .support import collector, service_unavailable
 
 MOTO = os.environ.get("DSTREAMS_TEST_MOTO_ENDPOINT", "http://127.0.0.1:5055")
 MOTO_OPTS = {"endpoint_url": MOTO, "access_key": "testing", "secret_key": "testing", "region": "us-east-1"}
@@ -28,7 +28,7 @@ def bucket() -> str:
     try:
         client.create_bucket(Bucket=name)
     except Exception as e:  # noqa: BLE001
-        pytest.skip(f"moto server at {MOTO} is not reachable ({e}); run `bash scripts/services.sh start`")
+        service_unavailable(f"moto server at {MOTO} is not reachable ({e}); run `bash scripts/services.sh start`")
     return name
 
 

@@ -11,6 +11,8 @@ from dstreams import ManualClock, StreamingContext
 from dstreams.recovery.sinks import save_text_exactly_once
 from dstreams.recovery.store import open_store
 
+from .support import service_unavailable
+
 MOTO = os.environ.get("DSTREAMS_TEST_MOTO_ENDPOINT", "http://127.0.0.1:5055")
 MOTO_OPTS = {"endpoint_url": MOTO, "access_key": "testing", "secret_key": "testing", "region": "us-east-1"}
 
@@ -50,7 +52,7 @@ def test_s3_sink_through_save_as_text_files(sc, tmp_path):
     try:
         client.create_bucket(Bucket=bucket)
     except Exception as e:  # noqa: BLE001
-        pytest.skip(f"moto server at {MOTO} is not reachable ({e}); run `bash scripts/services.sh start`")
+        service_unavailable(f"moto server at {MOTO} is not reachable ({e}); run `bash scripts/services.sh start`")
     clock = ManualClock()
     ssc = StreamingContext(sc, 1, clock=clock)
     ssc.queueStream([[("a", 1), ("b", 2)], [("a", 3)]]).saveAsTextFiles(f"s3://{bucket}/out/counts", **MOTO_OPTS)
@@ -76,7 +78,7 @@ def _moto_bucket(prefix: str) -> str:
     try:
         client.create_bucket(Bucket=bucket)
     except Exception as e:  # noqa: BLE001
-        pytest.skip(f"moto server at {MOTO} is not reachable ({e}); run `bash scripts/services.sh start`")
+        service_unavailable(f"moto server at {MOTO} is not reachable ({e}); run `bash scripts/services.sh start`")
     return bucket
 
 

@@ -77,6 +77,48 @@ def test_local_dir_from_env(monkeypatch, tmp_path):
     assert not tuned_conf("local[2]").contains("spark.local.dir")
 
 
+def test_local_dir_from_the_conf_key_before_the_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("DSTREAMS_SPARK_LOCAL_DIR", str(tmp_path / "from-env"))
+    conf = tuned_conf("local[2]", conf={"spark.dstreams.localDir": str(tmp_path / "from-conf")})
+    assert conf.get("spark.local.dir") == str(tmp_path / "from-conf")
+    assert (tmp_path / "from-conf").is_dir() and not (tmp_path / "from-env").exists()
+
+
+class _Created:
+    def __init__(self) -> None:
+        self.levels: list[str] = []
+
+    def setLogLevel(self, level: str) -> None:
+        self.levels.append(level)
+
+
+def test_log_level_of_a_created_context_conf_key_then_env(monkeypatch):
+    monkeypatch.setattr(SparkContext, "_active_spark_context", None)
+    created = _Created()
+    monkeypatch.setattr(SparkContext, "getOrCreate", staticmethod(lambda conf: created))
+    monkeypatch.delenv("DSTREAMS_SPARK_LOG_LEVEL", raising=False)
+    assert create_spark_context("local[2]") is created
+    monkeypatch.setenv("DSTREAMS_SPARK_LOG_LEVEL", "info")
+    create_spark_context("local[2]")
+    create_spark_context("local[2]", conf={"spark.dstreams.logLevel": "Error"})
+    assert created.levels == ["WARN", "INFO", "ERROR"]
+
+
+def test_an_invalid_log_level_fails_before_a_context_is_created(monkeypatch):
+    monkeypatch.setattr(SparkContext, "_active_spark_context", None)
+
+    def must_not_start(conf):
+        raise AssertionError("a SparkContext was started")
+
+    monkeypatch.setattr(SparkContext, "getOrCreate", staticmethod(must_not_start))
+    monkeypatch.setenv("DSTREAMS_SPARK_LOG_LEVEL", "LOUD")
+    with pytest.raises(ValueError, match=r"DSTREAMS_SPARK_LOG_LEVEL='LOUD' is not a Spark log level .* e\.g\. "):
+        create_spark_context("local[2]")
+    monkeypatch.delenv("DSTREAMS_SPARK_LOG_LEVEL")
+    with pytest.raises(ValueError, match=r"spark\.dstreams\.logLevel='chatty' is not a Spark log level"):
+        create_spark_context("local[2]", conf={"spark.dstreams.logLevel": "chatty"})
+
+
 class _FakeContext:
     """Stands in for a user's running SparkContext; has no setters, so modifying it would raise."""
 

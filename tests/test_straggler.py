@@ -35,6 +35,7 @@ from dstreams import ManualClock
 
 from .standalone_cluster import ClusterUnavailableError, StandaloneCluster
 from .straggler_app import build, read_text_outputs
+from .support import service_unavailable
 
 APP = os.path.join(os.path.dirname(__file__), "straggler_app.py")
 BATCHES = 6
@@ -102,7 +103,7 @@ def test_speculation_keeps_batches_fast_with_a_straggler_and_outputs_exactly_onc
         expected = _reference(sc, tmp_path)  # while the cluster starts
         thread.join(CLUSTER_TIMEOUT_S + 30)
         if errors and isinstance(errors[0], ClusterUnavailableError):
-            pytest.skip(f"no standalone cluster here: {errors[0]}")
+            service_unavailable(f"no standalone Spark cluster here: {errors[0]}")
         if errors:
             raise errors[0]
         assert not thread.is_alive(), "cluster start did not return"

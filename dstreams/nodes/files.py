@@ -21,24 +21,19 @@ import os
 import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from pyspark import RDD
 
+from ..contracts import ObjectStoreLocation
 from ..time import BatchTime
 from .input import InputNode
 
 if TYPE_CHECKING:
     from ..graph import DStreamGraph
 
-_STORE_SCHEMES = ("s3", "s3a")
 _LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 #: At most this many objects per partition when reading a store prefix (more objects: fewer tasks).
 _MAX_PARTITIONS = 64
-
-
-def is_store_url(location: str) -> bool:
-    return urlsplit(location).scheme.lower() in _STORE_SCHEMES
 
 
 def _visible(name: str) -> bool:
@@ -75,8 +70,11 @@ def _read_objects(spec: Any, record_length: int | None, keys: Iterator[str]) -> 
 
 
 class FileInputNode(InputNode):
+    """A folder source. ``store`` (an :class:`~dstreams.contracts.ObjectStoreLocation`) reads an object
+    store prefix instead of the local folder ``directory``; the api layer opens it for store URLs."""
+
     def __init__(self, graph: DStreamGraph, directory: str, record_length: int | None = None,
-                 store_options: dict[str, Any] | None = None) -> None:
+                 store: ObjectStoreLocation | None = None) -> None:
         super().__init__(graph)
         if record_length is not None and record_length <= 0:
             raise ValueError(f"recordLength must be positive, got {record_length}")
@@ -86,13 +84,7 @@ class FileInputNode(InputNode):
         self.record_length = record_length
         self.seen: set[str] = set()
         self._restored = False
-        self._spec: Any = None
-        if is_store_url(directory):
-            from dstreams.recovery.storespec import StoreSpec
-
-            self._spec = StoreSpec(directory, dict(store_options or {}))
-        elif store_options:
-            raise ValueError(f"store options apply to s3:// locations only, not to the local folder {directory!r}")
+        self._spec = store
 
     def _list(self) -> list[str]:
         if self._spec is not None:
@@ -132,16 +124,17 @@ class FileInputNode(InputNode):
         self._restored = True
 
     def compute(self, time: BatchTime) -> RDD | None:
-        if time.ms in self.replay:
-            files = list(self.replay.pop(time.ms).get("files", []))
+        replayed = self.replayed_offsets(time)
+        if replayed is not None:
+            files = list(replayed.get("files", []))
             self.seen.update(files)
-            self._report(time, None, {"files": files})
+            self.report_batch(time, None, {"files": files})
             return self.read_files(files)
         listing = self._list()
         new = [p for p in listing if p not in self.seen]
         # Remember the current listing only: deleted files are forgotten (bounded state).
         self.seen = set(listing)
-        self._report(time, None, {"files": new})
+        self.report_batch(time, None, {"files": new})
         return self.read_files(new)
 
     def read_files(self, paths: list[str]) -> RDD:

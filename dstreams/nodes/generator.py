@@ -114,12 +114,14 @@ class GeneratorInputNode(InputNode):
         self._base: RDD | None = None
 
     def compute(self, time: BatchTime) -> RDD | None:
-        seed, t, n, func = self.seed, time.ms, self.records_per_partition, self.record_func
+        replayed = self.replayed_offsets(time)
+        seed = int(replayed["seed"]) if replayed is not None else self.seed
+        t, n, func = time.ms, self.records_per_partition, self.record_func
 
         def gen(partition: int, _: Iterable[Any]) -> Iterable[Any]:
             return func(seed, t, partition, n)
 
-        self._report(time, n * self.num_partitions, {"seed": seed, "time": t})
+        self.report_batch(time, n * self.num_partitions, {"seed": seed, "time": t})
         return self._partitions_rdd().mapPartitionsWithIndex(gen)
 
     def _partitions_rdd(self) -> RDD:

@@ -59,6 +59,14 @@ class ReducedWindowNode(DStreamNode):
         return self.inv_func is not None
 
     @property
+    def checkpoint_partitioner(self) -> Partitioner:
+        return self.partitioner
+
+    def describe_params(self) -> list[str]:
+        inverse = ["inverse"] if self.inv_func is not None else []
+        return [f"window={self.window.ms}", f"partitions={self.partitioner.numPartitions}", *inverse]
+
+    @property
     def name(self) -> str:
         return f"reduceByKeyAndWindow#{self.id}"
 

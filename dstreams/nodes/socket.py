@@ -30,9 +30,12 @@ log = logging.getLogger(__name__)
 
 
 class SocketInputNode(InputNode):
+    """``socketTextStream``: see the module docstring."""
+
     @property
     def replayable(self) -> bool:  # type: ignore[override]
         return self.graph.wal is not None
+
     def __init__(self, graph: DStreamGraph, host: str, port: int) -> None:
         super().__init__(graph)
         if not isinstance(port, int) or not 0 < port < 65536:
@@ -44,7 +47,6 @@ class SocketInputNode(InputNode):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.connected = threading.Event()
-        self.last_error: BaseException | None = None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._receive, name=f"dstreams-socket-{self.port}", daemon=True)
@@ -81,7 +83,6 @@ class SocketInputNode(InputNode):
                         with self._lock:
                             self._buffer.append(pending.rstrip(b"\r").decode("utf-8", "replace"))
             except OSError as e:
-                self.last_error = e
                 log.debug("socket source %s:%s: %s (retrying)", self.host, self.port, e)
             finally:
                 self.connected.clear()
@@ -90,14 +91,15 @@ class SocketInputNode(InputNode):
 
     def compute(self, time: BatchTime) -> RDD | None:
         wal = self.graph.wal
-        if time.ms in self.replay and wal is not None:
-            lines = wal.read(self.replay.pop(time.ms)["wal"])
+        replayed = self.replayed_offsets(time)
+        if replayed is not None and wal is not None:
+            lines = wal.read(replayed["wal"])
             offsets = None
         else:
             with self._lock:
                 lines, self._buffer = self._buffer, []
             offsets = {"wal": wal.write(f"wal/{self.key}/{time.ms:015d}", lines)} if wal is not None else None
-        self._report(time, len(lines), offsets)
+        self.report_batch(time, len(lines), offsets)
         sc = self.graph.sc
         if not lines:
             return sc.emptyRDD()

@@ -48,6 +48,13 @@ class StateNode(DStreamNode):
         return self.parent.slide_duration
 
     @property
+    def checkpoint_partitioner(self) -> Partitioner:
+        return self.partitioner
+
+    def describe_params(self) -> list[str]:
+        return [f"partitions={self.partitioner.numPartitions}"]
+
+    @property
     def dependencies(self) -> list[DStreamNode]:
         return [self.parent]
 
@@ -148,6 +155,9 @@ class TrackNode(StateNode):
         self.init = init
         self.update = update
         self.timeout = timeout
+
+    def describe_params(self) -> list[str]:
+        return [f"timeout={self.timeout.ms}", *super().describe_params()]
 
     def prepare(self, batch: RDD) -> RDD:
         return pre_group_ordered(batch, self.partitioner, "track")

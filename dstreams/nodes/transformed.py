@@ -21,13 +21,15 @@ if TYPE_CHECKING:
 TransformFunc = Callable[[list[RDD], BatchTime], RDD]
 
 
-def require_same_slide(parents: Sequence[DStreamNode], what: str) -> Duration:
+def require_same_slide(parents: Sequence[DStreamNode], what: str, message: str | None = None) -> Duration:
+    """The common slide duration of ``parents``; ValueError (``message``, or one naming ``what``) otherwise.
+
+    The one place that checks it (unions, joins, transforms over several streams).
+    """
     slides = {p.slide_duration for p in parents}
     if len(slides) != 1:
-        raise ValueError(
-            f"{what} needs streams with the same slide duration, got "
-            + ", ".join(str(s) for s in sorted(slides))
-        )
+        got = ", ".join(str(s) for s in sorted(slides))
+        raise ValueError(f"{message or what + ' needs streams with the same slide duration'}, got {got}")
     return next(iter(slides))
 
 

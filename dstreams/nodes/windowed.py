@@ -48,6 +48,9 @@ class WindowedNode(DStreamNode):
     def slide_duration(self) -> Duration:
         return self._slide
 
+    def describe_params(self) -> list[str]:
+        return [f"window={self.window.ms}"]
+
     @property
     def dependencies(self) -> list[DStreamNode]:
         return [self.parent]

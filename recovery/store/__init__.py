@@ -42,9 +42,22 @@ __all__ = [
     "StoreUnavailableError",
     "TransientStoreError",
     "content_etag",
+    "is_store_url",
     "open_store",
     "validate_key",
 ]
+
+
+#: URL schemes of object stores (S3-compatible, through boto3).
+STORE_SCHEMES = ("s3", "s3a")
+
+
+def is_store_url(location: str | os.PathLike[str] | None) -> bool:
+    """Whether ``location`` names an object store (``s3://``/``s3a://``) rather than a local folder.
+
+    The one place that decides it: checkpoints, file sources and sinks all ask here.
+    """
+    return location is not None and urlsplit(os.fspath(location)).scheme.lower() in STORE_SCHEMES
 
 
 def _root_from_path(path: str, url: str) -> str:
@@ -71,7 +84,7 @@ def open_store(url_or_path: str | os.PathLike[str], **options: Any) -> Store:
         raise StoreConfigError(f"store location must be a non-empty path or URL, got {url_or_path!r}")
     parts = urlsplit(text)
     scheme = parts.scheme.lower()
-    if scheme in ("s3", "s3a"):
+    if scheme in STORE_SCHEMES:
         from .s3 import S3Store
 
         if not parts.netloc:

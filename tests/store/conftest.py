@@ -3,13 +3,14 @@
 ``store`` runs a test against every backend: memory, local folder, a moto server and a real Ceph
 RADOS Gateway (both over HTTP through boto3). The S3 servers are started by
 ``bash scripts/services.sh start``; their endpoints come from ``DSTREAMS_TEST_MOTO_ENDPOINT`` and
-``DSTREAMS_TEST_RGW_ENDPOINT`` (defaults below). A server that does not answer makes its tests skip
-with the reason. Each test module gets a fresh bucket per server, each test a fresh prefix in it.
+``DSTREAMS_TEST_RGW_ENDPOINT`` (defaults in tests/support.py). A server that does not answer makes
+its tests skip with the reason, or fail when services are required (``CI=true``,
+``DSTREAMS_REQUIRE_SERVICES=1`` or ``--require-services``: see tests/support.py). Each test module gets
+a fresh bucket per server, each test a fresh prefix in it.
 """
 
 from __future__ import annotations
 
-import os
 import urllib.error
 import urllib.request
 import uuid
@@ -25,6 +26,8 @@ from dstreams.recovery.store import Store
 from dstreams.recovery.store.local import LocalStore
 from dstreams.recovery.store.memory import MemoryStore
 from dstreams.recovery.store.s3 import S3Store
+
+from ..support import MOTO_ENDPOINT, RGW_ENDPOINT, service_unavailable
 
 # Short bound so that a dead server fails a test in seconds, not 30 s.
 TEST_RETRY = RetryPolicy(total_seconds=5.0, initial=0.02, maximum=0.5)
@@ -53,12 +56,8 @@ class S3Server:
 
 
 SERVERS = {
-    "moto": S3Server(
-        "moto", os.environ.get("DSTREAMS_TEST_MOTO_ENDPOINT", "http://127.0.0.1:5055"), "testing", "testing"
-    ),
-    "rgw": S3Server(
-        "Ceph RGW", os.environ.get("DSTREAMS_TEST_RGW_ENDPOINT", "http://127.0.0.1:7480"), "AKTEST", "SKTEST"
-    ),
+    "moto": S3Server("moto", MOTO_ENDPOINT, "testing", "testing"),
+    "rgw": S3Server("Ceph RGW", RGW_ENDPOINT, "AKTEST", "SKTEST"),
 }
 
 
@@ -77,7 +76,7 @@ def answers(url: str) -> bool:
 def require(server_name: str) -> S3Server:
     server = SERVERS[server_name]
     if not answers(server.endpoint):
-        pytest.skip(
+        service_unavailable(
             f"{server.name} does not answer at {server.endpoint}: "
             "start it with `bash scripts/services.sh start` "
             f"(or point DSTREAMS_TEST_{'RGW' if server_name == 'rgw' else 'MOTO'}_ENDPOINT at one)"
@@ -87,7 +86,8 @@ def require(server_name: str) -> S3Server:
 
 @pytest.fixture
 def s3_server() -> Callable[[str], S3Server]:
-    """``s3_server("moto" | "rgw")``: the server's endpoint and credentials; skips if it is down."""
+    """``s3_server("moto" | "rgw")``: the server's endpoint and credentials; skips (or fails, when services
+    are required) if it is down."""
     return require
 
 

@@ -1,0 +1,245 @@
+"""Every engine setting in one place: a Spark conf key ``spark.dstreams.*``, the environment variable that
+stands in for it, its type, default, validation and a one-line doc.
+
+Contract:
+
+* :func:`get(setting, conf)` is the setting's value: ``conf.get(setting.key)`` when ``conf`` (a
+  ``SparkConf``, or anything with ``get(key)``) is given and sets the key, else ``$<setting.env>``, else
+  ``setting.default``. A blank value counts as unset. A value that does not parse raises ``ValueError``
+  naming where it came from (the key or the variable), what is accepted and an example value.
+* The driver reads the SparkContext's conf first (:func:`active_conf` finds the running one when a caller
+  has no conf at hand). Executors (Python workers) have no SparkConf: they read the environment only, so a
+  setting they use (:data:`STORE_RETRY_SECONDS`) is given to them with ``spark.executorEnv.<VARIABLE>``
+  (local executors inherit the driver's environment).
+* :data:`SETTINGS` lists every setting; :data:`TEST_ONLY` the fault-injection variables that stay
+  environment-only (read by ``dstreams.recovery.faults``). :func:`markdown_table` renders both as the
+  README's configuration table (``python -m dstreams.config`` prints it).
+
+This module imports the standard library only: executors import it, and it knows neither the api nor
+recovery.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class ConfLike(Protocol):
+    """What :func:`get` needs of a ``SparkConf``."""
+
+    def get(self, key: str) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One engine setting. ``parse`` turns a non-blank raw string into the value or raises ``ValueError``
+    (its message is ignored); ``accepts`` says in words what it takes, ``example`` is a valid value."""
+
+    key: str
+    env: str
+    default: Any
+    parse: Callable[[str], Any]
+    accepts: str
+    example: str
+    doc: str
+
+    def error(self, source: str, raw: str) -> ValueError:
+        """The error for ``raw``, read from ``source`` (the key or the variable), that does not parse."""
+        return ValueError(f"{source}={raw!r} is not {self.accepts}: set it to e.g. {source}={self.example}, "
+                          f"or unset it (Spark conf key {self.key}, else environment variable {self.env})")
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """An environment-only variable (test-only fault injection), listed for the README table."""
+
+    env: str
+    default: str
+    doc: str
+
+
+# --- parsers ------------------------------------------------------------------------------------------
+
+JVM_MODES = ("compiled", "off")
+
+
+def _jvm_mode(raw: str) -> str:
+    value = raw.strip().lower()
+    if value in ("compiled", "1"):
+        return "compiled"
+    if value in ("off", "0"):
+        return "off"
+    raise ValueError(raw)
+
+
+def _seconds(raw: str) -> float:
+    value = float(raw)
+    if math.isnan(value) or value < 0:
+        raise ValueError(raw)
+    return value
+
+
+LOG_LEVELS = ("ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN")
+
+
+def _log_level(raw: str) -> str:
+    value = raw.strip().upper()
+    if value not in LOG_LEVELS:
+        raise ValueError(raw)
+    return value
+
+
+def _text(raw: str) -> str:
+    return raw.strip()
+
+
+# --- the settings -------------------------------------------------------------------------------------
+
+JVM_MODE = Setting(
+    key="spark.dstreams.jvm.mode",
+    env="DSTREAMS_LEAN_JVM",
+    default="compiled",
+    parse=_jvm_mode,
+    accepts="one of compiled (or 1) and off (or 0)",
+    example="off",
+    doc="How the driver builds the per-batch RDDs: `compiled` = one Py4J call per RDD through a JVM class "
+        "compiled at start-up (falls back to PySpark's calls, with a warning, if it cannot be compiled); "
+        "`off` = PySpark's own calls. Resolved per SparkContext when a StreamingContext starts.",
+)
+
+STORE_RETRY_SECONDS = Setting(
+    key="spark.dstreams.store.retrySeconds",
+    env="DSTREAMS_STORE_RETRY_SECONDS",
+    default=30.0,
+    parse=_seconds,
+    accepts="a number of seconds >= 0",
+    example="30",
+    doc="How long one checkpoint-store operation retries transient errors (0 = one attempt). Executors "
+        "read the environment variable only (`spark.executorEnv.DSTREAMS_STORE_RETRY_SECONDS` on a cluster).",
+)
+
+STORE_OUTAGE_SECONDS = Setting(
+    key="spark.dstreams.store.outageSeconds",
+    env="DSTREAMS_STORE_OUTAGE_SECONDS",
+    default=900.0,
+    parse=_seconds,
+    accepts="a number of seconds >= 0",
+    example="900",
+    doc="How long batches wait (the driver retrying) for an unavailable checkpoint store before the "
+        "driver stops with the store's error.",
+)
+
+SPARK_LOG_LEVEL = Setting(
+    key="spark.dstreams.logLevel",
+    env="DSTREAMS_SPARK_LOG_LEVEL",
+    default="WARN",
+    parse=_log_level,
+    accepts="a Spark log level (" + ", ".join(LOG_LEVELS) + ")",
+    example="WARN",
+    doc="Log level set on a SparkContext that dstreams creates itself (`StreamingContext.local`, "
+        "`create_spark_context`).",
+)
+
+SPARK_LOCAL_DIR = Setting(
+    key="spark.dstreams.localDir",
+    env="DSTREAMS_SPARK_LOCAL_DIR",
+    default=None,
+    parse=_text,
+    accepts="a folder",
+    example="/tmp/dstreams-spark",
+    doc="Scratch folder (created if missing) that becomes `spark.local.dir` of a SparkContext dstreams "
+        "creates, unless the conf sets `spark.local.dir` (Spark's `SPARK_LOCAL_DIRS` still overrides both).",
+)
+
+#: Every engine setting, in the order of the README table.
+SETTINGS: tuple[Setting, ...] = (JVM_MODE, STORE_RETRY_SECONDS, STORE_OUTAGE_SECONDS, SPARK_LOG_LEVEL,
+                                 SPARK_LOCAL_DIR)
+
+#: Test-only fault injection (``dstreams.recovery.faults``): environment variables, no conf key.
+TEST_ONLY: tuple[EnvVar, ...] = (
+    EnvVar("DSTREAMS_FAULT_KILL", "", "Test-only: the driver SIGKILLs itself at this point "
+           "(`mid-batch`, `checkpoint-write`, `after-metadata-commit`)."),
+    EnvVar("DSTREAMS_FAULT_KILL_AFTER", "1", "Test-only: the pass through `DSTREAMS_FAULT_KILL`'s point "
+           "that kills the driver."),
+    EnvVar("DSTREAMS_FAULT_SLOW_EXECUTOR", "", "Test-only: slow down the tasks on these executor ids "
+           "(comma-separated; `driver` in `local[N]`)."),
+    EnvVar("DSTREAMS_FAULT_SLOW_PARTITION", "", "Test-only: slow down the tasks of these partitions "
+           "(comma-separated indexes)."),
+    EnvVar("DSTREAMS_FAULT_SLOW_SECONDS", "", "Test-only: extra seconds per slowed task (1 when "
+           "neither this nor `DSTREAMS_FAULT_SLOW_FACTOR` is set)."),
+    EnvVar("DSTREAMS_FAULT_SLOW_FACTOR", "1", "Test-only: a slowed task takes this many times as long."),
+)
+
+
+# --- reading ------------------------------------------------------------------------------------------
+
+
+def lookup(setting: Setting, conf: ConfLike | None = None,
+           environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """``(source, raw value)`` of the first non-blank of ``conf``'s key and the environment variable
+    (``source`` is the key or the variable's name), or None when neither sets it."""
+    if conf is not None:
+        raw = conf.get(setting.key)
+        if raw is not None and str(raw).strip():
+            return setting.key, str(raw)
+    raw = (os.environ if environ is None else environ).get(setting.env)
+    if raw is not None and raw.strip():
+        return setting.env, raw
+    return None
+
+
+def parse(setting: Setting, source: str, raw: str) -> Any:
+    """``raw`` (read from ``source``) parsed for ``setting``; a clear ``ValueError`` when it does not parse."""
+    try:
+        return setting.parse(raw)
+    except ValueError:
+        raise setting.error(source, raw) from None
+
+
+def get(setting: Setting, conf: ConfLike | None = None, environ: Mapping[str, str] | None = None) -> Any:
+    """The value of ``setting``: ``conf.get(key)``, else the environment variable, else the default."""
+    found = lookup(setting, conf, environ)
+    if found is None:
+        return setting.default
+    return parse(setting, *found)
+
+
+def active_conf() -> ConfLike | None:
+    """The conf of the SparkContext running in this process (the driver), or None (an executor, or no
+    context yet). Never imports PySpark itself."""
+    pyspark_context = sys.modules.get("pyspark.core.context") or sys.modules.get("pyspark.context")
+    spark_context = getattr(pyspark_context, "SparkContext", None)
+    sc = getattr(spark_context, "_active_spark_context", None)
+    if sc is None or getattr(sc, "_jsc", None) is None:
+        return None
+    return getattr(sc, "_conf", None)
+
+
+# --- documentation ------------------------------------------------------------------------------------
+
+
+def _default_text(value: Any) -> str:
+    if value is None:
+        return "(unset)"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"`{value}`"
+
+
+def markdown_table() -> str:
+    """The README's configuration table: every setting, then the test-only variables."""
+    rows = ["| Spark conf key | environment variable | default | what it does |", "| --- | --- | --- | --- |"]
+    for s in SETTINGS:
+        rows.append(f"| `{s.key}` | `{s.env}` | {_default_text(s.default)} | {s.doc} |")
+    for v in TEST_ONLY:
+        rows.append(f"| (none) | `{v.env}` | {_default_text(v.default or None)} | {v.doc} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

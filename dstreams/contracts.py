@@ -1,0 +1,107 @@
+"""The small typed interfaces the engine defines and the recovery layer implements.
+
+The engine (``dstreams/``) knows neither checkpoint stores nor the metadata log: it talks to them
+only through these Protocols, which the composition root (:mod:`dstreams.recovery.runtime`)
+fills in through constructors. Every implementation here is optional: a context without a
+checkpoint location runs with a checkpointer writing to a temporary folder, no journal, no fence.
+
+* :class:`Checkpointer`: a stateful node's RDD is due for a data checkpoint (``mark``); after each
+  batch the checkpointer may start writing (``batch_completed``); a restarted driver tells it what
+  it restored (``resumed``); the engine tells it when a committed checkpoint has been adopted
+  (``adopted``), on the event loop's thread.
+* :class:`BatchJournal`: the metadata log seen from the scheduler. ``batch_generated(t)`` runs
+  after batch ``t``'s RDDs are built and before it runs (records its input offsets);
+  ``batch_completed(t)`` after every batch up to ``t`` completed. Raising stops this driver.
+* :class:`Fence`: ``check_owner()`` raises when another driver has taken over (fencing); sinks call
+  it before they commit an output.
+* :class:`WriteAheadLog`: where sources that cannot replay (a socket) write a block before using it.
+* :class:`ObjectStoreLocation`: an object store prefix a file source lists and its tasks read.
+* :class:`EventPoster`: how a thread other than the event loop's asks for a change of graph state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pyspark import RDD
+
+from .time import BatchTime
+
+if TYPE_CHECKING:
+    from .events import Event
+    from .node import DStreamNode
+
+#: Called with a point name ("mid-batch", ...) where tests may inject a fault; a no-op in production.
+FaultHook = Callable[[str], None]
+
+
+class Checkpointer(Protocol):
+    def mark(self, node: DStreamNode, time: BatchTime, rdd: RDD) -> None:
+        """``node``'s RDD at ``time`` falls on its checkpoint interval (called while it is generated)."""
+        ...
+
+    def batch_completed(self, time: BatchTime) -> None:
+        """Every batch up to ``time`` has completed: the marked RDDs up to it may be written."""
+        ...
+
+    def adopted(self, node: DStreamNode, time: BatchTime, built_through: int) -> None:
+        """The engine now reads ``node``'s checkpoint at ``time``; batches up to ``built_through``
+        were built on the older lineage (they may still need older checkpoints)."""
+        ...
+
+    def resumed(self, node: DStreamNode, restored_ms: int | None, existing: list[int]) -> None:
+        """A restarted driver restored ``node`` from its checkpoint at ``restored_ms`` (None: none
+        usable); ``existing`` are the node's checkpoints found in the store."""
+        ...
+
+
+class BatchJournal(Protocol):
+    def batch_generated(self, time: BatchTime) -> None: ...
+
+    def batch_completed(self, time: BatchTime) -> None: ...
+
+    def checkpoint_committed(self, node_key: str, time_ms: int) -> None: ...
+
+    def close(self) -> None:
+        """Stop waiting for an unavailable store (a stop that is not graceful)."""
+        ...
+
+
+class Fence(Protocol):
+    def check_owner(self) -> None: ...
+
+
+class WriteAheadLog(Protocol):
+    def write(self, key: str, records: list[Any]) -> str: ...
+
+    def read(self, key: str) -> list[Any]: ...
+
+
+class ObjectStore(Protocol):
+    def list(self, prefix: str) -> list[str]: ...
+
+    def get(self, key: str) -> bytes: ...
+
+
+class ObjectStoreLocation(Protocol):
+    """A picklable description of an object store prefix that any process (executors too) can open."""
+
+    url: str
+
+    def open(self) -> ObjectStore: ...
+
+
+class EventPoster(Protocol):
+    def post(self, event: Event) -> None: ...
+
+
+class NoFence:
+    """The fence of a context without a metadata log: nobody else can take over."""
+
+    def check_owner(self) -> None:
+        return None
+
+
+def no_fault(point: str) -> None:
+    """The production fault hook: does nothing."""

@@ -1,0 +1,155 @@
+"""The composition root: builds and wires one running context's driver runtime.
+
+``StreamingContext.start()`` calls :meth:`DriverRuntime.build` once, and :meth:`DriverRuntime.stop`
+at stop; nothing else in the code base creates these objects or sets one on another. Wiring, in
+construction order (every dependency goes in through a constructor):
+
+1. the checkpoint location (:class:`StoreSpec`): the folder or ``s3://`` URL given to
+   ``ssc.checkpoint()``, else a temporary folder removed at stop;
+2. with a checkpoint location: the **metadata log** (:class:`MetadataLog`), which takes the next
+   epoch (fencing) and returns the previous head if a driver ran here before; the **journal**
+   (:class:`Journal`) that writes it as batches are generated and completed; the **write-ahead
+   log** of sources that cannot replay;
+3. the scheduler's **event loop** (:class:`EventLoop`), the one thread that changes graph state;
+4. the **checkpointer** (:class:`StoreCheckpointer`), which posts committed checkpoints to that
+   loop and checks the fence before each commit;
+5. the **scheduler** (:class:`JobScheduler`) with all of the above and the fault-injection hook;
+6. the **resume plan** (:func:`plan_resume`) when the metadata log had a previous head.
+
+Sinks reach the fence and the checkpoint store's options through :meth:`DriverRuntime.check_owner`
+and :attr:`RuntimeSettings`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark import SparkContext
+
+from dstreams.clock import Clock
+from dstreams.contracts import Fence, NoFence
+from dstreams.events import EventLoop
+from dstreams.graph import DStreamGraph
+from dstreams.listener import ListenerBus
+from dstreams.scheduler import JobScheduler
+from dstreams.time import BatchTime
+
+from . import faults
+from .checkpointer import StoreCheckpointer, StoreWriteAheadLog
+from .journal import Journal
+from .metadata import MetadataLog
+from .resume import ResumePlan, plan_resume
+from .store import is_store_url
+from .storespec import StoreSpec
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointInUseError(RuntimeError):
+    """The checkpoint location holds a previous run's metadata log and the context was not asked to resume."""
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """What the api layer decided before ``start()``: where to checkpoint, whether to resume, how many
+    batches may run at once."""
+
+    checkpoint_dir: str | None = None
+    store_options: dict[str, Any] = field(default_factory=dict)
+    resume: bool = False
+    concurrent_batches: int = 1
+
+
+class DriverRuntime:
+    """The wired driver runtime of one started context (see the module docstring)."""
+
+    def __init__(self, scheduler: JobScheduler, checkpointer: StoreCheckpointer, events: EventLoop,
+                 fence: Fence, metadata: MetadataLog | None, journal: Journal | None,
+                 plan: ResumePlan | None, first_batch: BatchTime, temp_dir: str | None) -> None:
+        self.first_batch = first_batch
+        self.scheduler = scheduler
+        self.checkpointer = checkpointer
+        self.events = events
+        self.fence = fence
+        self.metadata = metadata
+        self.journal = journal
+        self.plan = plan
+        self._temp_dir = temp_dir
+
+    @classmethod
+    def build(cls, sc: SparkContext, graph: DStreamGraph, clock: Clock, bus: ListenerBus,
+              settings: RuntimeSettings) -> DriverRuntime:
+        """Wire the runtime; with a checkpoint location, take over its metadata log (and plan a resume)."""
+        assert graph.batch_duration is not None
+        spec, temp_dir = _checkpoint_location(settings)
+        events = EventLoop("dstreams-generator")
+        first = _first_batch_time(clock, graph.batch_duration.ms)
+        metadata: MetadataLog | None = None
+        journal: Journal | None = None
+        previous: dict[str, Any] | None = None
+        wal: StoreWriteAheadLog | None = None
+        fence: Fence = NoFence()
+        if settings.checkpoint_dir is not None:
+            store = spec.open()
+            if MetadataLog.read(store) is not None and not settings.resume:
+                raise CheckpointInUseError(
+                    f"the checkpoint location {settings.checkpoint_dir} already holds the metadata log of a previous "
+                    "run: resume it with StreamingContext.getOrCreate(path, setupFunc), or use an empty location"
+                )
+            batch_ms = graph.batch_duration.ms
+            metadata = MetadataLog(store, sc.appName, graph.fingerprint(), batch_ms)
+            previous = metadata.take_over(zero_ms=first.ms - batch_ms)
+            journal = Journal(metadata, graph)
+            wal = StoreWriteAheadLog(store)
+            fence = metadata
+        checkpointer = StoreCheckpointer(sc, spec, events, fence)
+        scheduler = JobScheduler(graph, clock, bus, checkpointer, events,
+                                 concurrent_batches=settings.concurrent_batches, journal=journal, wal=wal,
+                                 fault_hook=faults.reached)
+        plan = plan_resume(sc, spec, graph, previous, checkpointer) if previous is not None else None
+        return cls(scheduler, checkpointer, events, fence, metadata, journal, plan, first, temp_dir)
+
+    def start(self) -> None:
+        """Start generating: from the resume plan's first batch, else from the clock's next boundary."""
+        if self.plan is not None:
+            self.scheduler.start(self.plan.first_batch, self.plan.zero, self.plan.prepare)
+        else:
+            # The same first batch as recorded in the metadata log: the zero time must match.
+            self.scheduler.start(self.first_batch)
+
+    def check_owner(self) -> None:
+        """Raise ``FencedError`` when another driver has taken over (sinks call it before committing)."""
+        self.fence.check_owner()
+
+    def stop(self, graceful: bool, timeout_s: float) -> None:
+        """Stop the scheduler (graceful: after the generated batches ran), then the checkpointer."""
+        try:
+            if self.journal is not None and not graceful:
+                self.journal.close()  # a batch waiting for an unavailable store gives up now
+            self.scheduler.stop(graceful=graceful, timeout_s=timeout_s)
+        finally:
+            self.checkpointer.close(wait=graceful)
+            if self._temp_dir:
+                shutil.rmtree(self._temp_dir, ignore_errors=True)
+
+
+def _first_batch_time(clock: Clock, batch_ms: int) -> BatchTime:
+    return BatchTime((clock.time_ms() // batch_ms + 1) * batch_ms)
+
+
+def _checkpoint_location(settings: RuntimeSettings) -> tuple[StoreSpec, str | None]:
+    directory = settings.checkpoint_dir
+    temp_dir: str | None = None
+    if directory is None:
+        temp_dir = tempfile.mkdtemp(prefix="dstreams-checkpoint-")
+        directory = temp_dir
+        log.info("no checkpoint directory set: stateful streams checkpoint into %s (removed at stop)", directory)
+    elif not is_store_url(directory) and "://" not in directory:
+        os.makedirs(directory, exist_ok=True)
+        directory = os.path.abspath(directory)
+    return StoreSpec(directory, dict(settings.store_options)), temp_dir
