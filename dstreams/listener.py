@@ -401,12 +401,20 @@ class ListenerBus:
         )
 
     # ------------------------------------------------------------------ posting
+    @property
+    def has_listeners(self) -> bool:
+        """Whether any listener is registered (posters skip building events nobody would receive)."""
+        return bool(self._listeners)
+
     def post(self, callback: str, event: Any) -> None:
         """Queue ``event`` for the listeners' ``callback`` (e.g. ``"onBatchCompleted"``); never blocks.
 
         A full queue drops the event (counted in :attr:`dropped`, warned about at most once a minute);
-        after :meth:`stop` the event is dropped silently.
+        after :meth:`stop` the event is dropped silently. With no listener registered the event is
+        dropped at once (no queueing, no thread woken), as a synchronous delivery to nobody would be.
         """
+        if not self._listeners:
+            return
         with self._lock:
             if self._stopped:
                 log.debug("listener bus stopped: %s event dropped", callback)

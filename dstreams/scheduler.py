@@ -31,6 +31,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .clock import Clock
 from .contracts import BatchJournal, Checkpointer, FaultHook, no_fault
@@ -174,7 +175,7 @@ class JobScheduler:
                                                   daemon=True))
         for t in [*self._runners, self._timer]:
             t.start()
-        self.bus.post("onStreamingStarted", StreamingListenerStreamingStarted(wall_ms()))
+        self._notify("onStreamingStarted", StreamingListenerStreamingStarted, wall_ms())
         return first_batch
 
     def stop(self, graceful: bool, timeout_s: float) -> None:
@@ -262,7 +263,7 @@ class JobScheduler:
         with self._cond:
             self._queue.append(b)
             self._cond.notify_all()
-        self.bus.post("onBatchSubmitted", StreamingListenerBatchSubmitted(info))
+        self._notify("onBatchSubmitted", StreamingListenerBatchSubmitted, info)
 
     def _batch_completed(self, time: BatchTime) -> None:
         """Record, clean up and checkpoint every batch whose predecessors have all completed."""
@@ -316,7 +317,7 @@ class JobScheduler:
                 self._run_batch(b)
             finally:
                 self.infos.append(b.info)
-                self.bus.post("onBatchCompleted", StreamingListenerBatchCompleted(b.info))
+                self._notify("onBatchCompleted", StreamingListenerBatchCompleted, b.info)
                 with self._cond:
                     self._running.pop(b.time.ms, None)
                     self._cond.notify_all()
@@ -325,7 +326,7 @@ class JobScheduler:
     def _run_batch(self, b: Batch) -> None:
         info = b.info
         info.processing_start_time_ms = wall_ms()
-        self.bus.post("onBatchStarted", StreamingListenerBatchStarted(info))
+        self._notify("onBatchStarted", StreamingListenerBatchStarted, info)
         sc = self.graph.sc
         try:
             sc.setJobGroup(info.job_group, f"dstreams batch {b.time.ms}", interruptOnCancel=False)
@@ -336,7 +337,7 @@ class JobScheduler:
                 self.fault_hook("mid-batch")
             op = info.output_operations[job.output_id]
             op.start_time_ms = wall_ms()
-            self.bus.post("onOutputOperationStarted", StreamingListenerOutputOperationStarted(op))
+            self._notify("onOutputOperationStarted", StreamingListenerOutputOperationStarted, op)
             try:
                 job.run()
             except BaseException as e:
@@ -349,8 +350,13 @@ class JobScheduler:
                     b.error = b.error or e
                     self._report_error(user_facing_error(e, b.time, job.name))
             op.end_time_ms = wall_ms()
-            self.bus.post("onOutputOperationCompleted", StreamingListenerOutputOperationCompleted(op))
+            self._notify("onOutputOperationCompleted", StreamingListenerOutputOperationCompleted, op)
         info.processing_end_time_ms = wall_ms()
+
+    def _notify(self, callback: str, event_type: Callable[[Any], Any], arg: Any) -> None:
+        """Post ``event_type(arg)`` (a snapshot) to the listeners; nothing is built when none listens."""
+        if self.bus.has_listeners:
+            self.bus.post(callback, event_type(arg))
 
     def _fatal(self, e: BaseException) -> None:
         """Stop generating batches (e.g. this driver was fenced off) and report ``e``."""
