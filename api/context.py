@@ -12,6 +12,7 @@ tests pass a ``ManualClock``).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time as _time
 from collections.abc import Callable, Iterable, Sequence
@@ -22,6 +23,7 @@ from pyspark import RDD, SparkConf, SparkContext, StorageLevel
 
 from dstreams import jvm
 from dstreams.clock import Clock, SystemClock
+from dstreams.executors import ensure_executors_can_import
 from dstreams.graph import DStreamGraph
 from dstreams.listener import BatchInfo, ListenerBus
 from dstreams.nodes.files import FileInputNode
@@ -31,6 +33,7 @@ from dstreams.nodes.socket import SocketInputNode
 from dstreams.nodes.transformed import TransformedNode, require_same_slide
 from dstreams.nodes.union import UnionNode
 from dstreams.recovery.checkpointer import StoreCheckpointer
+from dstreams.recovery.graph_store import StoredGraph, load_graph, read_graph
 from dstreams.recovery.metadata import MetadataLog
 from dstreams.recovery.runtime import CheckpointInUseError, DriverRuntime, RuntimeSettings
 from dstreams.recovery.store import is_store_url
@@ -172,18 +175,40 @@ class StreamingContext:
         return setupFunc()
 
     @classmethod
-    def getOrCreate(cls, checkpointPath: str, setupFunc: Callable[[], StreamingContext]) -> StreamingContext:
+    def getOrCreate(cls, checkpointPath: str, setupFunc: Callable[[], StreamingContext], *,
+                    rebuildGraph: bool = False, clock: Clock | None = None, **storeOptions: Any) -> StreamingContext:
         """Recreate a context from the checkpoint at ``checkpointPath``, or create one with ``setupFunc``.
 
-        The new context's checkpoint directory is set to ``checkpointPath``.
+        PySpark's contract: when the location holds a checkpoint, the stream graph stored there (its
+        streams and your functions) is restored and ``setupFunc`` is **not** called; the active SparkContext
+        is reused, or one is created from the checkpointed Spark configuration. ``start()`` then restores
+        the state and replays the batches that were pending or missed. Without a checkpoint, ``setupFunc()``
+        creates the context and its checkpoint directory is set to ``checkpointPath``.
+
+        Added on top of PySpark: ``storeOptions`` for an ``s3://`` location (as for :meth:`checkpoint`;
+        credentials are never stored in the checkpoint), ``clock`` for the restored context (tests), and
+        ``rebuildGraph=True``, which calls ``setupFunc`` even when a graph is stored and checks that the
+        rebuilt graph has the stored one's topology (for a graph that cannot be loaded any more, e.g. a
+        module was renamed). A graph with a ``queueStream`` is not stored: ``setupFunc`` rebuilds it.
         """
         if not checkpointPath:
             raise ValueError("checkpointPath must be a non-empty path or URL")
-        ssc = setupFunc()
-        if not isinstance(ssc, StreamingContext):
-            raise TypeError(f"setupFunc must return a dstreams StreamingContext, got {type(ssc).__name__}")
-        options = ssc._store_options if ssc._checkpoint_dir == checkpointPath else {}
-        ssc.checkpoint(checkpointPath, **options)
+        stored = None if rebuildGraph else _stored_graph(checkpointPath, storeOptions)
+        if stored is not None:
+            sc = SparkContext._active_spark_context
+            if sc is None:
+                sc = SparkContext(conf=stored.spark_conf())
+            ssc = cls(sc, Duration(stored.batch_ms), clock=clock)
+            ssc._graph = load_graph(stored, {"ssc": ssc})
+            ssc._graph.bind(sc)
+            log.info("restored the stream graph from the checkpoint at %s (setupFunc not called)", checkpointPath)
+        else:
+            ssc = setupFunc()
+            if not isinstance(ssc, StreamingContext):
+                raise TypeError(f"setupFunc must return a dstreams StreamingContext, got {type(ssc).__name__}")
+            if not storeOptions and ssc._checkpoint_dir == checkpointPath:
+                storeOptions = ssc._store_options
+        ssc.checkpoint(checkpointPath, **storeOptions)
         # start() resumes from the metadata log there, if any: state from the newest valid data
         # checkpoints, then the pending and missed batches, then the clock.
         ssc._resume = True
@@ -355,10 +380,12 @@ class StreamingContext:
                         "only one StreamingContext may be active in a process: stop the active one first"
                     )
                 self._graph.validate()
+                ensure_executors_can_import(self._sc)
                 settings = RuntimeSettings(self._checkpoint_dir, dict(self._store_options), self._resume,
                                            self._concurrent)
                 try:
-                    runtime = DriverRuntime.build(self._sc, self._graph, self._clock, self._bus, settings)
+                    runtime = DriverRuntime.build(self._sc, self._graph, self._clock, self._bus, settings,
+                                                  graph_refs={id(self): "ssc"})
                 except CheckpointInUseError as e:
                     raise StreamingContextStateError(str(e)) from None
                 self._runtime = runtime
@@ -439,6 +466,20 @@ class StreamingContext:
     def startTime(self) -> BatchTime | None:
         """Time of the first batch (set by ``start()``)."""
         return self._scheduler.start_time if self._scheduler else None
+
+
+def _stored_graph(path: str, store_options: dict[str, Any]) -> StoredGraph | None:
+    """The graph stored at the checkpoint location ``path``, or None (no checkpoint there, or none stored)."""
+    if not is_store_url(path) and not os.path.isdir(path[len("file://"):] if path.startswith("file://") else path):
+        return None
+    store = StoreSpec(path, dict(store_options)).open()
+    if MetadataLog.read(store) is None:
+        return None
+    stored = read_graph(store)
+    if stored is None:
+        log.info("the checkpoint at %s holds no stream graph (a queueStream, or written by an older dstreams): "
+                 "setupFunc rebuilds it", path)
+    return stored
 
 
 def _no_fence() -> None:

@@ -60,6 +60,14 @@ class DStream:
         self.is_cached = False
         self.is_checkpointed = False
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A stream captured by a user function is stored with the checkpointed graph without its SparkContext."""
+        return {k: v for k, v in self.__dict__.items() if k != "_sc"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._sc = self._ssc.sparkContext
+
     # ------------------------------------------------------------------ plumbing
     def _derive(self, node: DStreamNode) -> DStream:
         return DStream(node, self._ssc)

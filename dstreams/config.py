@@ -94,6 +94,15 @@ def _log_level(raw: str) -> str:
     return value
 
 
+def _switch(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("on", "true", "1", "yes"):
+        return True
+    if value in ("off", "false", "0", "no"):
+        return False
+    raise ValueError(raw)
+
+
 def _text(raw: str) -> str:
     return raw.strip()
 
@@ -110,6 +119,19 @@ JVM_MODE = Setting(
     doc="How the driver builds the per-batch RDDs: `compiled` = one Py4J call per RDD through a JVM class "
         "compiled at start-up (falls back to PySpark's calls, with a warning, if it cannot be compiled); "
         "`off` = PySpark's own calls. Resolved per SparkContext when a StreamingContext starts.",
+)
+
+CHECKPOINT_GRAPH = Setting(
+    key="spark.dstreams.checkpoint.graph",
+    env="DSTREAMS_CHECKPOINT_GRAPH",
+    default=True,
+    parse=_switch,
+    accepts="on or off",
+    example="off",
+    doc="With a checkpoint location, store the stream graph (your functions, cloudpickled) so that "
+        "`getOrCreate` restores it without calling setupFunc, as PySpark does; a function that cannot be "
+        "serialized then fails `start()`. `off`: nothing is stored and `getOrCreate` calls setupFunc on every "
+        "restart (for functions that must capture driver-only objects such as an open file).",
 )
 
 STORE_RETRY_SECONDS = Setting(
@@ -157,7 +179,7 @@ SPARK_LOCAL_DIR = Setting(
 )
 
 #: Every engine setting, in the order of the README table.
-SETTINGS: tuple[Setting, ...] = (JVM_MODE, STORE_RETRY_SECONDS, STORE_OUTAGE_SECONDS, SPARK_LOG_LEVEL,
+SETTINGS: tuple[Setting, ...] = (JVM_MODE, CHECKPOINT_GRAPH, STORE_RETRY_SECONDS, STORE_OUTAGE_SECONDS, SPARK_LOG_LEVEL,
                                  SPARK_LOCAL_DIR)
 
 #: Test-only fault injection (``dstreams.recovery.faults``): environment variables, no conf key.

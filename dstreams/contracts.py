@@ -96,6 +96,11 @@ class EventPoster(Protocol):
     def post(self, event: Event) -> None: ...
 
 
+class SourceNotCheckpointableError(Exception):
+    """Raised while serializing a source whose data lives only in this driver (``queueStream``): the
+    graph cannot be stored in the checkpoint, and a restarted driver must rebuild it with ``setupFunc``."""
+
+
 class NoFence:
     """The fence of a context without a metadata log: nobody else can take over."""
 

@@ -79,6 +79,25 @@ class DStreamGraph:
         self.nodes: list[DStreamNode] = []
         self._services: GraphServices | None = None
 
+    # ------------------------------------------------------------------ checkpointing the graph itself
+    def __getstate__(self) -> dict[str, Any]:
+        """What is stored in the checkpoint: the nodes and settings, not the SparkContext, lock or services."""
+        if self.started:
+            raise RuntimeError("a started graph is not serialized: the graph is checkpointed before it starts")
+        state = dict(self.__dict__)
+        state.update(sc=None, lock=None, _services=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.RLock()
+
+    def bind(self, sc: SparkContext) -> None:
+        """Attach a graph restored from a checkpoint to the SparkContext it will run on (once)."""
+        if self.sc is not None:
+            raise RuntimeError("this graph already runs on a SparkContext")
+        self.sc = sc
+
     @property
     def checkpointer(self) -> Checkpointer | None:
         """The checkpointer given to :meth:`start` (None before)."""

@@ -3,11 +3,39 @@
 Contract: a listener is any object with some of the callbacks of PySpark's ``StreamingListener``
 (``onStreamingStarted``, ``onBatchSubmitted``, ``onBatchStarted``, ``onBatchCompleted``,
 ``onOutputOperationStarted``, ``onOutputOperationCompleted``, ``onReceiverStarted``,
-``onReceiverError``, ``onReceiverStopped``); each receives one event object. The event objects
-offer PySpark's (Java-style) accessors, e.g. ``event.batchInfo().processingDelay()``, so listener
-code written for ``pyspark.streaming`` works unchanged, plus plain attributes in milliseconds
-(``info.processing_delay_ms``). Delays that are not known yet are ``None`` (PySpark: an empty
-Scala Option, which the :class:`Option` wrapper mimics with ``isDefined()``/``get()``).
+``onReceiverError``, ``onReceiverStopped``); each receives one event object.
+
+**The PySpark surface.** In PySpark a listener callback receives Py4J proxies of the JVM's
+``JavaStreamingListener*`` events (``JavaStreamingListenerWrapper`` converts Spark's Scala events to
+them). Every member is a method call, and the objects here answer the same calls with the same
+values:
+
+* events: ``batchInfo()`` (batch events), ``outputOperationInfo()`` (output-operation events),
+  ``time()`` (streaming started), ``receiverInfo()`` (receiver events);
+* :class:`BatchInfo` (``JavaBatchInfo``): ``batchTime()`` (an object with ``milliseconds()``),
+  ``submissionTime()``, ``processingStartTime()``, ``processingEndTime()``, ``schedulingDelay()``,
+  ``processingDelay()``, ``totalDelay()``, ``numRecords()``, ``streamIdToInputInfo()`` and
+  ``outputOperationInfos()``;
+* :class:`OutputOperationInfo` (``JavaOutputOperationInfo``): ``batchTime()``, ``id()``,
+  ``name()``, ``description()``, ``startTime()``, ``endTime()``, ``failureReason()`` (the error
+  text, or ``None`` when the operation did not fail or has not finished), plus Scala's
+  ``duration()``;
+* :class:`StreamInputInfo` (``JavaStreamInputInfo``): ``inputStreamId()``, ``numRecords()``,
+  ``metadata()`` and ``metadataDescription()`` (the metadata's ``"Description"``, else ``None``);
+* maps (``streamIdToInputInfo()``, ``outputOperationInfos()``, ``metadata()``) are a read-only
+  :class:`JavaMap`: a ``dict`` that also answers the ``java.util.Map`` calls Py4J passes through
+  (``size()``, ``isEmpty()``, ``containsKey(k)``, ``containsValue(v)``, ``keySet()``); as with
+  Py4J, ``m[k]`` of a missing key is ``None``.
+* A time or delay that is not known yet is ``-1``, as in PySpark (the Java objects hold ``-1`` where
+  Scala holds ``None``). The values are ints that also answer the Scala ``Option`` calls
+  (``isDefined()``, ``isEmpty()``, ``get()``, ``getOrElse(d)``): a known value is an
+  :class:`Option`; the unknown one, :data:`NONE`, equals ``-1`` and is not defined.
+
+**dstreams' own attributes.** The same objects carry plain attributes in milliseconds for the
+engine and for tools (``info.batch_time_ms``, ``info.processing_delay_ms`` (``None`` when unknown),
+``info.output_operations``, ``op.start_time_ms``, ``op.failure_reason``...). Where a PySpark method
+name is taken (``id``, ``name``, ``description``, ``metadata``) the attribute has another name:
+``op.output_id``, ``op.output_name``, ``op.output_description``, ``input_info.metadata_map``.
 
 Listener exceptions are logged and never stop the stream.
 
@@ -19,26 +47,31 @@ fall that far behind, new events are dropped, counted (``ListenerBus.dropped``) 
 warning at most once a minute. ``ListenerBus.wait_until_empty(timeout_s)`` waits until the events
 posted so far are delivered. Because an event is handled after the engine moved on, each event
 holds a snapshot of its :class:`BatchInfo`/:class:`OutputOperationInfo`, taken when the event was
-created (a "batch submitted" event never shows the processing times filled in later).
+created (a "batch submitted" event never shows the processing times filled in later), as PySpark's
+events hold their own immutable copies.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import threading
 import time as _time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from .time import BatchTime
 
 log = logging.getLogger(__name__)
 
 
+# ---------------------------------------------------------------------- values as PySpark returns them
 class Option(int):
-    """An int that also answers the Scala ``Option`` calls PySpark listener code makes."""
+    """A known time or delay (ms): an ``int``, as PySpark returns it, that also answers the Scala
+    ``Option`` calls (``isDefined()`` is True, ``get()``/``getOrElse(d)`` return the value)."""
 
     def isDefined(self) -> bool:
         return True
@@ -53,8 +86,17 @@ class Option(int):
         return int(self)
 
 
-class _NoneOption:
-    """The empty Option (a delay that is not known yet)."""
+class _NoneOption(int):
+    """A time or delay that is not known yet: the int ``-1``, as PySpark returns it, that answers the
+    Scala ``Option`` calls of an empty Option (``isDefined()`` is False, ``get()`` raises
+    ``ValueError``, ``getOrElse(d)`` returns ``d``). Use :data:`NONE`; test it with ``isDefined()``
+    or ``== -1``, not with ``is`` (a copy or an unpickled one is another object)."""
+
+    def __new__(cls) -> _NoneOption:
+        return super().__new__(cls, -1)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_NoneOption, ())
 
     def isDefined(self) -> bool:
         return False
@@ -62,19 +104,19 @@ class _NoneOption:
     def isEmpty(self) -> bool:
         return True
 
-    def get(self) -> int:
+    def get(self) -> NoReturn:
         raise ValueError("the value is not defined yet (e.g. a delay of a batch that has not finished)")
 
     def getOrElse(self, default: Any) -> Any:
         return default
 
-    def __bool__(self) -> bool:
-        return False
-
     def __repr__(self) -> str:
-        return "None"
+        return "-1"
+
+    __str__ = __repr__
 
 
+#: The unknown time or delay: equals ``-1`` (PySpark's value) and ``isDefined()`` is False.
 NONE = _NoneOption()
 
 
@@ -83,59 +125,182 @@ def _opt(v: int | None) -> Option | _NoneOption:
 
 
 class _Time:
-    """What ``batchInfo().batchTime()`` returns in PySpark: an object with ``milliseconds()``."""
+    """What ``batchTime()`` returns in PySpark (a Spark ``Time``): ``milliseconds()``, and
+    ``toString()`` as ``"<ms> ms"``. Equal to another ``_Time`` of the same milliseconds."""
+
+    __slots__ = ("_ms",)
 
     def __init__(self, ms: int) -> None:
-        self._ms = ms
+        self._ms = int(ms)
 
     def milliseconds(self) -> int:
         return self._ms
 
-    def __repr__(self) -> str:
+    def toString(self) -> str:
         return f"{self._ms} ms"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Time) and other._ms == self._ms
+
+    def __hash__(self) -> int:
+        return hash(self._ms)
+
+    def __repr__(self) -> str:
+        return self.toString()
+
+
+class JavaMap(dict):
+    """A read-only map as PySpark listeners see one (a ``java.util.Map`` through Py4J's ``JavaMap``).
+
+    It is a ``dict`` (iteration over the keys, ``len``, ``in``, ``keys()``/``values()``/``items()``,
+    ``get(k, default)``, ``==`` with a dict) that also answers the Java calls: ``size()``,
+    ``isEmpty()``, ``containsKey(k)``, ``containsValue(v)`` and ``keySet()`` (a set). As with Py4J,
+    ``m[k]`` of a missing key is ``None`` (Java's ``get`` answers ``null``), not a ``KeyError``.
+    Changing it raises ``TypeError``: it belongs to an event that every listener shares.
+    """
+
+    def __missing__(self, key: Any) -> None:
+        return None
+
+    def size(self) -> int:
+        return len(self)
+
+    def isEmpty(self) -> bool:
+        return not self
+
+    def containsKey(self, key: Any) -> bool:
+        return key in self
+
+    def containsValue(self, value: Any) -> bool:
+        return any(v == value for v in self.values())
+
+    def keySet(self) -> set[Any]:
+        return set(self)
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("a listener event's map is read-only")
+
+    __setitem__ = __delitem__ = __ior__ = _read_only
+    clear = pop = popitem = setdefault = update = _read_only
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (dict(self),))
+
+    def __copy__(self) -> JavaMap:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> JavaMap:
+        return type(self)(copy.deepcopy(dict(self), memo))
+
+
+# ---------------------------------------------------------------------- metrics
+#: The ``StreamInputInfo.metadata()`` key whose value is the input's description (Spark's name).
+METADATA_KEY_DESCRIPTION = "Description"
+
+
+@dataclass
+class StreamInputInfo:
+    """What one input stream holds in a batch (PySpark: ``JavaStreamInputInfo``).
+
+    ``inputStreamId()`` (the input's stream id), ``numRecords()``, ``metadata()`` (a
+    :class:`JavaMap` of ``str`` to values) and ``metadataDescription()`` (``str`` of the metadata's
+    ``"Description"`` entry, ``None`` without one). dstreams' sources report a record count only,
+    so :meth:`BatchInfo.streamIdToInputInfo` gives an empty metadata today.
+    """
+
+    input_stream_id: int
+    num_records: int
+    metadata_map: Mapping[str, Any] = field(default_factory=dict)
+
+    def inputStreamId(self) -> int:
+        return self.input_stream_id
+
+    def numRecords(self) -> int:
+        return self.num_records
+
+    def metadata(self) -> JavaMap:
+        return JavaMap(self.metadata_map)
+
+    def metadataDescription(self) -> str | None:
+        d = self.metadata_map.get(METADATA_KEY_DESCRIPTION)
+        return None if d is None else str(d)
 
 
 @dataclass
 class OutputOperationInfo:
+    """One output operation of one batch (PySpark: ``JavaOutputOperationInfo``).
+
+    Built by the engine as ``OutputOperationInfo(batch_time_ms, output_id, output_name,
+    output_description)``; it then sets ``start_time_ms``, ``end_time_ms`` and, when the operation
+    raised, ``failure_reason`` (the error text; ``"stopped"`` when ``stop()`` interrupted it).
+
+    PySpark calls: ``batchTime()``, ``id()``, ``name()``, ``description()``, ``startTime()`` and
+    ``endTime()`` (``-1`` until known), ``failureReason()`` (``None`` unless it failed); plus
+    ``duration()`` (``endTime - startTime``, ``-1`` until both are known), as in Scala.
+    """
+
     batch_time_ms: int
-    id: int  # noqa: A003 - PySpark's name
-    name: str
-    description: str
+    output_id: int
+    output_name: str
+    output_description: str
     start_time_ms: int | None = None
     end_time_ms: int | None = None
     failure_reason: str | None = None
 
-    # PySpark-compatible accessors
-    def batchTime(self) -> _Time:
-        return _Time(self.batch_time_ms)
-
-    def startTime(self):
-        return _opt(self.start_time_ms)
-
-    def endTime(self):
-        return _opt(self.end_time_ms)
-
-    def failureReason(self):
-        return self.failure_reason
-
-    def duration(self):
-        if self.start_time_ms is None or self.end_time_ms is None:
-            return NONE
-        return Option(self.end_time_ms - self.start_time_ms)
-
     @property
     def duration_ms(self) -> int | None:
-        d = self.duration()
-        return None if d is NONE else int(d)
+        if self.start_time_ms is None or self.end_time_ms is None:
+            return None
+        return self.end_time_ms - self.start_time_ms
 
     def snapshot(self) -> OutputOperationInfo:
         """An independent copy (what a listener event holds: later changes do not show in it)."""
         return dataclasses.replace(self)
 
+    # PySpark-compatible calls (JavaOutputOperationInfo through Py4J)
+    def batchTime(self) -> _Time:
+        return _Time(self.batch_time_ms)
+
+    def id(self) -> int:  # noqa: A003 - PySpark's name
+        return self.output_id
+
+    def name(self) -> str:
+        return self.output_name
+
+    def description(self) -> str:
+        return self.output_description
+
+    def startTime(self) -> Option | _NoneOption:
+        return _opt(self.start_time_ms)
+
+    def endTime(self) -> Option | _NoneOption:
+        return _opt(self.end_time_ms)
+
+    def failureReason(self) -> str | None:
+        return self.failure_reason
+
+    def duration(self) -> Option | _NoneOption:
+        return _opt(self.duration_ms)
+
 
 @dataclass
 class BatchInfo:
-    """Metrics of one batch, all times in epoch (or manual-clock) milliseconds."""
+    """Metrics of one batch, all times in epoch (or manual-clock) milliseconds (PySpark:
+    ``JavaBatchInfo``).
+
+    The engine fills the attributes as the batch goes: ``submission_time_ms``, ``num_records`` and
+    ``records_per_input`` (input stream id to records) when it is generated,
+    ``processing_start_time_ms``/``processing_end_time_ms`` when it runs, one
+    :class:`OutputOperationInfo` per output operation in ``output_operations`` (by output id). The
+    derived ``scheduling_delay_ms``, ``processing_delay_ms`` and ``total_delay_ms`` are ``None``
+    until known.
+
+    PySpark calls: ``batchTime()``, ``submissionTime()``, ``processingStartTime()``,
+    ``processingEndTime()``, ``schedulingDelay()``, ``processingDelay()``, ``totalDelay()`` (each
+    ``-1`` until known), ``numRecords()``, ``streamIdToInputInfo()`` (a :class:`JavaMap` of
+    :class:`StreamInputInfo`) and ``outputOperationInfos()`` (a :class:`JavaMap` of
+    :class:`OutputOperationInfo`, by output id).
+    """
 
     batch_time_ms: int
     submission_time_ms: int
@@ -186,44 +351,90 @@ class BatchInfo:
     def failed(self) -> bool:
         return any(o.failure_reason for o in self.output_operations.values())
 
-    # PySpark-compatible accessors (Java BatchInfo through Py4J)
+    # PySpark-compatible calls (JavaBatchInfo through Py4J)
     def batchTime(self) -> _Time:
         return _Time(self.batch_time_ms)
 
     def submissionTime(self) -> int:
         return self.submission_time_ms
 
-    def processingStartTime(self):
+    def processingStartTime(self) -> Option | _NoneOption:
         return _opt(self.processing_start_time_ms)
 
-    def processingEndTime(self):
+    def processingEndTime(self) -> Option | _NoneOption:
         return _opt(self.processing_end_time_ms)
 
-    def schedulingDelay(self):
+    def schedulingDelay(self) -> Option | _NoneOption:
         return _opt(self.scheduling_delay_ms)
 
-    def processingDelay(self):
+    def processingDelay(self) -> Option | _NoneOption:
         return _opt(self.processing_delay_ms)
 
-    def totalDelay(self):
+    def totalDelay(self) -> Option | _NoneOption:
         return _opt(self.total_delay_ms)
 
     def numRecords(self) -> int:
         return self.num_records
 
-    def outputOperationInfos(self) -> dict[int, OutputOperationInfo]:
-        return dict(self.output_operations)
+    def streamIdToInputInfo(self) -> JavaMap:
+        return JavaMap({sid: StreamInputInfo(sid, n) for sid, n in self.records_per_input.items()})
 
-    def streamIdToInputInfo(self) -> dict[int, int]:
-        return dict(self.records_per_input)
+    def outputOperationInfos(self) -> JavaMap:
+        return JavaMap(self.output_operations)
 
 
+@dataclass(frozen=True)
+class ReceiverInfo:
+    """A receiver's state (PySpark: ``JavaReceiverInfo``), for the ``onReceiver*`` events.
+
+    PySpark calls: ``streamId()``, ``name()``, ``active()``, ``location()``, ``executorId()``,
+    ``lastErrorMessage()``, ``lastError()`` (strings, ``""`` when none) and ``lastErrorTime()``
+    (ms, ``-1`` when none). dstreams' sources are not receivers, so the engine posts no such event.
+    """
+
+    stream_id: int
+    receiver_name: str
+    is_active: bool
+    receiver_location: str = ""
+    executor_id: str = ""
+    last_error_message: str = ""
+    last_error: str = ""
+    last_error_time_ms: int = -1
+
+    def streamId(self) -> int:
+        return self.stream_id
+
+    def name(self) -> str:
+        return self.receiver_name
+
+    def active(self) -> bool:
+        return self.is_active
+
+    def location(self) -> str:
+        return self.receiver_location
+
+    def executorId(self) -> str:
+        return self.executor_id
+
+    def lastErrorMessage(self) -> str:
+        return self.last_error_message
+
+    def lastError(self) -> str:
+        return self.last_error
+
+    def lastErrorTime(self) -> int:
+        return self.last_error_time_ms
+
+
+# ---------------------------------------------------------------------- events
 class _Event:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.__dict__})"
 
 
 class StreamingListenerStreamingStarted(_Event):
+    """``time()``: when the context started (epoch ms), also ``time_ms``."""
+
     def __init__(self, time_ms: int) -> None:
         self.time_ms = time_ms
 
@@ -232,7 +443,8 @@ class StreamingListenerStreamingStarted(_Event):
 
 
 class StreamingListenerBatchSubmitted(_Event):
-    """Holds a snapshot of ``info`` taken at construction (events are delivered asynchronously)."""
+    """``batchInfo()``: a snapshot of ``info`` taken at construction (events are delivered
+    asynchronously: later changes to ``info`` do not show in it)."""
 
     def __init__(self, info: BatchInfo) -> None:
         self.info = info.snapshot()
@@ -250,7 +462,8 @@ class StreamingListenerBatchCompleted(StreamingListenerBatchSubmitted):
 
 
 class StreamingListenerOutputOperationStarted(_Event):
-    """Holds a snapshot of ``info`` taken at construction (events are delivered asynchronously)."""
+    """``outputOperationInfo()``: a snapshot of ``info`` taken at construction (events are delivered
+    asynchronously: later changes to ``info`` do not show in it)."""
 
     def __init__(self, info: OutputOperationInfo) -> None:
         self.info = info.snapshot()
@@ -260,6 +473,24 @@ class StreamingListenerOutputOperationStarted(_Event):
 
 
 class StreamingListenerOutputOperationCompleted(StreamingListenerOutputOperationStarted):
+    pass
+
+
+class StreamingListenerReceiverStarted(_Event):
+    """``receiverInfo()``: the receiver's :class:`ReceiverInfo` (immutable)."""
+
+    def __init__(self, info: ReceiverInfo) -> None:
+        self.info = info
+
+    def receiverInfo(self) -> ReceiverInfo:
+        return self.info
+
+
+class StreamingListenerReceiverError(StreamingListenerReceiverStarted):
+    pass
+
+
+class StreamingListenerReceiverStopped(StreamingListenerReceiverStarted):
     pass
 
 

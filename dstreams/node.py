@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pyspark import RDD, StorageLevel
 from pyspark.rdd import Partitioner
@@ -73,6 +73,12 @@ class DStreamNode:
         self._persisted_by_engine: set[int] = set()
         #: Times whose RDD reads a committed checkpoint (adopted or restored): lineage stops there.
         self._reader_times: set[int] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A node is stored in the checkpoint before it runs: no RDDs, only its definition."""
+        state = dict(self.__dict__)
+        state.update(generated={}, _retired={}, _persisted_by_engine=set(), _reader_times=set())
+        return state
 
     # ----------------------------------------------------------------- the three members
     @property

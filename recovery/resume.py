@@ -88,12 +88,14 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
         first = (completed if completed is not None else zero.ms) + batch
     offsets: dict[str, Any] = previous.get("offsets", {})
     sources: dict[str, Any] = previous.get("sources", {})
-    for node in graph.inputs:
-        if not node.replayable:
-            log.warning("%s cannot be replayed: batches re-run after this restart see new input, not the "
-                        "original (use a file, generator or other replayable source for exactly-once)", node.name)
-
     def prepare() -> None:
+        # After the graph started: whether a source replays can depend on its services (a socket's
+        # write-ahead log).
+        for node in graph.inputs:
+            if not node.replayable:
+                log.warning("%s cannot be replayed: batches re-run after this restart see new input, not the "
+                            "original (use a file, generator or other replayable source for exactly-once)",
+                            node.name)
         by_key = {n.key: n for n in graph.stateful_nodes()}
         for key, (t, rdd) in rdds.items():
             by_key[key].restore_from_checkpoint(BatchTime(t), rdd)

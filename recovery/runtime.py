@@ -16,6 +16,10 @@ construction order (every dependency goes in through a constructor):
 5. the **scheduler** (:class:`JobScheduler`) with all of the above and the fault-injection hook;
 6. the **resume plan** (:func:`plan_resume`) when the metadata log had a previous head.
 
+With a checkpoint location, the graph itself is serialized first (a user function that cannot be
+serialized fails the start before anything is written) and stored once this driver owns the location
+(:mod:`.graph_store`), so ``getOrCreate`` can restore it without calling ``setupFunc``.
+
 Sinks reach the fence and the checkpoint store's options through :meth:`DriverRuntime.check_owner`
 and :attr:`RuntimeSettings`.
 """
@@ -31,6 +35,7 @@ from typing import Any
 
 from pyspark import SparkContext
 
+from dstreams import config
 from dstreams.clock import Clock
 from dstreams.contracts import Fence, NoFence
 from dstreams.events import EventLoop
@@ -41,6 +46,7 @@ from dstreams.time import BatchTime
 
 from . import faults
 from .checkpointer import StoreCheckpointer, StoreWriteAheadLog
+from .graph_store import serialize_graph, write_graph
 from .journal import Journal
 from .metadata import MetadataLog
 from .resume import ResumePlan, plan_resume
@@ -83,9 +89,15 @@ class DriverRuntime:
 
     @classmethod
     def build(cls, sc: SparkContext, graph: DStreamGraph, clock: Clock, bus: ListenerBus,
-              settings: RuntimeSettings) -> DriverRuntime:
-        """Wire the runtime; with a checkpoint location, take over its metadata log (and plan a resume)."""
+              settings: RuntimeSettings, graph_refs: dict[int, str] | None = None) -> DriverRuntime:
+        """Wire the runtime; with a checkpoint location, take over its metadata log (and plan a resume).
+
+        ``graph_refs`` maps objects a user function may capture (the StreamingContext) to the names they
+        are stored under in the checkpointed graph.
+        """
         assert graph.batch_duration is not None
+        store_graph = settings.checkpoint_dir is not None and config.get(config.CHECKPOINT_GRAPH, sc.getConf())
+        stored_graph = serialize_graph(graph, sc.getConf(), graph_refs or {}) if store_graph else None
         spec, temp_dir = _checkpoint_location(settings)
         events = EventLoop("dstreams-generator")
         first = _first_batch_time(clock, graph.batch_duration.ms)
@@ -104,6 +116,8 @@ class DriverRuntime:
             batch_ms = graph.batch_duration.ms
             metadata = MetadataLog(store, sc.appName, graph.fingerprint(), batch_ms)
             previous = metadata.take_over(zero_ms=first.ms - batch_ms)
+            if stored_graph is not None:
+                write_graph(store, stored_graph)
             journal = Journal(metadata, graph)
             wal = StoreWriteAheadLog(store)
             fence = metadata

@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         "spark.locality.wait": "0",
         "spark.default.parallelism": "2",
         "spark.ui.enabled": "false",
+        # The sink below appends to a driver-local file (not serializable): this app never restarts with
+        # getOrCreate, so the graph is not stored in the checkpoint.
+        "spark.dstreams.checkpoint.graph": "off",
     }
     status: dict[str, Any] = {"ok": False, "batches": []}
     status_path = os.path.join(out, "status.json")

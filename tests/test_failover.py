@@ -21,7 +21,7 @@ def _run(ssc: StreamingContext, clock: ManualClock, until_ms: int, flush: bool =
     clock.set_time(max(clock.time_ms(), until_ms))
     while t <= until_ms:
         info = ssc.awaitBatch(t, 120)
-        failed = {op.name: (op.failure_reason or "")[-2000:] for op in info.output_operations.values()
+        failed = {op.output_name: (op.failure_reason or "")[-2000:] for op in info.output_operations.values()
                   if op.failure_reason and op.failure_reason != "stopped"}
         assert not failed, f"batch {t} failed: {failed}"
         if flush:
@@ -55,7 +55,10 @@ def test_resume_after_abrupt_stop_gives_exactly_the_uninterrupted_outputs(sc, tm
     with open(os.path.join(out, "counts-8000", "part-00000"), "w") as f:
         f.write("garbage\n")
     clock2 = ManualClock(11_500)  # down for a few batches: 8..11 are missed and caught up
-    second = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out, clock2))
+    called = []
+    second = StreamingContext.getOrCreate(ckpt, lambda: called.append(1) or build(sc, ckpt, out, clock2),
+                                          clock=clock2)
+    assert called == []  # pyspark's contract: the graph comes from the checkpoint, setupFunc is not called
     try:
         _run(second, clock2, 14_000)
         assert second._metadata is not None and second._metadata.head["epoch"] == 2
@@ -85,7 +88,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(sc, tmp_path, 
     part = f"checkpoints/{node_key}/{newest:015d}/part-00000"
     store.put(part, store.get(part)[:-3])  # truncated
     clock2 = ManualClock(6000)
-    second = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out, clock2))
+    second = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out, clock2), clock=clock2)
     try:
         with caplog.at_level(logging.WARNING, logger="dstreams.recovery.resume"):
             _run(second, clock2, 9000)
@@ -103,7 +106,8 @@ def test_changed_graph_is_refused_with_what_changed(sc, tmp_path):
         _run(first, clock, 2000, flush=False)
     finally:
         first.stop(stopSparkContext=False)
-    other = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out, ManualClock(), window="20s"))
+    other = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out, ManualClock(), window="20s"),
+                                         rebuildGraph=True)
     with pytest.raises(GraphChangedError, match="window=10000.*window=20000"):
         other.start()
     other.stop(stopSparkContext=False)
@@ -178,7 +182,7 @@ def test_socket_batches_are_replayed_from_the_write_ahead_log(sc, tmp_path):
     import shutil
 
     shutil.rmtree(os.path.join(out, "counts-5000"))  # batch 5 comes after the last checkpoint (4000)
-    second = StreamingContext.getOrCreate(ckpt, setup(ManualClock(5000)))
+    second = StreamingContext.getOrCreate(ckpt, setup(ManualClock(5000)), clock=ManualClock(5000))
     try:
         second.start()
         second.awaitBatch(5000, 120)

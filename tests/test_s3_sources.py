@@ -107,7 +107,7 @@ def test_s3_file_stream_after_a_driver_restart_reads_every_object_once(sc, bucke
             ssc.checkpoint(ckpt)
             ssc.textFileStream(f"s3://{bucket}/incoming", **MOTO_OPTS).saveAsTextFiles(os.path.join(out, "lines"))
             return ssc
-        return StreamingContext.getOrCreate(ckpt, setup)
+        return StreamingContext.getOrCreate(ckpt, setup, clock=clock)
 
     clock = ManualClock()
     first = build(clock)

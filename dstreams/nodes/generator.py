@@ -113,6 +113,9 @@ class GeneratorInputNode(InputNode):
         self.record_func: RecordFunc = record_func or text_records
         self._base: RDD | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "_base": None}
+
     def compute(self, time: BatchTime) -> RDD | None:
         replayed = self.replayed_offsets(time)
         seed = int(replayed["seed"]) if replayed is not None else self.seed

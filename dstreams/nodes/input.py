@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD
 
+from ..contracts import SourceNotCheckpointableError
 from ..node import DStreamNode
 from ..time import BatchTime, Duration
 
@@ -118,6 +119,10 @@ class QueueInputNode(InputNode):
     """
 
     replayable = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise SourceNotCheckpointableError(
+            "queueStream holds RDDs that live in this driver only (PySpark refuses to checkpoint it too)")
 
     def __init__(self, graph: DStreamGraph, rdds: Iterable[RDD], one_at_a_time: bool, default: RDD | None):
         super().__init__(graph)

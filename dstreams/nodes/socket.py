@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD
 
@@ -46,6 +46,20 @@ class SocketInputNode(InputNode):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.connected = threading.Event()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        for name in ("_lock", "_stop", "_thread", "connected"):
+            state.pop(name, None)
+        state["_buffer"] = []
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
         self.connected = threading.Event()
 
     def start(self) -> None:

@@ -36,6 +36,8 @@ class StateNode(DStreamNode):
         self.parent = parent
         self.partitioner = partitioner
         self.initial = ensure_partitioned(initial, partitioner) if initial is not None else None
+        #: The initial state's records when restored from a checkpointed graph (an RDD is not stored).
+        self._initial_records: list[Any] | None = None
         self.label = label
         self.persist(StorageLevel.MEMORY_ONLY)
 
@@ -58,6 +60,20 @@ class StateNode(DStreamNode):
     def dependencies(self) -> list[DStreamNode]:
         return [self.parent]
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The initial state RDD is stored as its records (collected once, when the graph is checkpointed)."""
+        state = super().__getstate__()
+        if self.initial is not None:
+            state["_initial_records"] = self.initial.collect()
+            state["initial"] = None
+        return state
+
+    def _initial_rdd(self) -> RDD | None:
+        if self.initial is None and self._initial_records is not None:
+            self.initial = ensure_partitioned(self.graph.sc.parallelize(self._initial_records), self.partitioner)
+            self._initial_records = None
+        return self.initial
+
     def prepare(self, batch: RDD) -> RDD:
         raise NotImplementedError
 
@@ -67,7 +83,7 @@ class StateNode(DStreamNode):
     def compute(self, time: BatchTime) -> RDD | None:
         previous = self.get_or_compute(time - self.slide_duration)
         if previous is None:
-            previous = self.initial
+            previous = self._initial_rdd()
         batch = self.parent.get_or_compute(time)
         if batch is None:
             return previous
