@@ -15,6 +15,7 @@ checkpoint location runs with a checkpointer writing to a temporary folder, no j
 * :class:`Fence`: ``check_owner()`` raises when another driver has taken over (fencing); sinks call
   it before they commit an output.
 * :class:`WriteAheadLog`: where sources that cannot replay (a socket) write a block before using it.
+* :class:`OutagePolicy`: which errors mean the store is unavailable, and how long to wait for it.
 * :class:`ObjectStoreLocation`: an object store prefix a file source lists and its tasks read.
 * :class:`EventPoster`: how a thread other than the event loop's asks for a change of graph state.
 """
@@ -99,6 +100,28 @@ class EventPoster(Protocol):
 class SourceNotCheckpointableError(Exception):
     """Raised while serializing a source whose data lives only in this driver (``queueStream``): the
     graph cannot be stored in the checkpoint, and a restarted driver must rebuild it with ``setupFunc``."""
+
+
+class OutagePolicy(Protocol):
+    """How the scheduler rides out an unavailable store while it builds or runs a batch."""
+
+    def is_outage(self, error: BaseException) -> bool:
+        """Whether ``error`` means the store is unavailable (on the driver or inside a task)."""
+        ...
+
+    def retry_delay(self, error: BaseException, waited_s: float, what: str) -> float | None:
+        """Seconds to wait before ``what`` is tried again after ``error``, or None to give up."""
+        ...
+
+
+class NoOutageRetry:
+    """The outage policy of a runtime without one: every error propagates at once."""
+
+    def is_outage(self, error: BaseException) -> bool:
+        return False
+
+    def retry_delay(self, error: BaseException, waited_s: float, what: str) -> float | None:
+        return None
 
 
 class NoFence:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .clock import Clock
-from .contracts import BatchJournal, Checkpointer, FaultHook, no_fault
+from .contracts import BatchJournal, Checkpointer, FaultHook, NoOutageRetry, OutagePolicy, no_fault
 from .events import BatchCompleted, CheckpointCommitted, Event, EventLoop, GenerateJobs
 from .graph import DStreamGraph, GraphServices, Job, WriteAheadLog
 from .listener import (
@@ -97,6 +97,8 @@ class Batch:
     jobs: list[Job]
     info: BatchInfo
     error: BaseException | None = None
+    #: Its completion must not be recorded (it failed on an unavailable store past the outage bound).
+    incomplete: bool = False
 
 
 class JobScheduler:
@@ -110,7 +112,7 @@ class JobScheduler:
     def __init__(self, graph: DStreamGraph, clock: Clock, bus: ListenerBus, checkpointer: Checkpointer,
                  events: EventLoop, *, concurrent_batches: int = 1, journal: BatchJournal | None = None,
                  wal: WriteAheadLog | None = None, fault_hook: FaultHook = no_fault,
-                 keep_batch_infos: int = 1000) -> None:
+                 outage: OutagePolicy | None = None, keep_batch_infos: int = 1000) -> None:
         if concurrent_batches < 1:
             raise ValueError(f"concurrentBatches must be >= 1, got {concurrent_batches}")
         self.graph = graph
@@ -124,6 +126,8 @@ class JobScheduler:
         self.journal = journal
         self.wal = wal
         self.fault_hook = fault_hook
+        #: Store outages met while building or running a batch are waited out (see ``_ride_out``).
+        self.outage: OutagePolicy = outage if outage is not None else NoOutageRetry()
         self.ctx_id = next(_ctx_ids)
         self._stop_generating = threading.Event()
         self._stop_running = threading.Event()
@@ -240,10 +244,13 @@ class JobScheduler:
         info = BatchInfo(t.ms, wall_ms(), job_group=f"dstreams-{self.ctx_id}-{t.ms}")
         b = Batch(t, [], info)
         try:
-            b.jobs = self.graph.generate_jobs(t)
+            b.jobs = self._ride_out(f"building batch {t.ms}", lambda: self.graph.generate_jobs(t))
         except BaseException as e:  # a user function raising while the graph is built
             log.error("error generating the jobs of batch %s", t, exc_info=True)
             b.error = e
+            if self.outage.is_outage(e):
+                self._fatal(e)  # past the outage bound: stop; a restart resumes from the metadata log
+                return
             self._report_error(e)
         if self.journal is not None and b.error is None:
             try:
@@ -321,7 +328,8 @@ class JobScheduler:
                 with self._cond:
                     self._running.pop(b.time.ms, None)
                     self._cond.notify_all()
-                self.events.post(BatchCompleted(b.time))
+                if not b.incomplete:
+                    self.events.post(BatchCompleted(b.time))
 
     def _run_batch(self, b: Batch) -> None:
         info = b.info
@@ -339,11 +347,19 @@ class JobScheduler:
             op.start_time_ms = wall_ms()
             self._notify("onOutputOperationStarted", StreamingListenerOutputOperationStarted, op)
             try:
-                job.run()
+                self._ride_out(f"{job.name} of batch {b.time.ms}", job.run)
             except BaseException as e:
                 if self._stop_running.is_set():
                     log.info("batch %s: %s interrupted by stop()", b.time, job.name)
                     op.failure_reason = "stopped"
+                elif self.outage.is_outage(e):
+                    # The store stayed down past the bound: this batch must not count as done (a restart
+                    # runs it again from the metadata log); stop the driver with the store's error.
+                    op.failure_reason = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+                    b.error = b.error or e
+                    b.incomplete = True
+                    self._fatal(user_facing_error(e, b.time, job.name))
+                    break
                 else:
                     log.error("error running %s of batch %s", job.name, b.time, exc_info=True)
                     op.failure_reason = "".join(traceback.format_exception(type(e), e, e.__traceback__))
@@ -352,6 +368,23 @@ class JobScheduler:
             op.end_time_ms = wall_ms()
             self._notify("onOutputOperationCompleted", StreamingListenerOutputOperationCompleted, op)
         info.processing_end_time_ms = wall_ms()
+
+    def _ride_out(self, what: str, func: Callable[[], Any]) -> Any:
+        """``func()``, tried again while the outage policy says the store is down and worth waiting for.
+
+        Safe because building a batch is idempotent (memoised RDDs, offsets fixed once) and the
+        exactly-once sinks turn a re-run output operation into a rewrite of the same data.
+        """
+        started = _time.monotonic()
+        while True:
+            try:
+                return func()
+            except BaseException as e:
+                delay = self.outage.retry_delay(e, _time.monotonic() - started, what)
+                if delay is None or self._stop_running.is_set():
+                    raise
+                if self._stop_running.wait(delay):
+                    raise
 
     def _notify(self, callback: str, event_type: Callable[[Any], Any], arg: Any) -> None:
         """Post ``event_type(arg)`` (a snapshot) to the listeners; nothing is built when none listens."""

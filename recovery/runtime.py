@@ -49,6 +49,7 @@ from .checkpointer import StoreCheckpointer, StoreWriteAheadLog
 from .graph_store import serialize_graph, write_graph
 from .journal import Journal
 from .metadata import MetadataLog
+from .outage import StoreOutagePolicy
 from .resume import ResumePlan, plan_resume
 from .store import is_store_url
 from .storespec import StoreSpec
@@ -124,7 +125,7 @@ class DriverRuntime:
         checkpointer = StoreCheckpointer(sc, spec, events, fence)
         scheduler = JobScheduler(graph, clock, bus, checkpointer, events,
                                  concurrent_batches=settings.concurrent_batches, journal=journal, wal=wal,
-                                 fault_hook=faults.reached)
+                                 fault_hook=faults.reached, outage=StoreOutagePolicy())
         plan = plan_resume(sc, spec, graph, previous, checkpointer) if previous is not None else None
         return cls(scheduler, checkpointer, events, fence, metadata, journal, plan, first, temp_dir)
 

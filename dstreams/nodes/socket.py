@@ -111,8 +111,12 @@ class SocketInputNode(InputNode):
             offsets = None
         else:
             with self._lock:
-                lines, self._buffer = self._buffer, []
+                lines = list(self._buffer)
+            # Written before the lines leave the buffer: a write that fails (the store is down) loses
+            # nothing, and the batch is built again with the same lines and any that arrived since.
             offsets = {"wal": wal.write(f"wal/{self.key}/{time.ms:015d}", lines)} if wal is not None else None
+            with self._lock:
+                del self._buffer[:len(lines)]
         self.report_batch(time, len(lines), offsets)
         sc = self.graph.sc
         if not lines:
