@@ -236,6 +236,9 @@ class StreamingContext:
                 "processes: use a local folder or an s3:// URL"
             )
         self._check_not_started("set the checkpoint directory")
+        if not is_store_url(directory):
+            # As Spark's StreamingContext.checkpoint (fs.mkdirs): a local folder exists once it is set.
+            os.makedirs(directory[len("file://"):] if directory.startswith("file://") else directory, exist_ok=True)
         self._checkpoint_dir = directory
         self._store_options = dict(storeOptions)
 

@@ -85,6 +85,7 @@ def test_a_function_capturing_the_spark_context_fails_start(sc, tmp_path):
     assert ssc.getState() == "INITIALIZED"
     ssc.stop(stopSparkContext=False)
     assert not os.path.exists(str(tmp_path / "cp" / "meta" / "head.json"))  # nothing was taken over
+    assert os.path.isdir(str(tmp_path / "cp"))  # as in Spark, checkpoint() creates a local folder at once
 
 
 def test_a_queue_stream_is_not_stored_and_setup_rebuilds_it(sc, tmp_path, caplog):
