@@ -132,3 +132,19 @@ def test_save_to_store_refuses_an_unknown_format_and_memory_stores(sc):
         stream.saveToStore("s3://b/out", "csv")
     with pytest.raises(ValueError, match="memory://"):
         stream.saveToStore("memory://x/out")
+
+
+def test_store_specs_of_one_bucket_share_one_client_and_nothing_accumulates():
+    """A sink opens a new prefix every batch: one boto3 client per bucket and options, not one per batch."""
+    from dstreams.recovery import storespec
+
+    before = len(storespec._cache)
+    a = storespec.StoreSpec("s3://spec-share/out/lines-1000", dict(MOTO_OPTS)).open()
+    b = storespec.StoreSpec("s3://spec-share/out/lines-2000", dict(MOTO_OPTS)).open()
+    root = storespec.StoreSpec("s3://spec-share", dict(MOTO_OPTS)).open()
+    assert a._shared is b._shared is root._shared  # one client
+    assert a.url == "s3://spec-share/out/lines-1000/" and root.url == "s3://spec-share/"
+    assert len(storespec._cache) <= before + 1
+    for t in range(3000, 10_000, 1000):
+        storespec.StoreSpec(f"s3://spec-share/out/lines-{t}", dict(MOTO_OPTS)).open()
+    assert len(storespec._cache) <= before + 1

@@ -32,6 +32,7 @@ from .errors import (
 from .keys import as_root, validate_key, validate_prefix
 
 __all__ = [
+    "STORE_SCHEMES",
     "BucketNotFoundError",
     "PreconditionFailed",
     "Store",
