@@ -266,8 +266,10 @@ class JobScheduler:
             info.output_operations[j.output_id] = OutputOperationInfo(t.ms, j.output_id, j.name, j.description)
         self.last_generated = t
         info.generation_ms = (_time.perf_counter() - started) * 1000.0
-        self._pending_times.append(t.ms)
         with self._cond:
+            if self._stop_running.is_set():  # stopped while it was being built: it never runs
+                return
+            self._pending_times.append(t.ms)
             self._queue.append(b)
             self._cond.notify_all()
         self._notify("onBatchSubmitted", StreamingListenerBatchSubmitted, info)
@@ -316,7 +318,7 @@ class JobScheduler:
             with self._cond:
                 while not self._queue and not self._stop_running.is_set():
                     self._cond.wait(0.1)
-                if self._stop_running.is_set() and not self._queue:
+                if self._stop_running.is_set():  # a graceful stop drained the queue before setting it
                     return
                 b = self._queue.popleft()
                 self._running[b.time.ms] = b
