@@ -39,7 +39,10 @@ FaultHook = Callable[[str], None]
 
 class Checkpointer(Protocol):
     def mark(self, node: DStreamNode, time: BatchTime, rdd: RDD) -> None:
-        """``node``'s RDD at ``time`` falls on its checkpoint interval (called while it is generated)."""
+        """``node``'s RDD at ``time`` falls on its checkpoint interval (called while it is generated).
+
+        Marking the same node and time again replaces the RDD (a queued batch rebuilt on a newer
+        checkpoint: the rebuilt RDD is the one its job computes and caches)."""
         ...
 
     def batch_completed(self, time: BatchTime) -> None:

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import zipfile
+from collections.abc import Iterable
 from typing import Any
 
 from pyspark import SparkContext
@@ -38,9 +39,11 @@ class ExecutorEnvironmentError(RuntimeError):
     """The executors' Python cannot import what dstreams' tasks need."""
 
 
-def probe(_: Any) -> list[tuple[str, str]]:
+def probe(it: Iterable[Any]) -> list[tuple[str, str]]:
     """Executor side: ``[(name, error)]`` for each module of :data:`PROBED_MODULES` that does not import,
     and ``("python", sys.executable)`` first."""
+    for _ in it:  # read the input, or PySpark does not reuse this (now warm) worker
+        pass
     out = [("python", sys.executable)]
     for name in PROBED_MODULES:
         try:

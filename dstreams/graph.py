@@ -186,6 +186,44 @@ class DStreamGraph:
                     jobs.append(job)
             return jobs
 
+    def downstream_of(self, node: DStreamNode) -> list[DStreamNode]:
+        """The nodes that read ``node``'s RDDs, directly or through others (registration order,
+        which is topological: a node is registered after the nodes it reads)."""
+        reached = {id(node)}
+        out: list[DStreamNode] = []
+        for n in self.nodes:
+            if any(id(d) in reached for d in n.dependencies):
+                reached.add(id(n))
+                out.append(n)
+        return out
+
+    def rebuild_jobs(self, adopted: DStreamNode, times: list[BatchTime]) -> dict[int, list[Job]]:
+        """The jobs of the batches at ``times`` (generated, not started), built again after
+        ``adopted`` adopted a checkpoint (its own RDDs after the checkpoint are already rebuilt).
+
+        Every RDD downstream of ``adopted`` at those times is built again, oldest batch first, so
+        that the queued jobs compute the cut lineage one batch after the other: each job caches its
+        batch's state for the next. Left as they were, the queued jobs would compute the old chain
+        while the batches generated next build on the new one, which nothing has computed: each of
+        them would recompute the whole backlog from the checkpoint. Input offsets are not touched
+        (inputs are upstream). Functions given to ``transform`` run again for those batches. The
+        checkpoints due at those times are marked again with the rebuilt RDDs (the ones computed).
+        """
+        with self.lock:
+            downstream = self.downstream_of(adopted)
+            for node in downstream:
+                for t in times:
+                    node.forget(t)
+            jobs: dict[int, list[Job]] = {}
+            checkpointer = self.checkpointer
+            for t in sorted(times):
+                jobs[t.ms] = self.generate_jobs(t)
+                if checkpointer is not None and adopted.checkpoint_due(t):
+                    rdd = adopted.generated.get(t.ms)
+                    if rdd is not None:
+                        checkpointer.mark(adopted, t, rdd)
+            return jobs
+
     def input_records(self, time: BatchTime) -> dict[int, int]:
         """Records per input stream id in batch ``time``, for the sources that know it."""
         out: dict[int, int] = {}

@@ -278,6 +278,21 @@ class DStreamNode:
                 t = t + slide
             return built_through
 
+    def forget(self, time: BatchTime) -> None:
+        """Drop the memoised RDD at ``time``; the next ``get_or_compute(time)`` builds it again.
+
+        Used when a queued batch is rebuilt on a newly adopted checkpoint. An RDD that reads a
+        checkpoint is kept. What the engine cached of the dropped RDD is released when ``time``
+        leaves the remember window, as for a replaced RDD.
+        """
+        with self.graph.lock:
+            if time.ms in self._reader_times:
+                return
+            rdd = self.generated.pop(time.ms, None)
+            if rdd is not None:
+                self._retire(time.ms, rdd)
+                self._persisted_by_engine.discard(time.ms)
+
     def _retire(self, t: int, rdd: RDD) -> None:
         if t in self._persisted_by_engine:
             self._retired.setdefault(t, []).append(rdd)

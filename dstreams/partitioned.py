@@ -22,6 +22,7 @@ from pyspark import RDD, SparkContext, StorageLevel
 from pyspark.rdd import Partitioner, portable_hash
 
 from . import jvm
+from .records import consume
 
 
 class SegmentMarker:
@@ -81,7 +82,8 @@ class _MarkerCache:
             return rdd
 
 
-def _one_marker(_: Iterable[Any]) -> list[SegmentMarker]:
+def _one_marker(it: Iterable[Any]) -> list[SegmentMarker]:
+    consume(it)
     return [SegmentMarker()]
 
 
@@ -95,7 +97,8 @@ def partition_aligned_rdd(sc: SparkContext, num_partitions: int, read: Callable[
     with it stay narrow: what a reader of a partitioned checkpoint builds on.
     """
 
-    def partition(i: int, _: Iterable[Any]) -> Iterable[Any]:
+    def partition(i: int, it: Iterable[Any]) -> Iterable[Any]:
+        consume(it)  # the marker: read it, or the Python worker is not reused
         return read(i)
 
     return MARKERS.get(sc, num_partitions).mapPartitionsWithIndex(partition, preservesPartitioning=True)

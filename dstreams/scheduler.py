@@ -134,6 +134,7 @@ class JobScheduler:
         self._cond = threading.Condition()
         self._queue: deque[Batch] = deque()
         self._running: dict[int, Batch] = {}
+        self._held = 0  # queued batches taken out while they are rebuilt on a new checkpoint
         # Touched on the event loop's thread only:
         self._pending_times: list[int] = []  # submitted, not completed
         self._completed: set[int] = set()
@@ -191,9 +192,9 @@ class JobScheduler:
             deadline = _time.monotonic() + timeout_s
             self.events.wait_idle(timeout_s)  # batches posted before the stop are generated
             with self._cond:
-                while (self._queue or self._running) and _time.monotonic() < deadline:
+                while (self._queue or self._running or self._held) and _time.monotonic() < deadline:
                     self._cond.wait(0.05)
-                if self._queue or self._running:
+                if self._queue or self._running or self._held:
                     log.warning("graceful stop timed out after %.1f s with batches still pending", timeout_s)
             self.events.wait_idle(max(0.1, deadline - _time.monotonic()))  # their completions are recorded
         with self._cond:
@@ -306,11 +307,44 @@ class JobScheduler:
             self._cond.notify_all()
 
     def _checkpoint_committed(self, event: CheckpointCommitted) -> None:
-        """Adopt a committed checkpoint: the node's RDD at its time now reads it (the lineage cut)."""
-        built_through = event.node.adopt_checkpoint(event.time, event.reader)
+        """Adopt a committed checkpoint: the node's RDD at its time now reads it (the lineage cut).
+
+        Batches still queued (a backlog) are held back while their jobs are rebuilt on the cut
+        lineage (see ``DStreamGraph.rebuild_jobs``), then put back in order; running batches keep
+        what they run.
+        """
+        with self._cond:
+            held = list(self._queue)
+            self._queue.clear()
+            self._held += len(held)
+        try:
+            built_through = event.node.adopt_checkpoint(event.time, event.reader)
+            self._rebuild_queued(event.node, held)
+        finally:
+            with self._cond:
+                self._held -= len(held)
+                if not self._stop_running.is_set():
+                    self._queue.extendleft(reversed(held))
+                self._cond.notify_all()
         self.checkpointer.adopted(event.node, event.time, built_through)
         if self.journal is not None:
             self.journal.checkpoint_committed(event.node.key, event.time.ms)
+
+    def _rebuild_queued(self, node: Any, held: list[Batch]) -> None:
+        batches = [b for b in held if b.error is None]
+        if not batches:
+            return
+        started = _time.perf_counter()
+        try:
+            jobs = self.graph.rebuild_jobs(node, [b.time for b in batches])
+        except Exception:  # the old jobs compute the same data, on the longer lineage
+            log.warning("could not rebuild %d queued batch(es) on the checkpoint of %s; they run as built",
+                        len(batches), node.name, exc_info=True)
+            return
+        for b in batches:
+            b.jobs = jobs[b.time.ms]
+        log.debug("rebuilt %d queued batch(es) on the checkpoint of %s in %.1f ms", len(batches), node.name,
+                  (_time.perf_counter() - started) * 1000.0)
 
     # ------------------------------------------------------------------ running
     def _run_loop(self) -> None:

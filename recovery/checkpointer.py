@@ -39,6 +39,7 @@ from pyspark.rdd import Partitioner
 from dstreams.contracts import Fence, NoFence
 from dstreams.events import CheckpointCommitted, Event
 from dstreams.partitioned import partition_aligned_rdd
+from dstreams.records import consume
 from dstreams.time import BatchTime
 
 from . import faults
@@ -78,7 +79,8 @@ def reader_rdd(sc: SparkContext, spec: StoreSpec, prefix: str, manifest: dict[st
     parts = {int(p["index"]): p for p in manifest["parts"]}
     n = int(manifest["num_partitions"])
 
-    def read(i: int, _: Iterable[Any]) -> list[Any]:
+    def read(i: int, it: Iterable[Any]) -> list[Any]:
+        consume(it)  # the partition number: read it, or the Python worker is not reused
         p = parts[i]
         key = f"{prefix}/{p['key']}"
         try:
@@ -122,7 +124,9 @@ class StoreCheckpointer:
         with self._lock:
             if time.ms <= self._restored.get(node.key, -1):
                 return  # covered by the checkpoint this driver restored from
-            self._pending[time.ms].append((node, rdd))
+            entries = self._pending[time.ms]
+            entries[:] = [(n, r) for n, r in entries if n is not node]
+            entries.append((node, rdd))
 
     def resumed(self, node: DStreamNode, restored_ms: int | None, existing: list[int]) -> None:
         """A restarted driver restored ``node`` from its checkpoint at ``restored_ms`` (None: none).

@@ -181,7 +181,7 @@ ms client mode = crc
 ms cluster mode = crc
 ms service mode = crc
 [client.rgw.a]
-rgw frontends = beast endpoint=$RGW_HOST:$RGW_PORT
+rgw frontends = beast endpoint=$RGW_HOST:$RGW_PORT tcp_nodelay=1
 rgw data = $D/rgw
 rgw thread pool size = 64
 rgw dns name = localhost
@@ -215,6 +215,9 @@ ceph_daemons() {
   wait_for 60 bash -c "timeout 20 ceph -c '$C' osd stat 2>/dev/null | grep -q '1 up'" ||
     { warn "ceph-osd did not come up within 60 s"; return 1; }
   log "ceph-osd up"
+  # Keep an older cluster's gateway line current: without tcp_nodelay, every response with a body
+  # (GET, LIST) waits ~40 ms for the client's delayed ACK (Nagle).
+  sed -i "s|^rgw frontends = .*|rgw frontends = beast endpoint=$RGW_HOST:$RGW_PORT tcp_nodelay=1|" "$C"
   pid_alive "$D/run/client.rgw.a.pid" radosgw || timeout 120 radosgw -c "$C" -n client.rgw.a \
     >>"$D/log/daemons.out" 2>&1 || return 1
   wait_for 90 http_up "$RGW_URL/" || { warn "radosgw did not answer HTTP within 90 s"; return 1; }

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD
 
+from ..records import consume
 from ..time import BatchTime
 from .input import InputNode
 
@@ -121,7 +122,8 @@ class GeneratorInputNode(InputNode):
         seed = int(replayed["seed"]) if replayed is not None else self.seed
         t, n, func = time.ms, self.records_per_partition, self.record_func
 
-        def gen(partition: int, _: Iterable[Any]) -> Iterable[Any]:
+        def gen(partition: int, it: Iterable[Any]) -> Iterable[Any]:
+            consume(it)  # the partition number: read it, or the Python worker is not reused
             return func(seed, t, partition, n)
 
         self.report_batch(time, n * self.num_partitions, {"seed": seed, "time": t})
