@@ -41,6 +41,7 @@ from dstreams.recovery.storespec import StoreSpec
 from dstreams.scheduler import JobScheduler
 from dstreams.sparkconf import create_spark_context, speculation_available
 from dstreams.time import BatchTime, Duration, DurationLike, parse_duration, to_datetime
+from dstreams.worker_daemon import request_preload
 
 from .functions import positional_arity
 from .stream import DStream
@@ -383,6 +384,8 @@ class StreamingContext:
                         "only one StreamingContext may be active in a process: stop the active one first"
                     )
                 self._graph.validate()
+                if is_store_url(self._checkpoint_dir):
+                    request_preload(self._sc, "dstreams.recovery.store.s3")
                 ensure_executors_can_import(self._sc)
                 settings = RuntimeSettings(self._checkpoint_dir, dict(self._store_options), self._resume,
                                            self._concurrent)

@@ -80,3 +80,43 @@ def test_forked_worker_exits_when_its_socket_is_broken_instead_of_spinning():
         except ProcessLookupError:
             pass
         daemon.wait(timeout=20)
+
+
+def test_preload_imports_and_warms_the_named_modules(tmp_path, monkeypatch, capsys):
+    (tmp_path / "warm_me.py").write_text("warmed = []\ndef warm_worker():\n    warmed.append(1)\n")
+    (tmp_path / "plain_mod.py").write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from dstreams.worker_daemon import preload
+
+    preload("warm_me, plain_mod,,no_such_module_here")
+    import plain_mod
+    import warm_me
+
+    assert warm_me.warmed == [1] and plain_mod.x == 1
+    assert "could not preload no_such_module_here: ModuleNotFoundError" in capsys.readouterr().err
+
+
+def test_request_preload_only_for_dstreams_worker_daemons(sc):
+    from dstreams.worker_daemon import PRELOAD_ENV, request_preload
+
+    saved = sc.environment.get(PRELOAD_ENV)
+    try:
+        ours = sc.getConf().get("spark.python.daemon.module") == "dstreams.worker_daemon"
+        assert request_preload(sc, "dstreams.recovery.store.s3") is ours
+        assert request_preload(sc, "dstreams.recovery.store.s3") is ours  # not added twice
+        if ours:
+            assert sc.environment[PRELOAD_ENV].split(",").count("dstreams.recovery.store.s3") == 1
+        else:
+            assert PRELOAD_ENV not in sc.environment
+    finally:
+        if saved is None:
+            sc.environment.pop(PRELOAD_ENV, None)
+        else:
+            sc.environment[PRELOAD_ENV] = saved
+
+
+def test_the_s3_store_warms_a_worker_without_touching_the_network():
+    from dstreams.recovery.store import s3
+
+    s3.warm_worker()  # no endpoint is contacted: a client is made, no request sent
+    assert s3._data_loader() is s3._data_loader()

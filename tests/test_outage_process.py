@@ -1,5 +1,3 @@
-# NOT COLLECTED (work in progress): rename to test_outage_process.py once a backlog drains
-# (see the closing note of 2026-11-24).
 """Issue 12: a driver process rides out a 60 s outage of the real Ceph RADOS Gateway.
 
 The driver (tests/outage_app.py) keeps its checkpoint, its input (``textFileStream`` on an ``s3://``
@@ -48,7 +46,9 @@ FEED_EVERY_S = 0.5
 LINES_PER_OBJECT = 3
 WORDS = 7  # each line is "line-<n> w<n % WORDS>"
 STEADY_RUN = 5  # consecutive batches within the bounds below that make a steady state
-RECOVERY_BOUND_S = 120.0
+# Back to steady state within this long after the gateway answers again: measured 38 s on the 2-core CI
+# machine (a 66 s backlog drained at ~2.7x real time), bounded at ~2x that for a noisy machine.
+RECOVERY_BOUND_S = 75.0
 
 
 def _now_ms() -> int:
