@@ -152,8 +152,9 @@ STORE_OUTAGE_SECONDS = Setting(
     parse=_seconds,
     accepts="a number of seconds >= 0",
     example="900",
-    doc="How long batches wait (the driver retrying) for an unavailable checkpoint store before the "
-        "driver stops with the store's error.",
+    doc="How long the driver waits (retrying) for an unavailable store: metadata commits, file listings, "
+        "sink writes and write-ahead-log blocks wait, then the driver stops with the store's error; a "
+        "checkpoint write waits, then gives up (the next checkpoint cuts the lineage).",
 )
 
 SPARK_LOG_LEVEL = Setting(
@@ -252,13 +253,19 @@ def _default_text(value: Any) -> str:
         value = int(value)
     return f"`{value}`"
 
+#: Environment variables dstreams sets for its own processes (not user settings), listed for completeness.
+INTERNAL: tuple[EnvVar, ...] = (
+    EnvVar("DSTREAMS_WORKER_PRELOAD", "", "Set by dstreams in the Python workers' environment: modules its worker "
+           "daemon imports before forking (the S3 store when checkpoints are on S3)."),
+)
+
 
 def markdown_table() -> str:
     """The README's configuration table: every setting, then the test-only variables."""
     rows = ["| Spark conf key | environment variable | default | what it does |", "| --- | --- | --- | --- |"]
     for s in SETTINGS:
         rows.append(f"| `{s.key}` | `{s.env}` | {_default_text(s.default)} | {s.doc} |")
-    for v in TEST_ONLY:
+    for v in (*INTERNAL, *TEST_ONLY):
         rows.append(f"| (none) | `{v.env}` | {_default_text(v.default or None)} | {v.doc} |")
     return "\n".join(rows)
 

@@ -20,6 +20,14 @@ Contract (the engine's ``dstreams.contracts.Checkpointer``):
   completed, and the node's RDDs between the two checkpoints have left its remember window (a
   queued batch, or a cached partition lost with an executor, may otherwise need to re-read it).
 * A checkpoint at or before the one a restarted driver restored from is not written again.
+* A store outage (:func:`~dstreams.recovery.outage.is_store_outage`: the store unavailable on the driver,
+  or a task failure naming it) while a checkpoint is written: the whole write (parts, fence check,
+  manifest: same keys, same bytes) is tried again under the driver's outage policy, the bound the
+  scheduler and the journal use (``spark.dstreams.store.outageSeconds``). Later checkpoints queue behind
+  it in the one writer thread and are written after it, oldest first. Past the bound the write is given
+  up: its error is recorded in ``errors`` and logged, the stream goes on, and its lineage is cut by the
+  next checkpoint that commits. Any other error is recorded and logged at once (no retry), and the next
+  checkpoint is tried. :meth:`StoreCheckpointer.close` ends a wait for the store at once.
 * Two attempts of one task (speculation) write identical bytes under the same key: harmless.
 """
 
@@ -36,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pyspark import RDD, SparkContext
 from pyspark.rdd import Partitioner
 
-from dstreams.contracts import Fence, NoFence
+from dstreams.contracts import Fence, NoFence, NoOutageRetry, OutagePolicy
 from dstreams.events import CheckpointCommitted, Event
 from dstreams.partitioned import partition_aligned_rdd
 from dstreams.records import consume
@@ -44,6 +52,7 @@ from dstreams.time import BatchTime
 
 from . import faults
 from .codec import CorruptCheckpointError, decode_partition, encode_partition
+from .outage import ride_out
 from .storespec import StoreSpec
 
 if TYPE_CHECKING:
@@ -99,18 +108,27 @@ class StoreCheckpointer:
 
     :param events: the scheduler's event loop; committed checkpoints are posted there for adoption.
     :param fence: checked before each manifest is written (raises when another driver took over).
+    :param outage: how long a write waits for an unavailable store (the composition root passes the
+        policy the scheduler and the journal use); default :class:`~dstreams.contracts.NoOutageRetry`:
+        a failed write is not retried.
     """
 
-    def __init__(self, sc: SparkContext, spec: StoreSpec, events: CommitEvents, fence: Fence | None = None) -> None:
+    def __init__(self, sc: SparkContext, spec: StoreSpec, events: CommitEvents, fence: Fence | None = None, *,
+                 outage: OutagePolicy | None = None) -> None:
         self.sc = sc
         self.spec = spec
         self.store = spec.open()
         self.events = events
         self.fence: Fence = fence if fence is not None else NoFence()
+        self.outage: OutagePolicy = outage if outage is not None else NoOutageRetry()
         self._pending: dict[int, list[tuple[DStreamNode, RDD]]] = defaultdict(list)
+        #: Guards the bookkeeping below and ``_futures``; never held while a write runs or is waited for.
         self._lock = threading.Lock()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="dstreams-checkpoint")
+        #: Writes and deletions submitted and not yet seen done (appended from the event loop, read by ``flush``).
         self._futures: list[Future[None]] = []
+        #: Set by ``close``: a write waiting for an unavailable store gives up.
+        self._closed = threading.Event()
         #: Committed checkpoint times per node key, oldest first.
         self.committed: dict[str, list[int]] = defaultdict(list)
         #: (node key, checkpoint time) -> newest batch of the node built before it was adopted.
@@ -156,32 +174,61 @@ class StoreCheckpointer:
             self._submit(self._write, node, t, rdd)
         if collect:
             self._submit(self._delete_old)
-        self._futures = [f for f in self._futures if not f.done()]
 
     def _submit(self, fn: Any, *args: Any) -> None:
-        try:
-            self._futures.append(self._writer.submit(fn, *args))
-        except RuntimeError:  # closed: the context is stopping
-            log.debug("checkpointer closed: %s not started", getattr(fn, "__name__", fn))
+        """Queue ``fn(*args)`` on the writer thread; forget the futures that are done (under the lock)."""
+        with self._lock:
+            try:
+                future = self._writer.submit(fn, *args)
+            except RuntimeError:  # closed: the context is stopping
+                log.debug("checkpointer closed: %s not started", getattr(fn, "__name__", fn))
+                return
+            self._futures = [f for f in self._futures if not f.done()]
+            self._futures.append(future)
+
+    def _started(self) -> list[Future[None]]:
+        """A snapshot of the submitted futures (waited on without the lock)."""
+        with self._lock:
+            return list(self._futures)
 
     def flush(self, timeout_s: float = 60.0) -> None:
         """Wait for the checkpoints already started to be written and adopted (used in tests)."""
-        for f in list(self._futures):
+        for f in self._started():
             f.result(timeout=timeout_s)
         self.events.wait_idle(timeout_s)
-        for f in list(self._futures):  # the deletions the adoptions started
+        for f in self._started():  # the deletions the adoptions started
             f.result(timeout=timeout_s)
 
     def close(self, wait: bool = True) -> None:
-        self._writer.shutdown(wait=wait, cancel_futures=not wait)
+        """Stop writing. A write waiting for an unavailable store gives up at once (its error recorded,
+        nothing committed), so a stop is never held up by an outage. With ``wait``, the writes already
+        queued still run (each tried once more, without waiting for the store) and are waited for;
+        without, they are dropped and this returns at once."""
+        self._writer.shutdown(wait=False, cancel_futures=not wait)  # first, or a dropped write could still start
+        self._closed.set()
+        if wait:
+            self._writer.shutdown(wait=True)
 
     # ------------------------------------------------------------------ writing
     def _write(self, node: DStreamNode, t: int, rdd: RDD) -> None:
+        """Write the checkpoint of ``node`` at ``t``, riding out a store outage (see the module docstring).
+
+        Never raises: a checkpoint that is not written only delays the lineage cut; the stream goes on.
+        """
+        what = f"writing the checkpoint of {node.name} at {t}"
         try:
-            self._write_checkpoint(node, t, rdd)
-        except BaseException as e:  # a failed checkpoint delays the lineage cut; the stream goes on
+            ride_out(self.outage, what, lambda: self._write_checkpoint(node, t, rdd), self._closed)
+        except BaseException as e:
             self.errors.append(e)
-            log.warning("checkpoint of %s at %d failed (the next one will be tried): %s", node.name, t, e)
+            if not self.outage.is_outage(e):
+                log.warning("checkpoint of %s at %d failed (the next one will be tried): %s", node.name, t, e)
+            elif self._closed.is_set():
+                log.warning("checkpoint of %s at %d not written: the checkpointer closed while the store was "
+                            "unavailable (%s)", node.name, t, e)
+            else:
+                log.error("checkpoint of %s at %d not written: the store stayed unavailable past the outage bound "
+                          "(%s); the stream goes on, its lineage is cut by the next checkpoint that commits",
+                          node.name, t, e)
 
     def _write_checkpoint(self, node: DStreamNode, t: int, rdd: RDD) -> None:
         prefix = checkpoint_prefix(node.key, t)

@@ -8,77 +8,67 @@ data checkpoint of each stateful stream, and prunes offsets no restart can need 
 
 A store that is down for a while: each commit is retried by the store's own policy (bounded, see
 :mod:`dstreams.recovery.retry`); when that gives up with :class:`StoreUnavailableError`, the journal keeps
-retrying the same commit, with a warning every attempt, for up to ``outage_seconds`` (default
-:data:`DEFAULT_OUTAGE_SECONDS`, environment ``DSTREAMS_STORE_OUTAGE_SECONDS``). Meanwhile batches wait:
-the generator does not run a batch whose offsets are not recorded, and the runner does not move on
-before a completion is recorded, so nothing is lost and the scheduling delay shows the outage. Past the
-bound (or when :meth:`Journal.close` is called) the error propagates and the driver stops; a restart
-through ``getOrCreate`` resumes from the log. A fenced driver (:class:`FencedError`) never retries.
+retrying the same commit through :func:`~dstreams.recovery.outage.ride_out`, with a warning every attempt,
+under the driver's one outage policy (``spark.dstreams.store.outageSeconds``, default 900 s, environment
+``DSTREAMS_STORE_OUTAGE_SECONDS``; the same bound as the scheduler and the checkpointer), and warns
+"checkpoint store is back after N s" when a commit gets through. Meanwhile batches wait: the generator does
+not run a batch whose offsets are not recorded, and the runner does not move on before a completion is
+recorded, so nothing is lost and the scheduling delay shows the outage. Past the bound (or when
+:meth:`Journal.close` is called) the last error propagates and the driver stops; a restart through
+``getOrCreate`` resumes from the log. A fenced driver (:class:`FencedError`) never retries.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time as _time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dstreams import config
+from dstreams.contracts import OutagePolicy
 from dstreams.time import BatchTime
 
 from .metadata import MetadataLog
-from .store.errors import StoreUnavailableError
+from .outage import StoreOutagePolicy, ride_out
+from .outage import outage_seconds_from_env as outage_seconds_from_env  # the bound's reader, kept importable here
 
 if TYPE_CHECKING:
     from dstreams.graph import DStreamGraph
 
 log = logging.getLogger(__name__)
 
-ENV_OUTAGE_SECONDS = config.STORE_OUTAGE_SECONDS.env
-DEFAULT_OUTAGE_SECONDS: float = config.STORE_OUTAGE_SECONDS.default
-
-
-def outage_seconds_from_env(conf: config.ConfLike | None = None) -> float:
-    """The outage bound in seconds (>= 0): ``spark.dstreams.store.outageSeconds`` of ``conf`` (default: the
-    running SparkContext's conf), else ``$DSTREAMS_STORE_OUTAGE_SECONDS``, else the default (15 min).
-    ``ValueError`` for a value that is not a number of seconds >= 0."""
-    return float(config.get(config.STORE_OUTAGE_SECONDS, conf if conf is not None else config.active_conf()))
-
 
 class Journal:
-    def __init__(self, metadata: MetadataLog, graph: DStreamGraph, outage_seconds: float | None = None) -> None:
+    """The scheduler's ``BatchJournal`` over ``metadata`` (see the module docstring).
+
+    :param outage: how long a commit waits for an unavailable store; the composition root passes the
+        policy the scheduler and the checkpointer use. Default: a :class:`StoreOutagePolicy` with the
+        configured bound.
+    """
+
+    def __init__(self, metadata: MetadataLog, graph: DStreamGraph, outage: OutagePolicy | None = None) -> None:
         self.metadata = metadata
         self.graph = graph
         self.newest_checkpoint: dict[str, int] = dict(metadata.head.get("checkpoints", {}))
         self._lock = threading.Lock()
-        self.outage_seconds = outage_seconds_from_env() if outage_seconds is None else outage_seconds
+        self.outage: OutagePolicy = outage if outage is not None else StoreOutagePolicy()
         self._closed = threading.Event()
 
-    def close(self) -> None:
-        """Stop waiting for an unavailable store: a commit in progress raises its last error."""
-        self._closed.set()
+    @property
+    def outage_seconds(self) -> float:
+        """The outage bound of the journal's policy, in seconds (0 for a policy without one: no waiting)."""
+        return self.outage.outage_seconds if isinstance(self.outage, StoreOutagePolicy) else 0.0
 
-    def _while_store_is_down(self, what: str, commit: Callable[[], None]) -> None:
-        """Run ``commit``; on :class:`StoreUnavailableError` retry it until the outage bound (see module doc)."""
-        started = _time.monotonic()
-        pause = 1.0
-        while True:
-            try:
-                commit()
-                if _time.monotonic() - started > 1.0:
-                    log.warning("checkpoint store is back after %.0f s: %s recorded", _time.monotonic() - started,
-                                what)
-                return
-            except StoreUnavailableError as e:
-                waited = _time.monotonic() - started
-                if waited >= self.outage_seconds or self._closed.is_set():
-                    raise
-                log.warning("checkpoint store unavailable for %.0f s (%s); %s waits and retries (gives up after "
-                            "%.0f s, set %s to change)", waited, e, what, self.outage_seconds, ENV_OUTAGE_SECONDS)
-                if self._closed.wait(min(pause, max(0.0, self.outage_seconds - waited))):
-                    raise
-                pause = min(pause * 2, 10.0)
+    @outage_seconds.setter
+    def outage_seconds(self, seconds: float) -> None:
+        """Change the bound of the journal's :class:`StoreOutagePolicy`, which the driver's scheduler and
+        checkpointer share (one bound per driver; tests shorten it)."""
+        if not isinstance(self.outage, StoreOutagePolicy):
+            raise TypeError(f"the journal's outage policy {type(self.outage).__name__} has no bound to set")
+        self.outage.outage_seconds = float(seconds)
+
+    def close(self) -> None:
+        """Stop waiting for an unavailable store: a commit waiting for it raises its last error at once."""
+        self._closed.set()
 
     def checkpoint_committed(self, node_key: str, time_ms: int) -> None:
         with self._lock:
@@ -108,7 +98,7 @@ class Journal:
             all_offsets[str(time.ms)] = offsets
             self.metadata.commit(offsets=all_offsets, sources=sources)
 
-        self._while_store_is_down(f"batch {time.ms} (its input offsets)", commit)
+        ride_out(self.outage, f"recording the input offsets of batch {time.ms}", commit, self._closed)
         try:
             self.metadata.record_batch(time.ms, offsets)
         except Exception as e:  # the audit record is not needed for recovery
@@ -124,10 +114,9 @@ class Journal:
         if horizon is not None:
             dropped = [o for t, o in offsets.items() if int(t) <= horizon]
             offsets = {t: o for t, o in offsets.items() if int(t) > horizon}
-        self._while_store_is_down(
-            f"the completion of batch {time.ms}",
-            lambda: self.metadata.commit(completed_through=time.ms, checkpoints=checkpoints, offsets=offsets),
-        )
+        ride_out(self.outage, f"recording the completion of batch {time.ms}",
+                 lambda: self.metadata.commit(completed_through=time.ms, checkpoints=checkpoints, offsets=offsets),
+                 self._closed)
         for batch_offsets in dropped:  # write-ahead-log blocks no restart can need any more
             for o in batch_offsets.values():
                 if isinstance(o, dict) and "wal" in o:

@@ -20,6 +20,9 @@ With a checkpoint location, the graph itself is serialized first (a user functio
 serialized fails the start before anything is written) and stored once this driver owns the location
 (:mod:`.graph_store`), so ``getOrCreate`` can restore it without calling ``setupFunc``.
 
+One :class:`StoreOutagePolicy` (how long to wait for an unavailable store) is built first and given to
+the journal, the checkpointer and the scheduler: one outage bound for the whole driver.
+
 Sinks reach the fence and the checkpoint store's options through :meth:`DriverRuntime.check_owner`
 and :attr:`RuntimeSettings`.
 """
@@ -107,6 +110,7 @@ class DriverRuntime:
         previous: dict[str, Any] | None = None
         wal: StoreWriteAheadLog | None = None
         fence: Fence = NoFence()
+        outage = StoreOutagePolicy()
         if settings.checkpoint_dir is not None:
             store = spec.open()
             if MetadataLog.read(store) is not None and not settings.resume:
@@ -119,13 +123,13 @@ class DriverRuntime:
             previous = metadata.take_over(zero_ms=first.ms - batch_ms)
             if stored_graph is not None:
                 write_graph(store, stored_graph)
-            journal = Journal(metadata, graph)
+            journal = Journal(metadata, graph, outage=outage)
             wal = StoreWriteAheadLog(store)
             fence = metadata
-        checkpointer = StoreCheckpointer(sc, spec, events, fence)
+        checkpointer = StoreCheckpointer(sc, spec, events, fence, outage=outage)
         scheduler = JobScheduler(graph, clock, bus, checkpointer, events,
                                  concurrent_batches=settings.concurrent_batches, journal=journal, wal=wal,
-                                 fault_hook=faults.reached, outage=StoreOutagePolicy())
+                                 fault_hook=faults.reached, outage=outage)
         plan = plan_resume(sc, spec, graph, previous, checkpointer) if previous is not None else None
         return cls(scheduler, checkpointer, events, fence, metadata, journal, plan, first, temp_dir)
 

@@ -54,8 +54,8 @@ def test_batches_generated_during_a_backlog_compute_one_step_each(sc, tmp_path):
         clock.advance(14_000)  # batches 3..16 queue up behind batch 2
         ssc._scheduler.events.wait_idle(30)
         gate.set()
-        for k in range(17, total + 1):  # keep generating while the backlog drains
-            ssc.awaitBatch((k - 10) * 1000, 120)
+        for k in range(17, total + 1):  # keep generating while 14 batches wait
+            ssc.awaitBatch((k - 14) * 1000, 120)
             clock.advance(1000)
         ssc.awaitBatch(total * 1000, 120)
         tasks = _tasks_per_batch(sc, ssc._scheduler.ctx_id, [k * 1000 for k in range(3, total + 1)])
@@ -63,6 +63,8 @@ def test_batches_generated_during_a_backlog_compute_one_step_each(sc, tmp_path):
         gate.set()
         ssc.stop(stopSparkContext=False)
     assert seen[total * 1000] == [("k", total), ("w0", 8), ("w1", 8), ("w2", 7), ("w3", 7)]
-    # One step of the chain is a few tasks (2 partitions: the input's map side and the merge); the odd
-    # batch right after an adoption also recomputes the step its running predecessor built.
-    assert max(tasks.values()) <= 10, tasks
+    # One step of the chain is a few tasks (2 partitions: the input's map side and the merge). The first
+    # batch rebuilt after an adoption also recomputes the steps that ran while the checkpoint was being
+    # written (one or two on a busy machine). Recomputing the backlog would cost 30+ tasks.
+    assert max(tasks.values()) <= 16, tasks
+    assert sorted(tasks.values())[len(tasks) // 2] <= 6, tasks

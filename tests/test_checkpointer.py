@@ -9,9 +9,10 @@ import time as _time
 import pytest
 
 from dstreams import ManualClock, StreamingContext
-from dstreams.recovery.checkpointer import list_checkpoints, load_manifest
+from dstreams.recovery.checkpointer import StoreCheckpointer, list_checkpoints, load_manifest
 from dstreams.recovery.codec import CorruptCheckpointError, decode_partition, encode_partition
 from dstreams.recovery.store import open_store
+from dstreams.recovery.storespec import StoreSpec
 from dstreams.time import from_user_time
 
 
@@ -117,3 +118,33 @@ def test_a_checkpoint_is_kept_while_queued_batches_still_reach_it(sc, tmp_path):
     assert {t: seen.get(t) for t in (7000, 12000)} == {7000: [("k", 7)], 12000: [("k", 12)]}
     times = list_checkpoints(open_store(url), counts._node.key)
     assert times[0] == 12_000 and 3000 not in times and len(times) <= 4, times  # old ones still go
+
+
+class _IdleEvents:
+    def post(self, event) -> None:
+        raise AssertionError(f"nothing is committed here: {event!r}")
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        return True
+
+
+def test_writes_submitted_from_several_threads_are_all_tracked(sc, tmp_path):
+    """``_futures`` is appended from the event loop and rebuilt/read from other threads: no submission is lost,
+    so ``flush`` waits for every one."""
+    ckpt = StoreCheckpointer(sc, StoreSpec(str(tmp_path / "cp")), _IdleEvents())
+    gate = threading.Event()
+    ran: list[int] = []
+    ckpt._submit(gate.wait, 60)  # holds the one writer thread: nothing submitted below is done yet
+    threads = [threading.Thread(target=lambda: [ckpt._submit(ran.append, 1) for _ in range(200)]) for _ in range(4)]
+    flusher = threading.Thread(target=lambda: [ckpt._started() for _ in range(200)])
+    try:
+        for t in [*threads, flusher]:
+            t.start()
+        for t in [*threads, flusher]:
+            t.join(60)
+        assert len(ckpt._started()) == 1 + 4 * 200
+    finally:
+        gate.set()
+    ckpt.flush(60)
+    ckpt.close()
+    assert len(ran) == 800 and all(f.done() for f in ckpt._started())
