@@ -29,6 +29,7 @@ from dstreams.listener import BatchInfo, ListenerBus
 from dstreams.nodes.files import FileInputNode
 from dstreams.nodes.generator import GeneratorInputNode, RecordFunc
 from dstreams.nodes.input import QueueInputNode
+from dstreams.nodes.redis_streams import RedisStreamsInputNode
 from dstreams.nodes.socket import SocketInputNode
 from dstreams.nodes.transformed import TransformedNode, require_same_slide
 from dstreams.nodes.union import UnionNode
@@ -315,6 +316,25 @@ class StreamingContext:
         self._check_can_add_input()
         n = numPartitions if numPartitions is not None else self._sc.defaultParallelism
         return DStream(GeneratorInputNode(self._graph, recordsPerPartition, n, seed, recordFunc), self)
+
+    def redisStream(self, keys: str | Sequence[str], url: str = "redis://127.0.0.1:6379/0",
+                    startFrom: str | dict[str, str] = "earliest", decoder: Callable[[str, str, dict[str, str]], Any]
+                    | None = None, maxRatePerPartition: float | None = None, onTrimmed: str = "fail",
+                    missingKeys: str = "fail") -> DStream:
+        """The entries of one or more Redis stream keys, each key a partition, read directly (no receiver).
+
+        Each batch holds, per key, the entries added since the previous batch (at most
+        ``maxRatePerPartition`` per second of batch interval per key when set), fixed in the metadata log
+        before the batch runs, so recovery and failover read exactly the same entries. Records are
+        ``(key, entry_id, fields)`` tuples (``fields`` a dict of str) or ``decoder(key, entry_id, fields)``.
+        ``startFrom``: ``"earliest"``, ``"latest"`` or ``{key: id}`` (the entries after that id). See
+        :mod:`dstreams.nodes.redis_streams` for trimmed entries (``onTrimmed``), missing keys
+        (``missingKeys``) and an unreachable server. Needs redis-py (``pip install 'dstreams[redis]'``).
+        """
+        self._check_can_add_input()
+        node = RedisStreamsInputNode(self._graph, url, [keys] if isinstance(keys, str) else list(keys), startFrom,
+                                     decoder, maxRatePerPartition, onTrimmed, missingKeys)
+        return DStream(node, self)
 
     # ------------------------------------------------------------------ combinators
     def union(self, *dstreams: DStream) -> DStream:

@@ -6,6 +6,7 @@ Commands (run from the repository root)::
     python -m benchmarks run                  # full method: 1 s and 2 s targets, 20 measured batches
     python -m benchmarks floor                # per-batch floor and driver overhead (dstreams vs pyspark.streaming)
     python -m benchmarks table                # regenerate the table in benchmarks/README.md from the JSON
+    python -m benchmarks catchup [--quick]    # time to steady state after a store outage and a driver kill
 
 ``run`` starts one subprocess per (engine, workload) (each with its own SparkContext, the same tuned
 conf for every engine), writes ``benchmarks/results/<workload>.json`` (every trial with its per-batch
@@ -132,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     if raw and raw[0] == "--child":
         engine, workload, mode, *targets = raw[1:]
         return child_main(engine, workload, [float(t) for t in targets], mode)
+    if raw and raw[0] == "catchup":  # its own options: python -m benchmarks catchup --help
+        from .catchup import main as catchup_main
+
+        return catchup_main(raw[1:])
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="rate search for each workload and engine")
@@ -145,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     f = sub.add_parser("floor", help="per-batch floor and driver-side overhead")
     f.add_argument("--quick", action="store_true")
     sub.add_parser("table", help="regenerate benchmarks/README.md's table from benchmarks/results/*.json")
+    sub.add_parser("catchup", help="time to steady state after a store outage and a driver kill "
+                                   "(python -m benchmarks catchup --help)")
     args = p.parse_args(raw)
     args.argv = raw
     if args.cmd == "run":

@@ -105,6 +105,14 @@ class SourceNotCheckpointableError(Exception):
     graph cannot be stored in the checkpoint, and a restarted driver must rebuild it with ``setupFunc``."""
 
 
+class SourceUnavailableError(Exception):
+    """A source's server (e.g. Redis) did not answer after the client's own retries.
+
+    The driver rides it out like an unavailable store (:class:`OutagePolicy`): the batch being built or
+    run waits and is tried again, within ``spark.dstreams.store.outageSeconds``.
+    """
+
+
 class OutagePolicy(Protocol):
     """How the scheduler rides out an unavailable store while it builds or runs a batch."""
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from dstreams import config
-from dstreams.contracts import OutagePolicy
+from dstreams.contracts import OutagePolicy, SourceUnavailableError
 
 from .store.errors import StoreUnavailableError, TransientStoreError
 
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_NAMES = (StoreUnavailableError.__name__, TransientStoreError.__name__)
+_NAMES = (StoreUnavailableError.__name__, TransientStoreError.__name__, SourceUnavailableError.__name__)
 _SETTING = config.STORE_OUTAGE_SECONDS
 
 
@@ -58,9 +58,10 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
 
 
 def is_store_outage(error: BaseException) -> bool:
-    """Whether ``error`` (or what caused it) is the store being unavailable, on the driver or in a task."""
+    """Whether ``error`` (or what caused it) is the store, or a source's server, being unavailable (on the driver
+    or in a task)."""
     for e in _chain(error):
-        if isinstance(e, (StoreUnavailableError, TransientStoreError)):
+        if isinstance(e, (StoreUnavailableError, TransientStoreError, SourceUnavailableError)):
             return True
         if type(e).__name__ == "Py4JJavaError" and any(name in str(e) for name in _NAMES):
             return True

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Local S3-compatible services for the tests: a real Ceph RADOS Gateway on 127.0.0.1:7480 (user
-# AKTEST/SKTEST, data under .ceph/cluster, kept across restarts) and a moto server on 127.0.0.1:5055
-# (in memory). usage: scripts/services.sh start|stop|status
+# Local services for the tests: a real Ceph RADOS Gateway on 127.0.0.1:7480 (user AKTEST/SKTEST, data
+# under .ceph/cluster, kept across restarts), a moto server on 127.0.0.1:5055 (in memory) and a Redis
+# server (Debian's redis-server) on 127.0.0.1:6390 (DSTREAMS_TEST_REDIS_PORT), the project's own process
+# with its own configuration and data under .redis/ (append-only file on, kept across restarts).
+# usage: scripts/services.sh start|stop|status|restart [ceph|moto|redis ...]
+# With no service named, start/stop/status act on all three; `restart redis` stops and starts Redis only.
 #
 # By default not fatal: when a service cannot be installed or started (no root, no apt, port taken) it
 # prints a WARNING and exits 0, and the tests that need that service skip with a clear reason.
 # Required mode (CI=true or DSTREAMS_REQUIRE_SERVICES=1; DSTREAMS_REQUIRE_SERVICES=0 turns it off): a
 # service that does not start makes `start` exit 1 with an ERROR naming the service and its log, and the
 # tests fail instead of skipping (tests/support.py). Every wait is a bounded polling loop. Nothing is
-# exported: tests read DSTREAMS_TEST_RGW_ENDPOINT and DSTREAMS_TEST_MOTO_ENDPOINT, whose defaults are
-# the endpoints below; when one is set to another address, that server is checked, not started here.
+# exported: tests read DSTREAMS_TEST_RGW_ENDPOINT, DSTREAMS_TEST_MOTO_ENDPOINT and DSTREAMS_TEST_REDIS_URL,
+# whose defaults are the endpoints below; when one is set to another address, that server is checked, not
+# started or stopped here.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BASE="$ROOT/.ceph"
@@ -25,6 +29,15 @@ MOTO_LOG="$BASE/moto.log"
 MOTO_FAILURE="$BASE/moto.failure"  # why moto did not start (written by start_moto, which runs in a subshell)
 CEPH_FAILURE=""                     # why Ceph did not start, set by start_ceph
 CEPH_PACKAGES="radosgw ceph-mon ceph-osd uuid-runtime bc curl"
+REDIS_BASE="$ROOT/.redis"
+REDIS_DATA="$REDIS_BASE/data"
+REDIS_CONF="$REDIS_BASE/redis.conf"
+REDIS_PID="$REDIS_BASE/redis.pid"
+REDIS_LOG="$REDIS_BASE/redis.log"
+REDIS_PORT="${DSTREAMS_TEST_REDIS_PORT:-6390}"
+REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
+REDIS_PACKAGES="redis-server redis-tools"
+REDIS_FAILURE=""                    # why Redis did not start, set by start_redis
 T0=$(date +%s%N)
 
 elapsed() { echo "$(( ($(date +%s%N) - T0) / 1000000 ))ms"; }
@@ -344,48 +357,278 @@ start_moto() {
   echo "moto: $MOTO_URL (started in $(( ($(date +%s%N) - t) / 1000000 ))ms)"
 }
 
-# ---------------------------------------------------------------- main
+# ---------------------------------------------------------------- Redis server
 
-status() {
-  if rgw_ours && http_up "$RGW_URL/"; then echo "ceph-rgw: running at $RGW_URL"
-  else echo "ceph-rgw: stopped"; fi
-  if pid_alive "$MOTO_PID" moto.server && http_up "$MOTO_URL/"; then echo "moto: running at $MOTO_URL"
-  else echo "moto: stopped"; fi
+redis_installed() { command -v redis-server >/dev/null && command -v redis-cli >/dev/null; }
+
+# apt_install_redis: one apt-get install attempt, its output in .redis/apt.log.
+apt_install_redis() {
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-install-recommends \
+    $REDIS_PACKAGES >"$REDIS_BASE/apt.log" 2>&1
 }
 
-mkdir -p "$BASE"
-case "${1:-}" in
-  start)
+install_redis() {
+  redis_installed && return 0
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 || [ -n "${DSTREAMS_NO_APT:-}" ]; then
+    warn "redis-server is not installed and cannot be installed here (needs root and apt-get, DSTREAMS_NO_APT unset)."
+    warn "Install it with: apt-get install --no-install-recommends $REDIS_PACKAGES"
+    REDIS_FAILURE="redis-server is not installed and cannot be installed here (needs root and apt-get; no log)"
+    return 1
+  fi
+  log "installing $REDIS_PACKAGES (apt-get)"
+  if ! apt-cache show redis-server >/dev/null 2>&1; then
+    timeout 300 apt-get update -qq >/dev/null 2>&1 || warn "apt-get update failed"
+  fi
+  if ! apt_install_redis; then
+    timeout 300 apt-get update -qq >/dev/null 2>&1
+    apt_install_redis || {
+      warn "apt-get install failed, see $REDIS_BASE/apt.log"
+      REDIS_FAILURE="installing redis-server with apt-get failed (log: $REDIS_BASE/apt.log)"
+      return 1
+    }
+  fi
+  redis_installed || {
+    warn "Redis packages installed but redis-server/redis-cli not on PATH"
+    REDIS_FAILURE="Redis packages installed but redis-server/redis-cli are not on PATH (log: $REDIS_BASE/apt.log)"
+    return 1
+  }
+  log "redis-server installed ($(redis-server --version 2>/dev/null | awk '{sub("v=", "", $3); print $3}'))"
+}
+
+# redis_ping URL: true when a Redis server at URL answers PING with PONG (within a few seconds).
+redis_ping() {
+  if command -v redis-cli >/dev/null 2>&1; then
+    [ "$(timeout 3 redis-cli --no-auth-warning -u "$1" ping 2>/dev/null)" = PONG ]
+  elif [ -x "$ROOT/.venv/bin/python" ]; then
+    timeout 5 "$ROOT/.venv/bin/python" -c 'import sys, redis
+redis.Redis.from_url(sys.argv[1], socket_timeout=2, socket_connect_timeout=2).ping()' "$1" >/dev/null 2>&1
+  else
+    return 1
+  fi
+}
+
+# redis_ours: the server on REDIS_PORT is this project's (its data directory is .redis/data).
+redis_ours() {
+  local dir
+  [ -d "$REDIS_DATA" ] || return 1
+  dir=$(timeout 3 redis-cli -u "$REDIS_URL" config get dir 2>/dev/null | sed -n 2p) || return 1
+  [ -n "$dir" ] && [ "$dir" = "$(cd "$REDIS_DATA" && pwd -P)" ]
+}
+
+# pid_exited PID: PID is not running (gone, or a zombie not yet reaped).
+pid_exited() { [ ! -r "/proc/$1/stat" ] || [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; }
+
+redis_ready() { redis_ping "$REDIS_URL" && redis_ours; }
+
+# port_open PORT: something accepts TCP connections on 127.0.0.1:PORT.
+port_open() { timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" >/dev/null 2>&1; }
+
+# Rewritten at every start, so that a changed port or setting applies; the data in .redis/data is kept.
+write_redis_conf() {
+  cat >"$REDIS_CONF" <<EOF
+# Written by scripts/services.sh at every start: the dstreams tests' own Redis server (not the system
+# service). Loopback only, no password, durable: every write goes to the append-only file.
+bind 127.0.0.1
+port $REDIS_PORT
+protected-mode yes
+daemonize yes
+supervised no
+pidfile "$REDIS_PID"
+logfile "$REDIS_LOG"
+loglevel notice
+dir "$REDIS_DATA"
+appendonly yes
+appendfsync everysec
+save ""
+EOF
+}
+
+start_redis() {
+  local ext t
+  REDIS_FAILURE=""
+  if ext=$(external DSTREAMS_TEST_REDIS_URL "$REDIS_URL"); then
+    if redis_ping "$ext"; then
+      echo "redis: using $ext (DSTREAMS_TEST_REDIS_URL; not started or stopped here)"
+      return 0
+    fi
+    warn "DSTREAMS_TEST_REDIS_URL=$ext does not answer PING (a server there is not started by this script)."
+    REDIS_FAILURE="nothing answers PING at DSTREAMS_TEST_REDIS_URL=$ext (not started here; no log)"
+    echo "redis: NOT AVAILABLE at $ext"
+    return 1
+  fi
+  case "$REDIS_PORT" in
+    '' | *[!0-9]*)
+      REDIS_FAILURE="DSTREAMS_TEST_REDIS_PORT=$REDIS_PORT is not a port number"
+      echo "redis: NOT STARTED ($REDIS_FAILURE)"
+      return 1
+      ;;
+  esac
+  if ! install_redis; then
+    echo "redis: NOT AVAILABLE"
+    return 1
+  fi
+  # Ours on this port but not answering yet (loading a big append-only file): wait for it.
+  if redis_ready || { pid_alive "$REDIS_PID" "redis-server.*:$REDIS_PORT" && wait_for 30 redis_ready; }; then
+    echo "redis: running at $REDIS_URL (appendonly; pid $(cat "$REDIS_PID" 2>/dev/null || echo '?'))"
+    return 0
+  fi
+  if pid_alive "$REDIS_PID" redis-server; then  # a second server must not share .redis/data
+    warn "this project's redis-server (pid $(cat "$REDIS_PID")) runs on another port or does not answer."
+    REDIS_FAILURE="this project's redis-server (pid $(cat "$REDIS_PID"), data in $REDIS_DATA) does not answer on $REDIS_URL (another DSTREAMS_TEST_REDIS_PORT?): stop it first with \`bash scripts/services.sh stop redis\` (log: $REDIS_LOG)"
+    echo "redis: NOT STARTED (the project's redis-server runs but not on $REDIS_URL)"
+    return 1
+  fi
+  if port_open "$REDIS_PORT"; then
+    warn "something that is not this project's redis-server listens on 127.0.0.1:$REDIS_PORT; Redis not started."
+    REDIS_FAILURE="127.0.0.1:$REDIS_PORT is taken by another process, not this project's redis-server (set DSTREAMS_TEST_REDIS_PORT to a free port, or DSTREAMS_TEST_REDIS_URL to use that server)"
+    echo "redis: NOT STARTED (127.0.0.1:$REDIS_PORT is taken)"
+    return 1
+  fi
+  mkdir -p "$REDIS_DATA"
+  write_redis_conf
+  t=$(date +%s%N)
+  # daemonize: redis-server forks and returns at once; it answers PING once the append-only file is loaded.
+  if ! timeout 30 redis-server "$REDIS_CONF" >>"$REDIS_LOG" 2>&1 || ! wait_for 30 redis_ready; then
+    stop_pid "$REDIS_PID" redis-server
+    tail -5 "$REDIS_LOG" >&2 2>/dev/null
+    warn "redis-server did not answer on $REDIS_URL within 30 s; see $REDIS_LOG"
+    REDIS_FAILURE="redis-server did not answer on $REDIS_URL within 30 s (log: $REDIS_LOG)"
+    echo "redis: NOT STARTED (see $REDIS_LOG)"
+    return 1
+  fi
+  echo "redis: $REDIS_URL (appendonly; start took $(( ($(date +%s%N) - t) / 1000000 )) ms)"
+}
+
+# stop_redis: SIGTERM (Redis shuts down cleanly: the append-only file is flushed), bounded as stop_pid.
+stop_redis() {
+  if external DSTREAMS_TEST_REDIS_URL "$REDIS_URL" >/dev/null; then
+    log "redis: DSTREAMS_TEST_REDIS_URL is set: that server is not stopped here"
+    return 0
+  fi
+  local p
+  if pid_alive "$REDIS_PID" redis-server; then
+    p=$(cat "$REDIS_PID")
+    kill "$p" 2>/dev/null
+    # An exited daemon stays a zombie until init reaps it (over a second here): exited is enough.
+    wait_for 10 pid_exited "$p" || { kill -9 "$p" 2>/dev/null; wait_for 5 pid_exited "$p"; }
+    rm -f "$REDIS_PID"
+    log "stopped redis-server (pid $p)"
+  elif command -v redis-cli >/dev/null 2>&1 && redis_ours; then  # ours, but its pid file is gone
+    timeout 15 redis-cli -u "$REDIS_URL" shutdown >/dev/null 2>&1
+    wait_for 10 bash -c "! (exec 3<>/dev/tcp/127.0.0.1/$REDIS_PORT)" 2>/dev/null
+    log "stopped redis-server on port $REDIS_PORT (SHUTDOWN)"
+  fi
+}
+
+redis_status() {
+  local ext
+  if ext=$(external DSTREAMS_TEST_REDIS_URL "$REDIS_URL"); then
+    if redis_ping "$ext"; then echo "redis: using $ext (DSTREAMS_TEST_REDIS_URL)"
+    else echo "redis: NOT answering at $ext (DSTREAMS_TEST_REDIS_URL)"; fi
+  elif command -v redis-cli >/dev/null 2>&1 && redis_ready; then
+    echo "redis: running at $REDIS_URL (pid $(cat "$REDIS_PID" 2>/dev/null || echo '?')," \
+      "appendonly $(timeout 3 redis-cli -u "$REDIS_URL" config get appendonly 2>/dev/null | sed -n 2p))"
+  else
+    echo "redis: stopped"
+  fi
+}
+
+# ---------------------------------------------------------------- main
+
+usage() {
+  echo "usage: $0 start|stop|status [ceph|moto|redis ...]   (no service named: all of them)" >&2
+  echo "       $0 restart ceph|moto|redis ...                (stops, then starts, only those named)" >&2
+}
+
+# selected SERVICE: SERVICE was named on the command line, or none was.
+SELECTED=()
+selected() {
+  local s
+  [ "${#SELECTED[@]}" = 0 ] && return 0
+  for s in "${SELECTED[@]}"; do [ "$s" = "$1" ] && return 0; done
+  return 1
+}
+
+status() {
+  if selected ceph; then
+    if rgw_ours && http_up "$RGW_URL/"; then echo "ceph-rgw: running at $RGW_URL"
+    else echo "ceph-rgw: stopped"; fi
+  fi
+  if selected moto; then
+    if pid_alive "$MOTO_PID" moto.server && http_up "$MOTO_URL/"; then echo "moto: running at $MOTO_URL"
+    else echo "moto: stopped"; fi
+  fi
+  if selected redis; then redis_status; fi
+}
+
+start_services() {
+  local moto_job="" ceph_rc=0 moto_rc=0 redis_rc=0 failed=() f
+  if selected moto; then
     start_moto &  # moto needs 1-3 s to import: start it while Ceph comes up
     moto_job=$!
+  fi
+  if selected ceph; then
     start_ceph
     ceph_rc=$?
+  fi
+  if selected redis; then  # after Ceph: both may need apt-get, which cannot run twice at once
+    start_redis
+    redis_rc=$?
+  fi
+  if [ -n "$moto_job" ]; then
     wait "$moto_job"
     moto_rc=$?
-    failed=()
-    [ "$ceph_rc" = 0 ] || failed+=("ceph-rgw: ${CEPH_FAILURE:-the Ceph RADOS Gateway did not start (logs: $D/log)}")
-    [ "$moto_rc" = 0 ] || failed+=("moto: $(cat "$MOTO_FAILURE" 2>/dev/null || echo "the moto server did not start (log: $MOTO_LOG)")")
-    if [ "${#failed[@]}" -gt 0 ]; then
-      if required; then
-        echo "ERROR: ${#failed[@]} service(s) the tests need did not start, and services are required" \
-          "(CI=${CI:-} DSTREAMS_REQUIRE_SERVICES=${DSTREAMS_REQUIRE_SERVICES:-}):" >&2
-        for f in "${failed[@]}"; do echo "ERROR:   $f" >&2; done
-        exit 1
-      fi
-      for f in "${failed[@]}"; do warn "not started: $f"; done
-      warn "the tests that need these services will skip (CI=true or DSTREAMS_REQUIRE_SERVICES=1 makes this fatal)"
+  fi
+  [ "$ceph_rc" = 0 ] || failed+=("ceph-rgw: ${CEPH_FAILURE:-the Ceph RADOS Gateway did not start (logs: $D/log)}")
+  [ "$moto_rc" = 0 ] || failed+=("moto: $(cat "$MOTO_FAILURE" 2>/dev/null || echo "the moto server did not start (log: $MOTO_LOG)")")
+  [ "$redis_rc" = 0 ] || failed+=("redis: ${REDIS_FAILURE:-the Redis server did not start (log: $REDIS_LOG)}")
+  if [ "${#failed[@]}" -gt 0 ]; then
+    if required; then
+      echo "ERROR: ${#failed[@]} service(s) the tests need did not start, and services are required" \
+        "(CI=${CI:-} DSTREAMS_REQUIRE_SERVICES=${DSTREAMS_REQUIRE_SERVICES:-}):" >&2
+      for f in "${failed[@]}"; do echo "ERROR:   $f" >&2; done
+      exit 1
     fi
-    ;;
-  stop)
-    # In parallel: each daemon takes 1-2 s to exit after SIGTERM.
-    stop_pid "$MOTO_PID" moto.server &
-    stop_ceph
-    wait
-    echo "services stopped"
-    ;;
+    for f in "${failed[@]}"; do warn "not started: $f"; done
+    warn "the tests that need these services will skip (CI=true or DSTREAMS_REQUIRE_SERVICES=1 makes this fatal)"
+  fi
+}
+
+stop_services() {
+  # In parallel: each daemon takes 1-2 s to exit after SIGTERM.
+  if selected moto; then stop_pid "$MOTO_PID" moto.server & fi
+  if selected redis; then stop_redis & fi
+  if selected ceph; then stop_ceph; fi
+  wait
+  if [ "${#SELECTED[@]}" = 0 ]; then echo "services stopped"; else echo "stopped: ${SELECTED[*]}"; fi
+}
+
+mkdir -p "$BASE" "$REDIS_BASE"
+[ -f "$REDIS_BASE/.gitignore" ] || echo '*' >"$REDIS_BASE/.gitignore"  # .redis/ is local state, never committed
+cmd="${1:-}"
+[ "$#" = 0 ] || shift
+for s in "$@"; do
+  case "$s" in
+    ceph | moto | redis) SELECTED+=("$s") ;;
+    *) echo "unknown service: $s" >&2; usage; exit 2 ;;
+  esac
+done
+case "$cmd" in
+  start) start_services ;;
+  stop) stop_services ;;
   status) status ;;
+  restart)
+    if [ "${#SELECTED[@]}" = 0 ]; then
+      echo "restart needs the services to restart named (ceph, moto, redis)" >&2
+      usage
+      exit 2
+    fi
+    stop_services
+    start_services
+    ;;
   *)
-    echo "usage: $0 start|stop|status" >&2
+    usage
     exit 2
     ;;
 esac

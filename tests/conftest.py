@@ -1,28 +1,80 @@
-"""Shared fixtures: one SparkContext for the whole test run (a context costs seconds to start).
+"""Shared fixtures: one SparkContext for the whole test run (a context costs seconds to start), and the
+Redis fixtures (``redis_url``, ``redis_client``, ``redis_prefix``).
 
 Also the services rule (see tests/support.py): ``--require-services`` (or ``CI=true`` /
 ``DSTREAMS_REQUIRE_SERVICES=1``) turns a missing server into a failure, and the run ends with a line
-saying how many tests ran against the Ceph RADOS Gateway. A test runs against Ceph when it uses an
-``rgw_bucket`` fixture, is parametrised with the ``"rgw"`` backend, or is marked ``ceph``; in required
-mode, Ceph tests collected but none run against it fails the session.
+per server saying how many tests ran against it (the Ceph RADOS Gateway, the Redis server). A test runs
+against Ceph when it uses an ``rgw_bucket`` fixture, is parametrised with the ``"rgw"`` backend, or is
+marked ``ceph``; against Redis when it uses the ``redis_url`` fixture (``redis_client`` does) or is
+marked ``redis``. In required mode, tests of a server collected but none run against it fails the session.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import uuid
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pytest
 
-from .support import REQUIRE_ENV, RGW_ENDPOINT, required_by, services_required
+from .support import REDIS_URL, REQUIRE_ENV, RGW_ENDPOINT, required_by, service_unavailable, services_required
+
+if TYPE_CHECKING:
+    import redis
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-_CEPH_FIXTURES = {"rgw_bucket"}
-_CEPH_PARAM = "rgw"
-_ceph_collected: set[str] = set()
-_ceph_outcomes: dict[str, str] = {}  # nodeid -> passed | failed | skipped | error
-_ceph_skip_reasons: dict[str, int] = {}
+
+@dataclass
+class _Service:
+    """A server that some tests run against, and what happened to those tests in this run."""
+
+    marker: str  # added to every test that uses the server
+    short: str  # "Ceph": "3 Ceph tests skipped"
+    title: str  # "the Ceph RADOS Gateway": "tests ran against the Ceph RADOS Gateway at ..."
+    endpoint: str
+    fixtures: frozenset[str]  # a test using one of these runs against the server
+    param: str | None = None  # so does a test parametrised with this value
+    collected: set[str] = field(default_factory=set)  # node ids that will run (after -k / -m)
+    outcomes: dict[str, str] = field(default_factory=dict)  # nodeid -> passed | failed | skipped | error
+    skip_reasons: dict[str, int] = field(default_factory=dict)
+
+    def used_by(self, item: pytest.Item) -> bool:
+        if item.get_closest_marker(self.marker) or self.fixtures & set(getattr(item, "fixturenames", ())):
+            return True
+        if self.param is None:
+            return False
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params.values() if callspec is not None else ()
+        return any(isinstance(value, str) and value == self.param for value in params)
+
+    def counts(self) -> dict[str, int]:
+        counts = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
+        for outcome in self.outcomes.values():
+            counts[outcome] += 1
+        return counts
+
+    def problem(self, config: pytest.Config) -> str | None:
+        """In required mode: why the run did not test against this server, else None."""
+        if not services_required() or config.option.collectonly or not self.collected:
+            return None
+        counts = self.counts()
+        if counts["passed"] + counts["failed"] == 0:
+            return (
+                f"{len(self.collected)} {self.short} tests were collected but none ran against {self.title} "
+                f"at {self.endpoint} (services are required: {required_by()})"
+            )
+        return None
+
+
+_SERVICES = (
+    _Service("ceph", "Ceph", "the Ceph RADOS Gateway", RGW_ENDPOINT, frozenset({"rgw_bucket"}), param="rgw"),
+    _Service("redis", "Redis", "the Redis server", REDIS_URL, frozenset({"redis_url"})),
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -36,89 +88,71 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "ceph: runs against the Ceph RADOS Gateway (added automatically)")
+    config.addinivalue_line("markers", "redis: runs against the Redis server (added automatically)")
     if config.getoption("--require-services"):
         os.environ[REQUIRE_ENV] = "1"  # also seen by subprocesses and tests/support.py
-
-
-def _uses_ceph(item: pytest.Item) -> bool:
-    if item.get_closest_marker("ceph") or _CEPH_FIXTURES & set(getattr(item, "fixturenames", ())):
-        return True
-    callspec = getattr(item, "callspec", None)
-    params = callspec.params.values() if callspec is not None else ()
-    return any(isinstance(value, str) and value == _CEPH_PARAM for value in params)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if not item.get_closest_marker("ceph") and _uses_ceph(item):
-            item.add_marker(pytest.mark.ceph)
+        for service in _SERVICES:
+            if not item.get_closest_marker(service.marker) and service.used_by(item):
+                item.add_marker(getattr(pytest.mark, service.marker))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The Ceph tests that will run (after -k / -m deselection)."""
-    _ceph_collected.clear()
-    _ceph_collected.update(item.nodeid for item in session.items if item.get_closest_marker("ceph"))
+    """The tests of each server that will run (after -k / -m deselection)."""
+    for service in _SERVICES:
+        service.collected.clear()
+        service.collected.update(item.nodeid for item in session.items if item.get_closest_marker(service.marker))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.nodeid not in _ceph_collected:
-        return
-    if report.when == "call" or report.outcome != "passed":
-        if report.skipped:
-            outcome = "skipped"
-            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-            reason = reason.removeprefix("Skipped: ")
-            _ceph_skip_reasons[reason] = _ceph_skip_reasons.get(reason, 0) + 1
-        elif report.failed:
-            outcome = "failed" if report.when == "call" else "error"
-        else:
-            outcome = "passed"
-        _ceph_outcomes.setdefault(report.nodeid, outcome)  # the first non-passing phase decides
-
-
-def _ceph_counts() -> dict[str, int]:
-    counts = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
-    for outcome in _ceph_outcomes.values():
-        counts[outcome] += 1
-    return counts
-
-
-def _ceph_problem(config: pytest.Config) -> str | None:
-    """In required mode: why the run did not test against Ceph, else None."""
-    if not services_required() or config.option.collectonly or not _ceph_collected:
-        return None
-    counts = _ceph_counts()
-    if counts["passed"] + counts["failed"] == 0:
-        return (
-            f"{len(_ceph_collected)} Ceph tests were collected but none ran against the Ceph RADOS Gateway "
-            f"at {RGW_ENDPOINT} (services are required: {required_by()})"
-        )
-    return None
+    for service in _SERVICES:
+        if report.nodeid not in service.collected:
+            continue
+        if report.when == "call" or report.outcome != "passed":
+            if report.skipped:
+                outcome = "skipped"
+                reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+                reason = reason.removeprefix("Skipped: ")
+                service.skip_reasons[reason] = service.skip_reasons.get(reason, 0) + 1
+            elif report.failed:
+                outcome = "failed" if report.when == "call" else "error"
+            else:
+                outcome = "passed"
+            service.outcomes.setdefault(report.nodeid, outcome)  # the first non-passing phase decides
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if _ceph_problem(session.config) and session.exitstatus == pytest.ExitCode.OK:
+    if any(service.problem(session.config) for service in _SERVICES) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: ANN001
-    if not _ceph_collected or config.option.collectonly:
+    if config.option.collectonly:
         return
-    counts = _ceph_counts()
+    for service in _SERVICES:
+        if service.collected:
+            _write_service_summary(terminalreporter, config, service)
+
+
+def _write_service_summary(terminalreporter, config: pytest.Config, service: _Service) -> None:  # noqa: ANN001
+    counts = service.counts()
     ran = counts["passed"] + counts["failed"]
     detail = [f"{counts['passed']} passed"]
     detail += [f"{counts['failed']} failed"] if counts["failed"] else []
     detail += [f"{counts['error']} errored in set-up or tear-down"] if counts["error"] else []
     detail += [f"{counts['skipped']} skipped"] if counts["skipped"] else []
-    not_reached = len(_ceph_collected) - len(_ceph_outcomes)
+    not_reached = len(service.collected) - len(service.outcomes)
     detail += [f"{not_reached} not run"] if not_reached else []
-    line = f"dstreams: {ran} tests ran against the Ceph RADOS Gateway at {RGW_ENDPOINT} ({', '.join(detail)})"
+    line = f"dstreams: {ran} tests ran against {service.title} at {service.endpoint} ({', '.join(detail)})"
     ok = ran > 0 and counts["failed"] + counts["error"] == 0
     terminalreporter.write_line(line, bold=True, green=ok, yellow=not ok)
-    for reason, n in sorted(_ceph_skip_reasons.items(), key=lambda kv: -kv[1])[:3]:
-        terminalreporter.write_line(f"dstreams:   {n} Ceph tests skipped: {reason}", yellow=True)
-    problem = _ceph_problem(config)
+    for reason, n in sorted(service.skip_reasons.items(), key=lambda kv: -kv[1])[:3]:
+        terminalreporter.write_line(f"dstreams:   {n} {service.short} tests skipped: {reason}", yellow=True)
+    problem = service.problem(config)
     if problem:
         terminalreporter.write_line(f"dstreams: ERROR: {problem}", red=True, bold=True)
 
@@ -149,3 +183,50 @@ def _no_active_context_leak():
     if active is not None:
         active.stop(stopSparkContext=False)
         pytest.fail("a test left a StreamingContext active")
+
+
+# ---------------------------------------------------------------- Redis (scripts/services.sh starts it)
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """The test Redis server's URL, once it answered PING within 2 s; otherwise the test skips, or fails
+    when services are required (tests/support.py)."""
+    try:
+        import redis
+    except ImportError:
+        service_unavailable("redis-py is not installed: pip install -e '.[test]'")
+    client = redis.Redis.from_url(REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError as e:
+        service_unavailable(f"Redis server at {REDIS_URL} is not reachable ({e}); run `bash scripts/services.sh start`")
+    finally:
+        client.close()
+    return REDIS_URL
+
+
+@pytest.fixture
+def redis_prefix() -> str:
+    """A key prefix of this test's own: ``redis_client`` deletes every key under it afterwards."""
+    return f"dstreams-test:{uuid.uuid4().hex[:12]}:"
+
+
+@pytest.fixture
+def redis_client(redis_url: str, redis_prefix: str) -> Iterator[redis.Redis]:
+    """A client of the test Redis server (strings decoded); the test's keys (``redis_prefix``) are deleted
+    after it."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=10, socket_connect_timeout=2)
+    try:
+        yield client
+    finally:
+        try:
+            keys = list(client.scan_iter(match=f"{redis_prefix}*", count=1000))
+            for i in range(0, len(keys), 500):
+                client.delete(*keys[i : i + 500])
+        except redis.RedisError as e:  # e.g. the test left the server down: nothing to fail the test for
+            warnings.warn(f"could not delete the test's Redis keys {redis_prefix}* at {redis_url}: {e}", stacklevel=1)
+        finally:
+            client.close()

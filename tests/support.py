@@ -1,5 +1,6 @@
 """Test harness: run a dstreams pipeline batch by batch on a ManualClock and collect its outputs; and
-the rule for tests whose server (Ceph RADOS Gateway, moto server, standalone Spark cluster) is missing.
+the rule for tests whose server (Ceph RADOS Gateway, moto server, Redis server, standalone Spark
+cluster) is missing.
 
 Services: by default a test whose server does not answer skips with the reason (a developer's
 machine). With ``CI=true``, ``DSTREAMS_REQUIRE_SERVICES=1`` or ``pytest --require-services`` it fails
@@ -26,6 +27,17 @@ _FALSE = ("0", "false", "no", "off")
 
 MOTO_ENDPOINT = os.environ.get("DSTREAMS_TEST_MOTO_ENDPOINT", "http://127.0.0.1:5055")
 RGW_ENDPOINT = os.environ.get("DSTREAMS_TEST_RGW_ENDPOINT", "http://127.0.0.1:7480")
+
+# The project's Redis server (scripts/services.sh starts it on this port, data in .redis/data), or an
+# external one named by DSTREAMS_TEST_REDIS_URL (then never started, stopped or restarted by the tests).
+REDIS_PORT = int(os.environ.get("DSTREAMS_TEST_REDIS_PORT") or 6390)
+DEFAULT_REDIS_URL = f"redis://127.0.0.1:{REDIS_PORT}/0"
+REDIS_URL = (os.environ.get("DSTREAMS_TEST_REDIS_URL") or DEFAULT_REDIS_URL).rstrip("/")
+
+
+def redis_is_external() -> bool:
+    """Whether the tests use a Redis server that scripts/services.sh does not own."""
+    return REDIS_URL != DEFAULT_REDIS_URL
 
 
 def services_required() -> bool:

@@ -1,0 +1,357 @@
+"""Redis Streams source: the direct approach (no receivers), each stream key a partition, entry ids as offsets.
+
+Contract (``StreamingContext.redisStream``):
+
+* **A batch is a pure function of its ranges.** While batch ``t`` is generated (on the event loop), the
+  driver fixes, for every key, the range ``(after, until]`` of entry ids the batch holds and how many
+  entries that is; the ranges are the batch's offsets, written to the metadata log before the batch runs
+  (the input contract of :mod:`.input`). The executors read exactly those ranges with ``XRANGE``, one
+  task per key. Lineage recomputation, speculation and a restarted driver (which rebuilds unfinished
+  batches from the recorded ranges) all read the same entries: with the exactly-once sinks, every entry
+  counts once end to end.
+* **Where a batch ends.** Without a rate limit, at the key's newest entry (``XINFO STREAM``, O(1)). With
+  one (``maxRatePerPartition`` records per second, or the engine's rate control when the input contract
+  offers it), at the last of the first ``limit`` entries after ``after``, found by a short server-side
+  script that returns only that id and the count.
+* **Start position** (``startFrom``): ``"earliest"`` (every entry), ``"latest"`` (entries added after
+  the stream starts), or a dict ``{key: id}``: the entries *after* that id, as ``XREAD`` reads (keys
+  not in the dict start at the earliest). A restarted driver continues where the last generated batch
+  ended (``source_state``).
+* **Records**: ``(key, entry_id, fields)`` with ``fields`` a ``dict`` of ``str`` (UTF-8), or what
+  ``decoder(key, entry_id, fields)`` returns. A decoder that raises fails the task with the key and
+  entry id in the message.
+* **Bad input.** A missing key fails at ``start()`` (or, with ``missingKeys="wait"``, counts as empty
+  until it appears). Entries the server trimmed (``XTRIM``, ``MAXLEN``, ``XDEL``) before this stream read
+  them fail the batch with the key and the gap, unless ``onTrimmed="skip"`` (then the stream goes on
+  from the oldest remaining entry and logs what was lost); a range that lost entries between its
+  definition and its read (the executors find fewer entries than recorded) fails the same way.
+  An unreachable server raises :class:`~dstreams.contracts.SourceUnavailableError` after the
+  client's retries; the driver rides it out like a store outage (``spark.dstreams.store.outageSeconds``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pyspark import RDD
+
+from ..contracts import SourceUnavailableError
+from ..records import consume
+from ..time import BatchTime
+from .input import InputNode
+
+if TYPE_CHECKING:
+    from ..graph import DStreamGraph
+
+log = logging.getLogger(__name__)
+
+Decoder = Callable[[str, str, dict[str, str]], Any]
+
+#: Entries per ``XRANGE`` call, in the executors and in the driver's limit script.
+READ_CHUNK = 10_000
+
+#: ``KEYS[1]`` the stream, ``ARGV``: the exclusive start id, the limit (> 0), the chunk size. Returns
+#: ``{count, last id}`` of the first ``limit`` entries after the start (the start id when none).
+_LIMIT_SCRIPT = """
+local after, limit, chunk = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local n, last = 0, after
+while n < limit do
+  local want = math.min(chunk, limit - n)
+  local r = redis.call('XRANGE', KEYS[1], '(' .. last, '+', 'COUNT', want)
+  if #r == 0 then break end
+  n = n + #r
+  last = r[#r][1]
+  if #r < want then break end
+end
+return {n, last}
+"""
+
+_clients: dict[str, Any] = {}
+_clients_lock = threading.Lock()
+
+
+def _parse_id(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def id_after(a: str, b: str) -> bool:
+    """Whether stream entry id ``a`` comes after ``b``."""
+    return _parse_id(a) > _parse_id(b)
+
+
+def client(url: str) -> Any:
+    """One redis-py client per URL and process (driver or Python worker), with bounded retries."""
+    with _clients_lock:
+        c = _clients.get(url)
+        if c is None:
+            try:
+                import redis
+                from redis.backoff import ExponentialBackoff
+                from redis.retry import Retry
+            except ImportError:  # pragma: no cover - an installation problem
+                raise ImportError("the Redis Streams source needs redis-py: pip install 'dstreams[redis]' "
+                                  "(or pip install redis)") from None
+            c = redis.Redis.from_url(
+                url, decode_responses=True, socket_timeout=10, socket_connect_timeout=5,
+                retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), 5),
+                retry_on_error=[redis.ConnectionError, redis.TimeoutError])
+            _clients[url] = c
+        return c
+
+
+def _unavailable(url: str, what: str, error: BaseException) -> SourceUnavailableError:
+    return SourceUnavailableError(f"Redis at {url} is unavailable while {what}: {type(error).__name__}: {error}")
+
+
+def _is_connection_error(error: BaseException) -> bool:
+    import redis
+
+    return isinstance(error, (redis.ConnectionError, redis.TimeoutError))
+
+
+def read_range(url: str, key: str, after: str, until: str, count: int | None, decoder: Decoder | None) -> Iterator[Any]:
+    """The entries of ``key`` in ``(after, until]`` (executor side), checking that ``count`` came back."""
+    c = client(url)
+    seen = 0
+    start = after
+    while True:
+        try:
+            chunk = c.xrange(key, min=f"({start}", max=until, count=READ_CHUNK)
+        except Exception as e:
+            if _is_connection_error(e):
+                raise _unavailable(url, f"reading {key} ({after}, {until}]", e) from e
+            raise
+        for entry_id, fields in chunk:
+            seen += 1
+            if decoder is None:
+                yield (key, entry_id, fields)
+            else:
+                try:
+                    yield decoder(key, entry_id, fields)
+                except Exception as e:
+                    raise ValueError(f"the decoder failed on the Redis stream entry {key} {entry_id} "
+                                     f"({type(e).__name__}: {e}); fields: {str(fields)[:200]}") from e
+        if len(chunk) < READ_CHUNK:
+            break
+        start = chunk[-1][0]
+    if count is not None and seen != count:
+        raise TrimmedEntriesError(
+            f"stream key {key!r}: the batch range ({after}, {until}] held {count} entries when it was defined "
+            f"and the server returned {seen}: entries were trimmed or deleted (XTRIM, MAXLEN, XDEL) before they "
+            "were read. Keep entries until their batch has run (trim below the position the stream has read)")
+
+
+class TrimmedEntriesError(RuntimeError):
+    """Entries the stream had not read yet were removed from the server."""
+
+
+class RedisStreamsInputNode(InputNode):
+    """``redisStream``: see the module docstring for the contract."""
+
+    def __init__(self, graph: DStreamGraph, url: str, keys: Sequence[str], start_from: str | Mapping[str, str],
+                 decoder: Decoder | None, max_rate_per_partition: float | None, on_trimmed: str,
+                 missing_keys: str) -> None:
+        super().__init__(graph)
+        if isinstance(keys, str):
+            keys = [keys]
+        keys = list(keys)
+        if not keys or not all(isinstance(k, str) and k for k in keys):
+            raise ValueError(f"redisStream needs one or more stream keys (non-empty strings), got {keys!r}")
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"redisStream keys must be distinct, got {keys!r}")
+        if isinstance(start_from, str) and start_from not in ("earliest", "latest"):
+            raise ValueError(f"startFrom must be 'earliest', 'latest' or a dict {{key: entry id}}, got {start_from!r}")
+        if isinstance(start_from, Mapping):
+            unknown = sorted(set(start_from) - set(keys))
+            if unknown:
+                raise ValueError(f"startFrom names keys that are not read by this stream: {unknown}")
+            for k, v in start_from.items():
+                try:
+                    _parse_id(str(v))
+                except ValueError:
+                    raise ValueError(
+                        f"startFrom[{k!r}] = {v!r} is not a stream entry id like '1700000000000-0'") from None
+        if on_trimmed not in ("fail", "skip"):
+            raise ValueError(f"onTrimmed must be 'fail' or 'skip', got {on_trimmed!r}")
+        if missing_keys not in ("fail", "wait"):
+            raise ValueError(f"missingKeys must be 'fail' or 'wait', got {missing_keys!r}")
+        if max_rate_per_partition is not None and max_rate_per_partition <= 0:
+            raise ValueError(f"maxRatePerPartition must be positive, got {max_rate_per_partition}")
+        self.url = url
+        self.keys = keys
+        self.start_from = dict(start_from) if isinstance(start_from, Mapping) else start_from
+        self.decoder = decoder
+        self.max_rate_per_partition = max_rate_per_partition
+        self.on_trimmed = on_trimmed
+        self.missing_keys = missing_keys
+        #: The id each key's next batch starts after (the end of the last generated batch).
+        self.positions: dict[str, str] = {}
+        #: ``entries-added`` of each key up to its position, when known (exact record counts per batch).
+        self.added: dict[str, int] = {}
+        self._restored = False
+
+    def describe_params(self) -> list[str]:
+        return [f"keys={','.join(self.keys)}"]
+
+    # ----------------------------------------------------------------- driver side
+    def _client(self) -> Any:
+        return client(self.url)
+
+    def _info(self, key: str) -> dict[str, Any] | None:
+        """``XINFO STREAM key`` (None when the key does not exist)."""
+        import redis
+
+        try:
+            return self._client().xinfo_stream(key)
+        except redis.ResponseError as e:
+            if "no such key" in str(e).lower():
+                return None
+            raise
+        except Exception as e:
+            if _is_connection_error(e):
+                raise _unavailable(self.url, f"reading the stream {key!r}", e) from e
+            raise
+
+    def start(self) -> None:
+        missing = []
+        for key in self.keys:
+            info = self._info(key)
+            if info is None:
+                missing.append(key)
+            if self._restored and key in self.positions:
+                continue
+            if isinstance(self.start_from, dict) and key in self.start_from:
+                self.positions[key] = str(self.start_from[key])
+            elif self.start_from == "latest" and info is not None:
+                self.positions[key] = str(info["last-generated-id"])
+                self.added[key] = int(info.get("entries-added", 0))
+            else:
+                self.positions[key] = "0-0"
+                self.added[key] = 0
+        if missing and self.missing_keys == "fail":
+            raise ValueError(
+                f"the Redis stream key(s) {missing} do not exist at {self.url}: create them first (XADD, or "
+                "XGROUP CREATE <key> <group> $ MKSTREAM), fix the key names, or pass missingKeys='wait' to read "
+                "them once they appear")
+
+    def source_state(self) -> Any:
+        return {"positions": dict(self.positions), "added": dict(self.added)}
+
+    def restore_source_state(self, state: Any) -> None:
+        if isinstance(state, dict) and isinstance(state.get("positions"), dict):
+            self.positions = {str(k): str(v) for k, v in state["positions"].items()}
+            self.added = {str(k): int(v) for k, v in (state.get("added") or {}).items()}
+            self._restored = True
+
+    def _limit(self, time: BatchTime) -> int | None:
+        """Maximum entries per key for batch ``time`` (None: unlimited)."""
+        limits: list[int] = []
+        if self.max_rate_per_partition is not None:
+            seconds = self.slide_duration.ms / 1000.0
+            limits.append(max(1, int(self.max_rate_per_partition * seconds)))
+        engine = getattr(self, "max_records_per_partition", None)  # the engine's rate control, when offered
+        if callable(engine):
+            n = engine(time, len(self.keys))
+            if n is not None:
+                limits.append(max(1, int(n)))
+        return min(limits) if limits else None
+
+    def _check_trimmed(self, key: str, after: str, info: dict[str, Any]) -> None:
+        """Fail (or, with ``onTrimmed="skip"``, log and go on) when entries after ``after`` were removed.
+
+        Two signs: ``XDEL`` removed an entry after the position (``max-deleted-entry-id``), or the oldest
+        entry is past the position and fewer entries remain than were added since (``XTRIM``/``MAXLEN``;
+        known when the count up to the position is known). Going on reads what remains after the position.
+        """
+        deleted = str(info.get("max-deleted-entry-id") or "0-0")
+        first = info.get("first-entry")
+        first_id = str(first[0]) if first else None
+        gap = None
+        if id_after(deleted, after):
+            gap = f"entries after {after} up to {deleted} were deleted"
+        elif first_id is not None and id_after(first_id, after) and key in self.added:
+            expected = int(info.get("entries-added", 0)) - self.added[key]
+            length = int(info.get("length", 0))
+            if length < expected:
+                gap = f"{expected - length} entries after {after} were trimmed"
+        if gap is None:
+            return
+        if self.on_trimmed == "skip":
+            log.warning("stream key %r: %s before this stream read them; going on from the oldest remaining entry "
+                        "%s (onTrimmed='skip': those entries are lost)", key, gap, first_id)
+            self.added.pop(key, None)  # the count up to the position is no longer known
+            return
+        raise TrimmedEntriesError(
+            f"stream key {key!r}: {gap} (XTRIM, MAXLEN, XDEL) before this stream read them; the oldest remaining "
+            f"entry is {first_id}. Keep entries until they are read, or pass onTrimmed='skip' to go on from the "
+            "oldest remaining entry (the trimmed entries are lost)")
+
+    def _fix_range(self, key: str, limit: int | None) -> tuple[str, str, int | None]:
+        after = self.positions.get(key, "0-0")
+        info = self._info(key)
+        if info is None:
+            if self.missing_keys == "fail":
+                raise ValueError(f"the Redis stream key {key!r} no longer exists at {self.url}")
+            return after, after, 0
+        self._check_trimmed(key, after, info)
+        newest = str(info["last-generated-id"])
+        if not id_after(newest, after):
+            return after, after, 0
+        if limit is None:
+            known = self.added.get(key)
+            total = info.get("entries-added")
+            self.added.pop(key, None)
+            if total is not None:
+                self.added[key] = int(total)
+            return after, newest, (int(total) - known) if known is not None and total is not None else None
+        try:
+            count, last = self._client().eval(_LIMIT_SCRIPT, 1, key, after, limit, READ_CHUNK)
+        except Exception as e:
+            if _is_connection_error(e):
+                raise _unavailable(self.url, f"finding the end of the next batch of {key!r}", e) from e
+            raise
+        if key in self.added:
+            self.added[key] += int(count)
+        return after, str(last), int(count)
+
+    def compute(self, time: BatchTime) -> RDD | None:
+        replayed = self.replayed_offsets(time)
+        if replayed is not None:
+            ranges = [(str(k), str(a), str(u), None if n is None else int(n)) for k, a, u, n in replayed["ranges"]]
+            for key, _, until, _ in ranges:
+                if id_after(until, self.positions.get(key, "0-0")):
+                    self.positions[key] = until
+            limit = replayed.get("limit")
+        else:
+            limit = self._limit(time)
+            ranges = []
+            for key in self.keys:
+                after, until, count = self._fix_range(key, limit)
+                ranges.append((key, after, until, count))
+                self.positions[key] = until
+        counts = [n for _, _, _, n in ranges]
+        total = sum(n for n in counts if n is not None) if all(n is not None for n in counts) else None
+        offsets: dict[str, Any] = {"ranges": [list(r) for r in ranges]}
+        if limit is not None:
+            offsets["limit"] = limit
+        self.report_batch(time, total, offsets)
+        return self.read(ranges)
+
+    def read(self, ranges: list[tuple[str, str, str, int | None]]) -> RDD:
+        """One partition per key: partition ``i`` reads ``ranges[i]`` (an empty range reads nothing)."""
+        url, decoder = self.url, self.decoder
+        work = list(ranges)
+
+        def part(i: int, it: Iterable[Any]) -> Iterator[Any]:
+            consume(it)
+            key, after, until, count = work[i]
+            if after == until or count == 0:
+                return iter(())
+            return read_range(url, key, after, until, count, decoder)
+
+        sc = self.graph.sc
+        return sc.parallelize(range(len(work)), len(work)).mapPartitionsWithIndex(part)

@@ -1,0 +1,203 @@
+"""The Redis Streams source against the project's real Redis server (scripts/services.sh).
+
+Each stream key is a partition; a batch's ranges are fixed before it runs and recorded as its offsets.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+
+import pytest
+
+from dstreams import ManualClock, StreamingContext
+from dstreams.time import from_user_time
+
+pytestmark = pytest.mark.redis
+
+
+def _add(client, key: str, n: int, start: int = 0) -> list[str]:
+    return [client.xadd(key, {"n": str(start + i), "k": key}) for i in range(n)]
+
+
+def _run(ssc: StreamingContext, clock: ManualClock, batches: int, first: int = 1) -> None:
+    for i in range(first, first + batches):
+        clock.advance(1000)
+        ssc.awaitBatch(i * 1000, 60)
+
+
+def _collect(stream, into: dict[int, list]) -> None:
+    stream.foreachRDD(lambda t, rdd: into.__setitem__(from_user_time(t).ms, sorted(rdd.collect())))
+
+
+def test_each_batch_reads_the_entries_added_since_the_last_one(sc, redis_url, redis_client, redis_prefix):
+    keys = [f"{redis_prefix}a", f"{redis_prefix}b"]
+    ids = {k: _add(redis_client, k, 5) for k in keys}
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    seen: dict[int, list] = {}
+    stream = ssc.redisStream(keys, url=redis_url)
+    _collect(stream, seen)
+    ssc.start()
+    try:
+        _run(ssc, clock, 1)
+        _add(redis_client, keys[1], 3, start=5)
+        _run(ssc, clock, 2, first=2)
+        infos = {i.batchTime().milliseconds(): i for i in ssc.batchInfos()}
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert seen[1000] == sorted((k, i, {"n": str(j), "k": k}) for k in keys for j, i in enumerate(ids[k]))
+    assert [r[2]["n"] for r in seen[2000]] == ["5", "6", "7"] and seen[3000] == []
+    assert infos[1000].numRecords() == 10 and infos[2000].numRecords() == 3 and infos[3000].numRecords() == 0
+
+
+def test_start_positions_latest_and_explicit_ids(sc, redis_url, redis_client, redis_prefix):
+    a, b = f"{redis_prefix}a", f"{redis_prefix}b"
+    ids_a = _add(redis_client, a, 4)
+    _add(redis_client, b, 2)
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    latest: dict[int, list] = {}
+    explicit: dict[int, list] = {}
+    _collect(ssc.redisStream([a, b], url=redis_url, startFrom="latest").map(lambda r: r[2]["n"]), latest)
+    _collect(ssc.redisStream([a], url=redis_url, startFrom={a: ids_a[1]}).map(lambda r: r[2]["n"]), explicit)
+    ssc.start()
+    try:
+        _add(redis_client, b, 1, start=2)
+        _run(ssc, clock, 1)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert latest[1000] == ["2"]
+    assert explicit[1000] == ["2", "3"]
+
+
+def test_max_rate_per_partition_drains_a_backlog_in_bounded_batches(sc, redis_url, redis_client, redis_prefix):
+    keys = [f"{redis_prefix}{i}" for i in range(2)]
+    for k in keys:
+        _add(redis_client, k, 25)
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    counts: dict[int, list] = {}
+    stream = ssc.redisStream(keys, url=redis_url, maxRatePerPartition=10)
+    _collect(stream.map(lambda r: (r[0], 1)).reduceByKey(operator.add), counts)
+    everything: dict[int, list] = {}
+    _collect(stream.map(lambda r: (r[0], int(r[2]["n"]))), everything)
+    ssc.start()
+    try:
+        _run(ssc, clock, 4)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert [counts[t] for t in (1000, 2000, 3000, 4000)] == [
+        [(k, n) for k in keys] for n in (10, 10, 5)] + [[]]
+    read = sorted(x for t in everything for x in everything[t])
+    assert read == sorted((k, i) for k in keys for i in range(25))  # each entry exactly once
+
+
+def test_a_decoder_error_names_the_key_and_entry(sc, redis_url, redis_client, redis_prefix):
+    key = f"{redis_prefix}bad"
+    good = redis_client.xadd(key, {"v": "1"})
+    bad = redis_client.xadd(key, {"v": "not a number"})
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.redisStream(key, url=redis_url, decoder=lambda k, i, f: int(f["v"])).foreachRDD(lambda rdd: rdd.count())
+    ssc.start()
+    try:
+        clock.advance(1000)
+        with pytest.raises(Exception) as err:
+            ssc.awaitBatch(1000, 60)
+            ssc.awaitTerminationOrTimeout(5)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert key in str(err.value) and bad in str(err.value) and good not in str(err.value)
+
+
+def test_missing_keys_fail_at_start_or_are_waited_for(sc, redis_url, redis_client, redis_prefix):
+    key = f"{redis_prefix}later"
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+    ssc.redisStream(key, url=redis_url).foreachRDD(lambda rdd: None)
+    with pytest.raises(ValueError, match="do not exist.*missingKeys='wait'"):
+        ssc.start()
+    ssc.stop(stopSparkContext=False)
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    seen: dict[int, list] = {}
+    _collect(ssc.redisStream(key, url=redis_url, missingKeys="wait").map(lambda r: r[2]["n"]), seen)
+    ssc.start()
+    try:
+        _run(ssc, clock, 1)
+        _add(redis_client, key, 2)
+        _run(ssc, clock, 1, first=2)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert seen[1000] == [] and seen[2000] == ["0", "1"]
+
+
+def test_trimmed_entries_fail_clearly_or_are_skipped_on_request(sc, redis_url, redis_client, redis_prefix):
+    key = f"{redis_prefix}trim"
+    _add(redis_client, key, 10)
+    redis_client.xtrim(key, maxlen=4, approximate=False)  # entries 0..5 are gone before anything read them
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.redisStream(key, url=redis_url).foreachRDD(lambda rdd: None)
+    ssc.start()
+    try:
+        clock.advance(1000)
+        with pytest.raises(Exception, match=f"{key}.*trimmed.*onTrimmed='skip'"):
+            ssc.awaitTerminationOrTimeout(30)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    seen: dict[int, list] = {}
+    _collect(ssc.redisStream(key, url=redis_url, onTrimmed="skip").map(lambda r: int(r[2]["n"])), seen)
+    ssc.start()
+    try:
+        _run(ssc, clock, 1)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert seen[1000] == [6, 7, 8, 9]
+
+
+def test_a_restarted_driver_reads_every_entry_exactly_once(sc, redis_url, redis_client, redis_prefix, tmp_path):
+    keys = [f"{redis_prefix}{i}" for i in range(3)]
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+
+    def build(clock: ManualClock) -> StreamingContext:
+        ssc = StreamingContext(sc, 1, clock=clock)
+        ssc.checkpoint(ckpt)
+        entries = ssc.redisStream(keys, url=redis_url)
+        entries.map(lambda r: f"{r[0]} {r[2]['n']}").saveAsTextFiles(os.path.join(out, "lines"))
+        return ssc
+
+    for k in keys:
+        _add(redis_client, k, 3)
+    clock = ManualClock()
+    first = StreamingContext.getOrCreate(ckpt, lambda: build(clock))
+    first.start()
+    try:
+        _run(first, clock, 2)
+        for k in keys:
+            _add(redis_client, k, 2, start=3)
+        _run(first, clock, 1, first=3)
+    finally:
+        first.stop(stopSparkContext=False)  # the driver "dies" after batch 3
+    for k in keys:
+        _add(redis_client, k, 4, start=5)  # written while the driver is down
+    clock2 = ManualClock(5_500)
+    second = StreamingContext.getOrCreate(ckpt, lambda: pytest.fail("setupFunc called"), clock=clock2)
+    second.start()
+    try:
+        for t in (4000, 5000, 6000):
+            if t > 5_500:
+                clock2.advance(1000)
+            second.awaitBatch(t, 60)
+    finally:
+        second.stop(stopSparkContext=False)
+    lines = []
+    for name in sorted(os.listdir(out)):
+        if os.path.exists(os.path.join(out, name, "_SUCCESS")):
+            for part in sorted(os.listdir(os.path.join(out, name))):
+                if part.startswith("part-"):
+                    with open(os.path.join(out, name, part)) as f:
+                        lines += f.read().splitlines()
+    assert sorted(lines) == sorted(f"{k} {i}" for k in keys for i in range(9))
