@@ -1,0 +1,149 @@
+"""Issue 13: a driver reading Redis Streams, killed with SIGKILL three times, loses and repeats nothing.
+
+A producer thread keeps writing keyed entries into 4 stream keys of the project's Redis server
+(scripts/services.sh). The driver (tests/redis_app.py) saves every entry it reads (``<key> <id>``) and a
+per-key count kept with ``updateStateByKey`` with exactly-once ``saveAsTextFiles``. It is killed with
+SIGKILL at random moments (after 2-5 more committed batches) three times and resumed with
+``getOrCreate`` each time; then the producer stops, the driver drains the streams and stops. The
+committed outputs must hold every produced entry exactly once, and the last counts must equal what was
+produced per key.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.redis]
+
+APP = os.path.join(os.path.dirname(__file__), "redis_app.py")
+KEYS = 4
+
+
+def _committed(out: str, name: str) -> dict[int, list[str]]:
+    """Committed batches (``_SUCCESS``) of output ``name``: batch ms -> lines."""
+    result: dict[int, list[str]] = {}
+    if not os.path.isdir(out):
+        return result
+    for folder in os.listdir(out):
+        base, _, t = folder.rpartition("-")
+        path = os.path.join(out, folder)
+        if base != name or not os.path.exists(os.path.join(path, "_SUCCESS")):
+            continue
+        lines: list[str] = []
+        for part in sorted(os.listdir(path)):
+            if part.startswith("part-"):
+                with open(os.path.join(path, part)) as f:
+                    lines += f.read().splitlines()
+        result[int(t)] = lines
+    return result
+
+
+def _wait(cond, timeout: float, what: str, proc: subprocess.Popen, log_path: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"driver exited ({proc.returncode}) while waiting for {what}\n"
+                                 f"{open(log_path, errors='replace').read()[-4000:]}")
+        time.sleep(0.2)
+    raise TimeoutError(f"timed out after {timeout} s waiting for {what}\n"
+                       f"{open(log_path, errors='replace').read()[-4000:]}")
+
+
+def _stop(proc: subprocess.Popen, sig: int) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+class Producer(threading.Thread):
+    """Writes ``(key, id)`` entries into the keys in a round-robin, a few every 50 ms, until stopped."""
+
+    def __init__(self, client, keys: list[str]) -> None:
+        super().__init__(daemon=True, name="redis-producer")
+        self.client, self.keys = client, keys
+        self.written: list[tuple[str, str]] = []
+        self.stopped = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        n = 0
+        try:
+            while not self.stopped.wait(0.05):
+                for _ in range(3):
+                    key = self.keys[n % len(self.keys)]
+                    self.written.append((key, self.client.xadd(key, {"n": str(n)})))
+                    n += 1
+        except BaseException as e:  # reported by the test
+            self.error = e
+
+
+@pytest.mark.timeout(900)
+def test_driver_killed_three_times_reads_every_entry_exactly_once(tmp_path, redis_url, redis_client, redis_prefix):
+    keys = [f"{redis_prefix}{i}" for i in range(KEYS)]
+    for k in keys:  # the keys exist before the stream starts (missing keys fail at start by default)
+        redis_client.xadd(k, {"n": "init"})
+    ckpt, out, log_path = str(tmp_path / "ckpt"), str(tmp_path / "out"), str(tmp_path / "driver.log")
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+
+    def start() -> subprocess.Popen:
+        log = open(log_path, "ab")  # noqa: SIM115 - closed with the process
+        return subprocess.Popen([sys.executable, APP, redis_url, redis_prefix, str(KEYS), ckpt, out], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path))
+
+    producer = Producer(redis_client, keys)
+    rng = random.Random(13)
+    proc = start()
+    try:
+        producer.start()
+        for _kill in range(3):
+            target = len(_committed(out, "entries")) + rng.randint(2, 5)
+            _wait(lambda t=target: len(_committed(out, "entries")) >= t, 180, f"{target} committed batches",
+                  proc, log_path)
+            time.sleep(rng.uniform(0, 1))  # a random moment within a batch
+            _stop(proc, signal.SIGKILL)
+            proc = start()
+        _wait(lambda: len(_committed(out, "entries")) >= 3, 180, "batches after the last restart", proc, log_path)
+        producer.stopped.set()
+        producer.join(10)
+        assert producer.error is None, producer.error
+        expected = {f"{k} {i}" for k, i in producer.written} | {
+            f"{k} {e[0]}" for k in keys for e in redis_client.xrange(k, count=1)}
+
+        def all_read() -> bool:
+            return sum(len(v) for v in _committed(out, "entries").values()) >= len(expected)
+
+        _wait(all_read, 180, f"all {len(expected)} entries committed", proc, log_path)
+        time.sleep(2.5)  # the next batches commit the counts of the last entries (and nothing new)
+        _stop(proc, signal.SIGTERM)
+        assert proc.returncode == 0, open(log_path, errors="replace").read()[-4000:]
+    finally:
+        producer.stopped.set()
+        _stop(proc, signal.SIGKILL)
+    entries = _committed(out, "entries")
+    lines = [line for t in sorted(entries) for line in entries[t]]
+    duplicates = [x for x, n in Counter(lines).items() if n > 1]
+    assert not duplicates, duplicates[:10]
+    assert set(lines) == expected
+    counts = _committed(out, "counts")
+    assert sorted(entries) == sorted(counts), "every batch time has both outputs committed"
+    times = sorted(counts)
+    assert times == list(range(times[0], times[-1] + 1000, 1000)), "no batch time is missing"
+    per_key = Counter(line.split()[0] for line in lines)
+    last = dict(eval(line) for line in counts[times[-1]])  # noqa: S307 - our own output: "('key', n)"
+    assert last == dict(per_key)
+    assert open(log_path, errors="replace").read().count("STARTED") == 4
