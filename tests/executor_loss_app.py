@@ -53,11 +53,32 @@ def _output(stream: Any, name: str, sink: Sink) -> None:
     stream.foreachRDD(emit)
 
 
-def build(sc: Any, clock: Clock, sink: Sink, checkpoint: str) -> StreamingContext:
-    """The stateful + windowed + stateless pipeline, outputs sent to ``sink``."""
+#: Entries per key per batch when the source is Redis Streams (``maxRatePerPartition`` at 1 s batches).
+REDIS_RATE = 6
+
+
+def write_redis_words(client: Any, keys: list[str], batches: int) -> None:
+    """The Redis variant's input, written beforehand: per key, ``REDIS_RATE`` words per batch to come."""
+    for p, key in enumerate(keys):
+        for b in range(1, batches + 1):
+            for w in records(7, b * 1000, p, REDIS_RATE):
+                client.xadd(key, {"w": w})
+
+
+def build(sc: Any, clock: Clock, sink: Sink, checkpoint: str,
+          redis: tuple[str, list[str]] | None = None) -> StreamingContext:
+    """The stateful + windowed + stateless pipeline, outputs sent to ``sink``.
+
+    ``redis=(url, keys)`` reads the words from those Redis stream keys (written by
+    :func:`write_redis_words`, ``REDIS_RATE`` per key per batch) instead of the generator source.
+    """
     ssc = StreamingContext(sc, 1, clock=clock)
     ssc.checkpoint(checkpoint)
-    words = ssc.generatorStream(6, 4, seed=7, recordFunc=records).map(lambda w: (w, 1))
+    if redis is None:
+        source = ssc.generatorStream(6, 4, seed=7, recordFunc=records)
+    else:
+        source = ssc.redisStream(redis[1], url=redis[0], maxRatePerPartition=REDIS_RATE).map(lambda r: r[2]["w"])
+    words = source.map(lambda w: (w, 1))
     counts = words.runningReduce(operator.add).checkpoint("3s")
     window = words.reduceByKeyAndWindow(operator.add, operator.sub, "5s", "1s", filterFunc=lambda kv: kv[1] > 0)
     window.checkpoint("3s")
@@ -125,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--after-kill", type=int, default=8, help="batches run after the kill")
     p.add_argument("--after-recovery", type=int, default=2, help="batches run once the replacement registered")
     p.add_argument("--timeout", type=float, default=60.0, help="bound of every wait, seconds")
+    p.add_argument("--redis", nargs=2, metavar=("URL", "KEYS"), help="read Redis stream keys (comma-separated)")
     args = p.parse_args(argv)
 
     out = os.path.abspath(args.out_dir)
@@ -175,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         monitor = ExecutorMonitor(sc)
         monitor.start()
         clock = ManualClock(0)
-        ssc = build(sc, clock, sink, os.path.join(out, "checkpoint"))
+        redis = (args.redis[0], args.redis[1].split(",")) if args.redis else None
+        ssc = build(sc, clock, sink, os.path.join(out, "checkpoint"), redis)
         ssc.start()
         kill_at = args.kill_after
         recover_at = kill_at + args.after_kill

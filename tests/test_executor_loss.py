@@ -24,7 +24,7 @@ import pytest
 from dstreams import ManualClock
 from dstreams.recovery import faults
 
-from .executor_loss_app import EXECUTORS, build, normalise
+from .executor_loss_app import EXECUTORS, build, normalise, write_redis_words
 
 APP = os.path.join(os.path.dirname(__file__), "executor_loss_app.py")
 KILL_AFTER, AFTER_KILL, AFTER_RECOVERY = 5, 8, 2
@@ -102,7 +102,8 @@ def test_kill_executor_refuses_local_mode(sc):
 
 
 # ------------------------------------------------------------------------------------ executor loss
-def _reference(sc: Any, tmp_path: Any, last_ms: int) -> dict[tuple[int, str], list[Any]]:
+def _reference(sc: Any, tmp_path: Any, last_ms: int, redis: tuple[str, list[str]] | None = None
+               ) -> dict[tuple[int, str], list[Any]]:
     """Failure-free outputs of the same pipeline on the session's ``local[2]`` context."""
     got: dict[tuple[int, str], list[Any]] = {}
 
@@ -110,7 +111,7 @@ def _reference(sc: Any, tmp_path: Any, last_ms: int) -> dict[tuple[int, str], li
         got[(t, name)] = normalise(rows)
 
     clock = ManualClock(0)
-    ssc = build(sc, clock, sink, str(tmp_path / "ref-checkpoint"))
+    ssc = build(sc, clock, sink, str(tmp_path / "ref-checkpoint"), redis)
     ssc.start()
     try:
         for t in range(1000, last_ms + 1, 1000):
@@ -173,7 +174,16 @@ def _cleanup(proc: subprocess.Popen, status_path: str) -> None:
 @pytest.mark.fault
 @pytest.mark.timeout(DRIVER_TIMEOUT_S + 90)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds executor JVMs through /proc")
-def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, tmp_path):
+@pytest.mark.parametrize("source", ["generator", pytest.param("redis", marks=pytest.mark.redis)])
+def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, tmp_path, source, request):
+    """The same with the generator source and with Redis Streams (words written beforehand, read
+    ``REDIS_RATE`` per key per batch): the lost executor's partitions are read again from Redis."""
+    redis = None
+    if source == "redis":
+        url, client, prefix = (request.getfixturevalue(f) for f in ("redis_url", "redis_client", "redis_prefix"))
+        keys = [f"{prefix}{i}" for i in range(4)]
+        write_redis_words(client, keys, LAST_MS // 1000)
+        redis = (url, keys)
     out = tmp_path / "driver"
     (tmp_path / "tmp").mkdir()
     out.mkdir()
@@ -182,11 +192,13 @@ def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, t
     env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, TMPDIR=str(tmp_path / "tmp"))
     args = [sys.executable, APP, str(out), "--kill-after", str(KILL_AFTER), "--after-kill", str(AFTER_KILL),
             "--after-recovery", str(AFTER_RECOVERY), "--timeout", "90"]
+    if redis is not None:
+        args += ["--redis", redis[0], ",".join(redis[1])]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path),
                                 start_new_session=True)
     try:
-        expected = _reference(sc, tmp_path, LAST_MS)  # while the driver's cluster starts
+        expected = _reference(sc, tmp_path, LAST_MS, redis)  # while the driver's cluster starts
         try:
             rc = proc.wait(timeout=DRIVER_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -221,3 +233,4 @@ def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, t
     assert sorted(got) == sorted(expected) == sorted((t, n) for t in times for n in NAMES)
     for key in sorted(expected):
         assert got[key] == expected[key], f"batch {key[0]} output {key[1]} differs"
+    assert all(got[(t, "total")] == [24] for t in times), "each batch holds 4 partitions x 6 words"
