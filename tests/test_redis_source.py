@@ -201,3 +201,33 @@ def test_a_restarted_driver_reads_every_entry_exactly_once(sc, redis_url, redis_
                     with open(os.path.join(out, name, part)) as f:
                         lines += f.read().splitlines()
     assert sorted(lines) == sorted(f"{k} {i}" for k in keys for i in range(9))
+
+
+@pytest.mark.slow
+def test_a_backlog_of_a_million_entries_drains_in_bounded_batches(sc, redis_url, redis_client, redis_prefix):
+    keys = [f"{redis_prefix}{i}" for i in range(4)]
+    per_key, rate = 250_000, 60_000
+    for k in keys:
+        for start in range(0, per_key, 10_000):
+            pipe = redis_client.pipeline(transaction=False)
+            for i in range(start, start + 10_000):
+                pipe.xadd(k, {"n": i})
+            pipe.execute()
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    stream = ssc.redisStream(keys, url=redis_url, maxRatePerPartition=rate)
+    per_batch: dict[int, list] = {}
+    _collect(stream.map(lambda r: (r[0], (1, int(r[2]["n"]), int(r[2]["n"])))).reduceByKey(
+        lambda a, b: (a[0] + b[0], min(a[1], b[1]), max(a[2], b[2]))), per_batch)
+    ssc.start()
+    try:
+        _run(ssc, clock, 6)
+        infos = {i.batchTime().milliseconds(): i for i in ssc.batchInfos()}
+    finally:
+        ssc.stop(stopSparkContext=False)
+    for k in keys:
+        ranges = [dict(per_batch[t]).get(k) for t in sorted(per_batch)]
+        assert [r[0] if r else 0 for r in ranges] == [rate] * 4 + [per_key - 4 * rate, 0]
+        # consecutive, in order: batch b holds entries [b * rate, (b + 1) * rate)
+        assert [(r[1], r[2]) for r in ranges if r] == [(b * rate, min(per_key, (b + 1) * rate) - 1) for b in range(5)]
+    assert [infos[t].numRecords() for t in sorted(infos)] == [4 * rate] * 4 + [4 * (per_key - 4 * rate), 0]
