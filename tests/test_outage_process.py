@@ -46,9 +46,10 @@ FEED_EVERY_S = 0.5
 LINES_PER_OBJECT = 3
 WORDS = 7  # each line is "line-<n> w<n % WORDS>"
 STEADY_RUN = 5  # consecutive batches within the bounds below that make a steady state
-# Back to steady state within this long after the gateway answers again: measured 38 s on the 2-core CI
-# machine (a 66 s backlog drained at ~2.7x real time), bounded at ~2x that for a noisy machine.
-RECOVERY_BOUND_S = 75.0
+# Back to steady state within this long after the gateway answers again. Measured on this 2-core machine:
+# 20 s when it was quiet (a 66 s backlog drained at ~4x real time), 76 s while a benchmark loaded both
+# cores. Bounded at twice the outage.
+RECOVERY_BOUND_S = 120.0
 
 
 def _now_ms() -> int:
