@@ -290,21 +290,27 @@ class StreamingContext:
                         storageLevel)
         return DStream(SocketInputNode(self._graph, hostname, port), self)
 
-    def textFileStream(self, directory: str, **storeOptions: Any) -> DStream:
+    def textFileStream(self, directory: str, *, maxFilesPerBatch: int | None = None,
+                       **storeOptions: Any) -> DStream:
         """Lines of the new text files that appear in ``directory`` (each file in exactly one batch).
 
         ``directory`` is a local folder or an ``s3://bucket/prefix/`` URL (new objects under the prefix;
         ``storeOptions`` as for :meth:`checkpoint`). Replayable after a driver restart: the files of
-        each batch are recorded in the metadata log before it runs.
+        each batch are recorded in the metadata log before it runs. ``maxFilesPerBatch``: at most that
+        many new files per batch, the others in later batches (default: ``spark.dstreams.files.maxFilesPerBatch``,
+        else no limit).
         """
         self._check_can_add_input()
-        return DStream(FileInputNode(self._graph, directory, None, _store_location(directory, storeOptions)), self)
+        return DStream(FileInputNode(self._graph, directory, None, _store_location(directory, storeOptions),
+                                     maxFilesPerBatch), self)
 
-    def binaryRecordsStream(self, directory: str, recordLength: int, **storeOptions: Any) -> DStream:
-        """Fixed-length binary records (``bytes``) of the new files that appear in ``directory``."""
+    def binaryRecordsStream(self, directory: str, recordLength: int, *, maxFilesPerBatch: int | None = None,
+                            **storeOptions: Any) -> DStream:
+        """Fixed-length binary records (``bytes``) of the new files that appear in ``directory``
+        (``maxFilesPerBatch`` as for :meth:`textFileStream`)."""
         self._check_can_add_input()
-        return DStream(FileInputNode(self._graph, directory, recordLength, _store_location(directory, storeOptions)),
-                       self)
+        return DStream(FileInputNode(self._graph, directory, recordLength, _store_location(directory, storeOptions),
+                                     maxFilesPerBatch), self)
 
     def generatorStream(self, recordsPerPartition: int, numPartitions: int | None = None, seed: int = 0,
                         recordFunc: RecordFunc | None = None) -> DStream:

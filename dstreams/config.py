@@ -4,7 +4,9 @@ stands in for it, its type, default, validation and a one-line doc.
 Contract:
 
 * :func:`get(setting, conf)` is the setting's value: ``conf.get(setting.key)`` when ``conf`` (a
-  ``SparkConf``, or anything with ``get(key)``) is given and sets the key, else ``$<setting.env>``, else
+  ``SparkConf``, or anything with ``get(key)``) is given and sets the key, else
+  ``conf.get(setting.spark_key)`` for a setting that Spark also has under its own name
+  (``spark.streaming.*``: pyspark applications keep their conf), else ``$<setting.env>``, else
   ``setting.default``. A blank value counts as unset. A value that does not parse raises ``ValueError``
   naming where it came from (the key or the variable), what is accepted and an example value.
 * The driver reads the SparkContext's conf first (:func:`active_conf` finds the running one when a caller
@@ -47,11 +49,14 @@ class Setting:
     accepts: str
     example: str
     doc: str
+    #: Spark's own conf key for the same setting, read when ``key`` is not set (None: Spark has none).
+    spark_key: str | None = None
 
     def error(self, source: str, raw: str) -> ValueError:
         """The error for ``raw``, read from ``source`` (the key or the variable), that does not parse."""
+        keys = self.key if self.spark_key is None else f"{self.key}, else {self.spark_key}"
         return ValueError(f"{source}={raw!r} is not {self.accepts}: set it to e.g. {source}={self.example}, "
-                          f"or unset it (Spark conf key {self.key}, else environment variable {self.env})")
+                          f"or unset it (Spark conf key {keys}, else environment variable {self.env})")
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,41 @@ def _switch(raw: str) -> bool:
 
 def _text(raw: str) -> str:
     return raw.strip()
+
+
+def _finite(raw: str) -> float:
+    value = float(raw)
+    if not math.isfinite(value):
+        raise ValueError(raw)
+    return value
+
+
+def _gain(raw: str) -> float:
+    value = _finite(raw)
+    if value < 0:
+        raise ValueError(raw)
+    return value
+
+
+def _positive(raw: str) -> float:
+    value = _finite(raw)
+    if value <= 0:
+        raise ValueError(raw)
+    return value
+
+
+def _rate_or_unlimited(raw: str) -> float | None:
+    """A rate in records per second; ``0`` (or a negative number, as Spark takes it) is no limit."""
+    value = _finite(raw)
+    return value if value > 0 else None
+
+
+def _count_or_unlimited(raw: str) -> int | None:
+    """A whole number >= 0; ``0`` is no limit."""
+    value = int(raw.strip())
+    if value < 0:
+        raise ValueError(raw)
+    return value or None
 
 
 # --- the settings -------------------------------------------------------------------------------------
@@ -179,9 +219,118 @@ SPARK_LOCAL_DIR = Setting(
         "creates, unless the conf sets `spark.local.dir` (Spark's `SPARK_LOCAL_DIRS` still overrides both).",
 )
 
+BACKPRESSURE_ENABLED = Setting(
+    key="spark.dstreams.backpressure.enabled",
+    spark_key="spark.streaming.backpressure.enabled",
+    env="DSTREAMS_BACKPRESSURE_ENABLED",
+    default=False,
+    parse=_switch,
+    accepts="on or off",
+    example="true",
+    doc="Backpressure: each rate-limited source (log sources, the socket source) adapts its rate to how fast "
+        "batches are processed, with a PID estimator fed by every completed batch's records, processing delay "
+        "and scheduling delay; the limit of each batch is in its metrics (`streamIdToInputInfo()` metadata).",
+)
+
+BACKPRESSURE_INITIAL_RATE = Setting(
+    key="spark.dstreams.backpressure.initialRate",
+    spark_key="spark.streaming.backpressure.initialRate",
+    env="DSTREAMS_BACKPRESSURE_INITIAL_RATE",
+    default=None,
+    parse=_rate_or_unlimited,
+    accepts="a number of records per second (0 = none)",
+    example="10000",
+    doc="With backpressure, a source's rate (records/s, all partitions) until the estimator has its first "
+        "estimate (after two non-empty batches); unset: unlimited until then, apart from the static maximum.",
+)
+
+BACKPRESSURE_PID_PROPORTIONAL = Setting(
+    key="spark.dstreams.backpressure.pid.proportional",
+    spark_key="spark.streaming.backpressure.pid.proportional",
+    env="DSTREAMS_BACKPRESSURE_PID_PROPORTIONAL",
+    default=1.0,
+    parse=_gain,
+    accepts="a number >= 0",
+    example="1.0",
+    doc="Backpressure's weight of the gap between the last rate and the rate the last batch was processed at.",
+)
+
+BACKPRESSURE_PID_INTEGRAL = Setting(
+    key="spark.dstreams.backpressure.pid.integral",
+    spark_key="spark.streaming.backpressure.pid.integral",
+    env="DSTREAMS_BACKPRESSURE_PID_INTEGRAL",
+    default=0.2,
+    parse=_gain,
+    accepts="a number >= 0",
+    example="0.2",
+    doc="Backpressure's weight of the backlog (the scheduling delay, as a rate): drains a queue of batches.",
+)
+
+BACKPRESSURE_PID_DERIVED = Setting(
+    key="spark.dstreams.backpressure.pid.derived",
+    spark_key="spark.streaming.backpressure.pid.derived",
+    env="DSTREAMS_BACKPRESSURE_PID_DERIVED",
+    default=0.0,
+    parse=_gain,
+    accepts="a number >= 0",
+    example="0.0",
+    doc="Backpressure's weight of how fast the gap changes.",
+)
+
+BACKPRESSURE_PID_MIN_RATE = Setting(
+    key="spark.dstreams.backpressure.pid.minRate",
+    spark_key="spark.streaming.backpressure.pid.minRate",
+    env="DSTREAMS_BACKPRESSURE_PID_MIN_RATE",
+    default=100.0,
+    parse=_positive,
+    accepts="a number of records per second > 0",
+    example="100",
+    doc="Backpressure never lowers a source's rate below this (records/s, all partitions).",
+)
+
+SOURCE_MAX_RATE_PER_PARTITION = Setting(
+    key="spark.dstreams.source.maxRatePerPartition",
+    spark_key="spark.streaming.kafka.maxRatePerPartition",
+    env="DSTREAMS_SOURCE_MAX_RATE_PER_PARTITION",
+    default=None,
+    parse=_rate_or_unlimited,
+    accepts="a number of records per second (0 = no limit)",
+    example="1000",
+    doc="Log sources (Redis Streams, and any source that asks the input contract for its limit): at most this "
+        "many records per partition per second of batch interval in a batch; the rest waits for later batches "
+        "(pyspark applications that set Spark's Kafka key keep working).",
+)
+
+RECEIVER_MAX_RATE = Setting(
+    key="spark.dstreams.receiver.maxRate",
+    spark_key="spark.streaming.receiver.maxRate",
+    env="DSTREAMS_RECEIVER_MAX_RATE",
+    default=None,
+    parse=_rate_or_unlimited,
+    accepts="a number of records per second (0 = no limit)",
+    example="1000",
+    doc="`socketTextStream`: at most this many lines per second of batch interval in a batch; received lines "
+        "beyond it stay queued in the driver for later batches.",
+)
+
+FILES_MAX_FILES_PER_BATCH = Setting(
+    key="spark.dstreams.files.maxFilesPerBatch",
+    env="DSTREAMS_FILES_MAX_FILES_PER_BATCH",
+    default=None,
+    parse=_count_or_unlimited,
+    accepts="a whole number >= 0 (0 = no limit)",
+    example="100",
+    doc="`textFileStream`/`binaryRecordsStream`: at most this many new files per batch, the first in listing "
+        "order; the others go into later batches (each file still in exactly one batch, across restarts too). "
+        "The streams' `maxFilesPerBatch` argument overrides it.",
+)
+
 #: Every engine setting, in the order of the README table.
 SETTINGS: tuple[Setting, ...] = (JVM_MODE, CHECKPOINT_GRAPH, STORE_RETRY_SECONDS, STORE_OUTAGE_SECONDS, SPARK_LOG_LEVEL,
-                                 SPARK_LOCAL_DIR)
+                                 SPARK_LOCAL_DIR, SOURCE_MAX_RATE_PER_PARTITION, RECEIVER_MAX_RATE,
+                                 FILES_MAX_FILES_PER_BATCH, BACKPRESSURE_ENABLED, BACKPRESSURE_INITIAL_RATE,
+                                 BACKPRESSURE_PID_PROPORTIONAL, BACKPRESSURE_PID_INTEGRAL, BACKPRESSURE_PID_DERIVED,
+                                 BACKPRESSURE_PID_MIN_RATE)
 
 #: Test-only fault injection (``dstreams.recovery.faults``): environment variables, no conf key.
 TEST_ONLY: tuple[EnvVar, ...] = (
@@ -204,12 +353,13 @@ TEST_ONLY: tuple[EnvVar, ...] = (
 
 def lookup(setting: Setting, conf: ConfLike | None = None,
            environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
-    """``(source, raw value)`` of the first non-blank of ``conf``'s key and the environment variable
-    (``source`` is the key or the variable's name), or None when neither sets it."""
+    """``(source, raw value)`` of the first non-blank of ``conf``'s key, ``conf``'s Spark key and the
+    environment variable (``source`` is the key or the variable's name), or None when none sets it."""
     if conf is not None:
-        raw = conf.get(setting.key)
-        if raw is not None and str(raw).strip():
-            return setting.key, str(raw)
+        for key in (setting.key, setting.spark_key):
+            raw = conf.get(key) if key is not None else None
+            if raw is not None and str(raw).strip():
+                return key, str(raw)
     raw = (os.environ if environ is None else environ).get(setting.env)
     if raw is not None and raw.strip():
         return setting.env, raw
@@ -264,7 +414,8 @@ def markdown_table() -> str:
     """The README's configuration table: every setting, then the test-only variables."""
     rows = ["| Spark conf key | environment variable | default | what it does |", "| --- | --- | --- | --- |"]
     for s in SETTINGS:
-        rows.append(f"| `{s.key}` | `{s.env}` | {_default_text(s.default)} | {s.doc} |")
+        doc = s.doc if s.spark_key is None else f"{s.doc} Spark's key `{s.spark_key}` counts when this one is unset."
+        rows.append(f"| `{s.key}` | `{s.env}` | {_default_text(s.default)} | {doc} |")
     for v in (*INTERNAL, *TEST_ONLY):
         rows.append(f"| (none) | `{v.env}` | {_default_text(v.default or None)} | {v.doc} |")
     return "\n".join(rows)

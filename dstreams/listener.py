@@ -204,8 +204,9 @@ class StreamInputInfo:
 
     ``inputStreamId()`` (the input's stream id), ``numRecords()``, ``metadata()`` (a
     :class:`JavaMap` of ``str`` to values) and ``metadataDescription()`` (``str`` of the metadata's
-    ``"Description"`` entry, ``None`` without one). dstreams' sources report a record count only,
-    so :meth:`BatchInfo.streamIdToInputInfo` gives an empty metadata today.
+    ``"Description"`` entry, ``None`` without one). The metadata holds what a source reported for
+    the batch beyond its record count, e.g. its rate limit (``maxRecordsPerPartition``, ``rate``: see
+    :mod:`dstreams.nodes.input`); empty when it reported nothing else.
     """
 
     input_stream_id: int
@@ -288,8 +289,9 @@ class BatchInfo:
     """Metrics of one batch, all times in epoch (or manual-clock) milliseconds (PySpark:
     ``JavaBatchInfo``).
 
-    The engine fills the attributes as the batch goes: ``submission_time_ms``, ``num_records`` and
-    ``records_per_input`` (input stream id to records) when it is generated,
+    The engine fills the attributes as the batch goes: ``submission_time_ms``, ``num_records``,
+    ``records_per_input`` (input stream id to records) and ``input_metadata`` (input stream id to the
+    metrics entries its source reported, e.g. its rate limit) when it is generated,
     ``processing_start_time_ms``/``processing_end_time_ms`` when it runs, one
     :class:`OutputOperationInfo` per output operation in ``output_operations`` (by output id). The
     derived ``scheduling_delay_ms``, ``processing_delay_ms`` and ``total_delay_ms`` are ``None``
@@ -298,8 +300,9 @@ class BatchInfo:
     PySpark calls: ``batchTime()``, ``submissionTime()``, ``processingStartTime()``,
     ``processingEndTime()``, ``schedulingDelay()``, ``processingDelay()``, ``totalDelay()`` (each
     ``-1`` until known), ``numRecords()``, ``streamIdToInputInfo()`` (a :class:`JavaMap` of
-    :class:`StreamInputInfo`) and ``outputOperationInfos()`` (a :class:`JavaMap` of
-    :class:`OutputOperationInfo`, by output id).
+    :class:`StreamInputInfo`, one per input that reported a record count or metadata; ``numRecords()``
+    is 0 for an input that reported metadata only, as Spark's file streams report) and
+    ``outputOperationInfos()`` (a :class:`JavaMap` of :class:`OutputOperationInfo`, by output id).
     """
 
     batch_time_ms: int
@@ -314,14 +317,16 @@ class BatchInfo:
     #: old metadata after it: engine overhead outside Spark jobs (``benchmarks floor`` reports it).
     generation_ms: float | None = None
     cleanup_ms: float | None = None
+    input_metadata: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def snapshot(self) -> BatchInfo:
         """An independent copy (what a listener event holds: later changes do not show in it): the
-        fields, with the ``records_per_input`` and ``output_operations`` dicts and each
+        fields, with the ``records_per_input``, ``input_metadata`` and ``output_operations`` dicts and each
         :class:`OutputOperationInfo` in it copied too."""
         return dataclasses.replace(
             self,
             records_per_input=dict(self.records_per_input),
+            input_metadata={k: dict(m) for k, m in self.input_metadata.items()},
             output_operations={k: op.snapshot() for k, op in self.output_operations.items()},
         )
 
@@ -377,7 +382,9 @@ class BatchInfo:
         return self.num_records
 
     def streamIdToInputInfo(self) -> JavaMap:
-        return JavaMap({sid: StreamInputInfo(sid, n) for sid, n in self.records_per_input.items()})
+        records, metadata = self.records_per_input, self.input_metadata
+        ids = [*records, *(sid for sid in metadata if sid not in records)]
+        return JavaMap({sid: StreamInputInfo(sid, records.get(sid, 0), dict(metadata.get(sid, {}))) for sid in ids})
 
     def outputOperationInfos(self) -> JavaMap:
         return JavaMap(self.output_operations)

@@ -19,6 +19,10 @@ Contract (Spark's ``JobScheduler`` and ``JobGenerator``):
   the store stayed down past its bound) stops generation.
 * Metrics times are wall-clock epoch milliseconds; ``total delay = scheduling + processing``
   (as in Spark), so they stay meaningful with a manual clock.
+* Rate control: when a batch completes, every input node's ``batch_completed(info)`` is called on the
+  event loop with the batch's :class:`~dstreams.listener.BatchInfo` (its delays known), in the order
+  the completions arrive; the sources' per-batch metrics entries (their rate limits) are in
+  ``info.input_metadata``.
 """
 
 from __future__ import annotations
@@ -139,6 +143,7 @@ class JobScheduler:
         self._pending_times: list[int] = []  # submitted, not completed
         self._completed: set[int] = set()
         self._done_through = -1  # every batch up to this time has completed and been cleaned up
+        self._infos_in_flight: dict[int, BatchInfo] = {}  # queued batches' infos, until they complete
         self.infos: deque[BatchInfo] = deque(maxlen=keep_batch_infos)
         self.last_generated: BatchTime | None = None
         self.last_completed: BatchTime | None = None
@@ -263,6 +268,7 @@ class JobScheduler:
         records = self.graph.input_records(t)
         info.records_per_input = records
         info.num_records = sum(records.values())
+        info.input_metadata = {n.id: m for n in self.graph.inputs if (m := n.metadata_at(t))}
         for j in b.jobs:
             info.output_operations[j.output_id] = OutputOperationInfo(t.ms, j.output_id, j.name, j.description)
         self.last_generated = t
@@ -272,6 +278,7 @@ class JobScheduler:
                 return
             self._pending_times.append(t.ms)
             self._queue.append(b)
+            self._infos_in_flight[t.ms] = info
             self._cond.notify_all()
         self._notify("onBatchSubmitted", StreamingListenerBatchSubmitted, info)
 
@@ -296,8 +303,14 @@ class JobScheduler:
                 self.checkpointer.batch_completed(BatchTime(t))
             except Exception:
                 log.exception("error clearing metadata at %s", t)
-        info = next((i for i in reversed(self.infos) if i.batch_time_ms == time.ms), None)
+        # The runner finished this info before it posted the event (the queue orders the two threads).
+        info = self._infos_in_flight.pop(time.ms, None)
         if info is not None:
+            for node in self.graph.inputs:
+                try:
+                    node.batch_completed(info)
+                except Exception:
+                    log.exception("rate control of %s failed after batch %s", node.name, time)
             info.cleanup_ms = (_time.perf_counter() - started) * 1000.0
         # Bookkeeping first, then wake waiters: whoever waits for batch t sees its cleanup done
         # and its checkpoints started.

@@ -129,6 +129,8 @@ class StoreCheckpointer:
         self._futures: list[Future[None]] = []
         #: Set by ``close``: a write waiting for an unavailable store gives up.
         self._closed = threading.Event()
+        #: The Spark job group of the write running now (cancelled by a ``close`` that does not wait).
+        self._job_group: str | None = None
         #: Committed checkpoint times per node key, oldest first.
         self.committed: dict[str, list[int]] = defaultdict(list)
         #: (node key, checkpoint time) -> newest batch of the node built before it was adopted.
@@ -206,6 +208,14 @@ class StoreCheckpointer:
         without, they are dropped and this returns at once."""
         self._writer.shutdown(wait=False, cancel_futures=not wait)  # first, or a dropped write could still start
         self._closed.set()
+        group = self._job_group
+        if not wait and group is not None:
+            # A write's Spark job still running when the SparkContext stops next can leave the writer thread
+            # blocked in the JVM call (and the interpreter waiting for it at exit): cancel it now.
+            try:
+                self.sc.cancelJobGroup(group)
+            except Exception:  # noqa: BLE001 - the SparkContext may be stopping
+                log.debug("could not cancel the checkpoint job %s", group, exc_info=True)
         if wait:
             self._writer.shutdown(wait=True)
 
@@ -240,8 +250,13 @@ class StoreCheckpointer:
             spec.open().put(f"{prefix}/{key}", data)
             return [{"index": i, "key": key, "sha256": sha, "records": count, "bytes": len(data)}]
 
-        self.sc.setJobGroup(f"dstreams-checkpoint-{node.key}-{t}", f"checkpoint of {node.name} at {t}")
-        parts = sorted(rdd.mapPartitionsWithIndex(write).collect(), key=lambda p: p["index"])
+        group = f"dstreams-checkpoint-{node.key}-{t}"
+        self.sc.setJobGroup(group, f"checkpoint of {node.name} at {t}")
+        self._job_group = group
+        try:
+            parts = sorted(rdd.mapPartitionsWithIndex(write).collect(), key=lambda p: p["index"])
+        finally:
+            self._job_group = None
         partitioner = node.checkpoint_partitioner
         manifest = {
             "format": 1,

@@ -10,6 +10,14 @@ What the source remembers between batches (and across a driver restart, in the m
 set of files in the folder's last listing: a file deleted from the folder is forgotten, so the state is
 bounded by the number of files the folder holds. Delete or move processed files to keep it small.
 
+**At most N files per batch** (``maxFilesPerBatch``, else :data:`~dstreams.config.FILES_MAX_FILES_PER_BATCH`):
+a batch takes the first N new files in listing order (sorted paths or keys) and the others wait. A
+waiting file is simply not remembered as seen, so the next listing finds it new again: it goes into a
+later batch, in listing order with the files that arrived since, and into no other. The remembered set
+is recorded with every batch's offsets, so a restarted driver rebuilds the batches it replays from their
+recorded files and takes the waiting files afterwards. The batch's metrics metadata then holds
+``maxFilesPerBatch``, ``files`` (taken) and ``filesWaiting``.
+
 Locations: a local path (read by Spark's ``textFile``/``binaryRecords``) or a store URL
 ``s3://bucket/prefix/`` (listed by the driver, each object read by an executor through the store layer
 with its retries; endpoint and credentials from boto3's standard chain or ``storeOptions``).
@@ -24,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD
 
+from .. import config
 from ..contracts import ObjectStoreLocation
 from ..time import BatchTime
 from .input import InputNode
@@ -71,17 +80,28 @@ def _read_objects(spec: Any, record_length: int | None, keys: Iterator[str]) -> 
 
 class FileInputNode(InputNode):
     """A folder source. ``store`` (an :class:`~dstreams.contracts.ObjectStoreLocation`) reads an object
-    store prefix instead of the local folder ``directory``; the api layer opens it for store URLs."""
+    store prefix instead of the local folder ``directory``; the api layer opens it for store URLs.
+    ``max_files_per_batch`` bounds the new files of a batch (None: the conf's setting, else unbounded)."""
+
+    #: The argument; a class default so that a graph checkpointed before it existed still loads.
+    max_files_per_batch: int | None = None
+    #: The bound in force, resolved at ``start()``.
+    _files_limit: int | None = None
 
     def __init__(self, graph: DStreamGraph, directory: str, record_length: int | None = None,
-                 store: ObjectStoreLocation | None = None) -> None:
+                 store: ObjectStoreLocation | None = None, max_files_per_batch: int | None = None) -> None:
         super().__init__(graph)
         if record_length is not None and record_length <= 0:
             raise ValueError(f"recordLength must be positive, got {record_length}")
         if not directory:
             raise ValueError("the directory of a file stream must be a non-empty path or s3:// URL")
+        if max_files_per_batch is not None and (
+                isinstance(max_files_per_batch, bool) or not isinstance(max_files_per_batch, int)
+                or max_files_per_batch < 1):
+            raise ValueError(f"maxFilesPerBatch must be a positive int or None, got {max_files_per_batch!r}")
         self.directory = directory
         self.record_length = record_length
+        self.max_files_per_batch = max_files_per_batch
         self.seen: set[str] = set()
         self._restored = False
         self._spec = store
@@ -111,6 +131,9 @@ class FileInputNode(InputNode):
         return sorted(out)
 
     def start(self) -> None:
+        self._files_limit = self.max_files_per_batch
+        if self._files_limit is None:
+            self._files_limit = config.get(config.FILES_MAX_FILES_PER_BATCH, self.graph.sc.getConf())
         if not self._restored:
             self.seen = set(self._list())
 
@@ -132,10 +155,16 @@ class FileInputNode(InputNode):
             return self.read_files(files)
         listing = self._list()
         new = [p for p in listing if p not in self.seen]
-        # Remember the current listing only: deleted files are forgotten (bounded state).
-        self.seen = set(listing)
-        self.report_batch(time, None, {"files": new})
-        return self.read_files(new)
+        limit = self._files_limit
+        taken, waiting = (new[:limit], new[limit:]) if limit is not None else (new, [])
+        # Remember the current listing only: deleted files are forgotten (bounded state). Waiting files
+        # are not remembered, so that a later listing finds them new again.
+        self.seen = set(listing).difference(waiting)
+        metadata = None
+        if limit is not None:
+            metadata = {"maxFilesPerBatch": limit, "files": len(taken), "filesWaiting": len(waiting)}
+        self.report_batch(time, None, {"files": taken}, metadata)
+        return self.read_files(taken)
 
     def read_files(self, paths: list[str]) -> RDD:
         sc = self.graph.sc

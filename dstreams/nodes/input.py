@@ -21,23 +21,46 @@ source is a subclass of :class:`InputNode`; its slide is the batch duration.
 ``compute`` runs on the scheduler's event loop; ``start``/``stop`` on the thread that starts or
 stops the context. A source with a background thread (a receiver) hands its data to ``compute``
 under its own lock.
+
+**Rate control** (Spark's ``maxRatePerPartition``, ``receiver.maxRate`` and backpressure). A source
+that can bound a batch asks, in ``compute`` while it fixes new offsets (not for a replayed batch),
+:meth:`InputNode.max_records_per_partition` ``(time, partitions)``: the most records each of its
+``partitions`` may put in batch ``time`` (at least 1), or None for no limit. It then takes at most
+that many per partition and leaves the rest for later batches, and reports the records it took with
+:meth:`InputNode.report_batch` (a count, so that backpressure can use it). The source knows nothing
+else: the base class builds the source's :class:`~dstreams.rate.RateLimiter` from the conf on the
+first call (the static maximum of :attr:`InputNode.max_rate_setting`, backpressure's switch, initial
+rate and PID parameters; see :mod:`dstreams.config`), and the scheduler calls
+:meth:`InputNode.batch_completed` on the event loop with the :class:`~dstreams.listener.BatchInfo` of
+every batch that completes, which feeds the batch's records of this source and its processing and
+scheduling delays to the estimator. The limit of each batch is in its metrics: the batch's
+``streamIdToInputInfo()[id].metadata()`` holds ``maxRecordsPerPartition``, ``partitions`` and, when
+set, ``maxRatePerPartition`` (the static maximum, records/s per partition) and ``rate`` (backpressure's
+rate for the whole source, records/s). A source may add its own entries with ``report_batch(...,
+metadata=...)`` (the file sources: ``maxFilesPerBatch``, ``files``, ``filesWaiting``).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pyspark import RDD
 
+from .. import config
 from ..contracts import SourceNotCheckpointableError
 from ..node import DStreamNode
+from ..rate import RateLimiter, rate_settings
 from ..time import BatchTime, Duration
 
 if TYPE_CHECKING:
     from ..graph import DStreamGraph
+    from ..listener import BatchInfo
+
+log = logging.getLogger(__name__)
 
 
 class InputNode(DStreamNode):
@@ -46,11 +69,18 @@ class InputNode(DStreamNode):
     #: Whether a batch can be rebuilt from its offsets after a driver failure.
     replayable = True
 
+    #: The setting of this kind of source's static maximum (records per partition per second).
+    max_rate_setting: ClassVar[config.Setting] = config.SOURCE_MAX_RATE_PER_PARTITION
+
     def __init__(self, graph: DStreamGraph) -> None:
         super().__init__(graph)
         self._records: dict[int, int] = {}
         self._offsets: dict[int, Any] = {}
+        self._metadata: dict[int, dict[str, Any]] = {}
         self._replay: dict[int, Any] = {}
+        #: Built from the conf on the first :meth:`max_records_per_partition` (tests may set one before).
+        self.rate_limiter: RateLimiter | None = None
+        self._rate_settings_read = False
         graph.add_input(self)
 
     @property
@@ -69,12 +99,20 @@ class InputNode(DStreamNode):
         """Called once when the context stops."""
 
     # ----------------------------------------------------------------- offsets
-    def report_batch(self, time: BatchTime, records: int | None, offsets: Any = None) -> None:
-        """Record what batch ``time`` holds: its record count (None: unknown) and offsets (JSON-able)."""
+    def report_batch(self, time: BatchTime, records: int | None, offsets: Any = None,
+                     metadata: Mapping[str, Any] | None = None) -> None:
+        """Record what batch ``time`` holds: its record count (None: unknown), offsets (JSON-able) and
+        entries for its metrics (``StreamInputInfo.metadata()``, next to the rate limit's)."""
         if records is not None:
             self._records[time.ms] = records
         if offsets is not None:
             self._offsets[time.ms] = offsets
+        if metadata:
+            self._metadata.setdefault(time.ms, {}).update(metadata)
+
+    def metadata_at(self, time: BatchTime) -> dict[str, Any]:
+        """The metrics entries of batch ``time`` (its rate limit, what the source reported); empty if none."""
+        return dict(self._metadata.get(time.ms, {}))
 
     def records_at(self, time: BatchTime) -> int | None:
         """Records of batch ``time``, when the source knows it cheaply."""
@@ -103,9 +141,52 @@ class InputNode(DStreamNode):
     def restore_source_state(self, state: Any) -> None:
         """Restore what :meth:`source_state` returned before the restart."""
 
+    # ----------------------------------------------------------------- rate control
+    def max_records_per_partition(self, time: BatchTime, partitions: int) -> int | None:
+        """The most records each of ``partitions`` partitions may hold in batch ``time`` (>= 1), or None
+        (unlimited). Asked by a source in ``compute`` while it fixes new offsets; the answer goes into the
+        batch's metrics. Asking again for the same batch answers the same (until a batch completes)."""
+        limiter = self._limiter()
+        if limiter is None:
+            return None
+        limit = limiter.max_records_per_partition(partitions)
+        if limit is not None:
+            entries: dict[str, Any] = {"maxRecordsPerPartition": limit, "partitions": partitions}
+            if limiter.settings.max_rate_per_partition is not None:
+                entries["maxRatePerPartition"] = limiter.settings.max_rate_per_partition
+            rate = limiter.rate()
+            if rate is not None:
+                entries["rate"] = rate
+            self._metadata.setdefault(time.ms, {}).update(entries)
+        return limit
+
+    def _limiter(self) -> RateLimiter | None:
+        if self.rate_limiter is None and not self._rate_settings_read:
+            self._rate_settings_read = True
+            settings = rate_settings(self.graph.sc.getConf(), self.max_rate_setting)
+            if settings.limits:
+                self.rate_limiter = RateLimiter(self.slide_duration.ms, settings)
+        return self.rate_limiter
+
+    def batch_completed(self, info: BatchInfo) -> None:
+        """Batch ``info.batch_time_ms`` completed (the scheduler calls this on the event loop): with
+        backpressure, its records of this source and its delays update the estimator. A failed batch, or
+        one whose records or delays are unknown, leaves it as it is."""
+        limiter = self.rate_limiter
+        if limiter is None or limiter.estimator is None or info.failed:
+            return
+        records = info.records_per_input.get(self.id)
+        processing, scheduling = info.processing_delay_ms, info.scheduling_delay_ms
+        if records is None or processing is None or scheduling is None or info.processing_end_time_ms is None:
+            return
+        rate = limiter.batch_completed(info.processing_end_time_ms, records, processing, scheduling)
+        if rate is not None:
+            log.debug("%s: backpressure rate %.1f records/s after batch %d (%d records, processing %d ms, "
+                      "scheduling delay %d ms)", self.name, rate, info.batch_time_ms, records, processing, scheduling)
+
     def forget_before(self, time: BatchTime) -> None:
         horizon = time.ms - (self.remember_duration.ms if self.remember_duration else 0)
-        for d in (self._records, self._offsets):
+        for d in (self._records, self._offsets, self._metadata):
             for t in [t for t in d if t <= horizon]:
                 del d[t]
 

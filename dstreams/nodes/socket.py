@@ -9,6 +9,12 @@ location (``graph.wal``, set by the context), each batch's lines are written to 
 batch is used, and a restarted driver replays them from there: every line that went into a batch
 is processed exactly once; lines received in the last interval before a crash, not yet in a batch,
 are lost.
+
+Rate control: the socket is one receiver with one partition. With ``spark.streaming.receiver.maxRate``
+(:data:`~dstreams.config.RECEIVER_MAX_RATE`) or backpressure, a batch takes at most its limit of the
+oldest buffered lines (:meth:`InputNode.max_records_per_partition`); the others stay buffered, in
+order, for the next batches. The receiving thread does not slow down: the buffer grows while lines
+arrive faster than the limit, and what is buffered is lost in a driver crash.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD
 
+from .. import config
 from ..time import BatchTime
 from .input import InputNode
 
@@ -31,6 +38,8 @@ log = logging.getLogger(__name__)
 
 class SocketInputNode(InputNode):
     """``socketTextStream``: see the module docstring."""
+
+    max_rate_setting = config.RECEIVER_MAX_RATE
 
     @property
     def replayable(self) -> bool:  # type: ignore[override]
@@ -110,8 +119,9 @@ class SocketInputNode(InputNode):
             lines = wal.read(replayed["wal"])
             offsets = None
         else:
+            limit = self.max_records_per_partition(time, 1)
             with self._lock:
-                lines = list(self._buffer)
+                lines = self._buffer[:limit] if limit is not None else list(self._buffer)
             # Written before the lines leave the buffer: a write that fails (the store is down) loses
             # nothing, and the batch is built again with the same lines and any that arrived since.
             offsets = {"wal": wal.write(f"wal/{self.key}/{time.ms:015d}", lines)} if wal is not None else None
