@@ -87,7 +87,7 @@ STEADY_RUN = 5  # consecutive batches within the bounds that make a steady state
 CHECKPOINT_S = 2.0
 #: Command-line fragments of the Ceph outage process test (its pytest file, or its driver): the gateway is not
 #: stopped while a process whose command line holds one of them runs (other tests do not stop the gateway).
-OUTAGE_TEST_MARKS = ("test_outage_process", "test_wip_outage_tmp", "wip_outage_process", "outage_app.py")
+OUTAGE_TEST_MARKS = ("test_outage_process",)
 OTHERS_WAIT_S = 600.0
 
 T = TypeVar("T")
