@@ -7,6 +7,7 @@ Commands (run from the repository root)::
     python -m benchmarks floor                # per-batch floor and driver overhead (dstreams vs pyspark.streaming)
     python -m benchmarks table                # regenerate the table in benchmarks/README.md from the JSON
     python -m benchmarks catchup [--quick]    # time to steady state after a store outage and a driver kill
+    python -m benchmarks redis [--quick]      # Grep and WordCount from Redis Streams next to the generator source
 
 ``run`` starts one subprocess per (engine, workload) (each with its own SparkContext, the same tuned
 conf for every engine), writes ``benchmarks/results/<workload>.json`` (every trial with its per-batch
@@ -137,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         from .catchup import main as catchup_main
 
         return catchup_main(raw[1:])
+    if raw and raw[0] == "redis":  # its own options: python -m benchmarks redis --help
+        from .redis_source import main as redis_main
+
+        return redis_main(raw[1:])
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="rate search for each workload and engine")
@@ -152,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("table", help="regenerate benchmarks/README.md's table from benchmarks/results/*.json")
     sub.add_parser("catchup", help="time to steady state after a store outage and a driver kill "
                                    "(python -m benchmarks catchup --help)")
+    sub.add_parser("redis", help="Grep and windowed WordCount read from Redis Streams, next to the generator "
+                                 "source (python -m benchmarks redis --help)")
     args = p.parse_args(raw)
     args.argv = raw
     if args.cmd == "run":

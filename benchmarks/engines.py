@@ -97,7 +97,9 @@ def _num(value: Any) -> float:
     return float(value.get() if hasattr(value, "get") else value)
 
 
-def _wait(samples_fn: Callable[[], list[Sample]], plan: Plan, interval_s: float) -> list[Sample]:
+def _wait(samples_fn: Callable[[], list[Sample]], plan: Plan, interval_s: float,
+          stop: Callable[[], bool] | None = None) -> list[Sample]:
+    """Poll ``samples_fn`` until the trial is over (module contract), or until ``stop()`` says so."""
     longest = plan.warmup + plan.settle + plan.measure
     # The first batch may take long (code generation, worker start-up, a loaded machine): the trial's
     # clock starts when it completes, within FIRST_BATCH_S.
@@ -117,6 +119,8 @@ def _wait(samples_fn: Callable[[], list[Sample]], plan: Plan, interval_s: float)
             break
         # Hopelessly behind already during a long warm-up (a window filling): no need to wait it out.
         if any(s.scheduling_ms > 2 * plan.abort_sched_ms for s in samples[WARMUP_GRACE:plan.warmup]):
+            break
+        if stop is not None and stop():
             break
     return samples_fn()
 

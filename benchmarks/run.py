@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -140,21 +141,40 @@ def _drain(sc: Any, timeout_s: float = 30.0) -> None:
     time.sleep(0.5)
 
 
-def search(engine: str, wl: Workload, target_ms: float, mode: Mode, sc: Any, memory: PeakMemory) -> dict[str, Any]:
-    interval_s = target_ms / 2000.0
+def trial_plan(wl: Workload, target_ms: float, mode: Mode) -> Plan:
+    """The plan of every measured trial of a search at ``target_ms`` (batch interval ``target_ms / 2``)."""
     interval_ms = target_ms / 2.0
     warmup = mode.warmup
     if mode.fill_window and wl.windowed:
         warmup = max(warmup, int(round(30_000 / interval_ms)))
-    plan = Plan(warmup=warmup, measure=mode.measure, target_ms=target_ms,
+    return Plan(warmup=warmup, measure=mode.measure, target_ms=target_ms,
                 abort_sched_ms=max(4 * target_ms, 4000.0), slack_s=max(15.0, 3 * target_ms / 1000.0),
                 settle=mode.settle)
-    start = START_RATES.get((engine, wl.name), PEER_WINDOWED_START if wl.windowed else 400_000)
+
+
+def search(engine: str, wl: Workload, target_ms: float, mode: Mode, sc: Any, memory: PeakMemory, *,
+           run: Callable[[Any, Workload, int, float, Plan], list[Sample]] | None = None,
+           start: int | None = None, max_rate: int | None = None, down: float = 4.0) -> dict[str, Any]:
+    """The rate search of the module contract for ``engine`` (trials by ``ENGINES[engine]`` unless ``run``).
+
+    ``start`` overrides the first rate (:data:`START_RATES`); with ``max_rate`` no trial runs above that rate
+    (a step past it tries ``max_rate`` itself, then the search stops): a source whose input was written
+    beforehand holds that much. ``down`` is the factor the rate is divided by while nothing was sustainable
+    (a smaller step when the start is an estimate close to the answer).
+    """
+    interval_s = target_ms / 2000.0
+    interval_ms = target_ms / 2.0
+    plan = trial_plan(wl, target_ms, mode)
+    if start is None:
+        start = START_RATES.get((engine, wl.name), PEER_WINDOWED_START if wl.windowed else 400_000)
+    if max_rate is not None:
+        start = min(start, max_rate)
     trials: list[dict[str, Any]] = []
     best: int | None = None
     lowest_fail: int | None = None
     rate = start
-    run = ENGINES[engine]
+    if run is None:
+        run = ENGINES[engine]
     # A discarded short trial first: Python workers start, the JVM warms up, caches fill.
     run(sc, wl, max(MIN_RATE, start // 8), interval_s,
         Plan(warmup=0, measure=4, target_ms=target_ms, abort_sched_ms=plan.abort_sched_ms, slack_s=plan.slack_s))
@@ -183,11 +203,15 @@ def search(engine: str, wl: Workload, target_ms: float, mode: Mode, sc: Any, mem
         else:
             lowest_fail = rate if lowest_fail is None else min(lowest_fail, rate)
         if best is None:
-            nxt = _round_rate(rate / 4)
+            nxt = _round_rate(rate / down)
             if nxt < MIN_RATE:
                 break
         elif lowest_fail is None:
             nxt = _round_rate(rate * 2)
+            if max_rate is not None and nxt > max_rate:
+                if rate >= max_rate:
+                    break
+                nxt = max_rate
         else:
             if lowest_fail / best <= mode.precision:
                 break
@@ -204,6 +228,7 @@ def search(engine: str, wl: Workload, target_ms: float, mode: Mode, sc: Any, mem
         "warmup_batches": plan.warmup,
         "measured_batches": plan.measure,
         "max_sustainable_rate": best or 0,
+        **({} if max_rate is None else {"max_rate": max_rate}),
         "lowest_failing_rate": lowest_fail,
         "error": next((t["reason"] for t in trials if t.get("error")), None),
         "at_best": None if best_trial is None else {

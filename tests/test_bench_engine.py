@@ -211,3 +211,67 @@ def test_benchmark_merge_of_an_engine_subset_keeps_the_other_engines():
     by_engine = {r["engine"]: [s["max_sustainable_rate"] for s in r["searches"]] for r in merged["runs"]}
     assert by_engine == {"a": [5], "b": [3]}
     assert merged["command"] == "run a and run b"
+
+
+class _IdleSparkContext:
+    """Just what the rate search asks of a SparkContext between trials: no active jobs."""
+
+    def statusTracker(self):
+        return self
+
+    def getActiveJobsIds(self):
+        return []
+
+
+def _fake_trials(limit: int, tried: list[int]):
+    """A trial function whose engine sustains exactly the rates up to ``limit``."""
+    from benchmarks.engines import Sample
+
+    def run(sc, wl, rate, interval_s, plan):
+        tried.append(rate)
+        processing = 100.0 if rate <= limit else 10 * interval_s * 1000
+        return [Sample(i, 0.0 if rate <= limit else 3000.0, processing)
+                for i in range(plan.warmup + plan.settle + plan.measure)]
+
+    return run
+
+
+def test_a_search_never_tries_a_rate_above_max_rate_and_steps_down_by_down():
+    from benchmarks.memory import PeakMemory
+    from benchmarks.run import Mode, search
+    from benchmarks.workloads import WORKLOADS
+
+    mode = Mode(warmup=1, measure=2, max_trials=6, precision=1.3, settle=0, fill_window=False)
+    tried: list[int] = []
+    up = search("fake", WORKLOADS["grep"], 1000.0, mode, _IdleSparkContext(), PeakMemory(None),
+                run=_fake_trials(10**9, tried), start=40_000, max_rate=100_000)
+    assert tried[1:] == [40_000, 80_000, 100_000]  # after the discarded warm-up trial: doubling, then the cap
+    assert up["max_sustainable_rate"] == 100_000 and up["lowest_failing_rate"] is None
+    assert up["max_rate"] == 100_000
+    tried.clear()
+    down = search("fake", WORKLOADS["grep"], 1000.0, mode, _IdleSparkContext(), PeakMemory(None),
+                  run=_fake_trials(25_000, tried), start=40_000, down=2.0)
+    assert tried[1:3] == [40_000, 20_000]  # halved, not quartered
+    assert down["max_sustainable_rate"] >= 20_000 and down["lowest_failing_rate"] <= 40_000
+
+
+def test_redis_benchmark_sizes_its_input_for_the_longest_trial_within_the_memory_budget():
+    from benchmarks.redis_source import CORES, KEYS, QUICK_SETTINGS, data_plan, mode_for, model_rate, ratio
+    from benchmarks.run import trial_plan
+    from benchmarks.workloads import WORKLOADS
+
+    wl = WORKLOADS["wordcount"]
+    mode = mode_for(QUICK_SETTINGS, "wordcount")
+    plan = trial_plan(wl, 1000.0, mode)
+    assert plan.warmup == 60  # windowed: the 30 s window fills first
+    roomy = data_plan(wl, 1000.0, mode, 6, 50_000, 115.0, 2**40)
+    assert roomy["max_rate"] == 100_000 and not roomy["budget_limited"]
+    assert roomy["entries_per_key"] == 100_000 // KEYS // 2 * (60 + mode.measure + 6)
+    tight = data_plan(wl, 1000.0, mode, 6, 50_000, 115.0, 200 * 2**20)
+    assert tight["budget_limited"] and tight["max_rate"] < 100_000
+    assert tight["estimated_bytes"] <= 200 * 2**20
+    # The model: the generator pipeline's cost per record plus the source's CPU per entry on the cores.
+    assert abs(model_rate(100_000, 10.0) - 1 / (1e-5 + 10e-6 / CORES)) < 1e-6
+    r = ratio({"max_sustainable_rate": 1000, "lowest_failing_rate": 2000},
+              {"max_sustainable_rate": 100, "lowest_failing_rate": 125})
+    assert r == {"ratio": 10.0, "low": 8.0, "high": 20.0}
