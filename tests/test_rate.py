@@ -319,6 +319,52 @@ def test_max_files_per_batch_from_the_conf_for_binary_records(sc, tmp_path, monk
     assert got["recs"] == [[b"0a", b"0b", b"1a", b"1b"], [b"2a", b"2b", b"3a", b"3b"], [b"4a", b"4b"]]
 
 
+def test_backpressure_learns_a_file_source_rate_in_files_per_second(sc, tmp_path, monkeypatch):
+    """One-line files arrive at 40 files/s and are processed at 20 files/s, with 0.5 s batches: the first
+    batches take maxFilesPerBatch (30 files, 1.5 s of work each); then the estimator's limit falls to what the
+    output keeps up with, the scheduling delay settles while the backlog waits in the folder, and every line
+    taken is read once, in arrival order."""
+    interval_ms, capacity, per_step = 500, 20.0, 20
+    monkeypatch.setenv("DSTREAMS_BACKPRESSURE_ENABLED", "true")
+    monkeypatch.setenv("DSTREAMS_BACKPRESSURE_INITIAL_RATE", "100000")  # records/s: not for a file source
+    folder = str(tmp_path / "in")
+    os.makedirs(folder)
+    clock = ManualClock()
+    ssc = StreamingContext(sc, interval_ms / 1000, clock=clock)
+    stream = ssc.textFileStream(folder, maxFilesPerBatch=30)
+    seen: list[str] = []
+
+    def work(rdd) -> None:
+        lines = rdd.collect()
+        seen.extend(lines)
+        time.sleep(len(lines) / capacity)
+
+    stream.foreachRDD(work)
+    ssc.start()
+    batches = 18
+    written: list[str] = []
+    try:
+        started = time.monotonic()
+        for k in range(1, batches + 1):  # the manual clock moves at the pace of wall time
+            for _ in range(per_step):
+                written.append(f"line-{len(written):04d}")
+                _put(folder, f"f{len(written):04d}.txt", written[-1] + "\n")
+            time.sleep(max(0.0, started + k * interval_ms / 1000 - time.monotonic()))
+            clock.set_time(k * interval_ms)
+        ssc.awaitBatch(batches * interval_ms, 120)
+        infos = sorted(ssc.batchInfos(), key=lambda i: i.batch_time_ms)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    metadata = [dict(i.streamIdToInputInfo()[stream._node.id].metadata()) for i in infos]
+    limits = [m["maxFilesPerBatch"] for m in metadata]
+    assert limits[0] == 30 and "rate" not in metadata[0]  # no estimate yet; the initial rate is in records
+    assert all(m.get("rate", 0) >= 2.0 for m in metadata[-5:]), metadata  # floor: one file per batch
+    assert max(limits[-5:]) <= 15, metadata  # 20 files/s * 0.5 s = 10 per batch keep up
+    assert sum(m["files"] for m in metadata) == len(seen) and seen == written[:len(seen)]  # arrival order, once
+    delays = [i.scheduling_delay_ms for i in infos]
+    assert max(delays[-3:]) < max(delays) / 2, (limits, delays)  # the scheduling delay settles, not grows
+
+
 def test_max_files_per_batch_is_checked(sc, tmp_path):
     ssc = StreamingContext(sc, 1, clock=ManualClock())
     for bad in (0, -1, 2.5, True):

@@ -18,6 +18,15 @@ is recorded with every batch's offsets, so a restarted driver rebuilds the batch
 recorded files and takes the waiting files afterwards. The batch's metrics metadata then holds
 ``maxFilesPerBatch``, ``files`` (taken) and ``filesWaiting``.
 
+**Backpressure** (``spark.streaming.backpressure.enabled``): a file source's unit is the file (its record
+count is unknown until its files are read), so the PID estimator learns a rate in files per second from each
+completed batch's files, processing time and scheduling delay, and a batch takes at most
+``rate x batch interval`` files (at least one), or ``maxFilesPerBatch`` when that is smaller. The first
+batch, before any estimate, takes ``maxFilesPerBatch`` files (all of them without one); the initial rate,
+the minimum rate and ``maxRatePerPartition`` are in records and do not apply (the floor is one file per
+batch). The batch's metadata then also holds ``rate``
+(files/s).
+
 Locations: a local path (read by Spark's ``textFile``/``binaryRecords``) or a store URL
 ``s3://bucket/prefix/`` (listed by the driver, each object read by an executor through the store layer
 with its retries; endpoint and credentials from boto3's standard chain or ``storeOptions``).
@@ -25,6 +34,8 @@ with its retries; endpoint and credentials from boto3's standard chain or ``stor
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -34,11 +45,13 @@ from pyspark import RDD
 
 from .. import config
 from ..contracts import ObjectStoreLocation
+from ..rate import RateLimiter, rate_settings
 from ..time import BatchTime
 from .input import InputNode
 
 if TYPE_CHECKING:
     from ..graph import DStreamGraph
+    from ..listener import BatchInfo
 
 _LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 #: At most this many objects per partition when reading a store prefix (more objects: fewer tasks).
@@ -105,6 +118,17 @@ class FileInputNode(InputNode):
         self.seen: set[str] = set()
         self._restored = False
         self._spec = store
+        self._init_files_rate()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if "_taken" not in state:  # a graph checkpointed before file backpressure existed
+            self._init_files_rate()
+
+    def _init_files_rate(self) -> None:
+        #: Files taken per batch time (ms), what backpressure learns from.
+        self._taken: dict[int, int] = {}
+        self._files_estimator: RateLimiter | None = None
 
     def _list(self) -> list[str]:
         if self._spec is not None:
@@ -151,20 +175,61 @@ class FileInputNode(InputNode):
         if replayed is not None:
             files = list(replayed.get("files", []))
             self.seen.update(files)
+            self._taken[time.ms] = len(files)
             self.report_batch(time, None, {"files": files})
             return self.read_files(files)
         listing = self._list()
         new = [p for p in listing if p not in self.seen]
-        limit = self._files_limit
+        limit, rate = self._files_limit, self._files_rate()
+        if rate is not None:
+            by_rate = max(1, math.floor(rate * self.slide_duration.ms / 1000.0 + 1e-9))
+            limit = by_rate if limit is None else min(limit, by_rate)
         taken, waiting = (new[:limit], new[limit:]) if limit is not None else (new, [])
         # Remember the current listing only: deleted files are forgotten (bounded state). Waiting files
         # are not remembered, so that a later listing finds them new again.
         self.seen = set(listing).difference(waiting)
-        metadata = None
+        self._taken[time.ms] = len(taken)
+        metadata: dict[str, Any] | None = None
         if limit is not None:
             metadata = {"maxFilesPerBatch": limit, "files": len(taken), "filesWaiting": len(waiting)}
+            if rate is not None:
+                metadata["rate"] = rate
         self.report_batch(time, None, {"files": taken}, metadata)
         return self.read_files(taken)
+
+    # ----------------------------------------------------------------- backpressure, in files per second
+    def _files_rate(self) -> float | None:
+        """Backpressure's current rate in files/s, or None (off, or no estimate yet)."""
+        if self._files_estimator is None and not self._rate_settings_read:
+            self._rate_settings_read = True
+            settings = rate_settings(self.graph.sc.getConf())
+            if settings.backpressure:
+                # The minimum rate is in records/s too (Spark's default, 100, would be 100 files/s): a file
+                # source's floor is one file per batch interval instead.
+                gains = dataclasses.replace(settings.gains, min_rate=1000.0 / self.slide_duration.ms)
+                files_only = dataclasses.replace(settings, max_rate_per_partition=None, initial_rate=None,
+                                                 gains=gains)
+                self._files_estimator = RateLimiter(self.slide_duration.ms, files_only)
+        return None if self._files_estimator is None else self._files_estimator.rate()
+
+    def max_records_per_partition(self, time: BatchTime, partitions: int) -> int | None:
+        """None: a file source's records are not counted before they are read; it limits files instead."""
+        return None
+
+    def batch_completed(self, info: BatchInfo) -> None:
+        """Feed the files of a completed batch, its processing time and scheduling delay to the estimator."""
+        limiter, files = self._files_estimator, self._taken.get(info.batch_time_ms)
+        processing, scheduling = info.processing_delay_ms, info.scheduling_delay_ms
+        if (limiter is None or info.failed or files is None or processing is None or scheduling is None
+                or info.processing_end_time_ms is None):
+            return
+        limiter.batch_completed(info.processing_end_time_ms, files, processing, scheduling)
+
+    def forget_before(self, time: BatchTime) -> None:
+        super().forget_before(time)
+        horizon = time.ms - (self.remember_duration.ms if self.remember_duration else 0)
+        for t in [t for t in self._taken if t <= horizon]:
+            del self._taken[t]
 
     def read_files(self, paths: list[str]) -> RDD:
         sc = self.graph.sc
