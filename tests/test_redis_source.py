@@ -26,6 +26,11 @@ def _run(ssc: StreamingContext, clock: ManualClock, batches: int, first: int = 1
         ssc.awaitBatch(i * 1000, 60)
 
 
+def _eval_calls(client) -> int:
+    """How many EVAL commands the server ran (its command statistics)."""
+    return int(client.info("commandstats").get("cmdstat_eval", {}).get("calls", 0))
+
+
 def _collect(stream, into: dict[int, list]) -> None:
     stream.foreachRDD(lambda t, rdd: into.__setitem__(from_user_time(t).ms, sorted(rdd.collect())))
 
@@ -82,6 +87,7 @@ def test_max_rate_per_partition_drains_a_backlog_in_bounded_batches(sc, redis_ur
     _collect(stream.map(lambda r: (r[0], 1)).reduceByKey(operator.add), counts)
     everything: dict[int, list] = {}
     _collect(stream.map(lambda r: (r[0], int(r[2]["n"]))), everything)
+    evals_before = _eval_calls(redis_client)
     ssc.start()
     try:
         _run(ssc, clock, 4)
@@ -89,6 +95,9 @@ def test_max_rate_per_partition_drains_a_backlog_in_bounded_batches(sc, redis_ur
         ssc.stop(stopSparkContext=False)
     assert [counts[t] for t in (1000, 2000, 3000, 4000)] == [
         [(k, n) for k in keys] for n in (10, 10, 5)] + [[]]
+    # The limit script walks the entries only where the backlog exceeds the limit (batches 1 and 2); the
+    # third batch's 5 entries fit, known from the stream's entries-added count.
+    assert _eval_calls(redis_client) - evals_before == 2 * len(keys)
     read = sorted(x for t in everything for x in everything[t])
     assert read == sorted((k, i) for k in keys for i in range(25))  # each entry exactly once
 

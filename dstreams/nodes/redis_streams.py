@@ -301,13 +301,15 @@ class RedisStreamsInputNode(InputNode):
         newest = str(info["last-generated-id"])
         if not id_after(newest, after):
             return after, after, 0
-        if limit is None:
-            known = self.added.get(key)
-            total = info.get("entries-added")
+        known, total = self.added.get(key), info.get("entries-added")
+        backlog = int(total) - known if known is not None and total is not None else None
+        if limit is None or (backlog is not None and backlog <= limit):
+            # Everything up to the newest entry: no walk over the entries (the limit script's cost is per
+            # entry, on the server and before the batch can start), also when a known backlog fits the limit.
             self.added.pop(key, None)
             if total is not None:
                 self.added[key] = int(total)
-            return after, newest, (int(total) - known) if known is not None and total is not None else None
+            return after, newest, backlog
         try:
             count, last = self._client().eval(_LIMIT_SCRIPT, 1, key, after, limit, READ_CHUNK)
         except Exception as e:
