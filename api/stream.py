@@ -334,6 +334,39 @@ class DStream:
         node = TrackNode(self._node.graph, self._node, init, update, t, part)
         return self._derive(node).mapValues(lambda entry: entry[0])
 
+    # ------------------------------------------------------------------ event time
+    def withEventTime(self, extract: Callable[[Any], Any], allowedLateness: DurationLike = 0) -> DStream:
+        """This stream with an event time per record and a low watermark (README, "Event time").
+
+        ``extract(record)`` returns the record's event time: seconds since the epoch (int or float, as
+        ``time.time()``) or a ``datetime`` (naive: UTC). The watermark in force for batch ``t`` is the
+        maximum event time of the batches before ``t`` minus ``allowedLateness`` (a duration: ``"30s"``),
+        capped by what the sources upstream declare, and never goes back; records of batch ``t`` below it
+        are late: dropped, counted in the batch metrics (``BatchInfo.event_time``) and available from
+        ``lateRecords()``. The returned stream's ``map``/``flatMap``/``filter``/``mapValues``/
+        ``flatMapValues``/``union`` keep the event time for the event-time operators
+        (``reduceByKeyAndEventWindow``, ``reduceByEventWindow``); its other methods see the plain records.
+        The watermark of each batch is recorded in the metadata log, so a restarted driver
+        (``getOrCreate``) replays every batch with the watermark it had.
+        """
+        self._check_open()
+        from dstreams.nodes.event_time import EventTimeNode
+
+        from .event_time import TimedDStream
+
+        lateness = parse_duration(allowedLateness, "allowedLateness", allow_zero=True)
+        node = EventTimeNode(self._node.graph, self._node, extract, lateness)
+        return TimedDStream(node, node, self._ssc)
+
+    def watermarks(self) -> DStream:
+        """One record per batch: the low watermark in force for it (seconds since the epoch; None before
+        the first record). A stream built from several event-time streams (a union, a join) has the
+        minimum of their watermarks. Fails for a stream with no ``withEventTime`` upstream."""
+        self._check_open()
+        from dstreams.nodes.event_time import WatermarkNode
+
+        return self._derive(WatermarkNode(self._node.graph, self._node))
+
     # ------------------------------------------------------------------ persistence
     def cache(self) -> DStream:
         return self.persist(StorageLevel.MEMORY_ONLY)

@@ -318,6 +318,11 @@ class BatchInfo:
     generation_ms: float | None = None
     cleanup_ms: float | None = None
     input_metadata: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: Per event-time stream id (``withEventTime``), filled when the batch's jobs ran: ``stream`` (its
+    #: name), ``watermarkMs`` (the low watermark the batch was built with; None before there is one),
+    #: ``lateRecords`` (records dropped as late), ``records`` and ``partitionsCounted`` (the partitions
+    #: the batch's jobs read to their end; see :mod:`dstreams.nodes.event_time`).
+    event_time: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def snapshot(self) -> BatchInfo:
         """An independent copy (what a listener event holds: later changes do not show in it): the
@@ -327,6 +332,7 @@ class BatchInfo:
             self,
             records_per_input=dict(self.records_per_input),
             input_metadata={k: dict(m) for k, m in self.input_metadata.items()},
+            event_time={k: dict(m) for k, m in self.event_time.items()},
             output_operations={k: op.snapshot() for k, op in self.output_operations.items()},
         )
 

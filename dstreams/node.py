@@ -21,7 +21,11 @@ A node also owns its **recovery contract**; the recovery layer calls only these 
 * ``restore_from_checkpoint(time, reader)`` – a restarted driver installs the RDD reading the node's
   checkpoint at ``time``; later batches build on it;
 * ``adopt_checkpoint(time, reader)`` – a checkpoint committed while running replaces the node's RDD
-  at ``time`` (the lineage cut), on the event loop's thread.
+  at ``time`` (the lineage cut), on the event loop's thread;
+* ``batch_record(time)`` / ``replay_records(records)`` – what a node fixed on the driver while building
+  batch ``time`` that a replay must reuse (JSON-able; an event-time stream's watermark): the journal
+  writes it to the metadata log with the batch's input offsets, and a restarted driver hands the
+  recorded ones back before generating. None (the default): nothing to record.
 
 Input nodes add the offsets contract (:class:`dstreams.nodes.input.InputNode`).
 """
@@ -104,6 +108,16 @@ class DStreamNode:
     def describe_params(self) -> list[str]:
         """Topology parameters beyond the slide (``window=30000``, ``partitions=4``...); subclasses add theirs."""
         return []
+
+    def batch_record(self, time: BatchTime) -> Any:
+        """What this node fixed for batch ``time`` that a replay must reuse (JSON-able), or None.
+
+        Called on the event loop after the batch is built and before it runs (the journal).
+        """
+        return None
+
+    def replay_records(self, records: dict[int, Any]) -> None:
+        """A restarted driver hands back what :meth:`batch_record` returned, by batch time (ms)."""
 
     @property
     def checkpoint_partitioner(self) -> Partitioner | None:

@@ -52,6 +52,7 @@ from .listener import (
     StreamingListenerOutputOperationStarted,
     StreamingListenerStreamingStarted,
 )
+from .nodes.event_time import event_time_metrics
 from .time import BatchTime
 
 log = logging.getLogger(__name__)
@@ -416,6 +417,7 @@ class JobScheduler:
                     self._report_error(user_facing_error(e, b.time, job.name))
             op.end_time_ms = wall_ms()
             self._notify("onOutputOperationCompleted", StreamingListenerOutputOperationCompleted, op)
+        info.event_time = event_time_metrics(self.graph.nodes, b.time)  # reads only (event-time streams)
         info.processing_end_time_ms = wall_ms()
 
     def _ride_out(self, what: str, func: Callable[[], Any]) -> Any:

@@ -1,7 +1,9 @@
 """Writes the metadata log as batches are generated and completed (the scheduler's journal hook).
 
 Contract: ``batch_generated(t)`` runs after batch ``t``'s RDDs are built and before it runs: it
-records the batch's input offsets (and the sources' state) in the head, conditionally. If that
+records the batch's input offsets (and the sources' state) in the head, conditionally, with what other
+nodes fixed for the batch (``DStreamNode.batch_record``: an event-time stream's watermark) under their keys
+in the same per-batch map, so that it is kept and pruned with the offsets. If that
 fails because another driver took over (:class:`FencedError`), the batch is not run.
 ``batch_completed(t)`` records that every batch up to ``t`` completed, with the newest committed
 data checkpoint of each stateful stream, and prunes offsets no restart can need any more.
@@ -91,7 +93,12 @@ class Journal:
 
     def batch_generated(self, time: BatchTime) -> None:
         recorded = self.graph.input_offsets(time)
-        offsets, sources = recorded.offsets, recorded.sources
+        offsets, sources = dict(recorded.offsets), recorded.sources
+        # What other nodes fixed for this batch (an event-time stream's watermark), under their keys.
+        for node in self.graph.nodes:
+            record = node.batch_record(time)
+            if record is not None:
+                offsets[node.key] = record
 
         def commit() -> None:
             all_offsets = dict(self.metadata.head.get("offsets", {}))

@@ -4,10 +4,11 @@ Layout in the checkpoint store:
 
 * ``meta/head.json`` – the only mutable object: application name, graph fingerprint, batch
   duration, zero time, the owning driver's **epoch**, the input offsets of every batch not yet
-  known to be outside the replay window, the time through which every batch has completed, the
-  newest committed data checkpoint of every stateful stream and per-source state (e.g. the files
-  a folder source has consumed). Every update is a conditional write on the ETag this driver
-  last wrote (``put_if_match``).
+  known to be outside the replay window (with, under their node keys, what other nodes fixed
+  for the batch: an event-time stream's watermark record ``{"max", "wm", "prev"}``), the time
+  through which every batch has completed, the newest committed data checkpoint of every
+  stateful stream and per-source state (e.g. the files a folder source has consumed). Every
+  update is a conditional write on the ETag this driver last wrote (``put_if_match``).
 * ``meta/batches/<time>.json`` – an immutable record per batch (its offsets and epoch), written
   before the batch runs, for audit and debugging.
 

@@ -4,8 +4,9 @@ Contract of :func:`plan_resume`: given the previous head of the log, it picks fo
 stream the newest checkpoint that reads back intact (a corrupt or truncated one is skipped with a
 warning, falling back to the one before), and returns the zero time of the original run, the first
 batch to generate (the oldest restored checkpoint + one batch, so every later state is recomputed
-from its checkpoint and replayed input) and a ``prepare`` function that installs the restored RDDs
-and the sources' replay offsets once the graph is initialised. Batches between that first batch
+from its checkpoint and replayed input) and a ``prepare`` function that installs the restored RDDs,
+the sources' replay offsets and the other nodes' per-batch records (``DStreamNode.replay_records``:
+event-time watermarks) once the graph is initialised. Batches between that first batch
 and the clock's present (pending when the old driver died, or missed while it was down) are then
 generated at once; outputs of batches that had already completed are written again, which the
 exactly-once sinks turn into no-ops.
@@ -105,6 +106,12 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
             if node.key in sources:
                 node.restore_source_state(sources[node.key])
             node.replay_from({int(t): o[node.key] for t, o in offsets.items() if node.key in o})
+        inputs = {id(n) for n in graph.inputs}
+        for node in graph.nodes:  # what other nodes recorded per batch (event-time watermarks)
+            if id(node) not in inputs:
+                recorded = {int(t): o[node.key] for t, o in offsets.items() if node.key in o}
+                if recorded:
+                    node.replay_records(recorded)
 
     log.info("resuming from batch %d (zero %d, completed through %s, checkpoints %s)",
              first, zero.ms, completed, restored)

@@ -134,6 +134,17 @@ class InputNode(DStreamNode):
         """
         return self._replay.pop(time.ms, None)
 
+    def event_time_watermark(self, time: BatchTime) -> int | None:
+        """A low watermark this source declares for event time (ms since the epoch), or None (the default).
+
+        MillWheel's injector watermark: the source promises that the records it puts in batch ``time`` and
+        later have no event time below it (e.g. the modification time of the oldest file not yet read).
+        An event-time stream downstream caps its watermark for batch ``time`` with it
+        (:mod:`dstreams.nodes.event_time`). Asked on the event loop while batch ``time`` is built; the
+        answer is recorded in the metadata log (a replayed batch does not ask again).
+        """
+        return None
+
     def source_state(self) -> Any:
         """What the source must remember across a driver restart (JSON-able), or None."""
         return None

@@ -1,0 +1,92 @@
+"""The event-time streams of the fluent API: what ``DStream.withEventTime`` returns.
+
+A :class:`TimedDStream` is a ``DStream`` whose records carry an event time the user does not see: its
+``map``, ``flatMap``, ``filter``, ``mapValues``, ``flatMapValues`` and ``union`` (with another timed
+stream) keep each record's event time, and the event-time operators (``reduceByKeyAndEventWindow``,
+``reduceByEventWindow``, ``lateRecords``) read it. Every other ``DStream`` method works on the plain
+records and returns an ordinary ``DStream``, whose records no longer carry an event time but whose
+**watermark** still flows downstream (a window over ``timed.reduceByKey(...)`` is not possible, a
+``watermarks()`` of it is). The engine side is :mod:`dstreams.nodes.event_time`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
+from typing import TYPE_CHECKING, Any
+
+from dstreams.node import DStreamNode
+from dstreams.nodes.event_time import EventTimeNode, LateRecordsNode
+from dstreams.nodes.transformed import TransformedNode
+from dstreams.nodes.union import UnionNode
+
+from .stream import DStream
+
+if TYPE_CHECKING:
+    from .context import StreamingContext
+
+
+def _values(_: int, it: Iterator[tuple[int, Any]]) -> Iterator[Any]:
+    return (r[1] for r in it)
+
+
+class TimedDStream(DStream):
+    """A stream whose records carry an event time (see the module docstring).
+
+    ``_timed`` is the engine node whose records are ``(event_ms, value)``; the ``DStream`` view
+    (``_node``) holds the values only. ``_event`` is the :class:`EventTimeNode` this stream comes from
+    (None after a union of several).
+    """
+
+    def __init__(self, timed: DStreamNode, event: EventTimeNode | None, ssc: StreamingContext) -> None:
+        plain = TransformedNode(timed.graph, [timed],
+                                lambda rdds, t: rdds[0].mapPartitionsWithIndex(_values, True), "eventTimeValues")
+        super().__init__(plain, ssc)
+        self._timed = timed
+        self._event = event
+
+    def _timed_op(self, label: str, func: Callable[[int, Iterator[tuple[int, Any]]], Iterator[Any]],
+                  preserves: bool = False) -> TimedDStream:
+        self._check_open()
+        node = TransformedNode(self._timed.graph, [self._timed],
+                               lambda rdds, t: rdds[0].mapPartitionsWithIndex(func, preserves), label)
+        return TimedDStream(node, self._event, self._ssc)
+
+    # ------------------------------------------------------------------ per-record operators keeping event time
+    def map(self, f: Callable[[Any], Any], preservesPartitioning: bool = False) -> TimedDStream:
+        return self._timed_op("map", lambda _, it: ((r[0], f(r[1])) for r in it), preservesPartitioning)
+
+    def flatMap(self, f: Callable[[Any], Iterable[Any]], preservesPartitioning: bool = False) -> TimedDStream:
+        return self._timed_op(
+            "flatMap", lambda _, it: chain.from_iterable(((r[0], y) for y in f(r[1])) for r in it),
+            preservesPartitioning)
+
+    def filter(self, f: Callable[[Any], bool]) -> TimedDStream:
+        return self._timed_op("filter", lambda _, it: (r for r in it if f(r[1])), True)
+
+    def mapValues(self, f: Callable[[Any], Any]) -> TimedDStream:
+        return self._timed_op("mapValues", lambda _, it: ((r[0], (r[1][0], f(r[1][1]))) for r in it), True)
+
+    def flatMapValues(self, f: Callable[[Any], Iterable[Any]]) -> TimedDStream:
+        return self._timed_op(
+            "flatMapValues",
+            lambda _, it: chain.from_iterable(((r[0], (r[1][0], y)) for y in f(r[1][1])) for r in it), True)
+
+    def union(self, other: DStream) -> DStream:
+        """With another timed stream: a timed stream (watermark: the minimum of the two); else a plain union."""
+        if not isinstance(other, TimedDStream):
+            return super().union(other)
+        self._check_open()
+        node = UnionNode(self._timed.graph, [self._timed, other._timed])
+        return TimedDStream(node, self._event if self._event is other._event else None, self._ssc)
+
+    # ------------------------------------------------------------------ late records
+    def lateRecords(self) -> DStream:
+        """The records that arrived late (event time below the watermark of their batch), as they were
+        before ``withEventTime``; they are dropped from this stream and counted in the batch metrics
+        either way (``BatchInfo.event_time``)."""
+        self._check_open()
+        if self._event is None:
+            raise ValueError("lateRecords() needs the stream of one withEventTime: call it on each stream "
+                             "before the union")
+        return DStream(LateRecordsNode(self._timed.graph, self._event), self._ssc)

@@ -1,0 +1,175 @@
+"""Event time: per-batch low watermarks (monotone, the minimum across streams), late records dropped and
+counted, and the watermark recorded in the metadata log so that a resumed driver replays it.
+
+Batches run on a ManualClock: batch ``i`` (1-based) at ``i * 1000`` ms, zero time 0. Event times are
+seconds since the epoch (small numbers here). The watermark of batch ``i`` reflects the batches before it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from dstreams import ManualClock, StreamingContext
+from dstreams.recovery.metadata import MetadataLog
+from dstreams.recovery.store import open_store
+from dstreams.time import from_user_time
+
+
+def ts_of(r: tuple[float, Any]) -> float:
+    return r[0]
+
+
+def _run(ssc: StreamingContext, clock: ManualClock, batches: int, step: bool = True) -> list:
+    """Run ``batches`` batches; one at a time (``step``) or all generated at once (a backlog)."""
+    ssc.start()
+    infos = []
+    if not step:
+        clock.set_time(batches * 1000)
+    for i in range(1, batches + 1):
+        if step:
+            clock.set_time(i * 1000)
+        infos.append(ssc.awaitBatch(i * 1000, 60))
+    return infos
+
+
+def _collect(stream, into: dict[int, Any], sort: bool = True) -> None:
+    def keep(time, rdd) -> None:
+        rows = rdd.collect()
+        into[from_user_time(time).ms] = sorted(rows, key=repr) if sort else rows
+
+    stream.foreachRDD(keep)
+
+
+A = [[(10, "a1"), (12, "a2")], [(20, "a3")], [(15, "late?"), (8, "late")], [], [(40, "a4")], [(25, "late2")]]
+B = [[(5, "b1")], [(6, "b2")], [(30, "b3")], [(31, "b4")], [], []]
+
+
+def test_watermark_is_monotone_from_earlier_batches_and_late_records_are_dropped_and_counted(sc):
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    timed = ssc.queueStream([sc.parallelize(b, 2) for b in A]).withEventTime(ts_of, allowedLateness="5s")
+    marks: dict[int, Any] = {}
+    kept: dict[int, Any] = {}
+    late: dict[int, Any] = {}
+    _collect(timed.watermarks(), marks)
+    _collect(timed.map(lambda r: r[1]), kept)
+    _collect(timed.lateRecords(), late)
+    try:
+        infos = _run(ssc, clock, 6)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    # max event time before batch i, minus 5 s: -, 7, 15, 15 (20 is the max), 15, 35
+    assert [marks[i * 1000] for i in range(1, 7)] == [[None], [7], [15], [15], [15], [35]]
+    assert kept[3000] == ["late?"] and late[3000] == [(8, "late")]
+    assert kept[6000] == [] and late[6000] == [(25, "late2")]
+    metrics = [next(iter(i.event_time.values())) for i in infos]
+    assert [m["lateRecords"] for m in metrics] == [0, 0, 1, 0, 0, 1]
+    assert [m["watermarkMs"] for m in metrics] == [None, 7000, 15000, 15000, 15000, 35000]
+    assert metrics[2]["records"] == 2 and metrics[2]["stream"].startswith("withEventTime#")
+
+
+def test_watermark_of_a_union_and_a_join_is_the_minimum_and_a_backlog_gives_the_same(sc):
+    def build(clock):
+        ssc = StreamingContext(sc, 1, clock=clock)
+        a = ssc.queueStream([sc.parallelize(b, 2) for b in A]).withEventTime(ts_of, "5s")
+        b = ssc.queueStream([sc.parallelize(x, 1) for x in B]).withEventTime(ts_of, "1s")
+        out: dict[str, dict[int, Any]] = {"a": {}, "b": {}, "union": {}, "join": {}}
+        _collect(a.watermarks(), out["a"])
+        _collect(b.watermarks(), out["b"])
+        _collect(a.union(b).watermarks(), out["union"])
+        joined = a.map(lambda r: (1, r[1])).join(b.map(lambda r: (1, r[1])))
+        _collect(joined.watermarks(), out["join"])
+        return ssc, out
+
+    results = []
+    for step in (True, False):
+        clock = ManualClock()
+        ssc, out = build(clock)
+        try:
+            _run(ssc, clock, 6, step=step)
+        finally:
+            ssc.stop(stopSparkContext=False)
+        results.append(out)
+    out = results[0]
+    a = [out["a"][i * 1000][0] for i in range(1, 7)]
+    b = [out["b"][i * 1000][0] for i in range(1, 7)]
+    assert a == [None, 7, 15, 15, 15, 35]
+    assert b == [None, 4, 5, 29, 30, 30]
+    expected = [None if x is None or y is None else min(x, y) for x, y in zip(a, b, strict=True)]
+    assert [out["union"][i * 1000][0] for i in range(1, 7)] == expected
+    assert [out["join"][i * 1000][0] for i in range(1, 7)] == expected
+    assert all(x is None or y is None or x <= y for x, y in zip(expected, expected[1:], strict=False))
+    assert results[1] == results[0]  # batches generated before the earlier ones ran: the same watermarks
+
+
+# ---------------------------------------------------------------------- failover
+def clicks(seed: int, t: int, partition: int, n: int) -> list[tuple[float, str]]:
+    """Out-of-order clicks: batch t carries event times around t - 2 s, some up to 6 s older."""
+    base = t / 1000 - 2
+    return [(base - ((t // 1000 + partition + i) % 4) * 2, f"u{(t // 1000 + i) % 3}") for i in range(n)]
+
+
+def build_timed(sc, ckpt: str, clock: ManualClock, out: str) -> StreamingContext:
+    """The graph is restored from the checkpoint on resume: outputs go to files, not to test objects."""
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.checkpoint(ckpt)
+    timed = ssc.generatorStream(3, 2, seed=7, recordFunc=clicks).withEventTime(ts_of, allowedLateness="3s")
+
+    def keep(name: str):
+        def run(time, rdd) -> None:
+            os.makedirs(out, exist_ok=True)
+            with open(os.path.join(out, f"{name}-{from_user_time(time).ms}.json"), "w") as f:
+                json.dump(sorted(rdd.collect(), key=repr), f)
+        return run
+
+    timed.watermarks().foreachRDD(keep("marks"))
+    timed.lateRecords().foreachRDD(keep("late"))
+    return ssc
+
+
+def _read(out: str) -> dict[str, dict[int, Any]]:
+    seen: dict[str, dict[int, Any]] = {}
+    for name in os.listdir(out):
+        kind, _, ms = name[:-len(".json")].partition("-")
+        with open(os.path.join(out, name)) as f:
+            seen.setdefault(kind, {})[int(ms)] = f.read()
+    return seen
+
+
+def test_resumed_driver_replays_the_recorded_watermarks_and_continues_the_same(sc, tmp_path):
+    clock = ManualClock()
+    ssc = build_timed(sc, str(tmp_path / "ref"), clock, str(tmp_path / "ref-out"))
+    try:
+        _run(ssc, clock, 10)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    ref = _read(str(tmp_path / "ref-out"))
+    assert any(v != "[]" for v in ref["late"].values()) and ref["marks"][10_000] != "[null]"
+
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    clock = ManualClock()
+    first = StreamingContext.getOrCreate(ckpt, lambda: build_timed(sc, ckpt, clock, out))
+    try:
+        _run(first, clock, 5)
+    finally:
+        first.stop(stopSparkContext=False)  # the driver "dies" after batch 5
+    head = MetadataLog.read(open_store(ckpt))
+    assert head is not None
+    recorded = {int(t): o for t, o in head["offsets"].items()}
+    wm_key = next(k for k in recorded[5000] if "EventTime" in k)
+    assert recorded[5000][wm_key]["wm"] == json.loads(ref["marks"][5000])[0] * 1000
+    audit = json.loads(open(os.path.join(ckpt, "meta", "batches", f"{5000:015d}.json")).read())
+    assert audit["offsets"][wm_key] == recorded[5000][wm_key]  # the batch's audit record holds it too
+
+    clock2 = ManualClock(8000)  # down for batches 6..8: caught up at once
+    second = StreamingContext.getOrCreate(ckpt, lambda: build_timed(sc, ckpt, clock2, out), clock=clock2)
+    try:
+        second.start()
+        for i in range(6, 11):
+            clock2.set_time(max(clock2.time_ms(), i * 1000))
+            second.awaitBatch(i * 1000, 60)
+    finally:
+        second.stop(stopSparkContext=False)
+    assert _read(out) == ref
