@@ -45,6 +45,7 @@ from dstreams.time import BatchTime, Duration, DurationLike, parse_duration, to_
 from dstreams.worker_daemon import request_preload
 
 from .functions import positional_arity
+from .status import StatusServer, StatusSources
 from .stream import DStream
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ class StreamingContext:
         self._concurrent = concurrentBatches
         self._bus = ListenerBus()
         self._runtime: DriverRuntime | None = None
+        self._status: StatusServer | None = None
         self._state = self.INITIALIZED
         self._lock = threading.RLock()
         self._stopped = threading.Event()
@@ -423,7 +425,13 @@ class StreamingContext:
                 self._runtime = runtime
                 self._log_speculation()
                 jvm.prepare(self._sc)
-                runtime.start()
+                self._status = StatusServer.start(StatusSources(self._sc, self._graph, runtime, self._clock, self._bus,
+                                                                self._checkpoint_dir, self.getState))
+                try:
+                    runtime.start()
+                except BaseException:
+                    self._close_status()
+                    raise
                 self._state = self.ACTIVE
                 StreamingContext._activeContext = self
 
@@ -446,10 +454,23 @@ class StreamingContext:
             with StreamingContext._class_lock:
                 if StreamingContext._activeContext is self:
                     StreamingContext._activeContext = None
+            self._close_status()
             self._bus.stop(timeout_s=10.0)
             self._stopped.set()
             if stopSparkContext:
                 self._sc.stop()
+
+    def _close_status(self) -> None:
+        status, self._status = self._status, None
+        if status is not None:
+            status.close()
+
+    @property
+    def uiWebUrl(self) -> str | None:
+        """The URL of this context's status server (its page, ``/api``, ``/metrics``) while it is active; None
+        when ``spark.dstreams.ui.enabled`` is off or no port was free. ``sparkContext.uiWebUrl`` is Spark's."""
+        status = self._status
+        return status.url if status is not None else None
 
     def awaitTermination(self, timeout: float | None = None) -> None:
         """Wait until the context stops or a batch fails (its error is raised here), or ``timeout`` s."""

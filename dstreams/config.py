@@ -133,6 +133,14 @@ def _positive(raw: str) -> float:
     return value
 
 
+def _port(raw: str) -> int:
+    """A TCP port number, 0 (any free port) to 65535."""
+    value = int(raw.strip())
+    if not 0 <= value <= 65535:
+        raise ValueError(raw)
+    return value
+
+
 def _rate_or_unlimited(raw: str) -> float | None:
     """A rate in records per second; ``0`` (or a negative number, as Spark takes it) is no limit."""
     value = _finite(raw)
@@ -325,12 +333,35 @@ FILES_MAX_FILES_PER_BATCH = Setting(
         "The streams' `maxFilesPerBatch` argument overrides it.",
 )
 
+UI_ENABLED = Setting(
+    key="spark.dstreams.ui.enabled",
+    env="DSTREAMS_UI_ENABLED",
+    default=True,
+    parse=_switch,
+    accepts="on or off",
+    example="false",
+    doc="Run the status server in the driver while a StreamingContext is active: a live page (`/`), the same "
+        "data as JSON (`/api/...`) and Prometheus metrics (`/metrics`); its URL is logged at start and is "
+        "`ssc.uiWebUrl`. Like Spark's UI it binds to `SPARK_LOCAL_IP`, else all addresses.",
+)
+
+UI_PORT = Setting(
+    key="spark.dstreams.ui.port",
+    env="DSTREAMS_UI_PORT",
+    default=4050,
+    parse=_port,
+    accepts="a port number from 0 to 65535",
+    example="4050",
+    doc="The status server's port; when it is taken, the next ones are tried (`spark.port.maxRetries`, 16 by "
+        "default), as Spark does for its UI. `0`: any free port.",
+)
+
 #: Every engine setting, in the order of the README table.
 SETTINGS: tuple[Setting, ...] = (JVM_MODE, CHECKPOINT_GRAPH, STORE_RETRY_SECONDS, STORE_OUTAGE_SECONDS, SPARK_LOG_LEVEL,
                                  SPARK_LOCAL_DIR, SOURCE_MAX_RATE_PER_PARTITION, RECEIVER_MAX_RATE,
                                  FILES_MAX_FILES_PER_BATCH, BACKPRESSURE_ENABLED, BACKPRESSURE_INITIAL_RATE,
                                  BACKPRESSURE_PID_PROPORTIONAL, BACKPRESSURE_PID_INTEGRAL, BACKPRESSURE_PID_DERIVED,
-                                 BACKPRESSURE_PID_MIN_RATE)
+                                 BACKPRESSURE_PID_MIN_RATE, UI_ENABLED, UI_PORT)
 
 #: Test-only fault injection (``dstreams.recovery.faults``): environment variables, no conf key.
 TEST_ONLY: tuple[EnvVar, ...] = (

@@ -3,8 +3,10 @@
 # under .ceph/cluster, kept across restarts), a moto server on 127.0.0.1:5055 (in memory) and a Redis
 # server (Debian's redis-server) on 127.0.0.1:6390 (DSTREAMS_TEST_REDIS_PORT), the project's own process
 # with its own configuration and data under .redis/ (append-only file on, kept across restarts).
-# usage: scripts/services.sh start|stop|status|restart [ceph|moto|redis ...]
-# With no service named, start/stop/status act on all three; `restart redis` stops and starts Redis only.
+# usage: scripts/services.sh start|stop|status|restart [ceph|moto|redis|chromium ...]
+# With no service named, start/stop/status act on all of them; `restart redis` stops and starts Redis only.
+# `chromium` is not a server: Debian's chromium and chromium-driver (apt-get), which the status page's
+# browser test (tests/test_status_browser.py) drives headless; the test starts and stops the browser itself.
 #
 # By default not fatal: when a service cannot be installed or started (no root, no apt, port taken) it
 # prints a WARNING and exits 0, and the tests that need that service skip with a clear reason.
@@ -38,6 +40,8 @@ REDIS_PORT="${DSTREAMS_TEST_REDIS_PORT:-6390}"
 REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
 REDIS_PACKAGES="redis-server redis-tools"
 REDIS_FAILURE=""                    # why Redis did not start, set by start_redis
+CHROMIUM_PACKAGES="chromium chromium-driver"
+CHROMIUM_FAILURE=""                 # why the browser is not available, set by start_chromium
 T0=$(date +%s%N)
 
 elapsed() { echo "$(( ($(date +%s%N) - T0) / 1000000 ))ms"; }
@@ -534,10 +538,55 @@ redis_status() {
   fi
 }
 
+# ---------------------------------------------------------------- Chromium (headless browser for the page test)
+
+chromium_installed() { command -v chromium >/dev/null && command -v chromedriver >/dev/null; }
+
+start_chromium() {
+  CHROMIUM_FAILURE=""
+  if ! chromium_installed; then
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 || [ -n "${DSTREAMS_NO_APT:-}" ]; then
+      warn "chromium/chromedriver are not installed and cannot be installed here (needs root and apt-get, DSTREAMS_NO_APT unset)."
+      warn "Install them with: apt-get install --no-install-recommends $CHROMIUM_PACKAGES"
+      CHROMIUM_FAILURE="chromium and chromium-driver are not installed and cannot be installed here (needs root and apt-get; no log)"
+      echo "chromium: NOT AVAILABLE"
+      return 1
+    fi
+    log "installing $CHROMIUM_PACKAGES (apt-get)"
+    if ! apt-cache show chromium-driver >/dev/null 2>&1; then
+      timeout 300 apt-get update -qq >/dev/null 2>&1 || warn "apt-get update failed"
+    fi
+    # shellcheck disable=SC2086
+    if ! DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq --no-install-recommends \
+        $CHROMIUM_PACKAGES >"$BASE/chromium-apt.log" 2>&1; then
+      timeout 300 apt-get update -qq >/dev/null 2>&1
+      # shellcheck disable=SC2086
+      DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq --no-install-recommends \
+        $CHROMIUM_PACKAGES >"$BASE/chromium-apt.log" 2>&1 || {
+        warn "apt-get install failed, see $BASE/chromium-apt.log"
+        CHROMIUM_FAILURE="installing chromium and chromium-driver with apt-get failed (log: $BASE/chromium-apt.log)"
+        echo "chromium: NOT AVAILABLE"
+        return 1
+      }
+    fi
+  fi
+  if ! timeout 30 chromedriver --version >/dev/null 2>&1; then
+    CHROMIUM_FAILURE="chromedriver is installed but does not run (chromedriver --version failed)"
+    echo "chromium: NOT AVAILABLE ($CHROMIUM_FAILURE)"
+    return 1
+  fi
+  echo "chromium: $(timeout 30 chromedriver --version 2>/dev/null | awk '{print $1, $2}') with $(command -v chromium)"
+}
+
+chromium_status() {
+  if chromium_installed; then echo "chromium: installed ($(timeout 30 chromedriver --version 2>/dev/null | awk '{print $2}'))"
+  else echo "chromium: not installed"; fi
+}
+
 # ---------------------------------------------------------------- main
 
 usage() {
-  echo "usage: $0 start|stop|status [ceph|moto|redis ...]   (no service named: all of them)" >&2
+  echo "usage: $0 start|stop|status [ceph|moto|redis|chromium ...]   (no service named: all of them)" >&2
   echo "       $0 restart ceph|moto|redis ...                (stops, then starts, only those named)" >&2
 }
 
@@ -560,10 +609,11 @@ status() {
     else echo "moto: stopped"; fi
   fi
   if selected redis; then redis_status; fi
+  if selected chromium; then chromium_status; fi
 }
 
 start_services() {
-  local moto_job="" ceph_rc=0 moto_rc=0 redis_rc=0 failed=() f
+  local moto_job="" ceph_rc=0 moto_rc=0 redis_rc=0 chromium_rc=0 failed=() f
   if selected moto; then
     start_moto &  # moto needs 1-3 s to import: start it while Ceph comes up
     moto_job=$!
@@ -576,6 +626,10 @@ start_services() {
     start_redis
     redis_rc=$?
   fi
+  if selected chromium; then  # after Redis: apt-get cannot run twice at once
+    start_chromium
+    chromium_rc=$?
+  fi
   if [ -n "$moto_job" ]; then
     wait "$moto_job"
     moto_rc=$?
@@ -583,6 +637,7 @@ start_services() {
   [ "$ceph_rc" = 0 ] || failed+=("ceph-rgw: ${CEPH_FAILURE:-the Ceph RADOS Gateway did not start (logs: $D/log)}")
   [ "$moto_rc" = 0 ] || failed+=("moto: $(cat "$MOTO_FAILURE" 2>/dev/null || echo "the moto server did not start (log: $MOTO_LOG)")")
   [ "$redis_rc" = 0 ] || failed+=("redis: ${REDIS_FAILURE:-the Redis server did not start (log: $REDIS_LOG)}")
+  [ "$chromium_rc" = 0 ] || failed+=("chromium: ${CHROMIUM_FAILURE:-chromium and chromium-driver are not available}")
   if [ "${#failed[@]}" -gt 0 ]; then
     if required; then
       echo "ERROR: ${#failed[@]} service(s) the tests need did not start, and services are required" \
@@ -610,7 +665,7 @@ cmd="${1:-}"
 [ "$#" = 0 ] || shift
 for s in "$@"; do
   case "$s" in
-    ceph | moto | redis) SELECTED+=("$s") ;;
+    ceph | moto | redis | chromium) SELECTED+=("$s") ;;
     *) echo "unknown service: $s" >&2; usage; exit 2 ;;
   esac
 done
@@ -620,7 +675,7 @@ case "$cmd" in
   status) status ;;
   restart)
     if [ "${#SELECTED[@]}" = 0 ]; then
-      echo "restart needs the services to restart named (ceph, moto, redis)" >&2
+      echo "restart needs the services to restart named (ceph, moto, redis, chromium)" >&2
       usage
       exit 2
     fi

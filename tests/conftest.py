@@ -167,6 +167,7 @@ def sc():
         "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={local_dir}",
         "spark.default.parallelism": "2",
         "spark.sql.shuffle.partitions": "2",
+        "spark.dstreams.ui.port": "0",  # every test's status server on a free port: parallel runs never clash
     }
     context = create_spark_context("local[2]", "dstreams-tests", conf)
     yield context

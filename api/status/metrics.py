@@ -1,0 +1,214 @@
+"""Prometheus metrics of one running StreamingContext, in a registry of its own.
+
+Contract:
+
+* :class:`StatusMetrics` owns a ``prometheus_client.CollectorRegistry`` per context (never the global one),
+  so that several contexts in one process (tests, a notebook) do not clash. ``/metrics`` serves it.
+* Batch metrics are observed from the listener bus (:meth:`StatusMetrics.observe`, called by
+  :class:`~dstreams.api.status.model.BatchHistory` for every completed batch): counters and histograms
+  that match ``ssc.batchInfos()``. The rest is read when scraped (:meth:`StatusMetrics.collect`) from the
+  same public parts the status page reads: state sizes as of each stateful stream's newest checkpoint,
+  checkpoint ages and failures, the driver's epoch and fence, the listener bus' dropped events.
+* Store retries and store-outage waits have no counter in the recovery layer: they are counted from the
+  log records it writes for each of them (``dstreams.recovery.store``: one WARNING per retried store
+  operation; ``dstreams.recovery.outage``: one WARNING per wait for an unavailable store), by a handler
+  attached while the server runs. Only the driver's own are seen (executors retry in their own processes),
+  and none if those loggers are set above WARNING. ``tests/test_status.py`` pins the log lines.
+* Names follow Prometheus' conventions: ``dstreams_`` prefix, base units (seconds, bytes), ``_total`` for
+  counters; labels ``source`` (an input stream's key) and ``stream`` (a stateful stream's key), the keys
+  that stay the same when a restarted driver rebuilds the graph. The README lists every metric.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+
+import dstreams
+from dstreams.listener import BatchInfo
+
+from .model import StatusModel
+
+#: Delays and processing times, seconds (a 100 ms batch to a 5-minute backlog).
+SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+#: The driver's own time per batch, seconds.
+DRIVER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+RETRY_LOGGER = "dstreams.recovery.store"
+OUTAGE_LOGGER = "dstreams.recovery.outage"
+
+
+class StoreEventCounter(logging.Handler):
+    """Counts the recovery layer's log records of store retries (by operation) and outage waits."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self._lock = threading.Lock()
+        self.retries: dict[str, int] = {}
+        self.outage_waits = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.msg if isinstance(record.msg, str) else ""
+        if record.name == RETRY_LOGGER and msg.startswith("store %s: %s %r failed (attempt"):
+            args = record.args if isinstance(record.args, tuple) else ()
+            op = str(args[1]) if len(args) > 1 else "unknown"
+            with self._lock:
+                self.retries[op] = self.retries.get(op, 0) + 1
+        elif record.name == OUTAGE_LOGGER and msg.startswith("store unavailable for"):
+            with self._lock:
+                self.outage_waits += 1
+
+    def snapshot(self) -> tuple[dict[str, int], int]:
+        """``(retries per operation, outage waits)`` counted so far."""
+        with self._lock:
+            return dict(self.retries), self.outage_waits
+
+    def attach(self) -> None:
+        logging.getLogger(RETRY_LOGGER).addHandler(self)
+        logging.getLogger(OUTAGE_LOGGER).addHandler(self)
+
+    def detach(self) -> None:
+        logging.getLogger(RETRY_LOGGER).removeHandler(self)
+        logging.getLogger(OUTAGE_LOGGER).removeHandler(self)
+
+
+class StatusMetrics:
+    """The context's registry: batch counters and histograms observed per batch, the rest collected when
+    scraped (see the module docstring)."""
+
+    def __init__(self, model: StatusModel) -> None:
+        self.model = model
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.batches_completed = Counter("dstreams_batches_completed", "Batches completed (failed ones included).",
+                                         registry=r)
+        self.batches_failed = Counter("dstreams_batches_failed", "Batches with a failed output operation.",
+                                      registry=r)
+        self.input_records = Counter("dstreams_input_records", "Records read by each source, in completed batches.",
+                                     ["source"], registry=r)
+        self.processing = Histogram("dstreams_batch_processing_seconds",
+                                    "Processing time of each batch (its output operations).",
+                                    buckets=SECONDS_BUCKETS, registry=r)
+        self.scheduling = Histogram("dstreams_batch_scheduling_delay_seconds",
+                                    "Time each batch waited from its submission to the start of its processing.",
+                                    buckets=SECONDS_BUCKETS, registry=r)
+        self.total = Histogram("dstreams_batch_total_delay_seconds",
+                               "From each batch's time to the end of its processing.",
+                               buckets=SECONDS_BUCKETS, registry=r)
+        self.generation = Histogram("dstreams_batch_generation_seconds",
+                                    "Driver time spent building each batch's RDDs and jobs.",
+                                    buckets=DRIVER_BUCKETS, registry=r)
+        for key in model.source_keys.values():  # every source shows, with 0, from the start
+            self.input_records.labels(source=key)
+        self.store_events = StoreEventCounter()
+        self.store_events.attach()
+        r.register(self)
+
+    def close(self) -> None:
+        self.store_events.detach()
+
+    # ------------------------------------------------------------------ per batch (listener bus thread)
+    def observe(self, info: BatchInfo) -> None:
+        """Count one completed batch (called by the history for each ``onBatchCompleted``)."""
+        self.batches_completed.inc()
+        if info.failed:
+            self.batches_failed.inc()
+        keys = self.model.source_keys
+        for sid, n in info.records_per_input.items():
+            self.input_records.labels(source=keys.get(sid, str(sid))).inc(n)
+        if info.processing_delay_ms is not None:
+            self.processing.observe(info.processing_delay_ms / 1000.0)
+        if info.scheduling_delay_ms is not None:
+            self.scheduling.observe(info.scheduling_delay_ms / 1000.0)
+        if info.total_delay_ms is not None:
+            self.total.observe(info.total_delay_ms / 1000.0)
+        if info.generation_ms is not None:
+            self.generation.observe(info.generation_ms / 1000.0)
+
+    # ------------------------------------------------------------------ when scraped
+    def collect(self) -> Iterator[Metric]:
+        """The metrics read when scraped (a custom collector of the registry)."""
+        model = self.model
+        overview = model.overview()
+        yield InfoMetricFamily("dstreams", "The application and the dstreams version.",
+                               value={"app": str(overview["app_name"]), "master": str(overview["master"] or ""),
+                                      "version": dstreams.__version__})
+        totals = model.history.totals()
+        yield CounterMetricFamily("dstreams_batches_submitted", "Batches generated and queued to run.",
+                                  value=totals["batches_submitted"])
+        yield GaugeMetricFamily("dstreams_batches_pending", "Batches submitted and not completed yet.",
+                                value=totals["batches_pending"])
+        if overview["batch_interval_ms"] is not None:
+            yield GaugeMetricFamily("dstreams_batch_interval_seconds", "The batch interval.",
+                                    value=overview["batch_interval_ms"] / 1000.0)
+        yield from self._last_batch()
+        yield from self._state()
+        yield from self._driver()
+
+    def _last_batch(self) -> Iterator[Metric]:
+        batches = self.model.history.batches()
+        if not batches:
+            return
+        last = batches[-1]
+        yield GaugeMetricFamily("dstreams_last_completed_batch_time_seconds",
+                                "Batch time of the newest completed batch (epoch seconds).",
+                                value=last.batch_time_ms / 1000.0)
+        for name, value, doc in (
+            ("processing", last.processing_delay_ms, "Processing time"),
+            ("scheduling_delay", last.scheduling_delay_ms, "Scheduling delay"),
+            ("total_delay", last.total_delay_ms, "Total delay"),
+        ):
+            if value is not None:
+                yield GaugeMetricFamily(f"dstreams_last_batch_{name}_seconds", f"{doc} of the newest completed batch.",
+                                        value=value / 1000.0)
+
+    def _state(self) -> Iterator[Metric]:
+        keys = GaugeMetricFamily("dstreams_state_keys", "Keys in a stateful stream's state, as of its newest "
+                                 "checkpoint.", labels=["stream"])
+        size = GaugeMetricFamily("dstreams_state_bytes", "Serialized size of a stateful stream's state, as of its "
+                                 "newest checkpoint.", labels=["stream"])
+        age = GaugeMetricFamily("dstreams_checkpoint_age_seconds", "Time since the batch time of a stateful "
+                                "stream's newest committed checkpoint.", labels=["stream"])
+        newest = GaugeMetricFamily("dstreams_checkpoint_last_batch_time_seconds", "Batch time of a stateful "
+                                   "stream's newest committed checkpoint (epoch seconds).", labels=["stream"])
+        streams: dict[str, Any] = self.model.streams()
+        for node in streams["nodes"]:
+            state = node["state"]
+            if state is None:
+                continue
+            label = [node["key"]]
+            if state["keys"] is not None:
+                keys.add_metric(label, state["keys"])
+                size.add_metric(label, state["bytes"])
+            if state["newest_checkpoint_ms"] is not None:
+                age.add_metric(label, state["newest_checkpoint_age_ms"] / 1000.0)
+                newest.add_metric(label, state["newest_checkpoint_ms"] / 1000.0)
+        yield from (keys, size, age, newest)
+        yield CounterMetricFamily("dstreams_checkpoint_failures", "Data checkpoints that failed or were given up.",
+                                  value=len(self.model.sources.runtime.checkpointer.errors))
+
+    def _driver(self) -> Iterator[Metric]:
+        driver = self.model.driver()
+        if driver["epoch"] is not None:
+            yield GaugeMetricFamily("dstreams_driver_epoch", "The driver's epoch in the metadata log (fencing).",
+                                    value=driver["epoch"])
+        fenced = 1 if driver["fenced"] else 0
+        yield GaugeMetricFamily("dstreams_driver_fenced", "1 once another driver took over this checkpoint "
+                                "location (this one stops committing).", value=fenced)
+        yield CounterMetricFamily("dstreams_fencing_events", "Times this driver found itself fenced off.",
+                                  value=fenced)
+        retries = CounterMetricFamily("dstreams_store_retries", "Checkpoint-store operations of the driver retried "
+                                      "after a transient error.", labels=["operation"])
+        counts, waits = self.store_events.snapshot()
+        for op, n in sorted(counts.items()):
+            retries.add_metric([op], n)
+        yield retries
+        yield CounterMetricFamily("dstreams_store_outage_waits", "Waits of the driver for an unavailable store "
+                                  "(spark.dstreams.store.outageSeconds).", value=waits)
+        yield CounterMetricFamily("dstreams_listener_events_dropped", "Listener events dropped (the listener bus' "
+                                  "queue was full).", value=self.model.sources.bus.dropped)
