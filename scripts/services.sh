@@ -115,6 +115,19 @@ stop_pid() {
   rm -f "$1"
 }
 
+# apt_install LOG PROBE PACKAGES...: apt-get install PACKAGES (output in LOG), reading the package lists first
+# when PROBE is unknown to apt-cache and once more after a failed attempt; bounded by timeouts.
+apt_install() {
+  local log_file=$1 probe=$2
+  shift 2
+  if ! apt-cache show "$probe" >/dev/null 2>&1; then
+    timeout 300 apt-get update -qq >/dev/null 2>&1 || warn "apt-get update failed"
+  fi
+  DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq --no-install-recommends "$@" >"$log_file" 2>&1 && return 0
+  timeout 300 apt-get update -qq >/dev/null 2>&1
+  DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq --no-install-recommends "$@" >"$log_file" 2>&1
+}
+
 # ---------------------------------------------------------------- Ceph RADOS Gateway
 
 ceph_installed() {
@@ -131,21 +144,12 @@ install_ceph() {
     return 1
   fi
   log "installing $CEPH_PACKAGES (apt-get)"
-  if ! apt-cache show radosgw >/dev/null 2>&1; then
-    timeout 300 apt-get update -qq >/dev/null 2>&1 || warn "apt-get update failed"
-  fi
   # shellcheck disable=SC2086
-  if ! DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-install-recommends \
-      $CEPH_PACKAGES >"$BASE/apt.log" 2>&1; then
-    timeout 300 apt-get update -qq >/dev/null 2>&1
-    # shellcheck disable=SC2086
-    DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-install-recommends \
-      $CEPH_PACKAGES >"$BASE/apt.log" 2>&1 || {
-      warn "apt-get install failed, see $BASE/apt.log"
-      CEPH_FAILURE="installing Ceph with apt-get failed (log: $BASE/apt.log)"
-      return 1
-    }
-  fi
+  apt_install "$BASE/apt.log" radosgw $CEPH_PACKAGES || {
+    warn "apt-get install failed, see $BASE/apt.log"
+    CEPH_FAILURE="installing Ceph with apt-get failed (log: $BASE/apt.log)"
+    return 1
+  }
   ceph_installed || {
     warn "Ceph packages installed but radosgw/ceph-mon/ceph-osd not on PATH"
     CEPH_FAILURE="Ceph packages installed but radosgw/ceph-mon/ceph-osd are not on PATH (log: $BASE/apt.log)"
@@ -553,22 +557,13 @@ start_chromium() {
       return 1
     fi
     log "installing $CHROMIUM_PACKAGES (apt-get)"
-    if ! apt-cache show chromium-driver >/dev/null 2>&1; then
-      timeout 300 apt-get update -qq >/dev/null 2>&1 || warn "apt-get update failed"
-    fi
     # shellcheck disable=SC2086
-    if ! DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq --no-install-recommends \
-        $CHROMIUM_PACKAGES >"$BASE/chromium-apt.log" 2>&1; then
-      timeout 300 apt-get update -qq >/dev/null 2>&1
-      # shellcheck disable=SC2086
-      DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq --no-install-recommends \
-        $CHROMIUM_PACKAGES >"$BASE/chromium-apt.log" 2>&1 || {
-        warn "apt-get install failed, see $BASE/chromium-apt.log"
-        CHROMIUM_FAILURE="installing chromium and chromium-driver with apt-get failed (log: $BASE/chromium-apt.log)"
-        echo "chromium: NOT AVAILABLE"
-        return 1
-      }
-    fi
+    apt_install "$BASE/chromium-apt.log" chromium-driver $CHROMIUM_PACKAGES || {
+      warn "apt-get install failed, see $BASE/chromium-apt.log"
+      CHROMIUM_FAILURE="installing chromium and chromium-driver with apt-get failed (log: $BASE/chromium-apt.log)"
+      echo "chromium: NOT AVAILABLE"
+      return 1
+    }
   fi
   if ! timeout 30 chromedriver --version >/dev/null 2>&1; then
     CHROMIUM_FAILURE="chromedriver is installed but does not run (chromedriver --version failed)"
