@@ -19,6 +19,7 @@ from dstreams.node import DStreamNode
 from dstreams.nodes.event_time import EventTimeNode, LateRecordsNode
 from dstreams.nodes.transformed import TransformedNode
 from dstreams.nodes.union import UnionNode
+from dstreams.time import DurationLike, parse_duration
 
 from .stream import DStream
 
@@ -79,6 +80,47 @@ class TimedDStream(DStream):
         self._check_open()
         node = UnionNode(self._timed.graph, [self._timed, other._timed])
         return TimedDStream(node, self._event if self._event is other._event else None, self._ssc)
+
+    # ------------------------------------------------------------------ event-time windows
+    def reduceByKeyAndEventWindow(self, func: Callable[[Any, Any], Any], windowDuration: DurationLike,
+                                  slideDuration: DurationLike | None = None,
+                                  invFunc: Callable[[Any, Any], Any] | None = None, emit: str = "final",
+                                  numPartitions: int | None = None) -> DStream:
+        """Per key, the reduce with ``func`` of the values whose event time falls in each window.
+
+        Records are ``(key, value)`` pairs. Windows are ``[start, start + windowDuration)`` with ``start`` a
+        multiple of ``slideDuration`` (default: ``windowDuration``, tumbling) since the epoch;
+        ``windowDuration`` must be a multiple of ``slideDuration``. Output records:
+        ``((key, (start, end)), value)``, ``start``/``end`` in seconds since the epoch (the unit of event
+        times). ``emit="final"``: each window once, in the batch whose watermark passes its end (its final
+        value); ``emit="updates"``: each window in every batch that brings it records (a first value as soon
+        as it has data, then corrections as late records arrive), until the watermark passes its end (the
+        allowed lateness is in the watermark). ``invFunc`` (``emit="final"``) makes sliding windows
+        incremental: the next window is the previous one, ``invFunc`` the pane that left, ``func`` the pane
+        that entered. The state is per key, hash-partitioned into ``numPartitions`` and checkpointed like
+        ``updateStateByKey``'s; it holds only windows the watermark has not passed.
+        """
+        self._check_open()
+        from dstreams.nodes.event_window import EventWindowNode, emitted_windows
+        from dstreams.partitioned import hash_partitioner
+
+        w = parse_duration(windowDuration, "windowDuration")
+        s = self._duration(slideDuration, "slideDuration") or w
+        part = hash_partitioner(self._default_partitions(numPartitions))
+        node = EventWindowNode(self._timed.graph, self._timed, func, invFunc, w, s, emit, part)
+        out = emitted_windows(w.ms, s.ms, keyed=True)
+        return DStream(TransformedNode(node.graph, [node], lambda rdds, t: rdds[0].mapPartitions(out),
+                                       "eventWindows"), self._ssc)
+
+    def reduceByEventWindow(self, reduceFunc: Callable[[Any, Any], Any], windowDuration: DurationLike,
+                            slideDuration: DurationLike | None = None,
+                            invReduceFunc: Callable[[Any, Any], Any] | None = None,
+                            emit: str = "final") -> DStream:
+        """The reduce of all records whose event time falls in each window (one state partition): records
+        ``((start, end), value)``; otherwise as :meth:`reduceByKeyAndEventWindow`."""
+        keyed = self.map(lambda x: (None, x)).reduceByKeyAndEventWindow(
+            reduceFunc, windowDuration, slideDuration, invReduceFunc, emit, 1)
+        return keyed.map(lambda kv: (kv[0][1], kv[1]))
 
     # ------------------------------------------------------------------ late records
     def lateRecords(self) -> DStream:

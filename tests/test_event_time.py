@@ -8,13 +8,14 @@ seconds since the epoch (small numbers here). The watermark of batch ``i`` refle
 from __future__ import annotations
 
 import json
+import operator
 import os
 from typing import Any
 
 from dstreams import ManualClock, StreamingContext
 from dstreams.recovery.metadata import MetadataLog
 from dstreams.recovery.store import open_store
-from dstreams.time import from_user_time
+from dstreams.time import Duration, from_user_time
 
 
 def ts_of(r: tuple[float, Any]) -> float:
@@ -104,6 +105,21 @@ def test_watermark_of_a_union_and_a_join_is_the_minimum_and_a_backlog_gives_the_
     assert results[1] == results[0]  # batches generated before the earlier ones ran: the same watermarks
 
 
+def test_a_source_declared_watermark_caps_the_stream_watermark(sc):
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    source = ssc.queueStream([sc.parallelize(b, 1) for b in A])
+    source._node.event_time_watermark = lambda time: 11_000 if time.ms < 5000 else None  # MillWheel's injector
+    marks: dict[int, Any] = {}
+    _collect(source.withEventTime(ts_of, "5s").watermarks(), marks)
+    try:
+        _run(ssc, clock, 6)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    # Without the cap: None, 7, 15, 15, 15, 35; capped at 11 s before batch 5 (never going back).
+    assert [marks[i * 1000] for i in range(1, 7)] == [[None], [7], [11], [11], [15], [35]]
+
+
 # ---------------------------------------------------------------------- failover
 def clicks(seed: int, t: int, partition: int, n: int) -> list[tuple[float, str]]:
     """Out-of-order clicks: batch t carries event times around t - 2 s, some up to 6 s older."""
@@ -126,6 +142,10 @@ def build_timed(sc, ckpt: str, clock: ManualClock, out: str) -> StreamingContext
 
     timed.watermarks().foreachRDD(keep("marks"))
     timed.lateRecords().foreachRDD(keep("late"))
+    windows = timed.map(lambda r: (r[1], 1)).reduceByKeyAndEventWindow(
+        operator.add, "4s", "2s", invFunc=operator.sub, numPartitions=2)
+    windows.foreachRDD(keep("windows"))
+    windows._node.parents[0].checkpoint_interval = Duration(2000)  # the window state, every 2 batches
     return ssc
 
 
@@ -147,6 +167,7 @@ def test_resumed_driver_replays_the_recorded_watermarks_and_continues_the_same(s
         ssc.stop(stopSparkContext=False)
     ref = _read(str(tmp_path / "ref-out"))
     assert any(v != "[]" for v in ref["late"].values()) and ref["marks"][10_000] != "[null]"
+    assert sum(len(json.loads(v)) for v in ref["windows"].values()) >= 10
 
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
     clock = ManualClock()
@@ -160,6 +181,7 @@ def test_resumed_driver_replays_the_recorded_watermarks_and_continues_the_same(s
     recorded = {int(t): o for t, o in head["offsets"].items()}
     wm_key = next(k for k in recorded[5000] if "EventTime" in k)
     assert recorded[5000][wm_key]["wm"] == json.loads(ref["marks"][5000])[0] * 1000
+    assert [k for k in head["checkpoints"] if "EventWindowNode" in k]  # the window state was checkpointed
     audit = json.loads(open(os.path.join(ckpt, "meta", "batches", f"{5000:015d}.json")).read())
     assert audit["offsets"][wm_key] == recorded[5000][wm_key]  # the batch's audit record holds it too
 

@@ -1,0 +1,220 @@
+"""Event-time windows: tumbling and sliding windows over event time, closed by the low watermark.
+
+Contract of :class:`EventWindowNode` (``reduceByKeyAndEventWindow``/``reduceByEventWindow``). The parent's
+records are ``(event_ms, (key, value))`` (an event-time stream, :mod:`dstreams.nodes.event_time`); the late
+ones are already gone. Windows are ``[j * slide, j * slide + window)`` for every integer ``j`` (aligned to the
+epoch, as Structured Streaming's), ``window`` a multiple of ``slide`` (equal: tumbling). A window's value is
+the reduce with ``func`` (associative and commutative, as for ``reduceByKey``) of the values of the records
+whose event time falls in it. With ``W(t)`` the watermark of batch ``t`` (see ``event_time``):
+
+* ``emit="final"``: batch ``t`` emits each window with data whose end is in ``(W(t - 1), W(t)]``, once: no
+  record of it can arrive any more (a record of batch ``t`` or later is at or above ``W(t)``, or late).
+* ``emit="updates"``: batch ``t`` emits each window that received records in batch ``t``, with its value so
+  far: a first result as soon as it has data, then a corrected one with every batch that brings it more
+  (late records inside the allowed lateness); the last one emitted is the final value. A window is
+  forgotten once ``W`` passes its end (the watermark already contains the allowed lateness).
+
+The state is per key and hash-partitioned like every state stream (``StateNode``): each batch is pre-reduced
+per (key, pane) on the map side, shuffled once into the state's partitioner and merged partition-wise with
+the previous state (no state shuffle), and checkpointed (lineage cut) every checkpoint interval. A pane is
+one slide of event time; the state holds, per key, the panes of windows not closed yet (bounded by the
+watermark: a pane is dropped once its last window closed, a key once it holds nothing).
+
+With ``invFunc`` (``emit="final"``) the sliding windows are computed incrementally: the next window is the
+previous one minus (``invFunc``) the pane that left plus the pane that entered, the previous window being
+carried in the state across batches (and kept up to date with the records that land in its panes), so
+emitting a window costs two calls instead of ``window / slide``. Without it, each window is the reduce of
+its panes. Both give the same values (``tests/test_event_time_windows.py``).
+
+Records of this node: ``(key, (panes_or_windows, carry, emitted))``; ``emitted`` lists the ``(j, value)``
+windows batch ``t`` emits; :func:`emitted_windows` turns them into the public records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from pyspark import RDD
+from pyspark.rdd import Partitioner
+
+from .. import jvm
+from ..node import DStreamNode
+from ..partitioned import require_pair, segmented_merge
+from ..time import BatchTime, Duration
+from .event_time import previous_watermark_at, seconds, watermark_at
+from .state import Merge, StateNode
+
+if TYPE_CHECKING:
+    from ..graph import DStreamGraph
+
+EMIT_MODES = ("final", "updates")
+_MISSING = object()
+
+
+def _add(func: Callable[[Any, Any], Any], acc: dict[int, Any], p: int, v: Any) -> None:
+    old = acc.get(p, _MISSING)
+    acc[p] = v if old is _MISSING else func(old, v)
+
+
+def _closed_through(watermark: int | None, window: int, slide: int) -> int | None:
+    """The largest window index ``j`` whose end ``j * slide + window`` is at or below ``watermark``."""
+    return None if watermark is None else (watermark - window) // slide
+
+
+class EventWindowNode(StateNode):
+    """Keyed event-time windows; see the module docstring."""
+
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode, func: Callable[[Any, Any], Any],
+                 inv_func: Callable[[Any, Any], Any] | None, window: Duration, slide: Duration, emit: str,
+                 partitioner: Partitioner) -> None:
+        if emit not in EMIT_MODES:
+            raise ValueError(f"emit must be one of {EMIT_MODES}, got {emit!r}")
+        if window.ms <= 0 or slide.ms <= 0 or not window.is_multiple_of(slide):
+            raise ValueError(f"the event-time window ({window}) must be a positive multiple of its slide ({slide})")
+        super().__init__(graph, parent, partitioner, label="reduceByKeyAndEventWindow")
+        self.func = func
+        self.inv_func = inv_func
+        self.window = window
+        self.slide = slide
+        self.emit = emit
+
+    def describe_params(self) -> list[str]:
+        inverse = ["inverse"] if self.inv_func is not None else []
+        return [f"window={self.window.ms}", f"eventSlide={self.slide.ms}", f"emit={self.emit}", *inverse,
+                *super().describe_params()]
+
+    def prepare(self, batch: RDD) -> RDD:
+        """``(key, {pane: value})`` per key of the batch, in the state's partitioner (one shuffle)."""
+        func, s = self.func, self.slide.ms
+
+        def combine(it: Iterable[Any]) -> Iterable[tuple[Any, dict[int, Any]]]:
+            acc: dict[Any, dict[int, Any]] = {}
+            for ts, kv in it:
+                k, v = require_pair(kv, "reduceByKeyAndEventWindow")
+                panes = acc.get(k)
+                if panes is None:
+                    acc[k] = {ts // s: v}
+                else:
+                    _add(func, panes, ts // s, v)
+            return acc.items()
+
+        def merge(it: Iterable[tuple[Any, dict[int, Any]]]) -> Iterable[tuple[Any, dict[int, Any]]]:
+            acc: dict[Any, dict[int, Any]] = {}
+            for k, panes in it:
+                cur = acc.get(k)
+                if cur is None:
+                    acc[k] = panes
+                else:
+                    for p, v in panes.items():
+                        _add(func, cur, p, v)
+            return acc.items()
+
+        return jvm.shuffle(batch.mapPartitions(combine), self.partitioner).mapPartitions(
+            merge, preservesPartitioning=True)
+
+    def compute(self, time: BatchTime) -> RDD | None:
+        previous = self.get_or_compute(time - self.slide_duration)
+        batch = self.parent.get_or_compute(time)
+        if previous is None and batch is None:
+            return None
+        groups = [[previous] if previous is not None else [], [self.prepare(batch)] if batch is not None else []]
+        return segmented_merge(self.graph.sc, groups, self.partitioner, self.merge_function(time))
+
+    def merge_function(self, time: BatchTime) -> Merge:
+        w, s = self.window.ms, self.slide.ms
+        jmax = _closed_through(watermark_at(self, time), w, s)
+        jprev = _closed_through(previous_watermark_at(self, time), w, s)
+        step = final_step(self.func, self.inv_func, w // s, jprev, jmax) if self.emit == "final" else \
+            updates_step(self.func, w // s, jmax)
+
+        def merge(segments: list[list[Any]]) -> Iterable[Any]:
+            state = {k: st for k, st in segments[0]}
+            new = dict(segments[1])
+            out = []
+            for k in [*state, *(k for k in new if k not in state)]:
+                st = state.get(k)
+                kept, carry, emitted = step(st[0] if st else {}, st[1] if st else None, new.get(k, {}))
+                if kept or carry is not None or emitted:
+                    out.append((k, (kept, carry, emitted)))
+            return out
+
+        return merge
+
+
+Step = Callable[[dict[int, Any], Any, dict[int, Any]], tuple[dict[int, Any], Any, list[tuple[int, Any]]]]
+
+
+def final_step(func: Callable[[Any, Any], Any], inv: Callable[[Any, Any], Any] | None, n: int,
+               jprev: int | None, jmax: int | None) -> Step:
+    """One key's step with ``emit="final"``: ``(panes, carry, new panes) -> (panes, carry, emitted)``.
+
+    ``carry`` (with ``inv``): ``(j, value of window j, whether pane j has data, its value)`` for the last
+    window emitted, kept while the next window may slide from it (a tuple without sentinels: the state is
+    pickled between batches)."""
+
+    def step(old: dict[int, Any], carry: Any, new: dict[int, Any]) -> tuple[dict[int, Any], Any, list]:
+        panes = dict(old)
+        for p in sorted(new):
+            v = new[p]
+            _add(func, panes, p, v)
+            if carry is not None and carry[0] < p < carry[0] + n:
+                carry = (carry[0], func(carry[1], v), carry[2], carry[3])
+        if jmax is None:
+            return panes, carry, []
+        low = None if jprev is None else jprev + 1
+        candidates = sorted({j for p in panes for j in range(p - n + 1 if low is None else max(p - n + 1, low),
+                                                           min(p, jmax) + 1)})
+        emitted = []
+        for j in candidates:
+            if inv is not None and carry is not None and carry[0] == j - 1:
+                value = inv(carry[1], carry[3]) if carry[2] else carry[1]
+                entering = panes.get(j + n - 1, _MISSING)
+                if entering is not _MISSING:
+                    value = func(value, entering)
+            else:
+                value = _MISSING
+                for q in range(j, j + n):
+                    v = panes.get(q, _MISSING)
+                    if v is not _MISSING:
+                        value = v if value is _MISSING else func(value, v)
+            emitted.append((j, value))
+            if inv is not None:
+                carry = (j, value, j in panes, panes.get(j))
+        panes = {p: v for p, v in panes.items() if p > jmax}
+        if carry is not None and carry[0] != jmax:
+            carry = None  # the next window cannot slide from it (the windows between had no data)
+        return panes, carry, emitted
+
+    return step
+
+
+def updates_step(func: Callable[[Any, Any], Any], n: int, jmax: int | None) -> Step:
+    """One key's step with ``emit="updates"``: ``(windows, None, new panes) -> (windows, None, emitted)``."""
+
+    def step(old: dict[int, Any], carry: Any, new: dict[int, Any]) -> tuple[dict[int, Any], Any, list]:
+        windows = dict(old)
+        changed: set[int] = set()
+        for p in sorted(new):
+            for j in range(p - n + 1, p + 1):
+                _add(func, windows, j, new[p])
+                changed.add(j)
+        emitted = [(j, windows[j]) for j in sorted(changed)]
+        if jmax is not None:
+            windows = {j: v for j, v in windows.items() if j > jmax}
+        return windows, None, emitted
+
+    return step
+
+
+def emitted_windows(window_ms: int, slide_ms: int, keyed: bool) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """Partition function: the public records of the windows emitted in a batch:
+    ``((key, (start, end)), value)`` (keyed) or ``((start, end), value)``, bounds in seconds since the epoch."""
+
+    def run(it: Iterator[Any]) -> Iterator[Any]:
+        for k, st in it:
+            for j, value in st[2]:
+                bounds = (seconds(j * slide_ms), seconds(j * slide_ms + window_ms))
+                yield ((k, bounds), value) if keyed else (bounds, value)
+
+    return run

@@ -1,0 +1,146 @@
+"""Event-time windows against a pure-Python model of their contract, and late records in the metrics.
+
+The model (``model_run``) applies the documented rules to the batches: the watermark of batch ``i`` is the
+maximum event time of the batches before it minus the lateness (monotone); records below it are late;
+``emit="final"`` emits each window with data once, in the batch whose watermark passes its end, with the
+sum of its accepted records; ``emit="updates"`` emits, in each batch, every window that received records in
+that batch with its sum so far. One pipeline per example carries every variant at once (keyed final with
+and without ``invFunc``, keyed updates, unkeyed final), so the incremental inverse window is checked
+against the recomputed one and both against the model.
+
+Batch ``i`` (1-based) runs at ``i * 1000`` ms on a ManualClock; event times are seconds.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import defaultdict
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dstreams import ManualClock, StreamingContext
+from dstreams.time import from_user_time
+
+Batch = list[tuple[int, str, int]]  # (event time s, key, value)
+
+
+def ts_of(r: tuple[int, str, int]) -> int:
+    return r[0]
+
+
+def model_run(batches: list[Batch], lateness: int, window: int, slide: int) -> dict[str, Any]:
+    """What every variant must emit per batch (batch index 1-based), by the documented rules."""
+    n = window // slide
+    wm: int | None = None
+    top: int | None = None
+    sums: dict[tuple[str, int], int] = defaultdict(int)  # (key, j) -> sum of accepted values
+    out: dict[str, dict[int, list]] = {"final": {}, "updates": {}, "all": {}, "late": {}}
+    closed_prev: int | None = None
+    for i, batch in enumerate(batches, start=1):
+        if top is not None:
+            cand = top - lateness
+            wm = cand if wm is None else max(wm, cand)
+        accepted = [r for r in batch if wm is None or r[0] >= wm]
+        out["late"][i] = sorted(r for r in batch if not (wm is None or r[0] >= wm))
+        changed = set()
+        for ts, k, v in accepted:
+            p = ts // slide
+            for j in range(p - n + 1, p + 1):
+                sums[(k, j)] += v
+                changed.add((k, j))
+        out["updates"][i] = sorted(((k, (j * slide, j * slide + window)), sums[(k, j)]) for k, j in changed)
+        closed = None if wm is None else (wm - window) // slide
+        final = sorted(((k, (j * slide, j * slide + window)), v) for (k, j), v in sums.items()
+                       if closed is not None and j <= closed and (closed_prev is None or j > closed_prev))
+        out["final"][i] = final
+        totals: dict[tuple[int, int], int] = defaultdict(int)
+        for (_, bounds), v in final:
+            totals[bounds] += v
+        out["all"][i] = sorted(totals.items())
+        closed_prev = closed
+        for ts, _, _ in batch:
+            top = ts if top is None else max(top, ts)
+    return out
+
+
+def run_pipeline(sc, batches: list[Batch], lateness: int, window: int, slide: int) -> dict[str, Any]:
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    timed = ssc.queueStream([sc.parallelize(b, 2) for b in batches]).withEventTime(ts_of, lateness)
+    pairs = timed.map(lambda r: (r[1], r[2]))
+    streams = {
+        "final": pairs.reduceByKeyAndEventWindow(operator.add, window, slide, numPartitions=2),
+        "final_inv": pairs.reduceByKeyAndEventWindow(operator.add, window, slide, invFunc=operator.sub,
+                                                     numPartitions=2),
+        "updates": pairs.reduceByKeyAndEventWindow(operator.add, window, slide, emit="updates", numPartitions=2),
+        "all": timed.map(lambda r: r[2]).reduceByEventWindow(operator.add, window, slide, operator.sub),
+    }
+    tagged = None
+    for name, s in streams.items():
+        t = s.map(lambda r, name=name: (name, r))
+        tagged = t if tagged is None else tagged.union(t)
+    tagged = tagged.union(timed.lateRecords().map(lambda r: ("late", r)))
+    got: dict[str, dict[int, list]] = {name: {} for name in [*streams, "late"]}
+
+    def keep(time, rdd) -> None:
+        i = from_user_time(time).ms // 1000
+        rows = rdd.collect()
+        for name in got:
+            got[name][i] = sorted(r for tag, r in rows if tag == name)
+
+    tagged.foreachRDD(keep)
+    infos = []
+    ssc.start()
+    try:
+        for i in range(1, len(batches) + 1):
+            clock.set_time(i * 1000)
+            infos.append(ssc.awaitBatch(i * 1000, 60))
+    finally:
+        ssc.stop(stopSparkContext=False)
+    got["lateCounts"] = [sum(m["lateRecords"] for m in info.event_time.values()) for info in infos]
+    return got
+
+
+def _check(sc, batches: list[Batch], lateness: int, window: int, slide: int) -> dict[str, Any]:
+    got = run_pipeline(sc, batches, lateness, window, slide)
+    want = model_run(batches, lateness, window, slide)
+    for name in ("final", "updates", "all", "late"):
+        assert got[name] == want[name], name
+    assert got["final_inv"] == got["final"]  # the incremental inverse window equals the recomputed one
+    assert got["lateCounts"] == [len(want["late"][i]) for i in range(1, len(batches) + 1)]
+    return got
+
+
+def test_final_and_updates_windows_with_late_records(sc):
+    batches: list[Batch] = [
+        [(1, "a", 1), (3, "b", 1), (5, "a", 2)],
+        [(9, "a", 1), (2, "b", 4)],                # W=2: 2 is on time, a correction of b's [0, 4) and [-2, 2)
+        [(14, "a", 1), (4, "a", 5), (6, "b", 1)],  # W=6: 4 is late, 6 on time; [-2, 2), [0, 4), [2, 6) close
+        [(7, "b", 1)],                             # W=11: late
+        [(20, "a", 1)],                            # W=11
+        [],                                        # W=17
+        [(12, "b", 3), (16, "a", 1)],              # W=17: both late
+        [],
+    ]
+    got = _check(sc, batches, lateness=3, window=4, slide=2)
+    # Spot checks of the model's reading (windows [2j, 2j + 4)): key a's [0, 4) holds the record at 1 s.
+    assert (("a", (0, 4)), 1) in got["final"][3]
+    assert got["late"][3] == [(4, "a", 5)] and got["late"][7] == [(12, "b", 3), (16, "a", 1)]
+    # updates: [0, 4) of key b first 1, then corrected to 5 by the record at 2 s in batch 2.
+    assert (("b", (0, 4)), 1) in got["updates"][1] and (("b", (0, 4)), 5) in got["updates"][2]
+
+
+_records = st.tuples(st.integers(0, 30), st.sampled_from("ab"), st.integers(1, 3))
+
+
+@settings(max_examples=3, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(batches=st.lists(st.lists(_records, max_size=4), min_size=5, max_size=7),
+       shape=st.sampled_from([(6, 2), (4, 4), (9, 3)]), lateness=st.integers(0, 5))
+def test_random_out_of_order_streams_match_the_model(sc, batches, shape, lateness):
+    window, slide = shape
+    # Bounded disorder: each batch's event times drift forward with the batch index.
+    shifted = [[(ts + 4 * i, k, v) for ts, k, v in b] for i, b in enumerate(batches)]
+    _check(sc, shifted, lateness, window, slide)
