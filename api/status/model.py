@@ -200,14 +200,21 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+#: The StreamingContext/DStream method that makes nodes whose own name is their class's.
+_METHODS = {"GeneratorInputNode": "generatorStream", "QueueInputNode": "queueStream", "SocketInputNode":
+            "socketTextStream", "FileInputNode": "textFileStream", "RedisStreamsInputNode": "redisStream",
+            "WindowedNode": "window", "UnionNode": "union"}
+
+
 def node_label(node: DStreamNode) -> str:
     """The name the page shows: the operator's name where the node knows it (``map#2``, ``runningReduce#3``,
     an output operation's function), else the node's own (``GeneratorInputNode#1``)."""
     if isinstance(node, OutputNode):
         return f"{node.label}#{node.id}"
-    if type(node).__name__ == "WindowedNode":
-        return f"window#{node.id}"
-    return node.name
+    method = _METHODS.get(type(node).__name__)
+    if method == "textFileStream" and getattr(node, "record_length", None) is not None:
+        method = "binaryRecordsStream"
+    return f"{method}#{node.id}" if method else node.name
 
 
 def node_kind(node: DStreamNode) -> str:

@@ -15,6 +15,11 @@ const jobsPending = new Set();
 function $(id) { return document.getElementById(id); }
 function fmtInt(v) { return v === null || v === undefined ? "–" : Number(v).toLocaleString("en-US"); }
 function fmtMs(v) { return v === null || v === undefined ? "–" : fmtInt(Math.round(v)); }
+function fmtCompact(v) {
+  const units = [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]];
+  for (const [size, unit] of units) if (Math.abs(v) >= size) return `${+(v / size).toFixed(1)}${unit}`;
+  return String(+v.toFixed(1));
+}
 function fmtDuration(ms) {
   if (ms === null || ms === undefined) return "–";
   if (ms < 1000) return `${Math.round(ms)} ms`;
@@ -135,7 +140,7 @@ function renderGraph(streams) {
     const d = depth.get(n.key);
     (columns[d] = columns[d] || []).push(n);
   }
-  const W = 150, H = 44, GX = 48, GY = 16;
+  const W = 140, H = 44, GX = 36, GY = 14;
   const pos = new Map();
   columns.forEach((col, c) => col.forEach((n, r) => pos.set(n.key, { x: 8 + c * (W + GX), y: 8 + r * (H + GY) })));
   const width = 16 + columns.length * (W + GX) - GX;
@@ -167,7 +172,7 @@ function renderGraph(streams) {
     if (n.input) details.push(`${fmtInt(n.input.records_total)} records`);
     g.appendChild(svgEl("title", {}, details.join("\n")));
     g.appendChild(svgEl("rect", { width: W, height: H }));
-    const name = n.name.length > 22 ? `${n.name.slice(0, 21)}…` : n.name;
+    const name = n.name.length > 20 ? `${n.name.slice(0, 19)}…` : n.name;
     g.appendChild(svgEl("text", { x: 8, y: 18 }, name));
     let sub = n.kind;
     if (n.window_ms !== null) sub += ` · ${fmtDuration(n.window_ms)}`;
@@ -191,8 +196,11 @@ function chart(id, field, opts = {}) {
   svg.textContent = "";
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
   const points = batches.filter((b) => b[field] !== null && b[field] !== undefined);
+  // The last 10 minutes, or since the oldest batch when the run is younger (the whole width in use).
   const newest = batches.length ? batches[batches.length - 1].batch_time_ms : 0;
-  const x0 = newest - timelineMs, span = timelineMs;
+  const oldest = batches.length ? batches[0].batch_time_ms : 0;
+  const step = batchIntervalMs || 1000;
+  const x0 = Math.max(newest - timelineMs, oldest - step), span = Math.max(newest - x0, step);
   let top = Math.max(0, ...points.map((b) => b[field]));
   if (opts.limit) top = Math.max(top, opts.limit);
   top = niceMax(top);
@@ -201,7 +209,7 @@ function chart(id, field, opts = {}) {
   svg.appendChild(svgEl("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }));
   svg.appendChild(svgEl("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }));
   for (const v of [0, top / 2, top]) {
-    svg.appendChild(svgEl("text", { class: "tick", x: L - 4, y: y(v) + 3, "text-anchor": "end" }, fmtInt(v)));
+    svg.appendChild(svgEl("text", { class: "tick", x: L - 4, y: y(v) + 3, "text-anchor": "end" }, fmtCompact(v)));
   }
   for (const frac of [0, 0.5, 1]) {
     const t = x0 + frac * span;
