@@ -122,6 +122,28 @@ class TimedDStream(DStream):
             reduceFunc, windowDuration, slideDuration, invReduceFunc, emit, 1)
         return keyed.map(lambda kv: (kv[0][1], kv[1]))
 
+    def sessionWindow(self, gap: DurationLike, aggregate: Callable[[list[Any]], Any] | None = None,
+                      numPartitions: int | None = None) -> DStream:
+        """Per key, sessions of activity separated by at least ``gap`` of event time without a record.
+
+        Records are ``(key, value)`` pairs. A session runs from its first record's event time to its last
+        one's plus ``gap``; a record that arrives late (inside the allowed lateness) extends a session or
+        merges the two it bridges. Each session is emitted once, in the batch whose watermark passes its end
+        (``last event + gap``): ``((key, (start, end)), aggregate(values))``, ``values`` in event-time order,
+        bounds in seconds since the epoch (``aggregate`` defaults to the list itself). The open sessions are
+        per-key state, hash-partitioned into ``numPartitions`` and checkpointed.
+        """
+        self._check_open()
+        from dstreams.nodes.event_window import SessionWindowNode, emitted_sessions
+        from dstreams.partitioned import hash_partitioner
+
+        g = parse_duration(gap, "gap")
+        part = hash_partitioner(self._default_partitions(numPartitions))
+        node = SessionWindowNode(self._timed.graph, self._timed, g, aggregate if aggregate is not None else list,
+                                 part)
+        return DStream(TransformedNode(node.graph, [node], lambda rdds, t: rdds[0].mapPartitions(emitted_sessions),
+                                       "sessions"), self._ssc)
+
     # ------------------------------------------------------------------ late records
     def lateRecords(self) -> DStream:
         """The records that arrived late (event time below the watermark of their batch), as they were

@@ -146,6 +146,7 @@ def build_timed(sc, ckpt: str, clock: ManualClock, out: str) -> StreamingContext
         operator.add, "4s", "2s", invFunc=operator.sub, numPartitions=2)
     windows.foreachRDD(keep("windows"))
     windows._node.parents[0].checkpoint_interval = Duration(2000)  # the window state, every 2 batches
+    timed.map(lambda r: (r[1], r[0])).sessionWindow("1500ms", aggregate=len).foreachRDD(keep("sessions"))
     return ssc
 
 
@@ -168,6 +169,7 @@ def test_resumed_driver_replays_the_recorded_watermarks_and_continues_the_same(s
     ref = _read(str(tmp_path / "ref-out"))
     assert any(v != "[]" for v in ref["late"].values()) and ref["marks"][10_000] != "[null]"
     assert sum(len(json.loads(v)) for v in ref["windows"].values()) >= 10
+    assert sum(len(json.loads(v)) for v in ref["sessions"].values()) >= 3
 
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
     clock = ManualClock()

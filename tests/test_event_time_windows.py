@@ -24,6 +24,7 @@ from dstreams import ManualClock, StreamingContext
 from dstreams.time import from_user_time
 
 Batch = list[tuple[int, str, int]]  # (event time s, key, value)
+GAP = 3  # the session gap (s)
 
 
 def ts_of(r: tuple[int, str, int]) -> int:
@@ -36,13 +37,20 @@ def model_run(batches: list[Batch], lateness: int, window: int, slide: int) -> d
     wm: int | None = None
     top: int | None = None
     sums: dict[tuple[str, int], int] = defaultdict(int)  # (key, j) -> sum of accepted values
-    out: dict[str, dict[int, list]] = {"final": {}, "updates": {}, "all": {}, "late": {}}
+    out: dict[str, dict[int, list]] = {"final": {}, "updates": {}, "all": {}, "late": {}, "sessions": {}}
     closed_prev: int | None = None
+    events: dict[str, list[tuple[int, int]]] = defaultdict(list)  # accepted (ts, value) per key, in arrival order
     for i, batch in enumerate(batches, start=1):
+        wm_prev = wm
         if top is not None:
             cand = top - lateness
             wm = cand if wm is None else max(wm, cand)
         accepted = [r for r in batch if wm is None or r[0] >= wm]
+        for ts, k, v in accepted:
+            events[k].append((ts, v))
+        out["sessions"][i] = sorted(
+            ((k, (start, end)), total) for k, evs in events.items() for start, end, total in _sessions(evs)
+            if wm is not None and end <= wm and (wm_prev is None or end > wm_prev))
         out["late"][i] = sorted(r for r in batch if not (wm is None or r[0] >= wm))
         changed = set()
         for ts, k, v in accepted:
@@ -65,6 +73,21 @@ def model_run(batches: list[Batch], lateness: int, window: int, slide: int) -> d
     return out
 
 
+def _sessions(events: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(start, last + GAP, sum of values) of each session of ``events`` (cut where neighbours are GAP apart)."""
+    out: list[list[tuple[int, int]]] = []
+    for e in sorted(events, key=lambda e: e[0]):
+        if out and e[0] - out[-1][-1][0] < GAP:
+            out[-1].append(e)
+        else:
+            out.append([e])
+    return [(s[0][0], s[-1][0] + GAP, sum(v for _, v in s)) for s in out]
+
+
+def total(values: list[int]) -> int:
+    return sum(values)
+
+
 def run_pipeline(sc, batches: list[Batch], lateness: int, window: int, slide: int) -> dict[str, Any]:
     clock = ManualClock()
     ssc = StreamingContext(sc, 1, clock=clock)
@@ -76,6 +99,7 @@ def run_pipeline(sc, batches: list[Batch], lateness: int, window: int, slide: in
                                                      numPartitions=2),
         "updates": pairs.reduceByKeyAndEventWindow(operator.add, window, slide, emit="updates", numPartitions=2),
         "all": timed.map(lambda r: r[2]).reduceByEventWindow(operator.add, window, slide, operator.sub),
+        "sessions": pairs.sessionWindow(GAP, aggregate=total, numPartitions=2),
     }
     tagged = None
     for name, s in streams.items():
@@ -106,7 +130,7 @@ def run_pipeline(sc, batches: list[Batch], lateness: int, window: int, slide: in
 def _check(sc, batches: list[Batch], lateness: int, window: int, slide: int) -> dict[str, Any]:
     got = run_pipeline(sc, batches, lateness, window, slide)
     want = model_run(batches, lateness, window, slide)
-    for name in ("final", "updates", "all", "late"):
+    for name in ("final", "updates", "all", "late", "sessions"):
         assert got[name] == want[name], name
     assert got["final_inv"] == got["final"]  # the incremental inverse window equals the recomputed one
     assert got["lateCounts"] == [len(want["late"][i]) for i in range(1, len(batches) + 1)]
@@ -117,8 +141,9 @@ def test_final_and_updates_windows_with_late_records(sc):
     batches: list[Batch] = [
         [(1, "a", 1), (3, "b", 1), (5, "a", 2)],
         [(9, "a", 1), (2, "b", 4)],                # W=2: 2 is on time, a correction of b's [0, 4) and [-2, 2)
-        [(14, "a", 1), (4, "a", 5), (6, "b", 1)],  # W=6: 4 is late, 6 on time; [-2, 2), [0, 4), [2, 6) close
-        [(7, "b", 1)],                             # W=11: late
+        [(14, "a", 1), (4, "a", 5), (6, "b", 1), (10, "c", 1), (14, "c", 1)],  # W=6: 4 is late, 6 on time;
+        #                                            [-2, 2), [0, 4), [2, 6) close; c: two sessions
+        [(7, "b", 1), (12, "c", 1)],               # W=11: 7 is late; 12 bridges c's two sessions
         [(20, "a", 1)],                            # W=11
         [],                                        # W=17
         [(12, "b", 3), (16, "a", 1)],              # W=17: both late
@@ -130,6 +155,10 @@ def test_final_and_updates_windows_with_late_records(sc):
     assert got["late"][3] == [(4, "a", 5)] and got["late"][7] == [(12, "b", 3), (16, "a", 1)]
     # updates: [0, 4) of key b first 1, then corrected to 5 by the record at 2 s in batch 2.
     assert (("b", (0, 4)), 1) in got["updates"][1] and (("b", (0, 4)), 5) in got["updates"][2]
+    # Sessions (gap 3 s): a's records at 1 and 5 s are two sessions until nothing bridges them; b's at 2 and 3 s
+    # make one [2, 6) (the record at 2 s arrived a batch late and joined it), closed by W=6 in batch 3.
+    assert (("b", (2, 6)), 5) in got["sessions"][3] and (("a", (1, 4)), 1) in got["sessions"][3]
+    assert got["sessions"][6] == [(("a", (9, 12)), 1), (("a", (14, 17)), 1), (("c", (10, 17)), 3)]  # c merged
 
 
 _records = st.tuples(st.integers(0, 30), st.sampled_from("ab"), st.integers(1, 3))

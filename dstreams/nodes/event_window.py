@@ -1,4 +1,4 @@
-"""Event-time windows: tumbling and sliding windows over event time, closed by the low watermark.
+"""Event-time windows (tumbling, sliding, sessions) over event time, closed by the low watermark.
 
 Contract of :class:`EventWindowNode` (``reduceByKeyAndEventWindow``/``reduceByEventWindow``). The parent's
 records are ``(event_ms, (key, value))`` (an event-time stream, :mod:`dstreams.nodes.event_time`); the late
@@ -26,6 +26,10 @@ carried in the state across batches (and kept up to date with the records that l
 emitting a window costs two calls instead of ``window / slide``. Without it, each window is the reduce of
 its panes. Both give the same values (``tests/test_event_time_windows.py``).
 
+Session windows (:class:`SessionWindowNode`, ``sessionWindow``) are the same kind of state node: per key,
+the records of the open sessions, re-cut with each batch's records (so a late record that bridges two
+sessions merges them) and emitted once the watermark passes a session's end.
+
 Records of this node: ``(key, (panes_or_windows, carry, emitted))``; ``emitted`` lists the ``(j, value)``
 windows batch ``t`` emits; :func:`emitted_windows` turns them into the public records.
 """
@@ -40,7 +44,7 @@ from pyspark.rdd import Partitioner
 
 from .. import jvm
 from ..node import DStreamNode
-from ..partitioned import require_pair, segmented_merge
+from ..partitioned import pre_group_ordered, require_pair, segmented_merge
 from ..time import BatchTime, Duration
 from .event_time import previous_watermark_at, seconds, watermark_at
 from .state import Merge, StateNode
@@ -62,7 +66,20 @@ def _closed_through(watermark: int | None, window: int, slide: int) -> int | Non
     return None if watermark is None else (watermark - window) // slide
 
 
-class EventWindowNode(StateNode):
+class WatermarkStateNode(StateNode):
+    """A state node that merges every batch, with or without new records (the watermark may close windows
+    or sessions in a batch without data). Subclasses provide ``prepare`` and ``merge_function``."""
+
+    def compute(self, time: BatchTime) -> RDD | None:
+        previous = self.get_or_compute(time - self.slide_duration)
+        batch = self.parent.get_or_compute(time)
+        if previous is None and batch is None:
+            return None
+        groups = [[previous] if previous is not None else [], [self.prepare(batch)] if batch is not None else []]
+        return segmented_merge(self.graph.sc, groups, self.partitioner, self.merge_function(time))
+
+
+class EventWindowNode(WatermarkStateNode):
     """Keyed event-time windows; see the module docstring."""
 
     def __init__(self, graph: DStreamGraph, parent: DStreamNode, func: Callable[[Any, Any], Any],
@@ -112,14 +129,6 @@ class EventWindowNode(StateNode):
 
         return jvm.shuffle(batch.mapPartitions(combine), self.partitioner).mapPartitions(
             merge, preservesPartitioning=True)
-
-    def compute(self, time: BatchTime) -> RDD | None:
-        previous = self.get_or_compute(time - self.slide_duration)
-        batch = self.parent.get_or_compute(time)
-        if previous is None and batch is None:
-            return None
-        groups = [[previous] if previous is not None else [], [self.prepare(batch)] if batch is not None else []]
-        return segmented_merge(self.graph.sc, groups, self.partitioner, self.merge_function(time))
 
     def merge_function(self, time: BatchTime) -> Merge:
         w, s = self.window.ms, self.slide.ms
@@ -218,3 +227,81 @@ def emitted_windows(window_ms: int, slide_ms: int, keyed: bool) -> Callable[[Ite
                 yield ((k, bounds), value) if keyed else (bounds, value)
 
     return run
+
+
+class SessionWindowNode(WatermarkStateNode):
+    """``sessionWindow(gap, aggregate)``: per key, sessions of records closer than ``gap`` in event time.
+
+    A session holds the records of one key whose event times, sorted, are each less than ``gap`` after the
+    previous one; its bounds are ``(first event time, last event time + gap)``. A record that arrives later
+    (inside the allowed lateness) joins the session it falls in, extends one, or **merges** the two sessions
+    it bridges. A session is emitted once, in the batch whose watermark passes its end (``last + gap``): no
+    record can change it any more (a record at or above the watermark is at least ``gap`` after its last
+    record). Emitted records: ``((key, (start, end)), aggregate(values))``, the values in event-time order
+    (ties in arrival order), bounds in seconds since the epoch. State: per key, the open sessions' records
+    ``(event_ms, value)``, hash-partitioned and checkpointed like every state stream; a key is dropped once
+    it has no open session.
+    """
+
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode, gap: Duration,
+                 aggregate: Callable[[list[Any]], Any], partitioner: Partitioner) -> None:
+        if gap.ms <= 0:
+            raise ValueError(f"the session gap must be positive, got {gap}")
+        super().__init__(graph, parent, partitioner, label="sessionWindow")
+        self.gap = gap
+        self.aggregate = aggregate
+
+    def describe_params(self) -> list[str]:
+        return [f"gap={self.gap.ms}", *super().describe_params()]
+
+    def prepare(self, batch: RDD) -> RDD:
+        def by_key(it: Iterable[Any]) -> Iterable[tuple[Any, tuple[int, Any]]]:
+            for ts, kv in it:
+                k, v = require_pair(kv, "sessionWindow")
+                yield k, (ts, v)
+
+        return pre_group_ordered(batch.mapPartitions(by_key), self.partitioner, "sessionWindow")
+
+    def merge_function(self, time: BatchTime) -> Merge:
+        gap, aggregate = self.gap.ms, self.aggregate
+        wm = watermark_at(self, time)
+
+        def merge(segments: list[list[Any]]) -> Iterable[Any]:
+            state = {k: st[0] for k, st in segments[0]}
+            new = dict(segments[1])
+            out = []
+            for k in [*state, *(k for k in new if k not in state)]:
+                events = state.get(k, [])
+                if k in new:  # re-cut the open sessions with the new records (merging those they bridge)
+                    events = sorted([*(e for session in events for e in session), *new[k]], key=lambda e: e[0])
+                    events = _sessions(events, gap)
+                kept, emitted = [], []
+                for session in events:
+                    end = session[-1][0] + gap
+                    if wm is not None and end <= wm:
+                        emitted.append((session[0][0], end, aggregate([e[1] for e in session])))
+                    else:
+                        kept.append(session)
+                if kept or emitted:
+                    out.append((k, (kept, emitted)))
+            return out
+
+        return merge
+
+
+def _sessions(events: list[tuple[int, Any]], gap: int) -> list[list[tuple[int, Any]]]:
+    """``events`` (sorted by event time) cut where two neighbours are ``gap`` or more apart."""
+    out: list[list[tuple[int, Any]]] = []
+    for e in events:
+        if out and e[0] - out[-1][-1][0] < gap:
+            out[-1].append(e)
+        else:
+            out.append([e])
+    return out
+
+
+def emitted_sessions(it: Iterator[Any]) -> Iterator[Any]:
+    """Partition function: ``((key, (start, end)), aggregate)`` for the sessions emitted in a batch."""
+    for k, st in it:
+        for start, end, value in st[1]:
+            yield (k, (seconds(start), seconds(end))), value
