@@ -20,6 +20,7 @@ Contract:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time as _time
@@ -324,6 +325,11 @@ class StatusModel:
         self.nodes: list[DStreamNode] = list(graph.nodes)
         self.source_keys: dict[int, str] = {n.id: n.key for n in graph.inputs}
         self.sizes = ManifestSizes(sources.runtime.checkpointer.store)
+        # Fixed for the run: read once here (each read of the SparkContext's conf is a Py4J round trip).
+        conf = sources.sc.getConf()
+        self.app_name: str = sources.sc.appName
+        self.spark_app_id: str | None = conf.get("spark.app.id")
+        self.master: str | None = conf.get("spark.master")
         self._spark_ui_url: str | None = None
         self._spark_ui_read = False
         self._jobs: dict[int, list[int]] = {}
@@ -380,13 +386,11 @@ class StatusModel:
         }
 
     def overview(self) -> dict[str, Any]:
-        sc = self.sources.sc
         sched = self.sources.runtime.scheduler
-        conf = sc.getConf()
         return {
-            "app_name": sc.appName,
-            "spark_app_id": conf.get("spark.app.id"),
-            "master": conf.get("spark.master"),
+            "app_name": self.app_name,
+            "spark_app_id": self.spark_app_id,
+            "master": self.master,
             "state": self.sources.state(),
             "batch_interval_ms": self.batch_interval_ms(),
             "first_batch_time_ms": sched.start_time.ms if sched.start_time is not None else None,
@@ -422,15 +426,15 @@ class StatusModel:
         if not kept or not interval:
             return {sid: None for sid in self.source_keys}
         horizon = kept[-1].batch_time_ms - RATE_WINDOW_MS
-        recent = [b for b in kept if b.batch_time_ms > horizon]
+        recent = list(itertools.takewhile(lambda b: b.batch_time_ms > horizon, reversed(kept)))
         seconds = len(recent) * interval / 1000.0
         return {sid: round(sum(b.records_per_input.get(sid, 0) for b in recent) / seconds, 3)
                 for sid in self.source_keys}
 
-    def streams(self) -> dict[str, Any]:
+    def streams(self, rates: dict[int, float | None] | None = None) -> dict[str, Any]:
         """The graph: every stream with its kind, what it reads, its state and (later) its watermark."""
         committed = _committed(self.sources.runtime.checkpointer)
-        rates = self.source_rates()
+        rates = self.source_rates() if rates is None else rates
         totals = dict(self.history.records_per_input)
         nodes = []
         for n in self.nodes:
@@ -458,8 +462,8 @@ class StatusModel:
         edges = [[d.key, n.key] for n in self.nodes for d in n.dependencies]
         return {"nodes": nodes, "edges": edges}
 
-    def sources_json(self) -> list[dict[str, Any]]:
-        rates = self.source_rates()
+    def sources_json(self, rates: dict[int, float | None] | None = None) -> list[dict[str, Any]]:
+        rates = self.source_rates() if rates is None else rates
         totals = dict(self.history.records_per_input)
         return [{"id": n.id, "key": n.key, "name": node_label(n), "type": type(n).__name__,
                  "records_total": totals.get(n.id, 0), "rate_per_s": rates.get(n.id)}
@@ -502,12 +506,13 @@ class StatusModel:
 
     def status(self) -> dict[str, Any]:
         """Everything but the batches (``/api/status``)."""
+        rates = self.source_rates()
         return {
             "app": self.overview(),
             "driver": self.driver(),
             "totals": {**self.history.totals(), "listener_events_dropped": self.sources.bus.dropped},
-            "sources": self.sources_json(),
-            "streams": self.streams(),
+            "sources": self.sources_json(rates),
+            "streams": self.streams(rates),
             "errors": self.errors(),
             "timeline_ms": self.history.window_ms,
         }
