@@ -197,3 +197,38 @@ def test_resumed_driver_replays_the_recorded_watermarks_and_continues_the_same(s
     finally:
         second.stop(stopSparkContext=False)
     assert _read(out) == ref
+
+
+def test_a_replayed_batch_sees_exactly_the_watermark_recorded_for_it(sc, tmp_path):
+    """Batches 4 and 5 were recorded (generated) but not completed when the driver died: the resumed driver
+    rebuilds them with their recorded watermarks, even one that recomputing would not give."""
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    clock = ManualClock()
+    first = StreamingContext.getOrCreate(ckpt, lambda: build_timed(sc, ckpt, clock, out))
+    try:
+        _run(first, clock, 5)
+    finally:
+        first.stop(stopSparkContext=False)
+    ref = _read(out)
+    path = os.path.join(ckpt, "meta", "head.json")
+    with open(path) as f:
+        head = json.load(f)
+    key = next(k for k in head["offsets"]["4000"] if "EventTime" in k)
+    recorded = head["offsets"]["4000"][key]["wm"]
+    head["offsets"]["4000"][key]["wm"] = recorded - 500  # what the old driver fixed, say
+    head["completed_through"] = 3000  # 4 and 5 were pending
+    with open(path, "w") as f:
+        json.dump(head, f)
+    clock2 = ManualClock(5000)
+    second = StreamingContext.getOrCreate(ckpt, lambda: build_timed(sc, ckpt, clock2, out), clock=clock2)
+    try:
+        second.start()
+        for i in range(4, 7):
+            clock2.set_time(max(clock2.time_ms(), i * 1000))
+            second.awaitBatch(i * 1000, 60)
+    finally:
+        second.stop(stopSparkContext=False)
+    got = _read(out)
+    assert json.loads(got["marks"][4000]) == [(recorded - 500) / 1000]
+    assert got["marks"][5000] == ref["marks"][5000]  # recorded too: replayed as it was
+    assert json.loads(got["marks"][6000])[0] >= json.loads(got["marks"][5000])[0]

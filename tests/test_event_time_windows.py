@@ -173,3 +173,32 @@ def test_random_out_of_order_streams_match_the_model(sc, batches, shape, latenes
     # Bounded disorder: each batch's event times drift forward with the batch index.
     shifted = [[(ts + 4 * i, k, v) for ts, k, v in b] for i, b in enumerate(batches)]
     _check(sc, shifted, lateness, window, slide)
+
+
+def test_window_state_is_not_shuffled_each_batch(sc):
+    """As for the other state streams (tests/test_stages.py): each batch's job executes 2 stages, the map side
+    of the batch's shuffle into the state's partitioner (one task per input partition, 3) and the result stage
+    merging it with the cached previous state (one task per state partition, 2), and the previous state is a
+    narrow dependency."""
+    from .test_stages import _jobs_of_group, _previous_reached, _stage_counts
+
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    batches = [[(i * 2 + j % 5, f"k{j}", 1) for j in range(6 * i)] for i in range(1, 6)]
+    timed = ssc.queueStream([sc.parallelize(b, 3) for b in batches]).withEventTime(ts_of, 2)
+    windows = timed.map(lambda r: (r[1], r[2])).reduceByKeyAndEventWindow(
+        operator.add, 6, 2, invFunc=operator.sub, numPartitions=2)
+    windows.foreachRDD(lambda rdd: rdd.collect())
+    node = windows._node.parents[0]
+    ssc.start()
+    try:
+        for i in range(1, 6):
+            clock.set_time(i * 1000)
+            info = ssc.awaitBatch(i * 1000, 60)
+        (job,) = _jobs_of_group(sc, info.job_group, 1)
+        counts = _stage_counts(sc, job)
+        narrow, shuffled = _previous_reached(sc, node.generated[5000], node.generated[4000])
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert [n for _, _, n in counts.ran] == [3, 2], counts.ran
+    assert narrow and not shuffled
