@@ -412,6 +412,7 @@ class StreamingContext:
                         "only one StreamingContext may be active in a process: stop the active one first"
                     )
                 self._graph.validate()
+                status_settings = StatusServer.settings(self._sc.getConf())
                 if is_store_url(self._checkpoint_dir):
                     request_preload(self._sc, "dstreams.recovery.store.s3")
                 ensure_executors_can_import(self._sc)
@@ -426,7 +427,7 @@ class StreamingContext:
                 self._log_speculation()
                 jvm.prepare(self._sc)
                 self._status = StatusServer.start(StatusSources(self._sc, self._graph, runtime, self._clock, self._bus,
-                                                                self._checkpoint_dir, self.getState))
+                                                                self._checkpoint_dir, self.getState), status_settings)
                 try:
                     runtime.start()
                 except BaseException:

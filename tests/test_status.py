@@ -309,13 +309,23 @@ def test_a_taken_port_moves_the_server_to_the_next_free_one():
         assert bind(app, "127.0.0.1", port, retries=0) is None  # no other port may be tried
 
 
-def test_disabled_or_invalid_settings():
-    def sources(conf: dict[str, str]) -> Any:
-        return types.SimpleNamespace(sc=types.SimpleNamespace(getConf=lambda: conf))
-
-    assert StatusServer.start(sources({"spark.dstreams.ui.enabled": "false"})) is None
+def test_settings_disabled_or_invalid():
+    assert StatusServer.settings({"spark.dstreams.ui.enabled": "false"}) is None
+    assert StatusServer.start(types.SimpleNamespace(), None) is None
+    settings = StatusServer.settings({"spark.dstreams.ui.port": "4060", "spark.port.maxRetries": "3"})
+    assert (settings.port, settings.port_retries) == (4060, 3)
     with pytest.raises(ValueError, match=r"spark\.dstreams\.ui\.port='80000' is not a port number"):
-        StatusServer.start(sources({"spark.dstreams.ui.port": "80000"}))
+        StatusServer.settings({"spark.dstreams.ui.port": "80000"})
+
+
+def test_an_invalid_port_fails_the_start_before_anything_runs(sc, monkeypatch):
+    monkeypatch.setenv("DSTREAMS_UI_PORT", "-1")
+    monkeypatch.setattr(sc, "getConf", lambda: {})  # the variable counts when the conf does not set the key
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+    ssc.queueStream([[1]]).foreachRDD(lambda rdd: None)
+    with pytest.raises(ValueError, match="DSTREAMS_UI_PORT='-1' is not a port number"):
+        ssc.start()
+    assert ssc.getState() == "INITIALIZED" and ssc._runtime is None
 
 
 def test_the_printed_url(monkeypatch):

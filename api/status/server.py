@@ -27,6 +27,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from importlib import resources
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -191,6 +192,14 @@ def public_url(host: str, port: int, driver_host: str | None) -> str:
     return f"http://{name}:{port}"
 
 
+@dataclass(frozen=True)
+class StatusSettings:
+    """Where the server listens: ``port`` (0: any free one) and how many ports after it may be tried."""
+
+    port: int
+    port_retries: int
+
+
 class StatusServer:
     """The running status server of one StreamingContext (see the module docstring)."""
 
@@ -210,21 +219,28 @@ class StatusServer:
     def port(self) -> int:
         return int(self._httpd.server_address[1])
 
-    @classmethod
-    def start(cls, sources: StatusSources) -> StatusServer | None:
-        """Start serving ``sources`` (a context about to start), or None: disabled, or no free port.
-
-        ``ValueError`` for an invalid ``spark.dstreams.ui.*`` value. Registers the history listener on the
-        context's bus, so call it before the first batch is generated.
-        """
-        conf = sources.sc.getConf()
+    @staticmethod
+    def settings(conf: config.ConfLike) -> StatusSettings | None:
+        """The server's settings in ``conf`` (a SparkConf), None when it is disabled; ``ValueError`` naming the
+        key for an invalid ``spark.dstreams.ui.*`` value. ``StreamingContext.start`` reads them before it
+        builds anything, so that a wrong value fails the start cleanly."""
         if not config.get(config.UI_ENABLED, conf):
             return None
-        port = config.get(config.UI_PORT, conf)
         try:
             retries = max(0, int(conf.get("spark.port.maxRetries") or DEFAULT_PORT_RETRIES))
         except ValueError:
             retries = DEFAULT_PORT_RETRIES
+        return StatusSettings(config.get(config.UI_PORT, conf), retries)
+
+    @classmethod
+    def start(cls, sources: StatusSources, settings: StatusSettings | None) -> StatusServer | None:
+        """Start serving ``sources`` (a context about to start) with ``settings`` (:meth:`settings`), or None:
+        disabled, or no free port. Registers the history listener on the context's bus, so call it before the
+        first batch is generated."""
+        if settings is None:
+            return None
+        port, retries = settings.port, settings.port_retries
+        conf = sources.sc.getConf()
         history = BatchHistory()
         model = StatusModel(sources, history)
         metrics = StatusMetrics(model)
