@@ -91,18 +91,18 @@ class StatusMetrics:
                                       registry=r)
         self.input_records = Counter("dstreams_input_records", "Records read by each source, in completed batches.",
                                      ["source"], registry=r)
-        self.processing = Histogram("dstreams_batch_processing_seconds",
-                                    "Processing time of each batch (its output operations).",
-                                    buckets=SECONDS_BUCKETS, registry=r)
-        self.scheduling = Histogram("dstreams_batch_scheduling_delay_seconds",
-                                    "Time each batch waited from its submission to the start of its processing.",
-                                    buckets=SECONDS_BUCKETS, registry=r)
-        self.total = Histogram("dstreams_batch_total_delay_seconds",
-                               "From each batch's time to the end of its processing.",
-                               buckets=SECONDS_BUCKETS, registry=r)
-        self.generation = Histogram("dstreams_batch_generation_seconds",
-                                    "Driver time spent building each batch's RDDs and jobs.",
-                                    buckets=DRIVER_BUCKETS, registry=r)
+        #: Histograms of each completed batch: (its BatchInfo attribute in ms, the histogram).
+        self.histograms: list[tuple[str, Histogram]] = [
+            (attribute, Histogram(name, doc, buckets=buckets, registry=r)) for attribute, name, doc, buckets in (
+                ("processing_delay_ms", "dstreams_batch_processing_seconds",
+                 "Processing time of each batch (its output operations).", SECONDS_BUCKETS),
+                ("scheduling_delay_ms", "dstreams_batch_scheduling_delay_seconds",
+                 "Time each batch waited from its submission to the start of its processing.", SECONDS_BUCKETS),
+                ("total_delay_ms", "dstreams_batch_total_delay_seconds",
+                 "From each batch's time to the end of its processing.", SECONDS_BUCKETS),
+                ("generation_ms", "dstreams_batch_generation_seconds",
+                 "Driver time spent building each batch's RDDs and jobs.", DRIVER_BUCKETS),
+            )]
         for key in model.source_keys.values():  # every source shows, with 0, from the start
             self.input_records.labels(source=key)
         self.store_events = StoreEventCounter()
@@ -121,14 +121,10 @@ class StatusMetrics:
         keys = self.model.source_keys
         for sid, n in info.records_per_input.items():
             self.input_records.labels(source=keys.get(sid, str(sid))).inc(n)
-        if info.processing_delay_ms is not None:
-            self.processing.observe(info.processing_delay_ms / 1000.0)
-        if info.scheduling_delay_ms is not None:
-            self.scheduling.observe(info.scheduling_delay_ms / 1000.0)
-        if info.total_delay_ms is not None:
-            self.total.observe(info.total_delay_ms / 1000.0)
-        if info.generation_ms is not None:
-            self.generation.observe(info.generation_ms / 1000.0)
+        for attribute, histogram in self.histograms:
+            ms = getattr(info, attribute)
+            if ms is not None:
+                histogram.observe(ms / 1000.0)
 
     # ------------------------------------------------------------------ when scraped
     def collect(self) -> Iterator[Metric]:
