@@ -171,11 +171,9 @@ class StoreCheckpointer:
             self._completed_ms = time.ms
             due = sorted(t for t in self._pending if t <= time.ms)
             work = [(t, node, rdd) for t in due for node, rdd in self._pending.pop(t)]
-            collect = any(self._deletable(key) for key in self.committed)
         for t, node, rdd in work:
             self._submit(self._write, node, t, rdd)
-        if collect:
-            self._submit(self._delete_old)
+        self._queue_deletions()
 
     def _submit(self, fn: Any, *args: Any) -> None:
         """Queue ``fn(*args)`` on the writer thread; forget the futures that are done (under the lock)."""
@@ -283,9 +281,7 @@ class StoreCheckpointer:
             if time.ms not in times:
                 times.append(time.ms)
                 times.sort()
-            collect = self._deletable(node.key)
-        if collect:
-            self._submit(self._delete_old)
+        self._queue_deletions()
 
     # ------------------------------------------------------------------ deleting
     def _deletable(self, node_key: str) -> bool:
@@ -306,14 +302,28 @@ class StoreCheckpointer:
         remember = node.remember_duration.ms if node is not None and node.remember_duration else 0
         return self._completed_ms - remember >= successor
 
-    def _delete_old(self) -> None:
-        while True:
-            with self._lock:
+    def _queue_deletions(self) -> None:
+        """Queue the deletion of the checkpoints deletable now, decided now.
+
+        The deletion runs on the writer thread after the writes queued before it, and deletes only what
+        was deletable when it was queued: every write that may still read those checkpoints (the batches
+        built on their lineage have completed, so their writes are queued) runs first. Deciding when the
+        deletion runs instead could remove a checkpoint that a write queued after it still reads.
+        """
+        doomed: list[tuple[str, int]] = []
+        with self._lock:
+            while True:
                 key = next((k for k in self.committed if self._deletable(k)), None)
                 if key is None:
-                    return
+                    break
                 old = self.committed[key].pop(0)
                 self._built_through.pop((key, old), None)
+                doomed.append((key, old))
+        if doomed:
+            self._submit(self._delete, doomed)
+
+    def _delete(self, doomed: list[tuple[str, int]]) -> None:
+        for key, old in doomed:
             prefix = checkpoint_prefix(key, old)
             try:
                 # The manifest goes first: a half-deleted checkpoint is never trusted.

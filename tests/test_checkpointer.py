@@ -148,3 +148,61 @@ def test_writes_submitted_from_several_threads_are_all_tracked(sc, tmp_path):
     ckpt.flush(60)
     ckpt.close()
     assert len(ran) == 800 and all(f.done() for f in ckpt._started())
+
+
+class _RecordingEvents:
+    """Accepts the commit events a checkpointer posts (nothing adopts them here)."""
+
+    def __init__(self) -> None:
+        self.posted: list = []
+
+    def post(self, event) -> None:
+        self.posted.append(event)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        return True
+
+
+class _StubNode:
+    """The members of a checkpointed node that the checkpointer reads."""
+
+    key = "001-Stub"
+    name = "stub#1"
+    checkpoint_partitioner = None
+    remember_duration = None
+
+
+def _needs_checkpoint(url: str, key: str, time_ms: int):
+    """A partition function that fails unless the checkpoint ``key`` at ``time_ms`` is still in the store
+    (as recomputing an RDD whose lineage reads it would)."""
+
+    def check(it):
+        load_manifest(open_store(url), key, time_ms)
+        return it
+
+    return check
+
+
+def test_a_deletion_queued_behind_a_busy_writer_spares_checkpoints_that_later_writes_still_read(sc, tmp_path):
+    """Regression (seen in a catch-up after a kill, under load): a deletion queued behind a slow write decided
+    what to delete only when it ran, after later batches had completed, and removed a checkpoint that the write
+    queued behind it still read (recomputing an RDD built on that checkpoint's lineage)."""
+    url = str(tmp_path / "cp")
+    node = _StubNode()
+    ckpt = StoreCheckpointer(sc, StoreSpec(url), _RecordingEvents())
+    for t in (1000, 2000, 3000, 4000, 5000):  # batch 6 is built on checkpoint 2's lineage
+        ckpt._write(node, t, sc.parallelize([t], 1))
+        ckpt.adopted(node, from_user_time(t / 1000), 6000 if t == 3000 else t)
+    gate = threading.Event()
+    ckpt._submit(gate.wait, 60)  # the writer is busy (a slow write) ...
+    try:
+        ckpt.batch_completed(from_user_time(5))  # ... when the deletion of checkpoint 1 is queued
+        reads_second = sc.parallelize([6], 1).mapPartitions(_needs_checkpoint(url, node.key, 2000))
+        ckpt.mark(node, from_user_time(6), reads_second)
+        ckpt.batch_completed(from_user_time(6))  # its write queues behind; checkpoint 2 may go after it
+    finally:
+        gate.set()
+    ckpt.flush(60)
+    ckpt.close()
+    assert ckpt.errors == [], ckpt.errors
+    assert sorted(list_checkpoints(open_store(url), node.key)) == [3000, 4000, 5000, 6000]

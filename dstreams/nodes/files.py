@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from ..listener import BatchInfo
 
 _LINE_BREAK = re.compile(rb"\r\n|\r|\n")
-#: At most this many objects per partition when reading a store prefix (more objects: fewer tasks).
+#: At most this many partitions (tasks) when reading a store prefix's objects.
 _MAX_PARTITIONS = 64
 
 
@@ -237,7 +237,10 @@ class FileInputNode(InputNode):
             return sc.emptyRDD()
         if self._spec is not None:
             spec, record_length = self._spec, self.record_length
-            keys = sc.parallelize(paths, min(len(paths), _MAX_PARTITIONS))
+            # One task per object would pay PySpark's per-task cost (and, downstream, one output part per
+            # object) for every small object of a backlog: spread the objects over the default parallelism.
+            partitions = min(len(paths), _MAX_PARTITIONS, max(1, sc.defaultParallelism))
+            keys = sc.parallelize(paths, partitions)
             return keys.mapPartitions(lambda it: _read_objects(spec, record_length, it))
         if self.record_length is None:
             return sc.textFile(",".join(paths))
