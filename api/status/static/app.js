@@ -120,7 +120,14 @@ function renderStatus(s) {
     const li = el("li");
     const where = e.batch_time_ms === null ? e.where : `${e.where}, batch ${fmtTime(e.batch_time_ms)}`;
     li.appendChild(el("strong", {}, `${fmtTime(e.time_ms)} · ${where}`));
-    li.appendChild(el("pre", {}, e.message));
+    const lines = e.message.split("\n").filter((line) => line.trim());
+    li.appendChild(el("div", { class: "error-line" }, lines.length ? lines[lines.length - 1] : ""));
+    if (lines.length > 1) {  // a traceback: its last line above, the whole of it on request
+      const details = el("details");
+      details.appendChild(el("summary", {}, "traceback"));
+      details.appendChild(el("pre", {}, e.message));
+      li.appendChild(details);
+    }
     errors.appendChild(li);
   }
   renderGraph(s.streams);
