@@ -31,6 +31,24 @@ def _values(_: int, it: Iterator[tuple[int, Any]]) -> Iterator[Any]:
     return (r[1] for r in it)
 
 
+class StateView(DStream):
+    """The public stream of an event-time state operator (windows, sessions, timers): ``checkpoint(interval)``
+    sets the checkpoint interval of the operator's state, which is what a checkpoint must cut."""
+
+    def __init__(self, state: DStreamNode, view: Callable[[Iterator[Any]], Iterator[Any]], label: str,
+                 ssc: StreamingContext) -> None:
+        super().__init__(TransformedNode(state.graph, [state], lambda rdds, t: rdds[0].mapPartitions(view), label),
+                         ssc)
+        self._state = state
+
+    def checkpoint(self, interval: DurationLike) -> DStream:
+        """Checkpoint the operator's state every ``interval`` (a multiple of the batch interval)."""
+        self._check_open()
+        self._state.checkpoint_interval = parse_duration(interval, "checkpoint interval")
+        self.is_checkpointed = True
+        return self
+
+
 class TimedDStream(DStream):
     """A stream whose records carry an event time (see the module docstring).
 
@@ -100,6 +118,11 @@ class TimedDStream(DStream):
         that entered. The state is per key, hash-partitioned into ``numPartitions`` and checkpointed like
         ``updateStateByKey``'s; it holds only windows the watermark has not passed.
         """
+        return self._event_window(func, windowDuration, slideDuration, invFunc, emit, numPartitions, keyed=True)
+
+    def _event_window(self, func: Callable[[Any, Any], Any], windowDuration: DurationLike,
+                      slideDuration: DurationLike | None, invFunc: Callable[[Any, Any], Any] | None, emit: str,
+                      numPartitions: int | None, keyed: bool) -> DStream:
         self._check_open()
         from dstreams.nodes.event_window import EventWindowNode, emitted_windows
         from dstreams.partitioned import hash_partitioner
@@ -108,9 +131,7 @@ class TimedDStream(DStream):
         s = self._duration(slideDuration, "slideDuration") or w
         part = hash_partitioner(self._default_partitions(numPartitions))
         node = EventWindowNode(self._timed.graph, self._timed, func, invFunc, w, s, emit, part)
-        out = emitted_windows(w.ms, s.ms, keyed=True)
-        return DStream(TransformedNode(node.graph, [node], lambda rdds, t: rdds[0].mapPartitions(out),
-                                       "eventWindows"), self._ssc)
+        return StateView(node, emitted_windows(w.ms, s.ms, keyed=keyed), "eventWindows", self._ssc)
 
     def reduceByEventWindow(self, reduceFunc: Callable[[Any, Any], Any], windowDuration: DurationLike,
                             slideDuration: DurationLike | None = None,
@@ -118,9 +139,9 @@ class TimedDStream(DStream):
                             emit: str = "final") -> DStream:
         """The reduce of all records whose event time falls in each window (one state partition): records
         ``((start, end), value)``; otherwise as :meth:`reduceByKeyAndEventWindow`."""
-        keyed = self.map(lambda x: (None, x)).reduceByKeyAndEventWindow(
-            reduceFunc, windowDuration, slideDuration, invReduceFunc, emit, 1)
-        return keyed.map(lambda kv: (kv[0][1], kv[1]))
+        keyed = self.map(lambda x: (None, x))
+        assert isinstance(keyed, TimedDStream)
+        return keyed._event_window(reduceFunc, windowDuration, slideDuration, invReduceFunc, emit, 1, keyed=False)
 
     def sessionWindow(self, gap: DurationLike, aggregate: Callable[[list[Any]], Any] | None = None,
                       numPartitions: int | None = None) -> DStream:
@@ -141,8 +162,7 @@ class TimedDStream(DStream):
         part = hash_partitioner(self._default_partitions(numPartitions))
         node = SessionWindowNode(self._timed.graph, self._timed, g, aggregate if aggregate is not None else list,
                                  part)
-        return DStream(TransformedNode(node.graph, [node], lambda rdds, t: rdds[0].mapPartitions(emitted_sessions),
-                                       "sessions"), self._ssc)
+        return StateView(node, emitted_sessions, "sessions", self._ssc)
 
     # ------------------------------------------------------------------ late records
     def lateRecords(self) -> DStream:
@@ -154,3 +174,21 @@ class TimedDStream(DStream):
             raise ValueError("lateRecords() needs the stream of one withEventTime: call it on each stream "
                              "before the union")
         return DStream(LateRecordsNode(self._timed.graph, self._event), self._ssc)
+
+
+class TrackedDStream(StateView):
+    """What ``track(..., timers=on_timer)`` returns: ``(key, state)`` of the live keys each batch, and
+    :meth:`emitted`, the records the functions emitted (:mod:`dstreams.nodes.timers`)."""
+
+    def __init__(self, node: DStreamNode, ssc: StreamingContext) -> None:
+        from dstreams.nodes.timers import live_states
+
+        super().__init__(node, live_states, "trackStates", ssc)
+
+    def emitted(self) -> DStream:
+        """The records ``init``/``update``/``on_timer`` emitted with ``TrackUpdate(..., emit=[...])``, per batch."""
+        self._check_open()
+        from dstreams.nodes.timers import emitted_records
+
+        return StateView(self._state, emitted_records, "trackEmitted", self._ssc)
+

@@ -321,16 +321,33 @@ class DStream:
         return self._derive(RunningReduceNode(self._node.graph, self._node, func, part))
 
     def track(self, init: Callable[[Any, Any], Any], update: Callable[[Any, Any, Any], Any],
-              timeout: DurationLike, numPartitions: int | None = None) -> DStream:
+              timeout: DurationLike, numPartitions: int | None = None,
+              timers: Callable[[Any, Any, Any], Any] | None = None) -> DStream:
         """The paper's state tracking over a stream of ``(key, event)``.
 
         A key's state is created by ``init(key, event)``, updated by ``update(key, state, event)``
         (None drops it) and dropped after ``timeout`` with no event. Emits ``(key, state)`` for the
         live keys every batch.
+
+        ``timers=on_timer`` adds per-key timers (MillWheel's): ``init``/``update``/``on_timer`` may return
+        ``dstreams.TrackUpdate(state, eventTime=..., processingTime=..., emit=[...])`` to set the key's
+        event-time timer (fires in the batch whose watermark reaches it; needs ``withEventTime`` upstream)
+        or processing-time timer (fires in the first batch at or after it) and to emit records;
+        ``on_timer(key, state, dstreams.Timer(kind, time))`` returns the new state (None drops the key) or
+        a ``TrackUpdate``. The returned stream's ``emitted()`` holds the emitted records. Timers are
+        checkpointed with the state and fire exactly once across a driver failover
+        (:mod:`dstreams.nodes.timers`).
         """
         self._check_open()
         t = parse_duration(timeout, "timeout")
         part = hash_partitioner(self._default_partitions(numPartitions))
+        if timers is not None:
+            from dstreams.nodes.timers import TimerTrackNode
+
+            from .event_time import TrackedDStream
+
+            return TrackedDStream(TimerTrackNode(self._node.graph, self._node, init, update, t, part, timers),
+                                  self._ssc)
         node = TrackNode(self._node.graph, self._node, init, update, t, part)
         return self._derive(node).mapValues(lambda entry: entry[0])
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from dstreams.api.stream import DStream
     from dstreams.clock import ManualClock, SystemClock
     from dstreams.listener import BatchInfo, OutputOperationInfo, StreamingListener
+    from dstreams.nodes.timers import Timer, TrackUpdate
     from dstreams.scheduler import BatchFailedError
     from dstreams.time import BatchTime, Duration, parse_duration
 
@@ -34,6 +35,8 @@ __all__ = [
     "BatchTime",
     "Duration",
     "parse_duration",
+    "TrackUpdate",
+    "Timer",
 ]
 
 _EXPORTS = {
@@ -49,6 +52,8 @@ _EXPORTS = {
     "BatchTime": "dstreams.time",
     "Duration": "dstreams.time",
     "parse_duration": "dstreams.time",
+    "TrackUpdate": "dstreams.nodes.timers",
+    "Timer": "dstreams.nodes.timers",
 }
 
 __version__ = "0.1.0"

@@ -15,7 +15,9 @@ from typing import Any
 from dstreams import ManualClock, StreamingContext
 from dstreams.recovery.metadata import MetadataLog
 from dstreams.recovery.store import open_store
-from dstreams.time import Duration, from_user_time
+from dstreams.time import from_user_time
+
+from .test_event_time_timers import on_init, on_timer, on_update
 
 
 def ts_of(r: tuple[float, Any]) -> float:
@@ -144,9 +146,11 @@ def build_timed(sc, ckpt: str, clock: ManualClock, out: str) -> StreamingContext
     timed.lateRecords().foreachRDD(keep("late"))
     windows = timed.map(lambda r: (r[1], 1)).reduceByKeyAndEventWindow(
         operator.add, "4s", "2s", invFunc=operator.sub, numPartitions=2)
-    windows.foreachRDD(keep("windows"))
-    windows._node.parents[0].checkpoint_interval = Duration(2000)  # the window state, every 2 batches
+    windows.checkpoint("2s").foreachRDD(keep("windows"))  # the window state, checkpointed every 2 batches
     timed.map(lambda r: (r[1], r[0])).sessionWindow("1500ms", aggregate=len).foreachRDD(keep("sessions"))
+    by_bucket = timed.map(lambda r: (int(r[0]) // 2, r[0]))  # keys that stop receiving events: they close
+    tracked = by_bucket.track(on_init, on_update, "30s", 2, timers=on_timer).checkpoint("2s")  # timers too
+    tracked.emitted().foreachRDD(keep("timers"))
     return ssc
 
 
@@ -157,6 +161,19 @@ def _read(out: str) -> dict[str, dict[int, Any]]:
         with open(os.path.join(out, name)) as f:
             seen.setdefault(kind, {})[int(ms)] = f.read()
     return seen
+
+
+def _resume(sc, ckpt: str, out: str, now_ms: int, batches: range) -> None:
+    """A new driver (getOrCreate, the graph restored from the checkpoint) started at ``now_ms`` runs ``batches``."""
+    clock = ManualClock(now_ms)
+    ssc = StreamingContext.getOrCreate(ckpt, lambda: build_timed(sc, ckpt, clock, out), clock=clock)
+    try:
+        ssc.start()
+        for i in batches:
+            clock.set_time(max(clock.time_ms(), i * 1000))
+            ssc.awaitBatch(i * 1000, 60)
+    finally:
+        ssc.stop(stopSparkContext=False)
 
 
 def test_resumed_driver_replays_the_recorded_watermarks_and_continues_the_same(sc, tmp_path):
@@ -170,6 +187,8 @@ def test_resumed_driver_replays_the_recorded_watermarks_and_continues_the_same(s
     assert any(v != "[]" for v in ref["late"].values()) and ref["marks"][10_000] != "[null]"
     assert sum(len(json.loads(v)) for v in ref["windows"].values()) >= 10
     assert sum(len(json.loads(v)) for v in ref["sessions"].values()) >= 3
+    fired = [r for v in ref["timers"].values() for r in json.loads(v)]
+    assert {r[0] for r in fired} == {"closed", "tick"}
 
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
     clock = ManualClock()
@@ -187,15 +206,7 @@ def test_resumed_driver_replays_the_recorded_watermarks_and_continues_the_same(s
     audit = json.loads(open(os.path.join(ckpt, "meta", "batches", f"{5000:015d}.json")).read())
     assert audit["offsets"][wm_key] == recorded[5000][wm_key]  # the batch's audit record holds it too
 
-    clock2 = ManualClock(8000)  # down for batches 6..8: caught up at once
-    second = StreamingContext.getOrCreate(ckpt, lambda: build_timed(sc, ckpt, clock2, out), clock=clock2)
-    try:
-        second.start()
-        for i in range(6, 11):
-            clock2.set_time(max(clock2.time_ms(), i * 1000))
-            second.awaitBatch(i * 1000, 60)
-    finally:
-        second.stop(stopSparkContext=False)
+    _resume(sc, ckpt, out, 8000, range(6, 11))  # down for batches 6..8: caught up at once
     assert _read(out) == ref
 
 
@@ -219,15 +230,7 @@ def test_a_replayed_batch_sees_exactly_the_watermark_recorded_for_it(sc, tmp_pat
     head["completed_through"] = 3000  # 4 and 5 were pending
     with open(path, "w") as f:
         json.dump(head, f)
-    clock2 = ManualClock(5000)
-    second = StreamingContext.getOrCreate(ckpt, lambda: build_timed(sc, ckpt, clock2, out), clock=clock2)
-    try:
-        second.start()
-        for i in range(4, 7):
-            clock2.set_time(max(clock2.time_ms(), i * 1000))
-            second.awaitBatch(i * 1000, 60)
-    finally:
-        second.stop(stopSparkContext=False)
+    _resume(sc, ckpt, out, 5000, range(4, 7))
     got = _read(out)
     assert json.loads(got["marks"][4000]) == [(recorded - 500) / 1000]
     assert got["marks"][5000] == ref["marks"][5000]  # recorded too: replayed as it was

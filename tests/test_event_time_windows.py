@@ -189,7 +189,7 @@ def test_window_state_is_not_shuffled_each_batch(sc):
     windows = timed.map(lambda r: (r[1], r[2])).reduceByKeyAndEventWindow(
         operator.add, 6, 2, invFunc=operator.sub, numPartitions=2)
     windows.foreachRDD(lambda rdd: rdd.collect())
-    node = windows._node.parents[0]
+    node = windows._state
     ssc.start()
     try:
         for i in range(1, 6):

@@ -44,7 +44,7 @@ from pyspark.rdd import Partitioner
 
 from .. import jvm
 from ..node import DStreamNode
-from ..partitioned import pre_group_ordered, require_pair, segmented_merge
+from ..partitioned import pre_group_ordered, require_pair
 from ..time import BatchTime, Duration
 from .event_time import previous_watermark_at, seconds, watermark_at
 from .state import Merge, StateNode
@@ -66,21 +66,10 @@ def _closed_through(watermark: int | None, window: int, slide: int) -> int | Non
     return None if watermark is None else (watermark - window) // slide
 
 
-class WatermarkStateNode(StateNode):
-    """A state node that merges every batch, with or without new records (the watermark may close windows
-    or sessions in a batch without data). Subclasses provide ``prepare`` and ``merge_function``."""
-
-    def compute(self, time: BatchTime) -> RDD | None:
-        previous = self.get_or_compute(time - self.slide_duration)
-        batch = self.parent.get_or_compute(time)
-        if previous is None and batch is None:
-            return None
-        groups = [[previous] if previous is not None else [], [self.prepare(batch)] if batch is not None else []]
-        return segmented_merge(self.graph.sc, groups, self.partitioner, self.merge_function(time))
-
-
-class EventWindowNode(WatermarkStateNode):
+class EventWindowNode(StateNode):
     """Keyed event-time windows; see the module docstring."""
+
+    merges_every_batch = True
 
     def __init__(self, graph: DStreamGraph, parent: DStreamNode, func: Callable[[Any, Any], Any],
                  inv_func: Callable[[Any, Any], Any] | None, window: Duration, slide: Duration, emit: str,
@@ -229,7 +218,7 @@ def emitted_windows(window_ms: int, slide_ms: int, keyed: bool) -> Callable[[Ite
     return run
 
 
-class SessionWindowNode(WatermarkStateNode):
+class SessionWindowNode(StateNode):
     """``sessionWindow(gap, aggregate)``: per key, sessions of records closer than ``gap`` in event time.
 
     A session holds the records of one key whose event times, sorted, are each less than ``gap`` after the
@@ -242,6 +231,8 @@ class SessionWindowNode(WatermarkStateNode):
     ``(event_ms, value)``, hash-partitioned and checkpointed like every state stream; a key is dropped once
     it has no open session.
     """
+
+    merges_every_batch = True
 
     def __init__(self, graph: DStreamGraph, parent: DStreamNode, gap: Duration,
                  aggregate: Callable[[list[Any]], Any], partitioner: Partitioner) -> None:

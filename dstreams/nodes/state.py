@@ -10,7 +10,7 @@ checkpoint interval, checkpointed so that the lineage stays bounded. Subclasses 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pyspark import RDD, StorageLevel
 from pyspark.rdd import Partitioner
@@ -29,6 +29,9 @@ class StateNode(DStreamNode):
     """Base of the per-key state operators."""
 
     must_checkpoint = True
+    #: Merge at every batch, also one without a batch RDD, once there is a state (event-time operators and
+    #: timers: the watermark or the batch time alone may change the state).
+    merges_every_batch: ClassVar[bool] = False
 
     def __init__(self, graph: DStreamGraph, parent: DStreamNode, partitioner: Partitioner,
                  initial: RDD | None = None, label: str = "state") -> None:
@@ -85,10 +88,9 @@ class StateNode(DStreamNode):
         if previous is None:
             previous = self._initial_rdd()
         batch = self.parent.get_or_compute(time)
-        if batch is None:
+        if batch is None and (previous is None or not self.merges_every_batch):
             return previous
-        prepared = self.prepare(batch)
-        groups = [[previous] if previous is not None else [], [prepared]]
+        groups = [[previous] if previous is not None else [], [self.prepare(batch)] if batch is not None else []]
         return segmented_merge(self.graph.sc, groups, self.partitioner, self.merge_function(time))
 
 
