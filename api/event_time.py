@@ -177,13 +177,14 @@ class TimedDStream(DStream):
 
 
 class TrackedDStream(StateView):
-    """What ``track(..., timers=on_timer)`` returns: ``(key, state)`` of the live keys each batch, and
+    """What ``track(..., timers=on_timer)`` or ``track(..., emit="updated")`` returns: ``(key, state)`` of the
+    live keys each batch (only those with events or fired timers in it with ``emit="updated"``), and
     :meth:`emitted`, the records the functions emitted (:mod:`dstreams.nodes.timers`)."""
 
-    def __init__(self, node: DStreamNode, ssc: StreamingContext) -> None:
-        from dstreams.nodes.timers import live_states
+    def __init__(self, node: DStreamNode, ssc: StreamingContext, updated_only: bool = False) -> None:
+        from dstreams.nodes.timers import live_states, updated_states
 
-        super().__init__(node, live_states, "trackStates", ssc)
+        super().__init__(node, updated_states if updated_only else live_states, "trackStates", ssc)
 
     def emitted(self) -> DStream:
         """The records ``init``/``update``/``on_timer`` emitted with ``TrackUpdate(..., emit=[...])``, per batch."""

@@ -322,7 +322,7 @@ class DStream:
 
     def track(self, init: Callable[[Any, Any], Any], update: Callable[[Any, Any, Any], Any],
               timeout: DurationLike, numPartitions: int | None = None,
-              timers: Callable[[Any, Any, Any], Any] | None = None) -> DStream:
+              timers: Callable[[Any, Any, Any], Any] | None = None, emit: str = "all") -> DStream:
         """The paper's state tracking over a stream of ``(key, event)``.
 
         A key's state is created by ``init(key, event)``, updated by ``update(key, state, event)``
@@ -337,17 +337,22 @@ class DStream:
         a ``TrackUpdate``. The returned stream's ``emitted()`` holds the emitted records. Timers are
         checkpointed with the state and fire exactly once across a driver failover
         (:mod:`dstreams.nodes.timers`).
+
+        ``emit="updated"`` (the ``mapWithState``-style variant) emits ``(key, state)`` only for the keys
+        that received events or fired a timer in the batch (and are still alive), instead of every live key.
         """
         self._check_open()
         t = parse_duration(timeout, "timeout")
         part = hash_partitioner(self._default_partitions(numPartitions))
-        if timers is not None:
+        if emit not in ("all", "updated"):
+            raise ValueError(f"emit must be 'all' or 'updated', got {emit!r}")
+        if timers is not None or emit == "updated":
             from dstreams.nodes.timers import TimerTrackNode
 
             from .event_time import TrackedDStream
 
             return TrackedDStream(TimerTrackNode(self._node.graph, self._node, init, update, t, part, timers),
-                                  self._ssc)
+                                  self._ssc, updated_only=emit == "updated")
         node = TrackNode(self._node.graph, self._node, init, update, t, part)
         return self._derive(node).mapValues(lambda entry: entry[0])
 

@@ -1,5 +1,6 @@
 """Timers in ``track``: event-time timers fire when the watermark reaches them, processing-time timers at the
-first batch time at or after them; fired timers emit records and update or drop the state. (Exactly once
+first batch time at or after them; fired timers emit records and update or drop the state; ``emit="updated"``
+emits only the keys touched in the batch. (Exactly once
 across a driver failover: ``tests/test_event_time.py``, whose resumed pipeline carries these functions.)
 
 Batch ``i`` runs at ``i * 1000`` ms on a ManualClock; event times are seconds; lateness 0, so the watermark
@@ -42,8 +43,11 @@ def test_event_and_processing_time_timers_fire_once_and_emit(sc):
             got[name][from_user_time(time).ms // 1000] = sorted(rdd.collect())
         return run
 
+    got["updated"] = {}
+    updated = timed.map(lambda r: (r[1], r[0])).track(on_init, on_update, "1min", 2, on_timer, emit="updated")
     tracked.foreachRDD(keep("states"))
     tracked.emitted().foreachRDD(keep("emitted"))
+    updated.foreachRDD(keep("updated"))
     ssc.start()
     try:
         for i in range(1, len(batches) + 1):
@@ -62,6 +66,9 @@ def test_event_and_processing_time_timers_fire_once_and_emit(sc):
     assert got["states"][3] == [("a", 2), ("b", 2)]
     assert got["states"][4] == [("b", 2), ("c", 1)]
     assert got["states"][7] == [("d", 1)]
+    # emit="updated" (mapWithState-style): only the keys with events or fired timers in the batch, if alive.
+    assert got["updated"] == {1: [("a", 1), ("b", 1)], 2: [("a", 2)], 3: [("b", 2)], 4: [("b", 2), ("c", 1)],
+                              5: [], 6: [("d", 1)], 7: []}
 
 
 def test_track_without_timers_keeps_its_contract(sc):

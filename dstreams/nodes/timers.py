@@ -19,8 +19,12 @@ without events) and adds, per key, at most one **event-time timer** and one **pr
   exactly the timers the original did and a timer fires exactly once in the committed output across a
   driver failover.
 
-Records of this node: ``(key, (state, last_event_ms, event_timer_ms, processing_timer_ms, emitted, alive))``;
-the public streams read ``(key, state)`` of the live keys and the ``emitted`` records.
+``track(..., emit="updated")`` (with or without timers) is the ``mapWithState``-style variant: its stream
+holds, each batch, only the keys that received events or fired a timer in it (and are still alive).
+
+Records of this node: ``(key, (state, last_event_ms, event_timer_ms, processing_timer_ms, emitted, alive,
+touched))``; the public streams read ``(key, state)`` of the live (and touched) keys and the ``emitted``
+records.
 """
 
 from __future__ import annotations
@@ -71,12 +75,12 @@ class TimerTrackNode(TrackNode):
 
     def __init__(self, graph: DStreamGraph, parent: DStreamNode, init: Callable[[Any, Any], Any],
                  update: Callable[[Any, Any, Any], Any], timeout: Duration, partitioner: Partitioner,
-                 on_timer: Callable[[Any, Any, Timer], Any]) -> None:
+                 on_timer: Callable[[Any, Any, Timer], Any] | None) -> None:
         super().__init__(graph, parent, init, update, timeout, partitioner)
         self.on_timer = on_timer
 
     def describe_params(self) -> list[str]:
-        return ["timers", *super().describe_params()]
+        return ["timers" if self.on_timer is not None else "no-timers", *super().describe_params()]
 
     def merge_function(self, time: BatchTime) -> Merge:
         init, update, on_timer = self.init, self.update, self.on_timer
@@ -98,19 +102,27 @@ class TimerTrackNode(TrackNode):
                         et = pt = None
                 if s is not None and now - last >= timeout:
                     s = et = pt = None  # timed out (track's contract)
+                touched = k in new
                 if s is not None and et is not None and wm is not None and et <= wm:
-                    fired, et = et, None
-                    s, et, pt = _apply(on_timer(k, s, Timer("event", seconds(fired))), et, pt, emitted)
+                    fired, et, touched = et, None, True
+                    s, et, pt = _apply(_fire(on_timer, k, s, Timer("event", seconds(fired))), et, pt, emitted)
                 if s is not None and pt is not None and pt <= now:
-                    fired, pt = pt, None
-                    s, et, pt = _apply(on_timer(k, s, Timer("processing", seconds(fired))), et, pt, emitted)
+                    fired, pt, touched = pt, None, True
+                    s, et, pt = _apply(_fire(on_timer, k, s, Timer("processing", seconds(fired))), et, pt, emitted)
                 if s is None:
                     et = pt = None
                 if s is not None or emitted:
-                    out.append((k, (s, last, et, pt, emitted, s is not None)))
+                    out.append((k, (s, last, et, pt, emitted, s is not None, touched)))
             return out
 
         return merge
+
+
+def _fire(on_timer: Callable[[Any, Any, Timer], Any] | None, key: Any, state: Any, timer: Timer) -> Any:
+    if on_timer is None:
+        raise ValueError(f"a {timer.kind}-time timer of key {key!r:.100} fired, but track() has no timers= callback: "
+                         "pass timers=on_timer, or do not set timers in init/update")
+    return on_timer(key, state, timer)
 
 
 def _apply(result: Any, et: int | None, pt: int | None, emitted: list[Any]) -> tuple[Any, int | None, int | None]:
@@ -128,6 +140,11 @@ def _apply(result: Any, et: int | None, pt: int | None, emitted: list[Any]) -> t
 def live_states(it: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
     """Partition function: ``(key, state)`` of the live keys."""
     return ((k, e[0]) for k, e in it if e[5])
+
+
+def updated_states(it: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
+    """Partition function: ``(key, state)`` of the live keys that had events or fired timers in the batch."""
+    return ((k, e[0]) for k, e in it if e[5] and e[6])
 
 
 def emitted_records(it: Iterator[Any]) -> Iterator[Any]:
