@@ -379,6 +379,14 @@ def union(sc: SparkContext, rdds: Sequence[RDD]) -> RDD:
     return _BuiltRDD(joined, sc, first, barrier)
 
 
+def has_no_partitions(rdd: RDD) -> bool:
+    """Whether ``rdd`` has no partition at all (e.g. an empty folder listing seen through per-record
+    operations), asked without building a pipelined RDD's JVM side (no function is serialised)."""
+    if isinstance(rdd, PipelinedRDD) and rdd._jrdd_val is None:
+        return bool(rdd._prev_jrdd.partitions().isEmpty())
+    return bool(rdd._jrdd.partitions().isEmpty())
+
+
 def num_partitions(rdd: RDD) -> int:
     """``rdd.getNumPartitions()`` in one round trip when the compiled builder is there."""
     builder = _compiled_builder(rdd.ctx)

@@ -231,12 +231,21 @@ class DStreamNode:
             self._reader_times.discard(t)
             if t in self._persisted_by_engine:
                 self._persisted_by_engine.discard(t)
-                rdd.unpersist(blocking=False)
+                later = self._times_holding(rdd)
+                if later:  # the same RDD is a later batch's too (a state no input changed): it keeps the cache
+                    self._persisted_by_engine.add(max(later))
+                else:
+                    rdd.unpersist(blocking=False)
         for t in [t for t in self._retired if t <= horizon]:
             for rdd in self._retired.pop(t):
-                rdd.unpersist(blocking=False)
+                if not self._times_holding(rdd):
+                    rdd.unpersist(blocking=False)
         for dep in self.dependencies:
             dep.clear_metadata(time)
+
+    def _times_holding(self, rdd: RDD) -> list[int]:
+        """The batch times whose RDD is ``rdd`` itself (a node may hand the same RDD to several batches)."""
+        return [t for t, r in self.generated.items() if r is rdd]
 
     def release(self) -> None:
         """Unpersist every RDD the engine persisted for this node (the context stopped).

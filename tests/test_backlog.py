@@ -68,3 +68,39 @@ def test_batches_generated_during_a_backlog_compute_one_step_each(sc, tmp_path):
     # written (one or two on a busy machine). Recomputing the backlog would cost 30+ tasks.
     assert max(tasks.values()) <= 16, tasks
     assert sorted(tasks.values())[len(tasks) // 2] <= 6, tasks
+
+
+def test_empty_intervals_leave_a_running_state_as_it_was_without_a_spark_stage(sc, tmp_path):
+    """A batch with no partition (an empty folder listing, the missed intervals of a downtime) hands the
+    previous state on as it is: its output job runs one task per state partition, no state stage, and the
+    cache of the state stays with the newest batch that holds it when the older batches are forgotten."""
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.checkpoint(str(tmp_path / "ckpt"))
+    empty = 9
+    batches = [sc.parallelize([("a", 1), ("b", 2)], 2)] + [sc.emptyRDD() for _ in range(empty)]
+    batches.append(sc.parallelize([("a", 10)], 2))
+    counts = ssc.queueStream(batches).runningReduce(operator.add, 2).checkpoint("4s")
+    seen: dict[int, list] = {}
+    counts.foreachRDD(lambda time, rdd: seen.__setitem__(from_user_time(time).ms, sorted(rdd.collect())))
+    node = counts._node
+    ssc.start()
+    try:
+        for i in range(1, empty + 2):
+            clock.set_time(i * 1000)
+            ssc.awaitBatch(i * 1000, 120)
+        ssc._checkpointer.flush(60)
+        last_empty = (empty + 1) * 1000
+        held = node.generated[last_empty]
+        assert held is node.generated[last_empty - 1000]  # the same RDD: nothing computed for it
+        assert min(node.generated) > 2000 and held.is_cached  # older batches forgotten, the cache kept
+        clock.set_time((empty + 2) * 1000)
+        ssc.awaitBatch((empty + 2) * 1000, 120)
+        tasks = _tasks_per_batch(sc, ssc._scheduler.ctx_id, [2000, 3000, last_empty, (empty + 2) * 1000])
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert ssc._scheduler.error is None and ssc._checkpointer.errors == []
+    assert {t: seen[t] for t in (1000, 2000, last_empty)} == {t: [("a", 1), ("b", 2)] for t in (1000, 2000, last_empty)}
+    assert seen[(empty + 2) * 1000] == [("a", 11), ("b", 2)]
+    assert tasks[2000] == tasks[3000] == tasks[last_empty] == 2, tasks  # the collect of 2 cached partitions
+    assert tasks[(empty + 2) * 1000] > 2, tasks  # a batch with data merges again

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pyspark import RDD, StorageLevel
 from pyspark.rdd import Partitioner
 
+from .. import jvm
 from ..node import DStreamNode
 from ..partitioned import ensure_partitioned, pre_group_ordered, pre_reduce, segmented_merge
 from ..time import BatchTime, Duration
@@ -101,6 +102,19 @@ class RunningReduceNode(StateNode):
                  partitioner: Partitioner) -> None:
         super().__init__(graph, parent, partitioner, label="runningReduce")
         self.func = func
+
+    def compute(self, time: BatchTime) -> RDD | None:
+        """As every state stream, except that a batch with no partition at all (an empty folder listing, an
+        exhausted queue) leaves the state as it was: the previous batch's RDD is this batch's too, with no
+        Spark stage, so a run of empty intervals (a catch-up after a downtime) costs only its outputs."""
+        batch = self.parent.get_or_compute(time)
+        if batch is not None and jvm.has_no_partitions(batch):
+            previous = self.get_or_compute(time - self.slide_duration)
+            if previous is None:
+                previous = self._initial_rdd()
+            if previous is not None:
+                return previous
+        return super().compute(time)
 
     def prepare(self, batch: RDD) -> RDD:
         return pre_reduce(batch, self.func, self.partitioner, "runningReduce")
