@@ -294,8 +294,9 @@ class BatchInfo:
     metrics entries its source reported, e.g. its rate limit) when it is generated,
     ``processing_start_time_ms``/``processing_end_time_ms`` when it runs, one
     :class:`OutputOperationInfo` per output operation in ``output_operations`` (by output id). The
-    derived ``scheduling_delay_ms``, ``processing_delay_ms`` and ``total_delay_ms`` are ``None``
-    until known.
+    derived delays are ``None`` until known: ``scheduling_delay_ms`` (submission to processing start),
+    ``processing_delay_ms`` (processing start to end) and ``total_delay_ms`` (their sum: submission to
+    processing end, as Spark's ``totalDelay``).
 
     PySpark calls: ``batchTime()``, ``submissionTime()``, ``processingStartTime()``,
     ``processingEndTime()``, ``schedulingDelay()``, ``processingDelay()``, ``totalDelay()`` (each
@@ -354,9 +355,12 @@ class BatchInfo:
 
     @property
     def total_delay_ms(self) -> int | None:
+        """Scheduling delay + processing delay: from the batch's submission to the end of its processing, as
+        Spark defines ``totalDelay`` (not from its batch time: a batch submitted late, e.g. a backlog after a
+        restart, does not count the wait before its submission). ``None`` until processing ended."""
         if self.processing_end_time_ms is None:
             return None
-        return self.processing_end_time_ms - self.batch_time_ms
+        return self.processing_end_time_ms - self.submission_time_ms
 
     @property
     def failed(self) -> bool:

@@ -177,7 +177,7 @@ def test_started_and_completed_batches_have_their_delays(run):
         start, end = _defined(b.processingStartTime()), _defined(b.processingEndTime())
         assert _defined(b.schedulingDelay()) == start - b.submissionTime()
         assert _defined(b.processingDelay()) == end - start
-        assert _defined(b.totalDelay()) == end - b.batchTime().milliseconds()
+        assert _defined(b.totalDelay()) == end - b.submissionTime() == b.schedulingDelay() + b.processingDelay()
         ops = b.outputOperationInfos()
         assert all(ops[i].endTime().isDefined() for i in ops)
     first, second = completed
@@ -226,12 +226,25 @@ def test_unknown_value_is_minus_one_and_survives_copies():
     assert known == 12 and _defined(pickle.loads(pickle.dumps(known))) == 12
 
 
+def test_total_delay_is_scheduling_plus_processing_delay():
+    """Spark's definition (``BatchInfo.totalDelay``): from the batch's submission to the end of its processing,
+    not from its batch time: a batch submitted late (a backlog after a restart) does not count the wait before
+    its submission."""
+    info = BatchInfo(2000, 9000)
+    info.processing_start_time_ms, info.processing_end_time_ms = 9004, 9030
+    assert (info.scheduling_delay_ms, info.processing_delay_ms) == (4, 26)
+    assert info.total_delay_ms == 30 == info.totalDelay()
+    assert info.total_delay_ms == info.scheduling_delay_ms + info.processing_delay_ms
+    info.processing_end_time_ms = None
+    assert info.total_delay_ms is None and info.totalDelay() == -1
+
+
 def test_snake_case_attributes_stay_in_milliseconds():
     info = BatchInfo(2000, 2003, num_records=4, records_per_input={7: 4})
     info.output_operations[0] = OutputOperationInfo(2000, 0, "save", "save at 2000")
     assert info.scheduling_delay_ms is None and info.schedulingDelay() == -1
     info.processing_start_time_ms, info.processing_end_time_ms = 2010, 2025
-    assert (info.scheduling_delay_ms, info.processing_delay_ms, info.total_delay_ms) == (7, 15, 25)
+    assert (info.scheduling_delay_ms, info.processing_delay_ms, info.total_delay_ms) == (7, 15, 22)
     op = info.output_operations[0]
     assert (op.output_id, op.output_name, op.output_description) == (0, "save", "save at 2000")
     assert (op.id(), op.name(), op.description()) == (0, "save", "save at 2000")

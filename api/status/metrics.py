@@ -99,7 +99,8 @@ class StatusMetrics:
                 ("scheduling_delay_ms", "dstreams_batch_scheduling_delay_seconds",
                  "Time each batch waited from its submission to the start of its processing.", SECONDS_BUCKETS),
                 ("total_delay_ms", "dstreams_batch_total_delay_seconds",
-                 "From each batch's time to the end of its processing.", SECONDS_BUCKETS),
+                 "Scheduling delay plus processing time of each batch (submission to end of processing).",
+                 SECONDS_BUCKETS),
                 ("generation_ms", "dstreams_batch_generation_seconds",
                  "Driver time spent building each batch's RDDs and jobs.", DRIVER_BUCKETS),
             )]
