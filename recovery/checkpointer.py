@@ -29,6 +29,11 @@ Contract (the engine's ``dstreams.contracts.Checkpointer``):
   next checkpoint that commits. Any other error is recorded and logged at once (no retry), and the next
   checkpoint is tried. :meth:`StoreCheckpointer.close` ends a wait for the store at once.
 * Two attempts of one task (speculation) write identical bytes under the same key: harmless.
+* Every write that was started is reported once it ended, committed or not, as a :class:`CheckpointWrite`
+  (node key, checkpoint time, duration including outage waits, error): kept in ``recent_writes`` (the newest
+  :data:`RECENT_WRITES`) and passed to each observer registered with :meth:`StoreCheckpointer.add_write_observer`
+  (the status server's ``dstreams_checkpoint_write_seconds``), on the writer thread. An observer must be quick;
+  one that raises is logged and never affects the checkpoint.
 """
 
 from __future__ import annotations
@@ -36,9 +41,11 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections import defaultdict
-from collections.abc import Iterable
+import time as _time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pyspark import RDD, SparkContext
@@ -62,6 +69,24 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
 KEEP_NEWER = 2
+#: How many :class:`CheckpointWrite` records ``StoreCheckpointer.recent_writes`` keeps.
+RECENT_WRITES = 100
+
+
+@dataclass(frozen=True)
+class CheckpointWrite:
+    """One data-checkpoint write that ended: ``node_key`` and ``time_ms`` name the checkpoint, ``seconds`` is
+    the time from the start of the write to its end (waits for an unavailable store included), ``error`` is
+    None when the manifest was committed, else the error's text (the write was given up)."""
+
+    node_key: str
+    time_ms: int
+    seconds: float
+    error: str | None = None
+
+    @property
+    def committed(self) -> bool:
+        return self.error is None
 
 
 class CommitEvents(Protocol):
@@ -139,6 +164,27 @@ class StoreCheckpointer:
         self._restored: dict[str, int] = {}
         self._completed_ms: int | None = None
         self.errors: list[BaseException] = []
+        #: The newest writes that ended, oldest first (at most ``RECENT_WRITES``; appended on the writer thread).
+        self.recent_writes: deque[CheckpointWrite] = deque(maxlen=RECENT_WRITES)
+        self._write_observers: list[Callable[[CheckpointWrite], None]] = []
+
+    def add_write_observer(self, observer: Callable[[CheckpointWrite], None]) -> None:
+        """Call ``observer(write)`` for every write that ends from now on (on the writer thread)."""
+        with self._lock:
+            self._write_observers = [*self._write_observers, observer]
+
+    def remove_write_observer(self, observer: Callable[[CheckpointWrite], None]) -> None:
+        """Stop calling ``observer`` (no error if it is not registered)."""
+        with self._lock:
+            self._write_observers = [o for o in self._write_observers if o != observer]  # == : bound methods
+
+    def _report_write(self, write: CheckpointWrite) -> None:
+        self.recent_writes.append(write)
+        for observer in self._write_observers:
+            try:
+                observer(write)
+            except Exception:  # noqa: BLE001 - monitoring never affects a checkpoint
+                log.warning("checkpoint write observer %r failed", observer, exc_info=True)
 
     def mark(self, node: DStreamNode, time: BatchTime, rdd: RDD) -> None:
         with self._lock:
@@ -224,10 +270,13 @@ class StoreCheckpointer:
         Never raises: a checkpoint that is not written only delays the lineage cut; the stream goes on.
         """
         what = f"writing the checkpoint of {node.name} at {t}"
+        started = _time.monotonic()
         try:
             ride_out(self.outage, what, lambda: self._write_checkpoint(node, t, rdd), self._closed)
         except BaseException as e:
             self.errors.append(e)
+            self._report_write(CheckpointWrite(node.key, t, _time.monotonic() - started,
+                                               f"{type(e).__name__}: {e}"))
             if not self.outage.is_outage(e):
                 log.warning("checkpoint of %s at %d failed (the next one will be tried): %s", node.name, t, e)
             elif self._closed.is_set():
@@ -237,6 +286,8 @@ class StoreCheckpointer:
                 log.error("checkpoint of %s at %d not written: the store stayed unavailable past the outage bound "
                           "(%s); the stream goes on, its lineage is cut by the next checkpoint that commits",
                           node.name, t, e)
+        else:
+            self._report_write(CheckpointWrite(node.key, t, _time.monotonic() - started))
 
     def _write_checkpoint(self, node: DStreamNode, t: int, rdd: RDD) -> None:
         prefix = checkpoint_prefix(node.key, t)

@@ -13,11 +13,12 @@ everywhere the driver depends on the store, by one :class:`StoreOutagePolicy` (t
   the output operation is run again, which the exactly-once sinks make safe; the batch is not reported
   as done before it succeeded.
 
-Each waits and retries (a warning each time) until ``spark.dstreams.store.outageSeconds`` (900 s) has
-passed since the outage began for that operation; then the error propagates (a clear error, nothing lost:
-``getOrCreate`` resumes from the metadata log). An error raised inside an executor reaches the driver as a
-Spark task failure whose text names the store's error type: that counts as an outage too. The journal and
-the checkpointer wait through :func:`ride_out`; the scheduler has its own loop over the same policy.
+Each waits and retries (a warning each time, counted in :data:`OUTAGE_WAITS`) until
+``spark.dstreams.store.outageSeconds`` (900 s) has passed since the outage began for that operation; then the
+error propagates (a clear error, nothing lost: ``getOrCreate`` resumes from the metadata log). An error raised
+inside an executor reaches the driver as a Spark task failure whose text names the store's error type: that
+counts as an outage too. The journal and the checkpointer wait through :func:`ride_out`; the scheduler has its
+own loop over the same policy.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import TypeVar
 from dstreams import config
 from dstreams.contracts import OutagePolicy, SourceUnavailableError
 
+from .counters import EventCounts
 from .store.errors import StoreUnavailableError, TransientStoreError
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,10 @@ T = TypeVar("T")
 
 _NAMES = (StoreUnavailableError.__name__, TransientStoreError.__name__, SourceUnavailableError.__name__)
 _SETTING = config.STORE_OUTAGE_SECONDS
+
+#: Waits for an unavailable store in this process (one per :meth:`StoreOutagePolicy.retry_delay` that returns a
+#: delay, label ``""``). Read by the status server's ``dstreams_store_outage_waits_total``.
+OUTAGE_WAITS = EventCounts("waits for an unavailable store")
 
 
 def outage_seconds_from_env(conf: config.ConfLike | None = None) -> float:
@@ -83,8 +89,8 @@ class StoreOutagePolicy:
     def retry_delay(self, error: BaseException, waited_s: float, what: str) -> float | None:
         """Seconds to wait before ``what`` is tried again, or None: not an outage, or waited long enough.
 
-        Logs a warning for each wait (what waits, for how long so far, the bound and how to change it) and an
-        error when it gives up on an outage."""
+        Logs a warning for each wait (what waits, for how long so far, the bound and how to change it) and counts
+        it in :data:`OUTAGE_WAITS`, and logs an error when it gives up on an outage."""
         if not is_store_outage(error):
             return None
         if waited_s >= self.outage_seconds:
@@ -93,6 +99,7 @@ class StoreOutagePolicy:
             return None
         delay = min(10.0, max(1.0, waited_s / 4), self.outage_seconds - waited_s)
         reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+        OUTAGE_WAITS.add()
         log.warning("store unavailable for %.0f s (%s); %s waits and retries in %.0f s (gives up after %.0f s, set "
                     "%s or %s to change)", waited_s, reason, what, delay, self.outage_seconds, _SETTING.key,
                     _SETTING.env)

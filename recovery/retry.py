@@ -3,7 +3,8 @@
 Contract: :meth:`RetryPolicy.call` runs an operation, retries it only when it raises
 :class:`~dstreams.recovery.store.errors.TransientStoreError`, with exponential backoff and full
 jitter (``initial`` seconds, doubling, capped at ``maximum``), and never sleeps past the time bound
-``total_seconds``. Each retry is logged at WARNING with the store, operation and key. When the
+``total_seconds``. Each retry is logged at WARNING with the store, operation and key, and counted in
+:data:`STORE_RETRIES` under the operation's name (process-wide, :mod:`.counters`). When the
 bound is reached it raises :class:`~dstreams.recovery.store.errors.StoreUnavailableError`
 ("... unreachable for N s ..."), chained to the last transient error. Any other exception
 propagates at once, without retry.
@@ -28,6 +29,7 @@ import tenacity
 
 from dstreams import config
 
+from .counters import EventCounts
 from .store.errors import StoreUnavailableError, TransientStoreError
 
 ENV_RETRY_SECONDS = config.STORE_RETRY_SECONDS.env
@@ -36,6 +38,10 @@ DEFAULT_RETRY_SECONDS: float = config.STORE_RETRY_SECONDS.default
 log = logging.getLogger("dstreams.recovery.store")
 
 T = TypeVar("T")
+
+#: Store operations retried after a transient error in this process, by operation (``put``, ``get``...): one per
+#: retry. Read by the status server's ``dstreams_store_retries_total``.
+STORE_RETRIES = EventCounts("store operations retried after a transient error, by operation")
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,7 @@ class RetryPolicy:
 
         def before_sleep(state: tenacity.RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
+            STORE_RETRIES.add(op)
             log.warning(
                 "store %s: %s %r failed (attempt %d: %s); retrying in %.2f s",
                 where,

@@ -206,3 +206,33 @@ def test_a_deletion_queued_behind_a_busy_writer_spares_checkpoints_that_later_wr
     ckpt.close()
     assert ckpt.errors == [], ckpt.errors
     assert sorted(list_checkpoints(open_store(url), node.key)) == [3000, 4000, 5000, 6000]
+
+
+def test_every_write_is_reported_with_its_duration_and_outcome(sc, tmp_path):
+    """The monitoring hook: each write that ended, committed or failed, reaches ``recent_writes`` and the
+    observers (an observer that raises changes nothing); a removed observer hears no more."""
+    node = _StubNode()
+    ckpt = StoreCheckpointer(sc, StoreSpec(str(tmp_path / "cp")), _RecordingEvents())
+    heard: list = []
+
+    def broken(write) -> None:
+        raise RuntimeError("observer bug")
+
+    ckpt.add_write_observer(heard.append)
+    ckpt.add_write_observer(broken)
+    ckpt._write(node, 1000, sc.parallelize([1, 2], 2))
+
+    def fail(it):
+        raise ValueError("checkpoint test: this partition fails on purpose")
+
+    ckpt._write(node, 2000, sc.parallelize([3], 1).mapPartitions(fail))
+    ckpt.remove_write_observer(heard.append)
+    ckpt._write(node, 3000, sc.parallelize([4], 1))
+    ckpt.close()
+    committed, failed, later = ckpt.recent_writes
+    assert heard == [committed, failed]
+    assert (committed.node_key, committed.time_ms, committed.committed, committed.error) == (node.key, 1000, True, None)
+    assert (failed.time_ms, failed.committed) == (2000, False) and "fails on purpose" in failed.error
+    assert later.time_ms == 3000 and later.committed
+    assert all(w.seconds > 0 for w in (committed, failed, later))
+    assert len(ckpt.errors) == 1

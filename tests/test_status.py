@@ -24,7 +24,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dstreams import ManualClock, StreamingContext
-from dstreams.api.status.metrics import StoreEventCounter
 from dstreams.api.status.server import StatusServer, bind, public_url
 from dstreams.recovery.metadata import MetadataLog
 from dstreams.recovery.storespec import StoreSpec
@@ -134,6 +133,7 @@ def run(sc):
         r.streams = wait_for("the state size read from the newest checkpoint's manifest", state_known)
         r.status = get_json(url + "/api/status")
         r.errors = get_json(url + "/api/errors")
+        r.writes = list(ssc._checkpointer.recent_writes)  # flushed above: no write runs now
         r.metrics = metrics(url)
         r.files = {path: get(url + path) for path in ("/", "/static/app.js", "/static/style.css",
                                                       "/static/..%2Fserver.py", "/static/model.py", "/nothing")}
@@ -261,6 +261,12 @@ def test_metrics_parse_and_match_the_batches(run):
     assert sample(m, "dstreams_checkpoint_age_seconds", stream=stream) == pytest.approx(
         (run.clock_ms - run.start - 3000) / 1000)
     assert sample(m, "dstreams_checkpoint_failures", "dstreams_checkpoint_failures_total") == 0
+    family = "dstreams_checkpoint_write_seconds"
+    assert m[family].type == "histogram" and run.writes and all(w.committed for w in run.writes)
+    assert {w.node_key for w in run.writes} == {stream}
+    assert sample(m, family, family + "_count", outcome="committed") == len(run.writes)
+    assert sample(m, family, family + "_sum", outcome="committed") == pytest.approx(sum(w.seconds for w in run.writes))
+    assert sample(m, family, family + "_count", outcome="failed") == 0
     assert sample(m, "dstreams_driver_epoch") == 1
     assert sample(m, "dstreams_driver_fenced") == 0
     assert sample(m, "dstreams_fencing_events", "dstreams_fencing_events_total") == 0
@@ -337,28 +343,51 @@ def test_the_printed_url(monkeypatch):
     assert public_url("0.0.0.0", 4050, "driver-host") == "http://status.example:4050"
 
 
-def test_store_retries_and_outage_waits_are_counted_from_the_recovery_log():
-    """Pins the log lines the metrics count (recovery/retry.py, recovery/outage.py) to the real code."""
-    from dstreams.recovery.outage import StoreOutagePolicy
-    from dstreams.recovery.retry import RetryPolicy
+def test_store_retries_and_outage_waits_are_counted_by_the_recovery_layer():
+    """The process-wide counters the metrics read (recovery/retry.py, recovery/outage.py) count the real code's
+    retries (by operation) and outage waits, whatever the log level."""
+    from dstreams.recovery.outage import OUTAGE_WAITS, StoreOutagePolicy
+    from dstreams.recovery.retry import STORE_RETRIES, RetryPolicy
     from dstreams.recovery.store.errors import StoreUnavailableError, TransientStoreError
 
-    counter = StoreEventCounter()
-    counter.attach()
+    attempts: list[int] = []
+
+    def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise TransientStoreError("throttled")
+        return "ok"
+
+    retries, waits = STORE_RETRIES.snapshot(), OUTAGE_WAITS.total()
+    store_log = logging.getLogger("dstreams.recovery.store")
+    level = store_log.level
+    store_log.setLevel(logging.CRITICAL)  # counted even when the warnings are not logged
     try:
-        attempts: list[int] = []
-
-        def flaky() -> str:
-            attempts.append(1)
-            if len(attempts) < 3:
-                raise TransientStoreError("throttled")
-            return "ok"
-
-        logging.getLogger("dstreams.recovery.store").setLevel(logging.NOTSET)
         assert RetryPolicy(total_seconds=5, initial=0.001, maximum=0.001).call(
             flaky, op="put", key="k", where="memory://x") == "ok"
-        assert StoreOutagePolicy(outage_seconds=100).retry_delay(StoreUnavailableError("down"), 0.0, "writing y") > 0
-        assert counter.snapshot() == ({"put": 2}, 1)
     finally:
-        counter.detach()
+        store_log.setLevel(level)
+    assert StoreOutagePolicy(outage_seconds=100).retry_delay(StoreUnavailableError("down"), 0.0, "writing y") > 0
+    assert StoreOutagePolicy(outage_seconds=100).retry_delay(ValueError("not an outage"), 0.0, "writing y") is None
+    after = STORE_RETRIES.snapshot()
+    assert after.get("put", 0) - retries.get("put", 0) == 2
+    assert {op: n for op, n in after.items() if op != "put"} == {op: n for op, n in retries.items() if op != "put"}
+    assert OUTAGE_WAITS.total() - waits == 1
+
+
+def test_event_counts_are_thread_safe_and_only_grow():
+    import threading
+
+    from dstreams.recovery.counters import EventCounts
+
+    counts = EventCounts("test")
+    threads = [threading.Thread(target=lambda: [counts.add("a") for _ in range(1000)]) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT_S)
+    counts.add("b", 3)
+    assert counts.snapshot() == {"a": 4000, "b": 3} and counts.total() == 4003
+    with pytest.raises(ValueError, match="only grow"):
+        counts.add("a", -1)
 

@@ -9,11 +9,12 @@ Contract:
   that match ``ssc.batchInfos()``. The rest is read when scraped (:meth:`StatusMetrics.collect`) from the
   same public parts the status page reads: state sizes as of each stateful stream's newest checkpoint,
   checkpoint ages and failures, the driver's epoch and fence, the listener bus' dropped events.
-* Store retries and store-outage waits have no counter in the recovery layer: they are counted from the
-  log records it writes for each of them (``dstreams.recovery.store``: one WARNING per retried store
-  operation; ``dstreams.recovery.outage``: one WARNING per wait for an unavailable store), by a handler
-  attached while the server runs. Only the driver's own are seen (executors retry in their own processes),
-  and none if those loggers are set above WARNING. ``tests/test_status.py`` pins the log lines.
+* Data-checkpoint writes are observed from the checkpointer (``StoreCheckpointer.add_write_observer``, on its
+  writer thread): ``dstreams_checkpoint_write_seconds{outcome}``, ``committed`` or ``failed``.
+* Store retries and store-outage waits are the recovery layer's process-wide counters
+  (:data:`dstreams.recovery.retry.STORE_RETRIES`, :data:`dstreams.recovery.outage.OUTAGE_WAITS`, see
+  :mod:`dstreams.recovery.counters`), read when scraped: the driver process' own since it started (executors
+  retry in their own processes).
 * Names follow Prometheus' conventions: ``dstreams_`` prefix, base units (seconds, bytes), ``_total`` for
   counters; labels ``source`` (an input stream's key) and ``stream`` (a stateful stream's key), the keys
   that stay the same when a restarted driver rebuilds the graph. The README lists every metric.
@@ -21,8 +22,6 @@ Contract:
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +30,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 
 import dstreams
 from dstreams.listener import BatchInfo
+from dstreams.recovery.checkpointer import CheckpointWrite
+from dstreams.recovery.outage import OUTAGE_WAITS
+from dstreams.recovery.retry import STORE_RETRIES
 
 from .model import StatusModel
 
@@ -38,44 +40,8 @@ from .model import StatusModel
 SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 #: The driver's own time per batch, seconds.
 DRIVER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-
-RETRY_LOGGER = "dstreams.recovery.store"
-OUTAGE_LOGGER = "dstreams.recovery.outage"
-
-
-class StoreEventCounter(logging.Handler):
-    """Counts the recovery layer's log records of store retries (by operation) and outage waits."""
-
-    def __init__(self) -> None:
-        super().__init__(level=logging.WARNING)
-        self._lock = threading.Lock()
-        self.retries: dict[str, int] = {}
-        self.outage_waits = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        msg = record.msg if isinstance(record.msg, str) else ""
-        if record.name == RETRY_LOGGER and msg.startswith("store %s: %s %r failed (attempt"):
-            args = record.args if isinstance(record.args, tuple) else ()
-            op = str(args[1]) if len(args) > 1 else "unknown"
-            with self._lock:
-                self.retries[op] = self.retries.get(op, 0) + 1
-        elif record.name == OUTAGE_LOGGER and msg.startswith("store unavailable for"):
-            with self._lock:
-                self.outage_waits += 1
-
-    def snapshot(self) -> tuple[dict[str, int], int]:
-        """``(retries per operation, outage waits)`` counted so far."""
-        with self._lock:
-            return dict(self.retries), self.outage_waits
-
-    def attach(self) -> None:
-        logging.getLogger(RETRY_LOGGER).addHandler(self)
-        logging.getLogger(OUTAGE_LOGGER).addHandler(self)
-
-    def detach(self) -> None:
-        logging.getLogger(RETRY_LOGGER).removeHandler(self)
-        logging.getLogger(OUTAGE_LOGGER).removeHandler(self)
-
+#: A data checkpoint's write, seconds (a small state to a store outage ridden out).
+CHECKPOINT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 
 class StatusMetrics:
     """The context's registry: batch counters and histograms observed per batch, the rest collected when
@@ -106,12 +72,23 @@ class StatusMetrics:
             )]
         for key in model.source_keys.values():  # every source shows, with 0, from the start
             self.input_records.labels(source=key)
-        self.store_events = StoreEventCounter()
-        self.store_events.attach()
+        self.checkpoint_writes = Histogram(
+            "dstreams_checkpoint_write_seconds", "Duration of each data-checkpoint write (parts and manifest; waits "
+            "for an unavailable store included), by outcome: committed or failed (given up).", ["outcome"],
+            buckets=CHECKPOINT_BUCKETS, registry=r)
+        for outcome in ("committed", "failed"):
+            self.checkpoint_writes.labels(outcome=outcome)
+        self._checkpointer = model.sources.runtime.checkpointer
+        self._checkpointer.add_write_observer(self.observe_checkpoint_write)
         r.register(self)
 
     def close(self) -> None:
-        self.store_events.detach()
+        """Stop observing the checkpointer."""
+        self._checkpointer.remove_write_observer(self.observe_checkpoint_write)
+
+    def observe_checkpoint_write(self, write: CheckpointWrite) -> None:
+        """Count one data-checkpoint write that ended (called on the checkpointer's writer thread)."""
+        self.checkpoint_writes.labels(outcome="committed" if write.committed else "failed").observe(write.seconds)
 
     # ------------------------------------------------------------------ per batch (listener bus thread)
     def observe(self, info: BatchInfo) -> None:
@@ -201,11 +178,10 @@ class StatusMetrics:
                                   value=fenced)
         retries = CounterMetricFamily("dstreams_store_retries", "Checkpoint-store operations of the driver retried "
                                       "after a transient error.", labels=["operation"])
-        counts, waits = self.store_events.snapshot()
-        for op, n in sorted(counts.items()):
+        for op, n in sorted(STORE_RETRIES.snapshot().items()):
             retries.add_metric([op], n)
         yield retries
         yield CounterMetricFamily("dstreams_store_outage_waits", "Waits of the driver for an unavailable store "
-                                  "(spark.dstreams.store.outageSeconds).", value=waits)
+                                  "(spark.dstreams.store.outageSeconds).", value=OUTAGE_WAITS.total())
         yield CounterMetricFamily("dstreams_listener_events_dropped", "Listener events dropped (the listener bus' "
                                   "queue was full).", value=self.model.sources.bus.dropped)
