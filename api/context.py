@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from pyspark import RDD, SparkConf, SparkContext, StorageLevel
 
-from dstreams import jvm
+from dstreams import config, jvm
 from dstreams.clock import Clock, SystemClock
 from dstreams.executors import ensure_executors_can_import
 from dstreams.graph import DStreamGraph
@@ -45,6 +45,7 @@ from dstreams.time import BatchTime, Duration, DurationLike, parse_duration, to_
 from dstreams.worker_daemon import request_preload
 
 from .functions import positional_arity
+from .shutdown import SignalStop
 from .status import StatusServer, StatusSources
 from .stream import DStream
 
@@ -102,6 +103,10 @@ class StreamingContext:
         self._state = self.INITIALIZED
         self._lock = threading.RLock()
         self._stopped = threading.Event()
+        #: The SIGTERM/SIGINT handlers installed by ``start()`` (None: none taken over).
+        self._signals: SignalStop | None = None
+        #: Whether the main thread called ``awaitTermination*`` (then a signal's stop lets it return).
+        self._main_awaited = False
         self._checkpoint_dir: str | None = None
         self._store_options: dict[str, Any] = {}
         self._resume = False
@@ -435,6 +440,7 @@ class StreamingContext:
                     raise
                 self._state = self.ACTIVE
                 StreamingContext._activeContext = self
+            self._signals = SignalStop.install(self, config.get(config.STOP_ON_SIGNAL, self._sc.getConf()))
 
     def stop(self, stopSparkContext: bool = True, stopGraceFully: bool = False) -> None:
         """Stop the stream (graceful: after the queued batches ran) and, by default, the SparkContext."""
@@ -443,10 +449,12 @@ class StreamingContext:
                 return
             was_active = self._state == self.ACTIVE
             self._state = self.STOPPED
+        signals, self._signals = self._signals, None
+        if signals is not None:
+            signals.uninstall()
         try:
             if was_active and self._runtime is not None:
-                batch = self._graph.batch_duration
-                timeout = max(10.0, 10 * batch.seconds) if batch else 10.0
+                timeout = self._graceful_stop_timeout()
                 try:
                     self._runtime.stop(graceful=stopGraceFully, timeout_s=timeout)
                 finally:
@@ -460,6 +468,17 @@ class StreamingContext:
             self._stopped.set()
             if stopSparkContext:
                 self._sc.stop()
+
+    def _graceful_stop_timeout(self) -> float:
+        """``spark.dstreams.gracefulStopTimeout`` (else Spark's key), else 10 batch intervals, at least 10 s."""
+        configured = config.get(config.GRACEFUL_STOP_TIMEOUT, self._sc.getConf())
+        if configured is not None:
+            return float(configured)
+        batch = self._graph.batch_duration
+        return max(10.0, 10 * batch.seconds) if batch else 10.0
+
+    def _main_thread_awaited(self) -> bool:
+        return self._main_awaited
 
     def _close_status(self) -> None:
         status, self._status = self._status, None
@@ -482,6 +501,8 @@ class StreamingContext:
         return self._await(timeout)
 
     def _await(self, timeout: float | None) -> bool:
+        if threading.current_thread() is threading.main_thread():
+            self._main_awaited = True
         deadline = None if timeout is None else _time.monotonic() + float(timeout)
         while True:
             sched = self._scheduler

@@ -12,7 +12,10 @@ credentials come from boto3's chain (``AWS_ENDPOINT_URL_S3``, ``AWS_ACCESS_KEY_I
 
 A listener appends one JSON line per completed batch to METRICS.jsonl, tagged with this process's id.
 The driver prints ``STARTED`` once its context runs; SIGTERM or SIGINT stops the context and exits 0; a
-context that stops on its own (a fatal error) exits 1.
+context that stops on its own (a fatal error) exits 1. With ``--engine-signals`` the app installs no
+handler and blocks in ``ssc.awaitTermination()``, as a plain pyspark.streaming script does: the signals
+are dstreams' own (``spark.dstreams.stopOnSignal``, a graceful stop), and it prints ``TERMINATED``
+when ``awaitTermination()`` returns.
 """
 
 from __future__ import annotations
@@ -86,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("metrics", help="JSON-lines file the listener appends to")
     p.add_argument("--batch-seconds", type=float, default=1.0)
     p.add_argument("--checkpoint-seconds", type=float, default=2.0)
+    p.add_argument("--engine-signals", action="store_true",
+                   help="no signal handler of the app's own: dstreams' graceful stop on SIGTERM/SIGINT")
     args = p.parse_args(argv)
 
     from dstreams import StreamingContext
@@ -101,8 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"SIGNAL {signum}: stopping", flush=True)
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    if not args.engine_signals:
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
     # One partition per stream: few tasks and few S3 part objects per batch, so that 1 s batches keep up
     # on two shared cores.
     sc = create_spark_context("local[2]", "dstreams-catchup-benchmark", {"spark.default.parallelism": "1"})
@@ -112,6 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     ssc.addStreamingListener(batches)
     ssc.start()
     print("STARTED", flush=True)
+    if args.engine_signals:
+        try:
+            ssc.awaitTermination()  # returns once a signal's graceful stop is done
+        finally:
+            batches.close()
+        print("TERMINATED", flush=True)
+        return 0
     rc = 0
     try:
         while not stop.is_set():

@@ -356,12 +356,80 @@ UI_PORT = Setting(
         "default), as Spark does for its UI. `0`: any free port.",
 )
 
+UI_SHOW_PROGRESS = Setting(
+    key="spark.dstreams.ui.showProgress",
+    env="DSTREAMS_UI_SHOW_PROGRESS",
+    default=None,
+    parse=_switch,
+    accepts="on or off",
+    example="false",
+    doc="The progress line on stderr while a StreamingContext runs: after each batch, one line rewritten in place "
+        "(batch time, records, processing time, scheduling and total delay, the status page's URL). Unset: on "
+        "when stderr is a terminal, off in logs, pipes and CI; `true` forces it on (not on a terminal: one line "
+        "per update), `false` off.",
+)
+
+SIGNAL_MODES = ("graceful", "immediate", "off")
+
+
+def _signal_mode(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in SIGNAL_MODES:
+        raise ValueError(raw)
+    return value
+
+
+_TIME_UNITS_S = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def _spark_time_seconds(raw: str) -> float:
+    """A Spark time string (``30s``, ``500ms``, ``2min``, ``1h``); a bare number is milliseconds, as in Spark."""
+    text = raw.strip().lower()
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(number):].strip() or "ms"
+    if unit not in _TIME_UNITS_S:
+        raise ValueError(raw)
+    value = float(number) * _TIME_UNITS_S[unit]
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(raw)
+    return value
+
+
+STOP_ON_SIGNAL = Setting(
+    key="spark.dstreams.stopOnSignal",
+    env="DSTREAMS_STOP_ON_SIGNAL",
+    default="graceful",
+    parse=_signal_mode,
+    accepts="one of " + ", ".join(SIGNAL_MODES),
+    example="immediate",
+    doc="What SIGTERM and SIGINT do while a StreamingContext runs in the main thread: `graceful` stops generating "
+        "batches, lets the generated ones finish and commit (outputs, metadata, checkpoints due), stops the "
+        "SparkContext and exits 0 (a second signal exits at once, code 128 + the signal); `immediate` stops at "
+        "once (the interrupted batch is redone on restart); `off` installs no handler. A handler the application "
+        "installed before `start()` is left alone.",
+)
+
+GRACEFUL_STOP_TIMEOUT = Setting(
+    key="spark.dstreams.gracefulStopTimeout",
+    spark_key="spark.streaming.gracefulStopTimeout",
+    env="DSTREAMS_GRACEFUL_STOP_TIMEOUT",
+    default=None,
+    parse=_spark_time_seconds,
+    accepts="a Spark time (`30s`, `500ms`, `2min`; a bare number is milliseconds) > 0",
+    example="60s",
+    doc="How long a graceful stop (`ssc.stop(stopGraceFully=True)`, a signal) waits for the generated batches; "
+        "unset: 10 batch intervals, at least 10 s. Past it, the batches still running are cancelled: their "
+        "exactly-once outputs are redone on restart, never half-written.",
+)
+
 #: Every engine setting, in the order of the README table.
 SETTINGS: tuple[Setting, ...] = (JVM_MODE, CHECKPOINT_GRAPH, STORE_RETRY_SECONDS, STORE_OUTAGE_SECONDS, SPARK_LOG_LEVEL,
                                  SPARK_LOCAL_DIR, SOURCE_MAX_RATE_PER_PARTITION, RECEIVER_MAX_RATE,
                                  FILES_MAX_FILES_PER_BATCH, BACKPRESSURE_ENABLED, BACKPRESSURE_INITIAL_RATE,
                                  BACKPRESSURE_PID_PROPORTIONAL, BACKPRESSURE_PID_INTEGRAL, BACKPRESSURE_PID_DERIVED,
-                                 BACKPRESSURE_PID_MIN_RATE, UI_ENABLED, UI_PORT)
+                                 BACKPRESSURE_PID_MIN_RATE, UI_ENABLED, UI_PORT, UI_SHOW_PROGRESS,
+                                 STOP_ON_SIGNAL,
+                                 GRACEFUL_STOP_TIMEOUT)
 
 #: Test-only fault injection (``dstreams.recovery.faults``): environment variables, no conf key.
 TEST_ONLY: tuple[EnvVar, ...] = (

@@ -375,11 +375,14 @@ class JobScheduler:
             finally:
                 self.infos.append(b.info)
                 self._notify("onBatchCompleted", StreamingListenerBatchCompleted, b.info)
+                if not b.incomplete:
+                    # Posted while the batch still counts as running: a graceful stop, which waits for the
+                    # running batches and then for the event loop, records its completion (posted after, the
+                    # event could reach a stopped loop and the restart would run the batch again).
+                    self.events.post(BatchCompleted(b.time))
                 with self._cond:
                     self._running.pop(b.time.ms, None)
                     self._cond.notify_all()
-                if not b.incomplete:
-                    self.events.post(BatchCompleted(b.time))
 
     def _run_batch(self, b: Batch) -> None:
         info = b.info

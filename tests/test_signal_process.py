@@ -1,0 +1,169 @@
+"""Issue 15: SIGTERM mid-stream stops a driver gracefully; a restart resumes with nothing lost or duplicated.
+
+The driver (benchmarks/catchup_app.py with ``--engine-signals``: no handler of its own, blocked in
+``ssc.awaitTermination()`` as a plain pyspark.streaming script) keeps its checkpoint, its input
+(``textFileStream`` on an ``s3://`` prefix) and its exactly-once outputs (the raw lines, a running word
+count) on the project's Ceph RADOS Gateway. A feeder puts one small object of unique lines every 0.5 s and
+keeps feeding while the driver is down. The test sends SIGTERM while batches flow and checks: exit code 0,
+every output folder the driver started is committed (no half-written output: a graceful stop finishes the
+generated batches), and each batch time has both outputs. A second driver started on the same checkpoint
+resumes (``getOrCreate``: "restored the stream graph", no fresh start); after the input drains and a second
+SIGTERM, every fed line is in exactly one committed batch and the final counts equal what was fed.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+
+import pytest
+
+from .support import RGW_ENDPOINT, service_unavailable
+from .test_outage_process import (
+    APP,
+    BATCH_MS,
+    Feeder,
+    Outputs,
+    _client,
+    _env,
+    _metrics,
+    _stop_driver,
+    _tail,
+    _wait,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.s3, pytest.mark.ceph]
+
+EXIT_TIMEOUT_S = 120  # a graceful stop waits for the generated batches (10 intervals at most by default)
+
+
+@pytest.fixture(scope="module")
+def signal_bucket():
+    client = _client()
+    bucket = f"signal-{uuid.uuid4().hex[:8]}"
+    try:
+        client.create_bucket(Bucket=bucket)
+    except Exception as e:  # noqa: BLE001
+        service_unavailable(f"Ceph RGW at {RGW_ENDPOINT} is not reachable ({e}); run `bash scripts/services.sh start`")
+    return bucket
+
+
+def _start(base: str, metrics_path: str, log_path: str, cwd: str) -> subprocess.Popen:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([sys.executable, APP, base, metrics_path, "--engine-signals"], env=_env(),
+                                stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
+
+
+def _completed_by(metrics_path: str, pid: int) -> list[dict]:
+    return [r for r in _metrics(metrics_path) if r["pid"] == pid and not r["failed"]]
+
+
+def _folders(client, bucket: str, prefix: str) -> dict[str, set[str]]:
+    """Every output folder under ``<prefix>/out/`` with the names of its objects."""
+    root = f"{prefix}/out/"
+    found: dict[str, set[str]] = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=root):
+        for o in page.get("Contents", []):
+            folder, _, leaf = o["Key"][len(root):].partition("/")
+            found.setdefault(folder, set()).add(leaf)
+    return found
+
+
+def _sigterm_and_wait(proc: subprocess.Popen, log_path: str) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=EXIT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the driver did not exit {EXIT_TIMEOUT_S} s after SIGTERM\n{_tail(log_path)}") from None
+
+
+@pytest.mark.timeout(900)
+def test_sigterm_mid_stream_stops_gracefully_and_a_restart_resumes_exactly_once(tmp_path, signal_bucket):
+    client = _client()
+    prefix = f"run-{uuid.uuid4().hex[:6]}"
+    base = f"s3://{signal_bucket}/{prefix}"
+    metrics_path = str(tmp_path / "metrics.jsonl")
+    logs = [str(tmp_path / "driver-1.log"), str(tmp_path / "driver-2.log")]
+    feeder = Feeder(client, signal_bucket, prefix)
+    outputs = Outputs(client, signal_bucket, prefix)
+    procs: list[subprocess.Popen] = []
+    try:
+        # ---- first driver: batches flow, then SIGTERM while the feeder keeps putting objects
+        first = _start(base, metrics_path, logs[0], str(tmp_path))
+        procs.append(first)
+        _wait(lambda: "STARTED" in _tail(logs[0], 10**7), 240, "the driver to start", first, logs[0])
+        feeder.start()
+        feeder.resume()
+        _wait(lambda: len(_completed_by(metrics_path, first.pid)) >= 6 and feeder.objects >= 6, 240,
+              "batches with input", first, logs[0])
+        code = _sigterm_and_wait(first, logs[0])
+        text = _tail(logs[0], 10**7)
+        assert code == 0, f"exit code {code} after SIGTERM\n{text[-6000:]}"
+        assert "SIGTERM received: stopping the stream" in text and "TERMINATED" in text, text[-6000:]
+        assert "Traceback" not in text, text[-6000:]
+
+        # ---- nothing half-written: every folder the driver started is committed, each batch has both outputs
+        folders = _folders(client, signal_bucket, prefix)
+        uncommitted = sorted(f for f, leaves in folders.items() if "_SUCCESS" not in leaves)
+        assert not uncommitted, f"output folders left without _SUCCESS by the graceful stop: {uncommitted}"
+        by_time: dict[int, set[str]] = {}
+        for folder in folders:
+            name, _, ms = folder.rpartition("-")
+            by_time.setdefault(int(ms), set()).add(name)
+        assert all(names == {"lines", "counts"} for names in by_time.values()), by_time
+        stopped_at = max(by_time)
+
+        # ---- second driver: resumes from the checkpoint (the feeder went on while it was down)
+        time.sleep(3)
+        second = _start(base, metrics_path, logs[1], str(tmp_path))
+        procs.append(second)
+        _wait(lambda: "STARTED" in _tail(logs[1], 10**7), 240, "the second driver to start", second, logs[1])
+        assert "restored the stream graph from the checkpoint" in _tail(logs[1], 10**7)
+        _wait(lambda: len(_completed_by(metrics_path, second.pid)) >= 4, 240, "batches of the second driver",
+              second, logs[1])
+        # The second driver starts after the newest state checkpoint (every 2 batches): it redoes at most the
+        # batch after it to rebuild the state (its committed outputs are kept, not written again), and skips none.
+        resumed = min(r["batch_ms"] for r in _completed_by(metrics_path, second.pid))
+        assert stopped_at - 2 * BATCH_MS < resumed <= stopped_at + BATCH_MS, (stopped_at, resumed)
+
+        # ---- drain, then stop the second driver the same way
+        feeder.finish()
+        fed = list(feeder.fed)
+
+        def drained() -> bool:
+            read = outputs.refresh()
+            seen = Counter(x for (n, _), ls in read.items() if n == "lines" for x in ls)
+            return all(seen[x] for x in fed)
+
+        _wait(drained, 180, "every fed line in a committed output", second, logs[1], 2.0)
+        last_lines = max(t for t in outputs.times("lines") if outputs.read[("lines", t)])
+        _wait(lambda: outputs.refresh() and max(outputs.times("counts"), default=0) >= last_lines, 60,
+              "the counts of the last batch with input", second, logs[1], 1.0)
+        code = _sigterm_and_wait(second, logs[1])
+        assert code == 0, f"exit code {code} after SIGTERM\n{_tail(logs[1])}"
+    finally:
+        if feeder.is_alive():
+            feeder.finish()
+        for proc in procs:
+            _stop_driver(proc)
+
+    # ---- exactly once across the stop and the restart
+    outputs.refresh()
+    lines = Counter(x for (n, _), ls in outputs.read.items() if n == "lines" for x in ls)
+    duplicated = {x: c for x, c in lines.items() if c > 1}
+    assert not duplicated, f"lines in more than one committed batch: {sorted(duplicated)[:20]}"
+    assert set(lines) == set(fed), (f"missing: {sorted(set(fed) - set(lines))[:20]}, "
+                                    f"unexpected: {sorted(set(lines) - set(fed))[:20]}")
+    for name in ("lines", "counts"):
+        times = outputs.times(name)
+        gaps = sorted(set(range(times[0], times[-1] + 1, BATCH_MS)) - set(times))
+        assert not gaps, f"{name}: batches without a committed output: {gaps[:20]}"
+    final = outputs.read[("counts", max(outputs.times("counts")))]
+    assert dict(ast.literal_eval(x) for x in final) == dict(Counter(w for line in fed for w in line.split()))
+    assert os.path.exists(metrics_path)
