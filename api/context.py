@@ -40,7 +40,7 @@ from dstreams.recovery.runtime import CheckpointInUseError, DriverRuntime, Runti
 from dstreams.recovery.store import is_store_url
 from dstreams.recovery.storespec import StoreSpec
 from dstreams.scheduler import JobScheduler
-from dstreams.sparkconf import create_spark_context, speculation_available
+from dstreams.sparkconf import create_spark_context, speculation_available, tune_running_context
 from dstreams.time import BatchTime, Duration, DurationLike, parse_duration, to_datetime
 from dstreams.worker_daemon import request_preload
 
@@ -90,6 +90,7 @@ class StreamingContext:
             raise ValueError("dstreams does not wrap a JVM StreamingContext (jssc); pass a SparkContext")
         if not isinstance(sparkContext, SparkContext):
             raise TypeError(f"StreamingContext needs a SparkContext, got {type(sparkContext).__name__}")
+        tune_running_context(sparkContext)  # a user-made context: the low-latency settings Spark still reads
         self._sc = sparkContext
         batch = parse_duration(batchDuration, "batchDuration") if batchDuration is not None else None
         self._graph = DStreamGraph(sparkContext, batch)

@@ -2,7 +2,11 @@
 
 Contract: :func:`tuned_conf` returns a ``SparkConf`` with dstreams' low-latency defaults applied
 *only* where the user's conf does not already set the key; :func:`create_spark_context` builds a
-SparkContext from it. A SparkContext handed to ``StreamingContext(sc, ...)`` is never changed.
+SparkContext from it. A SparkContext the user built and handed to ``StreamingContext(sc, ...)`` gets,
+through :func:`tune_running_context`, the defaults it lacks that Spark still reads after the context
+started (see :data:`LAZY_IN_LOCAL_MODE`, :data:`LAZY_ON_THE_DRIVER`); the others, read only while a
+context starts, are named in one warning line with the ``--conf`` flags that set them. Keys the user
+set are never changed.
 
 The two settings that matter for micro-batch latency (measured with ``python -m benchmarks.batch_overhead``;
 a trivial two-task Python job in ``local[2]``):
@@ -29,7 +33,9 @@ import os
 import re
 import shutil
 import sys
+import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from pyspark import SparkConf, SparkContext
 
@@ -50,7 +56,8 @@ LOW_LATENCY_DEFAULTS: dict[str, str] = {
     "spark.python.unix.domain.socket.enabled": "true",
 }
 
-_warned_contexts: set[int] = set()
+#: Contexts :func:`tune_running_context` has logged about (once per context).
+_warned_contexts: weakref.WeakSet[SparkContext] = weakref.WeakSet()
 
 UDS_KEY = "spark.python.unix.domain.socket.enabled"
 UDS_DIR_KEY = "spark.python.unix.domain.socket.dir"
@@ -71,12 +78,16 @@ def _same_interpreter(python: str | None) -> bool:
         return os.path.realpath(resolved) == os.path.realpath(sys.executable)
 
 
-def _daemon_module_applies(conf: SparkConf) -> bool:
-    """``dstreams.worker_daemon`` is only known importable by this interpreter on this machine."""
+def _daemon_module_applies(conf: SparkConf, python: str | None = None) -> bool:
+    """``dstreams.worker_daemon`` is only known importable by this interpreter on this machine.
+
+    ``python`` is the workers' interpreter when known (a running context's ``pythonExec``); else the
+    conf's ``spark.pyspark.python`` or ``PYSPARK_PYTHON``.
+    """
     master = conf.get("spark.master") or ""
     if not master.startswith("local"):
         return False
-    python = conf.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
+    python = python or conf.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
     return _same_interpreter(python)
 
 
@@ -102,9 +113,9 @@ def speculation_available(conf: SparkConf) -> bool:
     return not is_local_master(conf.get("spark.master", "local[*]") or "local[*]")
 
 
-def _applicable_defaults(conf: SparkConf) -> dict[str, str]:
+def _applicable_defaults(conf: SparkConf, python: str | None = None) -> dict[str, str]:
     defaults = dict(LOW_LATENCY_DEFAULTS)
-    if not _daemon_module_applies(conf):
+    if not _daemon_module_applies(conf, python):
         defaults.pop(DAEMON_MODULE_KEY)
     if speculation_available(conf):
         defaults.update(SPECULATION_DEFAULTS)
@@ -202,19 +213,132 @@ def _fit_socket_dir(conf: SparkConf) -> None:
                        UDS_DIR_KEY)
 
 
-def _warn_if_untuned(sc: SparkContext) -> None:
-    if id(sc) in _warned_contexts:
-        return
-    conf = sc.getConf()
-    missing = sorted(k for k in _applicable_defaults(conf) if not conf.contains(k))
-    if missing:
-        _warned_contexts.add(id(sc))
-        logger.warning(
-            "dstreams: reusing the running SparkContext, which lacks dstreams' low-latency settings %s "
-            "(left unchanged); expect ~2x slower micro-batches. To get them, build your context with "
-            "SparkContext(conf=dstreams.sparkconf.tuned_conf(master, app_name, your_conf)).",
-            missing,
-        )
+#: Read by Spark for every Python task, or when a Python worker pool starts, from the ``SparkEnv``'s conf,
+#: which under a ``local``/``local[N]`` master *is* the running SparkContext's conf (one JVM): setting
+#: them on a running local context takes effect from its next Python task. ``BasePythonRunner`` reads
+#: the daemon module and worker reuse per task (the worker pools are keyed by the daemon module, so a
+#: new module starts a new daemon even after Python tasks ran); ``PythonWorkerFactory`` reads the Unix
+#: socket settings when a pool starts. Under other masters the executors copied the conf when they
+#: registered, so these need ``--conf``.
+LAZY_IN_LOCAL_MODE: frozenset[str] = frozenset(
+    {DAEMON_MODULE_KEY, UDS_KEY, UDS_DIR_KEY, "spark.python.worker.reuse"})
+
+#: Read by the driver's scheduler for every task set (``TaskSetManager.getLocalityWait``): settable on a
+#: running context under any master.
+LAZY_ON_THE_DRIVER: frozenset[str] = frozenset({"spark.locality.wait"})
+
+#: Defaults never reported missing: Spark's own default already is dstreams' value
+#: (``spark.python.worker.reuse``), or the setting is cosmetic and did not move the measured batch
+#: latency (the UI, the console progress bar; read only when the context starts).
+NOT_REPORTED: frozenset[str] = frozenset(
+    {"spark.python.worker.reuse", "spark.ui.enabled", "spark.ui.showConsoleProgress"})
+
+
+@dataclass(frozen=True)
+class RunningContextTuning:
+    """What :func:`tune_running_context` did to a running SparkContext.
+
+    ``applied``: dstreams' defaults the context lacked, set on its live conf (effective from the next
+    task). ``missing``: defaults it lacks that Spark reads only while a context starts (or, under a
+    cluster master, while executors start): they must be passed when the context is created.
+    """
+
+    applied: dict[str, str] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
+
+    def conf_flags(self) -> str:
+        """The ``--conf key=value`` flags (``spark-submit``/``pyspark``) that set :attr:`missing`."""
+        return " ".join(f"--conf {k}={v}" for k, v in sorted(self.missing.items()))
+
+    def missing_line(self, master: str) -> str | None:
+        """The one warning line naming :attr:`missing` and the flags to pass (None: nothing missing)."""
+        if not self.missing:
+            return None
+        return (f"dstreams: this SparkContext (master {master}) was started without settings Spark reads only "
+                f"when a context or its executors start, so they cannot be applied now: "
+                f"{', '.join(sorted(self.missing))}; expect slower micro-batches. Create the context with "
+                f"{self.conf_flags()} (spark-submit/pyspark flags; or set them on its SparkConf, or use "
+                f"dstreams.sparkconf.tuned_conf / StreamingContext.local)")
+
+
+def plan_running_context(
+    conf: SparkConf,
+    *,
+    python_exec: str | None,
+    python_workers_started: bool,
+    java_tmpdir: str | None,
+) -> RunningContextTuning:
+    """Which of dstreams' defaults a running context with ``conf`` lacks, split into settable and missing.
+
+    Pure. A default is considered only when ``conf`` leaves its key unset and it is not in
+    :data:`NOT_REPORTED`. ``python_exec``: the workers' interpreter (``sc.pythonExec``), which decides
+    whether the daemon module applies at all. ``python_workers_started``: whether the context already
+    started a Python worker pool; the Unix-socket switch is read when a pool starts, so it is settable
+    only for a new pool: before the first Python task, or when the daemon module changes too (pools are
+    keyed by it). ``java_tmpdir``: the JVM's ``java.io.tmpdir``, where sockets go by default; when it is
+    too long for a socket path, sockets go to ``/tmp`` (or stay TCP when that is not writable).
+    """
+    master = conf.get("spark.master", "") or ""
+    wanted = {k: v for k, v in _applicable_defaults(conf, python_exec).items()
+              if k not in NOT_REPORTED and not conf.contains(k)}
+    settable = LAZY_ON_THE_DRIVER | (LAZY_IN_LOCAL_MODE if is_local_master(master) else frozenset())
+    applied = {k: v for k, v in wanted.items() if k in settable}
+    missing = {k: v for k, v in wanted.items() if k not in settable}
+    if UDS_KEY in applied and python_workers_started and DAEMON_MODULE_KEY not in applied:
+        missing[UDS_KEY] = applied.pop(UDS_KEY)
+    if UDS_KEY in applied and not conf.contains(UDS_DIR_KEY) and len(java_tmpdir or "") > MAX_SOCKET_DIR:
+        if os.path.isdir("/tmp") and os.access("/tmp", os.W_OK | os.X_OK):
+            applied[UDS_DIR_KEY] = "/tmp"
+        else:
+            del applied[UDS_KEY]  # TCP, as tuned_conf falls back to
+    return RunningContextTuning(applied, missing)
+
+
+def _python_workers_started(sc: SparkContext) -> bool:
+    """Whether this driver JVM's ``SparkEnv`` already started a Python worker pool (one Py4J call)."""
+    return int(sc._jvm.org.apache.spark.SparkEnv.get().pythonWorkers().size()) > 0
+
+
+def _java_tmpdir(sc: SparkContext) -> str | None:
+    return sc._jvm.java.lang.System.getProperty("java.io.tmpdir")
+
+
+def tune_running_context(sc: SparkContext) -> RunningContextTuning:
+    """Give a SparkContext the user built the low-latency settings Spark still honours once it runs.
+
+    Sets :attr:`RunningContextTuning.applied` on the context's live conf (``sc._conf`` wraps the JVM
+    SparkContext's own ``SparkConf``, which a local master's executor reads per task) and logs it at
+    INFO; logs :meth:`RunningContextTuning.missing_line` once per context at WARNING. Keys the context
+    sets are left alone. A context :func:`create_spark_context` made has everything: no Py4J call beyond
+    reading its conf, nothing logged. Idempotent.
+    """
+    # The live conf, not sc.getConf(): that copy also loads the JVM's spark.* system properties, which in
+    # a process that launched its own JVM are the first context's conf, not this one's.
+    conf = sc._conf
+    master = conf.get("spark.master", "") or ""
+    python = getattr(sc, "pythonExec", None)
+    unset = {k for k in _applicable_defaults(conf, python) if k not in NOT_REPORTED and not conf.contains(k)}
+    if not unset:
+        return RunningContextTuning()
+    local_uds = is_local_master(master) and UDS_KEY in unset
+    plan = plan_running_context(
+        conf,
+        python_exec=python,
+        python_workers_started=local_uds and DAEMON_MODULE_KEY not in unset and _python_workers_started(sc),
+        java_tmpdir=_java_tmpdir(sc) if local_uds else None,
+    )
+    for k, v in plan.applied.items():
+        sc._conf.set(k, v)
+    if sc in _warned_contexts:
+        return plan
+    _warned_contexts.add(sc)
+    if plan.applied:
+        logger.info("dstreams: applied to the running SparkContext (Spark reads them per task): %s",
+                    ", ".join(f"{k}={v}" for k, v in sorted(plan.applied.items())))
+    line = plan.missing_line(master)
+    if line:
+        logger.warning("%s", line)
+    return plan
 
 
 def create_spark_context(
@@ -224,14 +348,14 @@ def create_spark_context(
 ) -> SparkContext:
     """Create (or return the running) SparkContext with :func:`tuned_conf`.
 
-    A SparkContext that is already running is returned as is (its conf is never modified); if it lacks
-    the tuning, one warning line says so and how to get it.
+    A SparkContext that is already running is returned with :func:`tune_running_context` applied (the
+    defaults Spark still reads; one warning line names the ones it cannot take any more).
     """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     with SparkContext._lock:
         running = SparkContext._active_spark_context
     if running is not None:
-        _warn_if_untuned(running)
+        tune_running_context(running)
         return running
     tuned = tuned_conf(master, app_name, conf)
     log_level = config.get(config.SPARK_LOG_LEVEL, tuned)  # a bad value fails before a JVM context starts

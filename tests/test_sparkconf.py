@@ -120,7 +120,9 @@ def test_an_invalid_log_level_fails_before_a_context_is_created(monkeypatch):
 
 
 class _FakeContext:
-    """Stands in for a user's running SparkContext; has no setters, so modifying it would raise."""
+    """Stands in for a user's running SparkContext: ``_conf`` is its live conf (no JVM behind it)."""
+
+    pythonExec = sys.executable
 
     def __init__(self, conf: dict[str, str]):
         self._conf = SparkConf(loadDefaults=False)
@@ -131,8 +133,8 @@ class _FakeContext:
         return self._conf
 
 
-def test_reused_untuned_context_is_returned_unchanged_with_a_hint(monkeypatch, caplog):
-    fake = _FakeContext({"spark.master": "local[2]", "spark.app.name": "users"})
+def test_reused_untuned_context_is_returned_tuned_with_one_hint(monkeypatch, caplog):
+    fake = _FakeContext({"spark.master": "spark://127.0.0.1:7077", "spark.app.name": "users"})
     monkeypatch.setattr(SparkContext, "_active_spark_context", fake)
     monkeypatch.setattr(sparkconf, "_warned_contexts", set())
     with caplog.at_level(logging.WARNING, logger="dstreams.sparkconf"):
@@ -140,14 +142,16 @@ def test_reused_untuned_context_is_returned_unchanged_with_a_hint(monkeypatch, c
         assert create_spark_context("local[4]") is fake
     lines = [r.getMessage() for r in caplog.records if r.name == "dstreams.sparkconf"]
     assert len(lines) == 1, lines  # said once per context
-    assert "dstreams.sparkconf.tuned_conf" in lines[0] and DAEMON in lines[0]
+    assert f"--conf {UDS}=true" in lines[0] and "dstreams.sparkconf.tuned_conf" in lines[0]
+    assert fake._conf.get("spark.locality.wait") == "0"  # the driver reads it per task set: applied
+    assert fake._conf.get(UDS) is None  # the executors read it at their start: only named
 
 
 def test_reused_tuned_context_logs_nothing(monkeypatch, caplog):
     fake = _FakeContext(dict(tuned_conf("local[2]").getAll()))
     monkeypatch.setattr(SparkContext, "_active_spark_context", fake)
     monkeypatch.setattr(sparkconf, "_warned_contexts", set())
-    with caplog.at_level(logging.WARNING, logger="dstreams.sparkconf"):
+    with caplog.at_level(logging.INFO, logger="dstreams.sparkconf"):
         assert create_spark_context() is fake
     assert not [r for r in caplog.records if r.name == "dstreams.sparkconf"]
 
