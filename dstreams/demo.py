@@ -42,11 +42,11 @@ class _Top:
     def __call__(self, t, rdd) -> None:
         _latest[self.title] = (t, rdd.takeOrdered(self.n, key=lambda kv: (-kv[1], kv[0])))
         if _per_batch[0]:
-            print(_top_line(self.title), flush=True)
+            print(_top_line(self.title, _latest[self.title]), flush=True)
 
 
-def _top_line(title: str) -> str:
-    t, top = _latest[title]
+def _top_line(title: str, latest: tuple[object, list[tuple[str, int]]]) -> str:
+    t, top = latest
     return f"  {title:<22} at {t:%H:%M:%S}  " + "  ".join(f"{w}={c}" for w, c in top)
 
 
@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     url = ssc.uiWebUrl
     print(f"status page: {url} (open it in a browser while the demo runs)" if url else
           "status page: off (spark.dstreams.ui.enabled=false, or no free port)", flush=True)
+    printed: dict[str, tuple[object, list[tuple[str, int]]]] = {}
     try:
         started = time.monotonic()
         deadline = started + args.seconds if args.seconds > 0 else None
@@ -106,24 +107,26 @@ def main(argv: list[str] | None = None) -> int:
                 break
             if quiet and time.monotonic() >= next_top:
                 next_top += TOP_EVERY_S
-                _print_tops(above_progress=True)
+                printed = _print_tops(above_progress=True)
     except KeyboardInterrupt:
         pass
     finally:
         ssc.stop(stopSparkContext=True, stopGraceFully=True)
-    if quiet:
+    if quiet and _latest != printed:
         _print_tops(above_progress=False)
     print("done", flush=True)
     return 0
 
 
-def _print_tops(above_progress: bool) -> None:
-    """The newest top words of both counts; above the progress line, its line is wiped first (it is drawn
-    again after the next batch)."""
+def _print_tops(above_progress: bool) -> dict[str, tuple[object, list[tuple[str, int]]]]:
+    """Print the newest top words of both counts and return what was printed; above the progress line, its line
+    is wiped first (it is drawn again after the next batch)."""
+    shown = dict(_latest)
     if above_progress:
         sys.stderr.write("\r\x1b[K")
         sys.stderr.flush()
-    print("\n".join(_top_line(title) for title in list(_latest)) or "  (no batch yet)", flush=True)
+    print("\n".join(_top_line(title, latest) for title, latest in shown.items()) or "  (no batch yet)", flush=True)
+    return shown
 
 
 def _build(args: argparse.Namespace, checkpoint: str) -> StreamingContext:
