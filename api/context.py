@@ -45,6 +45,7 @@ from dstreams.time import BatchTime, Duration, DurationLike, parse_duration, to_
 from dstreams.worker_daemon import request_preload
 
 from .functions import positional_arity
+from .progress import ProgressLine
 from .shutdown import SignalStop
 from .status import StatusServer, StatusSources
 from .stream import DStream
@@ -101,6 +102,7 @@ class StreamingContext:
         self._bus = ListenerBus()
         self._runtime: DriverRuntime | None = None
         self._status: StatusServer | None = None
+        self._progress: ProgressLine | None = None
         self._state = self.INITIALIZED
         self._lock = threading.RLock()
         self._stopped = threading.Event()
@@ -334,7 +336,7 @@ class StreamingContext:
     def redisStream(self, keys: str | Sequence[str], url: str = "redis://127.0.0.1:6379/0",
                     startFrom: str | dict[str, str] = "earliest", decoder: Callable[[str, str, dict[str, str]], Any]
                     | None = None, maxRatePerPartition: float | None = None, onTrimmed: str = "fail",
-                    missingKeys: str = "fail") -> DStream:
+                    missingKeys: str = "fail", commitToGroup: str | None = None) -> DStream:
         """The entries of one or more Redis stream keys, each key a partition, read directly (no receiver).
 
         Each batch holds, per key, the entries added since the previous batch (at most
@@ -343,11 +345,13 @@ class StreamingContext:
         ``(key, entry_id, fields)`` tuples (``fields`` a dict of str) or ``decoder(key, entry_id, fields)``.
         ``startFrom``: ``"earliest"``, ``"latest"`` or ``{key: id}`` (the entries after that id). See
         :mod:`dstreams.nodes.redis_streams` for trimmed entries (``onTrimmed``), missing keys
-        (``missingKeys``) and an unreachable server. Needs redis-py (``pip install 'dstreams[redis]'``).
+        (``missingKeys``) and an unreachable server. ``commitToGroup``: a consumer group whose position follows
+        the completed batches, for monitoring tools (``XINFO GROUPS``; not what the stream resumes from).
+        Needs redis-py (``pip install 'dstreams[redis]'``).
         """
         self._check_can_add_input()
         node = RedisStreamsInputNode(self._graph, url, [keys] if isinstance(keys, str) else list(keys), startFrom,
-                                     decoder, maxRatePerPartition, onTrimmed, missingKeys)
+                                     decoder, maxRatePerPartition, onTrimmed, missingKeys, commitToGroup)
         return DStream(node, self)
 
     # ------------------------------------------------------------------ combinators
@@ -419,6 +423,7 @@ class StreamingContext:
                     )
                 self._graph.validate()
                 status_settings = StatusServer.settings(self._sc.getConf())
+                progress_stream = ProgressLine.settings(self._sc.getConf())
                 if is_store_url(self._checkpoint_dir):
                     request_preload(self._sc, "dstreams.recovery.store.s3")
                 ensure_executors_can_import(self._sc)
@@ -434,6 +439,9 @@ class StreamingContext:
                 jvm.prepare(self._sc)
                 self._status = StatusServer.start(StatusSources(self._sc, self._graph, runtime, self._clock, self._bus,
                                                                 self._checkpoint_dir, self.getState), status_settings)
+                batch = self._graph.batch_duration
+                self._progress = ProgressLine.start(self._bus, progress_stream, self.uiWebUrl,
+                                                    batch.ms if batch else None)
                 try:
                     runtime.start()
                 except BaseException:
@@ -485,6 +493,9 @@ class StreamingContext:
         status, self._status = self._status, None
         if status is not None:
             status.close()
+        progress, self._progress = self._progress, None
+        if progress is not None:
+            progress.close()
 
     @property
     def uiWebUrl(self) -> str | None:

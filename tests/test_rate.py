@@ -320,11 +320,12 @@ def test_max_files_per_batch_from_the_conf_for_binary_records(sc, tmp_path, monk
 
 
 def test_backpressure_learns_a_file_source_rate_in_files_per_second(sc, tmp_path, monkeypatch):
-    """One-line files arrive at 40 files/s and are processed at 20 files/s, with 0.5 s batches: the first
-    batches take maxFilesPerBatch (30 files, 1.5 s of work each); then the estimator's limit falls to what the
-    output keeps up with, the scheduling delay settles while the backlog waits in the folder, and every line
-    taken is read once, in arrival order."""
-    interval_ms, capacity, per_step = 500, 20.0, 20
+    """A backlog of one-line files processed at 20 files/s (at most: the machine's load only slows it), 0.5 s
+    batches run one after the other: the first batch takes maxFilesPerBatch (30 files, no estimate yet), then
+    the estimator, fed with files per second of processing, limits a batch to what keeps up (20 files/s x 0.5 s
+    = 10), and every line is read once, in listing order. (That the scheduling delay settles under a backlog is
+    the record sources' test above: the file source shares the limiter.)"""
+    interval_ms, capacity = 500, 20.0
     monkeypatch.setenv("DSTREAMS_BACKPRESSURE_ENABLED", "true")
     monkeypatch.setenv("DSTREAMS_BACKPRESSURE_INITIAL_RATE", "100000")  # records/s: not for a file source
     folder = str(tmp_path / "in")
@@ -341,28 +342,22 @@ def test_backpressure_learns_a_file_source_rate_in_files_per_second(sc, tmp_path
 
     stream.foreachRDD(work)
     ssc.start()
-    batches = 18
-    written: list[str] = []
+    written = [f"line-{i:04d}" for i in range(120)]
     try:
-        started = time.monotonic()
-        for k in range(1, batches + 1):  # the manual clock moves at the pace of wall time
-            for _ in range(per_step):
-                written.append(f"line-{len(written):04d}")
-                _put(folder, f"f{len(written):04d}.txt", written[-1] + "\n")
-            time.sleep(max(0.0, started + k * interval_ms / 1000 - time.monotonic()))
+        for i, line in enumerate(written):
+            _put(folder, f"f{i:04d}.txt", line + "\n")
+        infos = []
+        for k in range(1, 9):  # each batch generated once the one before completed: no scheduling delay
             clock.set_time(k * interval_ms)
-        ssc.awaitBatch(batches * interval_ms, 120)
-        infos = sorted(ssc.batchInfos(), key=lambda i: i.batch_time_ms)
+            infos.append(ssc.awaitBatch(k * interval_ms, 120))
     finally:
         ssc.stop(stopSparkContext=False)
     metadata = [dict(i.streamIdToInputInfo()[stream._node.id].metadata()) for i in infos]
     limits = [m["maxFilesPerBatch"] for m in metadata]
-    assert limits[0] == 30 and "rate" not in metadata[0]  # no estimate yet; the initial rate is in records
-    assert all(m.get("rate", 0) >= 2.0 for m in metadata[-5:]), metadata  # floor: one file per batch
-    assert max(limits[-5:]) <= 15, metadata  # 20 files/s * 0.5 s = 10 per batch keep up
-    assert sum(m["files"] for m in metadata) == len(seen) and seen == written[:len(seen)]  # arrival order, once
-    delays = [i.scheduling_delay_ms for i in infos]
-    assert max(delays[-3:]) < max(delays) / 2, (limits, delays)  # the scheduling delay settles, not grows
+    assert limits[0] == 30 and "rate" not in metadata[0], metadata  # no estimate yet; the initial rate is in records
+    assert all(m.get("rate", 0) >= 2.0 for m in metadata[-4:]), metadata  # floor: one file per batch
+    assert max(limits[-4:]) <= 12, metadata  # 20 files/s * 0.5 s = 10 per batch keep up (slower when loaded)
+    assert sum(m["files"] for m in metadata) == len(seen) and seen == written[:len(seen)]  # listing order, once
 
 
 def test_max_files_per_batch_is_checked(sc, tmp_path):
@@ -370,6 +365,7 @@ def test_max_files_per_batch_is_checked(sc, tmp_path):
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="maxFilesPerBatch must be a positive int"):
             ssc.textFileStream(str(tmp_path), maxFilesPerBatch=bad)
+    assert ssc._graph.inputs == []  # a rejected source leaves nothing behind in the graph
     ssc.stop(stopSparkContext=False)
 
 

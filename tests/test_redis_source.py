@@ -240,3 +240,28 @@ def test_a_backlog_of_a_million_entries_drains_in_bounded_batches(sc, redis_url,
         # consecutive, in order: batch b holds entries [b * rate, (b + 1) * rate)
         assert [(r[1], r[2]) for r in ranges if r] == [(b * rate, min(per_key, (b + 1) * rate) - 1) for b in range(5)]
     assert [infos[t].numRecords() for t in sorted(infos)] == [4 * rate] * 4 + [4 * (per_key - 4 * rate), 0]
+
+
+def test_commit_to_group_moves_a_consumer_group_for_monitoring_tools(sc, redis_url, redis_client, redis_prefix):
+    keys = [f"{redis_prefix}g{i}" for i in range(2)]
+    ids = {k: _add(redis_client, k, 3) for k in keys}
+    redis_client.xgroup_create(keys[0], "watch", "0-0")  # an existing group is moved; a missing one is created
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    got: dict[int, list] = {}
+    _collect(ssc.redisStream(keys, url=redis_url, commitToGroup="watch").map(lambda r: r[1]), got)
+    with pytest.raises(ValueError, match="commitToGroup must be a consumer group name"):
+        ssc.redisStream(keys, url=redis_url, commitToGroup="")
+    ssc.start()
+    try:
+        _run(ssc, clock, 1)
+        positions = {k: redis_client.xinfo_groups(k)[0]["last-delivered-id"] for k in keys}
+        assert positions == {k: ids[k][-1] for k in keys}
+        more = {k: _add(redis_client, k, 2, start=3) for k in keys}
+        _run(ssc, clock, 2, first=2)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert {k: redis_client.xinfo_groups(k)[0]["last-delivered-id"] for k in keys} == {k: more[k][-1] for k in keys}
+    assert all(len(redis_client.xinfo_groups(k)) == 1 for k in keys)
+    assert redis_client.xpending(keys[0], "watch")["pending"] == 0  # nothing delivered through the group
+    assert sorted(got[1000]) == sorted(i for k in keys for i in ids[k])

@@ -103,7 +103,7 @@ class FileInputNode(InputNode):
 
     def __init__(self, graph: DStreamGraph, directory: str, record_length: int | None = None,
                  store: ObjectStoreLocation | None = None, max_files_per_batch: int | None = None) -> None:
-        super().__init__(graph)
+        # Checked before the node joins the graph: a bad argument leaves no half-made source behind.
         if record_length is not None and record_length <= 0:
             raise ValueError(f"recordLength must be positive, got {record_length}")
         if not directory:
@@ -112,6 +112,7 @@ class FileInputNode(InputNode):
                 isinstance(max_files_per_batch, bool) or not isinstance(max_files_per_batch, int)
                 or max_files_per_batch < 1):
             raise ValueError(f"maxFilesPerBatch must be a positive int or None, got {max_files_per_batch!r}")
+        super().__init__(graph)
         self.directory = directory
         self.record_length = record_length
         self.max_files_per_batch = max_files_per_batch

@@ -27,6 +27,12 @@ Contract (``StreamingContext.redisStream``):
   definition and its read (the executors find fewer entries than recorded) fails the same way.
   An unreachable server raises :class:`~dstreams.contracts.SourceUnavailableError` after the
   client's retries; the driver rides it out like a store outage (``spark.dstreams.store.outageSeconds``).
+* **Positions for monitoring tools** (``commitToGroup="<group>"``): after each completed batch the driver
+  moves the consumer group ``<group>`` of every key to the end of that batch's range (``XGROUP SETID``;
+  the group is created at the key's current position if it does not exist), so that ``XINFO GROUPS``
+  and Redis dashboards show how far the stream has read. It only moves forward, and it is for watching
+  only: the positions the stream resumes from are the metadata log's, and a failed update is logged,
+  never fails a batch. Entries are not delivered through the group (no ``XREADGROUP``, no pending list).
 """
 
 from __future__ import annotations
@@ -154,8 +160,8 @@ class RedisStreamsInputNode(InputNode):
 
     def __init__(self, graph: DStreamGraph, url: str, keys: Sequence[str], start_from: str | Mapping[str, str],
                  decoder: Decoder | None, max_rate_per_partition: float | None, on_trimmed: str,
-                 missing_keys: str) -> None:
-        super().__init__(graph)
+                 missing_keys: str, commit_to_group: str | None = None) -> None:
+        # Checked before the node joins the graph: a bad argument leaves no half-made source behind.
         if isinstance(keys, str):
             keys = [keys]
         keys = list(keys)
@@ -181,6 +187,11 @@ class RedisStreamsInputNode(InputNode):
             raise ValueError(f"missingKeys must be 'fail' or 'wait', got {missing_keys!r}")
         if max_rate_per_partition is not None and max_rate_per_partition <= 0:
             raise ValueError(f"maxRatePerPartition must be positive, got {max_rate_per_partition}")
+        if commit_to_group is not None and (not isinstance(commit_to_group, str) or not commit_to_group):
+            raise ValueError(f"commitToGroup must be a consumer group name (a non-empty string), "
+                             f"got {commit_to_group!r}")
+        super().__init__(graph)
+        self.commit_to_group = commit_to_group
         self.url = url
         self.keys = keys
         self.start_from = dict(start_from) if isinstance(start_from, Mapping) else start_from
@@ -194,8 +205,41 @@ class RedisStreamsInputNode(InputNode):
         self.added: dict[str, int] = {}
         self._restored = False
 
+    #: A class default, so that a graph checkpointed before the option existed still loads.
+    commit_to_group: str | None = None
+
     def describe_params(self) -> list[str]:
         return [f"keys={','.join(self.keys)}"]
+
+    def batch_completed(self, info: Any) -> None:
+        """Rate control (the input contract), then, with ``commitToGroup``, the group's position moved to the
+        end of the completed batch's ranges (see the module docstring)."""
+        super().batch_completed(info)
+        group = self.commit_to_group
+        offsets = self.offsets_at(BatchTime(info.batch_time_ms)) if group else None
+        if not group or info.failed or not isinstance(offsets, dict):
+            return
+        committed = self.__dict__.setdefault("_group_positions", {})  # key -> id moved to (made on first use)
+        for key, _after, until, _count in offsets.get("ranges", []):
+            if key in committed and not id_after(until, committed[key]):
+                continue
+            try:
+                self._set_group_position(key, group, until)
+                committed[key] = until
+            except Exception as e:  # noqa: BLE001 - monitoring only: never fails the stream
+                log.warning("could not move consumer group %r of stream key %r to %s (for monitoring only; the "
+                            "stream goes on): %s", group, key, until, e)
+
+    def _set_group_position(self, key: str, group: str, entry_id: str) -> None:
+        import redis
+
+        r = self._client()
+        try:
+            r.xgroup_setid(key, group, entry_id)
+        except redis.ResponseError as e:
+            if "NOGROUP" not in str(e).upper():
+                raise
+            r.xgroup_create(key, group, entry_id)
 
     # ----------------------------------------------------------------- driver side
     def _client(self) -> Any:
