@@ -368,6 +368,22 @@ class Outputs:
         return sorted(t for n, t in self.read if n == name)
 
 
+def assert_exactly_once(outputs: Outputs, fed: list[str], through_ms: int) -> None:
+    """Every fed line in exactly one committed ``lines`` batch and nothing else; no batch time up to
+    ``through_ms`` without a committed ``lines`` and ``counts`` output; the final counts equal what was fed."""
+    lines = Counter(x for (n, _), ls in outputs.read.items() if n == "lines" for x in ls)
+    duplicated = {x: c for x, c in lines.items() if c > 1}
+    assert not duplicated, f"lines in more than one committed batch: {sorted(duplicated)[:20]}"
+    assert set(lines) == set(fed), (f"missing: {sorted(set(fed) - set(lines))[:20]}, "
+                                    f"unexpected: {sorted(set(lines) - set(fed))[:20]}")
+    for name in ("lines", "counts"):
+        times = [t for t in outputs.times(name) if t <= through_ms]
+        gaps = sorted(set(range(times[0], through_ms + 1, BATCH_MS)) - set(times))
+        assert not gaps, f"{name}: batches without a committed output: {gaps[:20]}"
+    final = outputs.read[("counts", max(outputs.times("counts")))]
+    assert dict(ast.literal_eval(x) for x in final) == dict(Counter(w for line in fed for w in line.split()))
+
+
 # ---------------------------------------------------------------- the test
 
 
@@ -485,22 +501,7 @@ def test_gateway_down_60s_mid_stream_driver_rides_it_out_exactly_once(tmp_path, 
     report["outage_warnings_in_driver_log"] = text.count("store unavailable for")
     outputs.refresh()
 
-    # ---- exactly once: every fed line in exactly one committed batch, nothing else
-    lines = Counter(x for (n, _), ls in outputs.read.items() if n == "lines" for x in ls)
-    duplicated = {x: c for x, c in lines.items() if c > 1}
-    assert not duplicated, f"lines in more than one committed batch: {sorted(duplicated)[:20]}"
-    assert set(lines) == set(fed), (f"missing: {sorted(set(fed) - set(lines))[:20]}, "
-                                    f"unexpected: {sorted(set(lines) - set(fed))[:20]}")
-    # no batch missing in the committed outputs up to the drain point
-    for name in ("lines", "counts"):
-        times = [t for t in outputs.times(name) if t <= last_lines]
-        gaps = sorted(set(range(times[0], last_lines + 1, BATCH_MS)) - set(times))
-        assert not gaps, f"{name}: batches without a committed output: {gaps[:20]}"
-    # the final counts equal what was fed
-    final = outputs.read[("counts", max(outputs.times("counts")))]
-    counts = dict(ast.literal_eval(x) for x in final)
-    expected = Counter(w for line in fed for w in line.split())
-    assert counts == dict(expected)
+    assert_exactly_once(outputs, fed, last_lines)
 
     report["lines_fed"] = len(fed)
     report["objects_fed"] = feeder.objects

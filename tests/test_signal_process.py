@@ -13,8 +13,6 @@ SIGTERM, every fed line is in exactly one committed batch and the final counts e
 
 from __future__ import annotations
 
-import ast
-import os
 import signal
 import subprocess
 import sys
@@ -36,6 +34,7 @@ from .test_outage_process import (
     _stop_driver,
     _tail,
     _wait,
+    assert_exactly_once,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.s3, pytest.mark.ceph]
@@ -155,15 +154,4 @@ def test_sigterm_mid_stream_stops_gracefully_and_a_restart_resumes_exactly_once(
 
     # ---- exactly once across the stop and the restart
     outputs.refresh()
-    lines = Counter(x for (n, _), ls in outputs.read.items() if n == "lines" for x in ls)
-    duplicated = {x: c for x, c in lines.items() if c > 1}
-    assert not duplicated, f"lines in more than one committed batch: {sorted(duplicated)[:20]}"
-    assert set(lines) == set(fed), (f"missing: {sorted(set(fed) - set(lines))[:20]}, "
-                                    f"unexpected: {sorted(set(lines) - set(fed))[:20]}")
-    for name in ("lines", "counts"):
-        times = outputs.times(name)
-        gaps = sorted(set(range(times[0], times[-1] + 1, BATCH_MS)) - set(times))
-        assert not gaps, f"{name}: batches without a committed output: {gaps[:20]}"
-    final = outputs.read[("counts", max(outputs.times("counts")))]
-    assert dict(ast.literal_eval(x) for x in final) == dict(Counter(w for line in fed for w in line.split()))
-    assert os.path.exists(metrics_path)
+    assert_exactly_once(outputs, fed, max(outputs.times("lines")))
