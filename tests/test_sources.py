@@ -198,3 +198,23 @@ def test_generator_custom_record_func(sc):
     finally:
         ssc.stop(stopSparkContext=False)
     assert got["r"] == [[(0, t, 0), (0, t, 1), (1, t, 0), (1, t, 1)]]
+
+
+def test_a_backlog_of_small_files_is_read_in_few_tasks(sc, tmp_path):
+    """Files that arrived together (a restart after a downtime) are spread over the default parallelism, not
+    one task (and one output part) per file."""
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    got: list[tuple[int, list[str]]] = []
+    ssc.textFileStream(str(tmp_path)).foreachRDD(lambda rdd: got.append((rdd.getNumPartitions(), rdd.collect())))
+    ssc.start()
+    try:
+        for i in range(12):
+            (tmp_path / f".f{i}").write_text(f"line-{i}\n")
+            os.replace(tmp_path / f".f{i}", tmp_path / f"f{i:02d}.txt")
+        clock.set_time(1000)
+        ssc.awaitBatch(1000, 60)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    partitions, lines = got[0]
+    assert partitions <= max(1, sc.defaultParallelism) and sorted(lines) == sorted(f"line-{i}" for i in range(12))

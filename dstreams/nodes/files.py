@@ -236,14 +236,16 @@ class FileInputNode(InputNode):
         sc = self.graph.sc
         if not paths:
             return sc.emptyRDD()
+        # One task per file would pay PySpark's per-task cost (and, downstream, one output part per file) for
+        # every small file of a backlog: the files are spread over the default parallelism.
+        target = min(_MAX_PARTITIONS, max(1, sc.defaultParallelism))
         if self._spec is not None:
             spec, record_length = self._spec, self.record_length
-            # One task per object would pay PySpark's per-task cost (and, downstream, one output part per
-            # object) for every small object of a backlog: spread the objects over the default parallelism.
-            partitions = min(len(paths), _MAX_PARTITIONS, max(1, sc.defaultParallelism))
-            keys = sc.parallelize(paths, partitions)
+            keys = sc.parallelize(paths, min(len(paths), target))
             return keys.mapPartitions(lambda it: _read_objects(spec, record_length, it))
         if self.record_length is None:
-            return sc.textFile(",".join(paths))
-        rdds = [sc.binaryRecords(p, self.record_length) for p in paths]
-        return rdds[0] if len(rdds) == 1 else sc.union(rdds)
+            rdd = sc.textFile(",".join(paths))
+        else:
+            rdds = [sc.binaryRecords(p, self.record_length) for p in paths]
+            rdd = rdds[0] if len(rdds) == 1 else sc.union(rdds)
+        return rdd.coalesce(target) if len(paths) > target else rdd
