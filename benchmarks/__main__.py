@@ -4,13 +4,17 @@ Commands (run from the repository root)::
 
     python -m benchmarks run --quick          # a few minutes: 1 s target, short trials, few rates
     python -m benchmarks run                  # full method: 1 s and 2 s targets, 20 measured batches
+    python -m benchmarks run --quick --user-context   # dstreams and pyspark.streaming on SparkContexts built
+                                              # as a pyspark.streaming script builds them
     python -m benchmarks floor                # per-batch floor and driver overhead (dstreams vs pyspark.streaming)
     python -m benchmarks table                # regenerate the table in benchmarks/README.md from the JSON
     python -m benchmarks catchup [--quick]    # time to steady state after a store outage and a driver kill
     python -m benchmarks redis [--quick]      # Grep and WordCount from Redis Streams next to the generator source
 
 ``run`` starts one subprocess per (engine, workload) (each with its own SparkContext, the same tuned
-conf for every engine), writes ``benchmarks/results/<workload>.json`` (every trial with its per-batch
+conf for every engine; with ``--user-context`` each engine runs as its variant of
+``engines.USER_CONTEXT_VARIANTS`` instead, on a plain ``SparkContext("local[2]", app)``), writes
+``benchmarks/results/<workload>.json`` (every trial with its per-batch
 samples), PNG plots when matplotlib is installed, and regenerates ``benchmarks/README.md``'s table.
 """
 
@@ -24,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from .engines import ENGINES
+from .engines import ENGINES, USER_CONTEXT_VARIANTS
 from .run import MARKER, child_main
 from .workloads import WORKLOADS
 
@@ -99,10 +103,19 @@ def _merge(old: dict, new: dict) -> dict:
             "runs": list(runs.values())}
 
 
+def engines_to_run(asked: list[str] | None, user_context: bool) -> list[str]:
+    """The engines ``run`` measures: those asked for (default: all); with ``user_context``, each one's
+    variant on a user-made SparkContext (:data:`USER_CONTEXT_VARIANTS`; default: those variants)."""
+    if not user_context:
+        return list(asked or ENGINES)
+    return list(dict.fromkeys(USER_CONTEXT_VARIANTS.get(e, e) for e in (asked or USER_CONTEXT_VARIANTS)))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from . import report
 
     targets = args.targets or ([1000.0] if args.quick else [1000.0, 2000.0])
+    args.engines = engines_to_run(args.engines, args.user_context)
     mode = "quick" if args.quick else "full"
     machine = _machine()
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -147,7 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="rate search for each workload and engine")
     r.add_argument("--quick", action="store_true", help="short trials, 1 s target only (a few minutes)")
     r.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    r.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    r.add_argument("--engines", nargs="+", choices=list(ENGINES), help="default: every engine")
+    r.add_argument("--user-context", action="store_true",
+                   help="build each SparkContext as a pyspark.streaming script does (SparkContext(master, app), "
+                        "then StreamingContext(sc, n)): runs dstreams-user and pyspark.streaming-defaults, or "
+                        "the user-context variant of each engine given with --engines")
     r.add_argument("--targets", nargs="+", type=float, help="latency targets in ms (interval = target / 2)")
     r.add_argument("--timeout", type=float, default=1800.0, help="seconds per (engine, workload) subprocess")
     r.add_argument("--merge", action="store_true",

@@ -68,7 +68,7 @@ def _all_ones(chunk: list[Any]) -> bool:
     """Whether every pair of ``chunk`` (exact 2-tuples) has the value int 1 (not ``True``, not ``1.0``)."""
     values = list(map(_SECOND, chunk))
     n = len(chunk)
-    return values.count(1) == n
+    return values.count(1) == n and list(map(type, values)).count(int) == n
 
 
 def _fold_inline(acc: dict[Any, Any], chunk: list[Any]) -> None:

@@ -11,7 +11,10 @@ streaming context (the SparkContext survives for the next trial).
 Engines:
 
 * ``dstreams``: ``ssc.generatorStream`` (records made in the executors) and the workload's ``build``;
-  metrics from ``ssc.batchInfos()``. ``dstreams-arrow``: the same lines made as Arrow record batches
+  metrics from ``ssc.batchInfos()``. ``dstreams-user``: the same on a SparkContext built as a
+  ``pyspark.streaming`` script builds it (``SparkContext(master, app)``, then ``StreamingContext(sc, n)``,
+  which applies what it can of dstreams' tuning: see ``dstreams.sparkconf.tune_running_context``).
+  ``dstreams-arrow``: the same lines made as Arrow record batches
   (``recordFunc=text_record_batches``) and the workload's ``build_arrow`` (``mapArrowBatches``).
 * ``pyspark.streaming``: ``queueStream`` of lazily generated RDDs (the same record function runs in the
   executors when a batch is computed), the same ``build``; metrics from a ``StreamingListener``.
@@ -314,6 +317,7 @@ def run_dstreams_arrow(sc: SparkContext, wl: Workload, rate: int, interval_s: fl
 
 ENGINES: dict[str, Callable[[SparkContext, Workload, int, float, Plan], list[Sample]]] = {
     "dstreams": run_dstreams,
+    "dstreams-user": run_dstreams,
     "dstreams-arrow": run_dstreams_arrow,
     "pyspark.streaming": run_pyspark,
     "pyspark.streaming-defaults": run_pyspark,
@@ -321,15 +325,21 @@ ENGINES: dict[str, Callable[[SparkContext, Workload, int, float, Plan], list[Sam
     "ss-sql": run_ss_sql,
 }
 
-#: Engines whose SparkContext keeps Spark's defaults instead of ``tuned_conf`` (every other engine gets
-#: the same tuning as dstreams, so that those comparisons are between designs).
-UNTUNED_ENGINES = frozenset({"pyspark.streaming-defaults"})
+#: Engines whose SparkContext is built as a ``pyspark.streaming`` script builds it: ``SparkContext(master,
+#: app)`` with Spark's defaults, instead of ``tuned_conf`` (every other engine gets the same tuning as
+#: dstreams, so that those comparisons are between designs).
+UNTUNED_ENGINES = frozenset({"pyspark.streaming-defaults", "dstreams-user"})
+
+#: ``python -m benchmarks run --user-context``: each engine's variant on a user-made SparkContext.
+USER_CONTEXT_VARIANTS = {"dstreams": "dstreams-user", "pyspark.streaming": "pyspark.streaming-defaults"}
 
 ENGINE_LABELS = {
     "dstreams": "dstreams (same Python functions)",
+    "dstreams-user": "dstreams on a user-made SparkContext (SparkContext(master, app) + StreamingContext(sc, n))",
     "dstreams-arrow": "dstreams, Arrow generator + mapArrowBatches + pyarrow.compute",
     "pyspark.streaming": "pyspark.streaming (same Python functions)",
-    "pyspark.streaming-defaults": "pyspark.streaming, Spark's default conf (what its users get)",
+    "pyspark.streaming-defaults": "pyspark.streaming on a user-made SparkContext (Spark's default conf: what its "
+                                  "users get)",
     "ss-udf": "Structured Streaming, Python UDFs",
     "ss-sql": "Structured Streaming, built-in SQL functions",
 }

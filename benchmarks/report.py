@@ -25,7 +25,16 @@ PAPER_PER_NODE = {"grep": 640_000, "wordcount": 250_000, "topk": 250_000}
 #: This issue's targets on this 2-core machine, 1 s latency target.
 TARGETS = {"grep": 2_000_000, "wordcount": 300_000, "topk": 250_000}
 WORKLOAD_ORDER = ("grep", "wordcount", "topk")
-ENGINE_ORDER = ("dstreams", "dstreams-arrow", "pyspark.streaming", "pyspark.streaming-defaults", "ss-udf", "ss-sql")
+ENGINE_ORDER = ("dstreams", "dstreams-user", "dstreams-arrow", "pyspark.streaming", "pyspark.streaming-defaults",
+                "ss-udf", "ss-sql")
+#: The ratio table's pairs (dstreams' path, the engine it is compared with): each dstreams path against
+#: pyspark.streaming on the same tuned context and on a user-made one; dstreams on a user-made context
+#: against pyspark.streaming on one (like for like) and against dstreams on its own tuned context.
+RATIO_PAIRS = (
+    ("dstreams", "pyspark.streaming"), ("dstreams-arrow", "pyspark.streaming"),
+    ("dstreams", "pyspark.streaming-defaults"), ("dstreams-arrow", "pyspark.streaming-defaults"),
+    ("dstreams-user", "pyspark.streaming-defaults"), ("dstreams-user", "dstreams"),
+)
 
 
 def _fmt_rate(r: float | None) -> str:
@@ -119,7 +128,7 @@ def _bounds(search: dict[str, Any] | None) -> tuple[float, float | None] | None:
 
 
 def ratio_lines() -> list[str]:
-    """dstreams' best path against each pyspark.streaming line, with the bounds the search leaves open."""
+    """Each pair of :data:`RATIO_PAIRS` measured at a target, with the bounds the search leaves open."""
     rows = []
     for w in WORKLOAD_ORDER:
         doc = _load(w)
@@ -127,24 +136,23 @@ def ratio_lines() -> list[str]:
             continue
         searches = {(r["engine"], s["target_ms"]): s for r in doc["runs"] for s in r.get("searches", [])}
         for target in doc["targets_ms"]:
-            ours = {e: _bounds(searches.get((e, target))) for e in ("dstreams", "dstreams-arrow")}
-            for peer in ("pyspark.streaming", "pyspark.streaming-defaults"):
+            for engine, peer in RATIO_PAIRS:
                 if (peer, target) not in searches:
                     continue
                 theirs = _bounds(searches[(peer, target)])
-                for engine, mine in ours.items():
-                    if mine is None:
-                        continue
-                    if theirs is None:
-                        cell = "peer sustains none of the rates tried"
-                    else:
-                        low = mine[0] / theirs[1] if theirs[1] else None
-                        high = mine[1] / theirs[0] if mine[1] else None
-                        lo = f"{low:.2f}x" if low is not None else "? (the peer's limit was not reached)"
-                        hi = f"{high:.2f}x" if high is not None else "? (dstreams' limit was not reached)"
-                        cell = f"{mine[0] / theirs[0]:.2f}x (limits allow {lo} to {hi})"
-                    rows.append(f"| {w} | {target / 1000:g} s | {ENGINE_LABELS[engine]} | {ENGINE_LABELS[peer]} "
-                                f"| {cell} |")
+                mine = _bounds(searches.get((engine, target)))
+                if mine is None:
+                    continue
+                if theirs is None:
+                    cell = "peer sustains none of the rates tried"
+                else:
+                    low = mine[0] / theirs[1] if theirs[1] else None
+                    high = mine[1] / theirs[0] if mine[1] else None
+                    lo = f"{low:.2f}x" if low is not None else "? (the peer's limit was not reached)"
+                    hi = f"{high:.2f}x" if high is not None else "? (dstreams' limit was not reached)"
+                    cell = f"{mine[0] / theirs[0]:.2f}x (limits allow {lo} to {hi})"
+                rows.append(f"| {w} | {target / 1000:g} s | {ENGINE_LABELS[engine]} | {ENGINE_LABELS[peer]} "
+                            f"| {cell} |")
     if not rows:
         return []
     return ["", "Ratios of the highest sustainable rates above, each target from one run (a search stops "

@@ -200,3 +200,17 @@ def test_a_user_made_context_gets_the_worker_daemon_and_a_cluster_one_logs_what_
                  "--conf spark.speculation=true"):
         assert flag in warnings[0], warnings[0]
     assert cluster["locality"] == "0"
+
+
+# ------------------------------------------------------------------ the benchmark's user-context mode
+
+
+def test_the_benchmarks_user_context_mode_runs_each_engine_on_a_plain_context():
+    from benchmarks.__main__ import engines_to_run
+    from benchmarks.engines import ENGINES, UNTUNED_ENGINES
+
+    assert engines_to_run(None, user_context=True) == ["dstreams-user", "pyspark.streaming-defaults"]
+    assert engines_to_run(["dstreams", "ss-sql"], user_context=True) == ["dstreams-user", "ss-sql"]
+    assert engines_to_run(None, user_context=False) == list(ENGINES)
+    assert {"dstreams-user", "pyspark.streaming-defaults"} <= UNTUNED_ENGINES
+    assert ENGINES["dstreams-user"] is ENGINES["dstreams"]  # the same workload code, another context
