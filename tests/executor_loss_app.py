@@ -2,8 +2,10 @@
 
 Pipeline (:func:`build`): deterministic generator source (4 partitions, 6 words each per 1 s batch) ->
 ``runningReduce`` (checkpointed every 3 s), ``reduceByKeyAndWindow`` with an inverse function over 5 s,
-and stateless ``countByValue`` of word lengths and ``count``; each batch's output goes to ``sink(name,
-batch_ms, sorted rows)``.
+and stateless ``countByValue`` of word lengths and ``count``; and a second generator source of words with
+an event time (out of order by up to 3 s, some 6-9 s late) -> ``withEventTime(allowedLateness=2s)`` ->
+``reduceByKeyAndEventWindow`` (4 s windows sliding every 2 s, inverse function, ``emit="final"``) and the
+count of ``lateRecords()``. Each batch's output goes to ``sink(name, batch_ms, sorted rows)``.
 
 As a script (``python executor_loss_app.py OUT_DIR``) it starts ``local-cluster[2,1,1024]``, waits for
 both executors, runs the pipeline on a ManualClock started at 0 (batch times 1000, 2000, ...) one batch
@@ -39,6 +41,25 @@ EXECUTORS = 2
 def records(seed: int, t: int, partition: int, n: int) -> list[str]:
     """Deterministic words of one generator partition of the batch at ``t`` ms."""
     return [f"w{(seed + t // 1000 * 5 + partition * 3 + i * i) % 13}" for i in range(n)]
+
+
+def timed_records(seed: int, t: int, partition: int, n: int) -> list[str]:
+    """Deterministic ``word@event_ms`` records of one partition of the batch at ``t`` ms: event times up to
+    3 s before the batch time, and every fifth record 6-9 s before it (late once the watermark has moved)."""
+    out = []
+    for i in range(n):
+        k = seed + t // 1000 * 7 + partition * 5 + i * i
+        back = 6000 + (k % 4) * 1000 if i % 5 == 4 else (k % 4) * 1000
+        out.append(f"e{k % 5}@{max(0, t - back - 250 * partition)}")
+    return out
+
+
+def event_seconds(record: str) -> float:
+    return int(record.rsplit("@", 1)[1]) / 1000.0
+
+
+def event_word(record: str) -> tuple[str, int]:
+    return record.rsplit("@", 1)[0], 1
 
 
 def batch_ms(t: datetime) -> int:
@@ -84,7 +105,13 @@ def build(sc: Any, clock: Clock, sink: Sink, checkpoint: str,
     window.checkpoint("3s")
     lengths = words.map(lambda kv: len(kv[0])).countByValue()
     total = words.count()
-    for name, stream in [("counts", counts), ("window", window), ("lengths", lengths), ("total", total)]:
+    timed = ssc.generatorStream(6, 4, seed=11, recordFunc=timed_records).withEventTime(event_seconds,
+                                                                                       allowedLateness="2s")
+    event_window = timed.map(event_word).reduceByKeyAndEventWindow(operator.add, "4s", "2s", invFunc=operator.sub)
+    event_window.checkpoint("3s")
+    late = timed.lateRecords().count()
+    for name, stream in [("counts", counts), ("window", window), ("lengths", lengths), ("total", total),
+                         ("event_window", event_window), ("late", late)]:
         _output(stream, name, sink)
     return ssc
 

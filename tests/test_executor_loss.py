@@ -29,7 +29,7 @@ from .executor_loss_app import EXECUTORS, build, normalise, write_redis_words
 APP = os.path.join(os.path.dirname(__file__), "executor_loss_app.py")
 KILL_AFTER, AFTER_KILL, AFTER_RECOVERY = 5, 8, 2
 LAST_MS = (KILL_AFTER + AFTER_KILL + AFTER_RECOVERY) * 1000
-NAMES = ("counts", "window", "lengths", "total")
+NAMES = ("counts", "window", "lengths", "total", "event_window", "late")
 DRIVER_TIMEOUT_S = 330  # generous: the machine may be shared; ~75-100 s when quiet
 _FAULT_ENV = (faults.SLOW_EXECUTOR_ENV, faults.SLOW_PARTITION_ENV, faults.SLOW_SECONDS_ENV, faults.SLOW_FACTOR_ENV,
               "DSTREAMS_FAULT_KILL", "DSTREAMS_FAULT_KILL_AFTER")
@@ -234,3 +234,6 @@ def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, t
     for key in sorted(expected):
         assert got[key] == expected[key], f"batch {key[0]} output {key[1]} differs"
     assert all(got[(t, "total")] == [24] for t in times), "each batch holds 4 partitions x 6 words"
+    # The event-time outputs had something to say: windows closed and late records were dropped.
+    assert sum(len(got[(t, "event_window")]) for t in times) > 0
+    assert sum(got[(t, "late")][0] for t in times) > 0
