@@ -159,19 +159,25 @@ def _tag_partition(extract: Callable[[Any], Any], watermark: int | None, keep_la
     return run
 
 
+class _LastReport:
+    """Stands in for the accumulator of :func:`_tag_partition`: keeps what the partition reported."""
+
+    def __init__(self) -> None:
+        self.value: dict[int, dict[int, PartitionStats]] = {}
+
+    def add(self, value: dict[int, dict[int, PartitionStats]]) -> None:
+        self.value = value
+
+
 def _stats_partition(extract: Callable[[Any], Any], watermark: int | None
                      ) -> Callable[[int, Iterator[Any]], Iterable[tuple[int, PartitionStats]]]:
+    """Partition function: ``[(index, statistics)]`` of a partition, counted as :func:`_tag_partition` counts."""
+
     def run(index: int, it: Iterator[Any]) -> Iterable[tuple[int, PartitionStats]]:
-        n = late = 0
-        top: int | None = None
-        for x in it:
-            ts = event_ms(extract(x))
-            n += 1
-            if watermark is not None and ts < watermark:
-                late += 1
-            elif top is None or ts > top:
-                top = ts
-        return [(index, (top, n, late))]
+        report = _LastReport()
+        for _ in _tag_partition(extract, watermark, False, 0, report)(index, it):  # type: ignore[arg-type]
+            pass
+        return [(index, report.value[0][index])]
 
     return run
 
