@@ -26,6 +26,7 @@ Contract of the compiled ``BatchBuilder`` (one per SparkContext):
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 CLASS_NAME = "dstreams.jvm.BatchBuilder"
@@ -102,10 +103,34 @@ public class BatchBuilder {
 """
 
 
+#: The classes compiled so far, per JVM (its Py4J gateway client) and class name.
+_compiled: dict[tuple[int, str], tuple[Any, Any]] = {}
+_compiled_lock = threading.Lock()
+
+
+def compiled_class(jvm: Any, anchor: Any, source: str, class_name: str) -> Any:
+    """The ``java.lang.Class`` named ``class_name`` compiled from ``source`` by Janino, its class loader a
+    child of ``anchor``'s (a Spark object); compiled once per JVM and reused by every later SparkContext.
+
+    Once per JVM matters: Py4J caches the reflected methods it calls by class *name*, so a second class of
+    the same name (compiled again for a second SparkContext in one Python process, as a notebook makes)
+    would be called through the first one's methods and fail ("object is not an instance of declaring
+    class"). Raises ``Py4JError`` when Janino is missing or the source does not compile."""
+    client = getattr(jvm, "_gateway_client", None)
+    key = (id(client), class_name)
+    with _compiled_lock:
+        known = _compiled.get(key)
+        if known is not None and known[0] is client:
+            return known[1]
+        compiler = jvm.org.codehaus.janino.SimpleCompiler()
+        compiler.setParentClassLoader(anchor.getClass().getClassLoader())
+        compiler.cook(source)
+        cls = compiler.getClassLoader().loadClass(class_name)
+        _compiled[key] = (client, cls)  # the client is kept, so its id is not reused by another
+        return cls
+
+
 def compile_builder(jvm: Any, anchor: Any) -> Any:
-    """A new ``BatchBuilder`` in the JVM behind ``jvm``, its class loaded next to ``anchor``'s (a Spark
-    object). Raises ``Py4JError`` when Janino is missing or the source does not compile against this Spark."""
-    compiler = jvm.org.codehaus.janino.SimpleCompiler()
-    compiler.setParentClassLoader(anchor.getClass().getClassLoader())
-    compiler.cook(SOURCE)
-    return compiler.getClassLoader().loadClass(CLASS_NAME).newInstance()
+    """A new ``BatchBuilder`` in the JVM behind ``jvm`` (its class: :func:`compiled_class`). Raises
+    ``Py4JError`` when Janino is missing or the source does not compile against this Spark."""
+    return compiled_class(jvm, anchor, SOURCE, CLASS_NAME).newInstance()

@@ -193,3 +193,17 @@ def test_a_builder_that_cannot_be_compiled_falls_back_to_pyspark_with_one_warnin
     warnings = [r for r in caplog.records if "could not compile the JVM batch builder" in r.getMessage()]
     assert len(warnings) == 1, warnings
     assert "PySpark's own calls" in warnings[0].getMessage()
+
+
+def test_a_builder_compiled_again_in_the_same_jvm_works(sc):
+    """A second SparkContext in one Python process (a notebook's ``sc.stop()`` then ``SparkContext()``) builds
+    its builder in the same JVM: Py4J caches reflected methods by class name, so a second class of the same
+    name would be called through the first one's methods ("object is not an instance of declaring class")."""
+    from dstreams.jvm_compiled import compile_builder
+
+    rdd = sc.parallelize([1, 2, 3], 3)._jrdd
+    first = compile_builder(sc._jvm, sc._jsc)
+    assert first.numPartitions(rdd) == 3
+    second = compile_builder(sc._jvm, sc._jsc)
+    assert second is not first and second.numPartitions(rdd) == 3
+    assert first.numPartitions(rdd) == 3
