@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time as _time
 from collections.abc import Callable, Iterable, Sequence
@@ -25,6 +26,7 @@ from dstreams import config, jvm
 from dstreams.clock import Clock, SystemClock
 from dstreams.executors import ensure_executors_can_import
 from dstreams.graph import DStreamGraph
+from dstreams.jvm_signals import JvmSignalForwarder, forward_signals
 from dstreams.listener import BatchInfo, ListenerBus
 from dstreams.nodes.files import FileInputNode
 from dstreams.nodes.generator import GeneratorInputNode, RecordFunc
@@ -449,7 +451,8 @@ class StreamingContext:
                     raise
                 self._state = self.ACTIVE
                 StreamingContext._activeContext = self
-            self._signals = SignalStop.install(self, config.get(config.STOP_ON_SIGNAL, self._sc.getConf()))
+            self._signals = SignalStop.install(self, config.get(config.STOP_ON_SIGNAL, self._sc.getConf()),
+                                               self._forward_jvm_signals)
 
     def stop(self, stopSparkContext: bool = True, stopGraceFully: bool = False) -> None:
         """Stop the stream (graceful: after the queued batches ran) and, by default, the SparkContext."""
@@ -485,6 +488,10 @@ class StreamingContext:
             return float(configured)
         batch = self._graph.batch_duration
         return max(10.0, 10 * batch.seconds) if batch else 10.0
+
+    def _forward_jvm_signals(self, signums: Sequence[int]) -> JvmSignalForwarder | None:
+        """Have the driver's JVM send ``signums`` on to this process instead of acting on them."""
+        return forward_signals(self._sc._jvm, self._sc._jsc, [signal.Signals(s).name[3:] for s in signums])
 
     def _main_thread_awaited(self) -> bool:
         return self._main_awaited

@@ -4,7 +4,8 @@ Contract:
 
 * :meth:`SignalStop.install` is called by ``StreamingContext.start()``. It takes over SIGTERM and SIGINT
   only in the main thread, and only for a signal whose handler is still Python's default (``SIG_DFL``
-  for SIGTERM, ``default_int_handler`` for SIGINT): a handler the application installed is left alone.
+  for SIGTERM, ``default_int_handler`` for SIGINT) or PySpark's (the SIGINT handler a ``SparkContext``
+  made in the main thread installs: it cancels every job): a handler the application installed is left alone.
   With ``off`` nothing is installed.
 * The first signal starts the stop on a thread of its own (``dstreams-signal-stop``), never inside the
   handler: the main thread may be inside a Py4J call when the signal arrives, and a nested call on the
@@ -17,8 +18,13 @@ Contract:
   ``awaitTermination*`` (a loop of its own) gets ``SystemExit`` raised in it.
 * A second signal while the stop runs exits at once with code 128 + the signal number (``os._exit``:
   the batch in flight is redone on restart).
-* ``uninstall()`` (a stop from code, in the main thread) puts the previous handlers back. After a stop
-  from another thread the handlers stay and behave as the previous ones did.
+* The driver's JVM does not act on the signals taken over: ``install`` asks it (``forward``, see
+  :mod:`dstreams.jvm_signals`) to send them on to this process instead of stopping the SparkContext
+  under the graceful stop (a signal to the whole process group, or to the ``spark-submit`` JVM alone).
+  A group signal then arrives twice, milliseconds apart: while the JVM forwards, one repeat of the first
+  signal within :data:`DUPLICATE_WINDOW_S` of it is the same signal, not a second one.
+* ``uninstall()`` (a stop from code, in the main thread) puts the previous handlers back, the JVM's
+  too. After a stop from another thread the handlers stay and behave as the previous ones did.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any, Protocol
 
@@ -36,6 +43,10 @@ log = logging.getLogger(__name__)
 
 #: The signals a running stream stops on.
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+#: A repeat of the first signal this soon after it, while the JVM forwards signals, is that signal
+#: delivered twice (to the process group and forwarded by the JVM), not a request to exit at once.
+DUPLICATE_WINDOW_S = 1.5
 
 
 class Stoppable(Protocol):
@@ -46,9 +57,27 @@ class Stoppable(Protocol):
     def _main_thread_awaited(self) -> bool: ...
 
 
+class Forwarding(Protocol):
+    """The JVM's forwarding of signals to this process (:class:`dstreams.jvm_signals.JvmSignalForwarder`)."""
+
+    names: list[str]
+
+    def restore(self) -> None: ...
+
+
+#: Asks the driver's JVM to forward the given signals here; what it took over, or None.
+ForwardFn = Callable[[Sequence[int]], "Forwarding | None"]
+
+
+def _is_pyspark_handler(handler: Any) -> bool:
+    """PySpark's own SIGINT handler (a ``SparkContext`` made in the main thread installs one that cancels
+    every job and raises ``KeyboardInterrupt``): not the application's, and it would break a graceful stop."""
+    return callable(handler) and (getattr(handler, "__module__", None) or "").split(".")[0] == "pyspark"
+
+
 def _is_default(signum: int, handler: Any) -> bool:
     if signum == signal.SIGINT:
-        return handler is signal.default_int_handler
+        return handler is signal.default_int_handler or _is_pyspark_handler(handler)
     return handler == signal.SIG_DFL
 
 
@@ -68,11 +97,15 @@ class SignalStop:
         self.exit_code = 0
         self._thread: threading.Thread | None = None
         self._detached = False
+        #: The JVM's forwarding of the signals taken over, while it lasts.
+        self.forwarding: Forwarding | None = None
+        self._first: tuple[int, float] | None = None
 
     @classmethod
-    def install(cls, ssc: Stoppable, mode: str) -> SignalStop | None:
-        """Take over the signals that still have Python's default handler; None when nothing was taken
-        over (``mode == "off"``, not the main thread, or the application handles both signals itself)."""
+    def install(cls, ssc: Stoppable, mode: str, forward: ForwardFn | None = None) -> SignalStop | None:
+        """Take over the signals that still have Python's default handler, and ask the JVM (``forward``) to
+        send those on here; None when nothing was taken over (``mode == "off"``, not the main thread, or
+        the application handles both signals itself)."""
         if mode == "off" or threading.current_thread() is not threading.main_thread():
             return None
         previous = {s: signal.getsignal(s) for s in SIGNALS if _is_default(s, signal.getsignal(s))}
@@ -81,11 +114,19 @@ class SignalStop:
         stopper = cls(ssc, mode, previous)
         for s in previous:
             signal.signal(s, stopper._handle)
+        if forward is not None:
+            stopper.forwarding = forward(list(previous))
         return stopper
 
     def uninstall(self) -> None:
-        """Put the previous handlers back (in the main thread; elsewhere the handlers only stop acting)."""
+        """Put the previous handlers back (in the main thread; elsewhere the handlers only stop acting).
+        The JVM's handlers go back too, unless a signal started the stop: the process is ending, and a
+        second signal must still reach this process to exit at once."""
         self._detached = True
+        forwarding = self.forwarding
+        if forwarding is not None and not self.stopping:
+            self.forwarding = None
+            forwarding.restore()
         if threading.current_thread() is not threading.main_thread():
             return
         for s, handler in self._previous.items():
@@ -102,12 +143,20 @@ class SignalStop:
         if self._done.is_set():  # the stop finished while the main thread ran code of its own: end it
             self.uninstall()
             raise SystemExit(self.exit_code)
+        now = time.monotonic()
         with self._lock:
             second = self.stopping
             if not second and not self._detached:
                 self.stopping = True
+                self._first = (signum, now)
         if self._detached and not second:
             self._act_as_before(signum, frame)
+            return
+        if second and self._is_duplicate(signum, now):
+            first_at = self._first[1] if self._first else now
+            self._first = None  # one copy only: the next repeat is a second signal
+            log.info("%s again %.2f s after the first: the same signal, sent to the process group and forwarded "
+                     "by the JVM (send it again to exit at once)", name, now - first_at)
             return
         if second:
             log.warning("%s again while stopping: exiting now (code %d); batches in flight are redone on restart",
@@ -119,6 +168,11 @@ class SignalStop:
         log.warning("%s received: stopping the stream, %s", name, how)
         self._thread = threading.Thread(target=self._stop, args=(signum,), name="dstreams-signal-stop")
         self._thread.start()
+
+    def _is_duplicate(self, signum: int, now: float) -> bool:
+        first = self._first
+        return (self.forwarding is not None and first is not None and first[0] == signum
+                and now - first[1] < DUPLICATE_WINDOW_S)
 
     def _act_as_before(self, signum: int, frame: FrameType | None) -> None:
         previous = self._previous.get(signum, signal.SIG_DFL)

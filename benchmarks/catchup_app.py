@@ -11,11 +11,11 @@ started on the same prefix resumes from the checkpoint the first one left. The s
 credentials come from boto3's chain (``AWS_ENDPOINT_URL_S3``, ``AWS_ACCESS_KEY_ID``...).
 
 A listener appends one JSON line per completed batch to METRICS.jsonl, tagged with this process's id.
-The driver prints ``STARTED`` once its context runs; SIGTERM or SIGINT stops the context and exits 0; a
-context that stops on its own (a fatal error) exits 1. With ``--engine-signals`` the app installs no
-handler and blocks in ``ssc.awaitTermination()``, as a plain pyspark.streaming script does: the signals
-are dstreams' own (``spark.dstreams.stopOnSignal``, a graceful stop), and it prints ``TERMINATED``
-when ``awaitTermination()`` returns.
+The driver prints ``STARTED pid <its process id>`` once its context runs; SIGTERM or SIGINT stops the
+context and exits 0; a context that stops on its own (a fatal error) exits 1. With ``--engine-signals``
+the app installs no handler and blocks in ``ssc.awaitTermination()``, as a plain pyspark.streaming script
+does: the signals are dstreams' own (``spark.dstreams.stopOnSignal``, a graceful stop), and it prints
+``TERMINATED`` when ``awaitTermination()`` returns.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     batches = BatchLog(args.metrics)
     ssc.addStreamingListener(batches)
     ssc.start()
-    print("STARTED", flush=True)
+    print(f"STARTED pid {os.getpid()}", flush=True)
     if args.engine_signals:
         try:
             ssc.awaitTermination()  # returns once a signal's graceful stop is done

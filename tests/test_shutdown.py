@@ -123,3 +123,77 @@ def test_signal_settings_are_checked():
     assert config.get(config.GRACEFUL_STOP_TIMEOUT, {"spark.dstreams.gracefulStopTimeout": "2min"}) == 120.0
     with pytest.raises(ValueError, match="gracefulStopTimeout='soon'"):
         config.get(config.GRACEFUL_STOP_TIMEOUT, {"spark.dstreams.gracefulStopTimeout": "soon"})
+
+
+def test_pyspark_own_sigint_handler_is_taken_over_and_given_back(default_handlers):
+    def pyspark_handler(signum, frame):  # noqa: ARG001 - stands for the one SparkContext() installs
+        raise KeyboardInterrupt
+
+    pyspark_handler.__module__ = "pyspark.core.context"
+    signal.signal(signal.SIGINT, pyspark_handler)
+    ctx = _FakeContext(awaited=True)
+    stopper = SignalStop.install(ctx, "graceful")
+    assert stopper is not None and signal.getsignal(signal.SIGINT) == stopper._handle
+    signal.raise_signal(signal.SIGINT)  # a graceful stop, not PySpark's cancel-everything KeyboardInterrupt
+    assert stopper.wait(10) and ctx.stops == [(True, True)]
+    stopper.uninstall()
+    assert signal.getsignal(signal.SIGINT) is pyspark_handler
+
+
+class _Forwarding:
+    def __init__(self) -> None:
+        self.names = ["TERM", "INT"]
+        self.restored = 0
+
+    def restore(self) -> None:
+        self.restored += 1
+
+
+def test_while_the_jvm_forwards_one_copy_of_the_first_signal_is_not_a_second_signal(default_handlers):
+    ctx = _FakeContext(awaited=True, stop_s=1.0)
+    exits: list[int] = []
+    forwarding = _Forwarding()
+    stopper = SignalStop(ctx, "graceful", {signal.SIGTERM: signal.SIG_DFL}, exit_now=exits.append)
+    stopper.forwarding = forwarding
+    signal.signal(signal.SIGTERM, stopper._handle)
+    signal.raise_signal(signal.SIGTERM)  # the process group's copy
+    signal.raise_signal(signal.SIGTERM)  # the JVM's forwarded copy: the same signal
+    assert exits == []
+    signal.raise_signal(signal.SIGTERM)  # a real second signal
+    assert exits == [128 + signal.SIGTERM]
+    assert stopper.wait(10) and ctx.stops == [(True, True)]
+    stopper.uninstall()
+    assert forwarding.restored == 0  # a signal started the stop: the JVM keeps forwarding until the end
+
+
+def test_a_stop_from_code_gives_the_jvm_its_handlers_back(default_handlers):
+    forwarding = _Forwarding()
+    stopper = SignalStop.install(_FakeContext(), "graceful", lambda signums: forwarding)
+    assert stopper is not None and stopper.forwarding is forwarding
+    stopper.uninstall()
+    assert forwarding.restored == 1 and stopper.forwarding is None
+
+
+@pytest.mark.timeout(60)
+def test_the_jvm_forwards_sigterm_to_the_driver_instead_of_shutting_down(sc):
+    """A real SIGTERM to this test run's JVM reaches the process named as the driver (a ``sleep`` here) and
+    the JVM lives on; its previous handler is back afterwards."""
+    import os
+    import subprocess
+
+    from dstreams.jvm_signals import forward_signals
+
+    stand_in = subprocess.Popen(["sleep", "60"])
+    forwarder = None
+    try:
+        forwarder = forward_signals(sc._jvm, sc._jsc, ["TERM"], pid=stand_in.pid)
+        assert forwarder is not None and forwarder.names == ["TERM"]
+        jvm_pid = int(sc._jvm.java.lang.ProcessHandle.current().pid())
+        os.kill(jvm_pid, signal.SIGTERM)
+        assert stand_in.wait(timeout=20) == -signal.SIGTERM
+        assert sc.parallelize([1, 2, 3]).count() == 3  # the JVM did not run its shutdown hooks
+    finally:
+        if forwarder is not None:
+            forwarder.restore()
+        stand_in.kill()
+        stand_in.wait(timeout=10)

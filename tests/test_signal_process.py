@@ -9,10 +9,18 @@ every output folder the driver started is committed (no half-written output: a g
 generated batches), and each batch time has both outputs. A second driver started on the same checkpoint
 resumes (``getOrCreate``: "restored the stream graph", no fresh start); after the input drains and a second
 SIGTERM, every fed line is in exactly one committed batch and the final counts equal what was fed.
+
+Two launchers: ``python app.py`` (PySpark starts the JVM as a child) and ``spark-submit app.py`` (the JVM
+starts the Python driver). The first SIGTERM goes to the process the launcher started (the Python driver,
+or the ``spark-submit`` JVM, which must hand it to the Python driver instead of stopping the SparkContext);
+the second to the whole process group (as systemd or a terminal's Ctrl-C does: the driver receives it
+twice, directly and forwarded by the JVM, and must not take the copy for a second signal).
 """
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -53,10 +61,26 @@ def signal_bucket():
     return bucket
 
 
-def _start(base: str, metrics_path: str, log_path: str, cwd: str) -> subprocess.Popen:
+def _command(launcher: str) -> list[str]:
+    if launcher == "python":
+        return [sys.executable]
+    import pyspark
+
+    submit = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
+    return [submit, "--master", "local[2]", "--conf", f"spark.pyspark.driver.python={sys.executable}"]
+
+
+def _start(launcher: str, base: str, metrics_path: str, log_path: str, cwd: str) -> subprocess.Popen:
     with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, APP, base, metrics_path, "--engine-signals"], env=_env(),
+        return subprocess.Popen([*_command(launcher), APP, base, metrics_path, "--engine-signals"], env=_env(),
                                 stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
+
+
+def _driver_pid(log_path: str) -> int:
+    """The Python driver's process id, from its ``STARTED pid N`` line (the JVM's child under spark-submit)."""
+    found = re.findall(r"STARTED pid (\d+)", _tail(log_path, 10**7))
+    assert found, _tail(log_path)
+    return int(found[-1])
 
 
 def _completed_by(metrics_path: str, pid: int) -> list[dict]:
@@ -74,8 +98,12 @@ def _folders(client, bucket: str, prefix: str) -> dict[str, set[str]]:
     return found
 
 
-def _sigterm_and_wait(proc: subprocess.Popen, log_path: str) -> int:
-    proc.send_signal(signal.SIGTERM)
+def _sigterm_and_wait(proc: subprocess.Popen, log_path: str, group: bool = False) -> int:
+    """SIGTERM to the launched process (or its whole process group) and its exit code."""
+    if group:
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
     try:
         return proc.wait(timeout=EXIT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -83,7 +111,8 @@ def _sigterm_and_wait(proc: subprocess.Popen, log_path: str) -> int:
 
 
 @pytest.mark.timeout(900)
-def test_sigterm_mid_stream_stops_gracefully_and_a_restart_resumes_exactly_once(tmp_path, signal_bucket):
+@pytest.mark.parametrize("launcher", ["python", "spark-submit"])
+def test_sigterm_mid_stream_stops_gracefully_and_a_restart_resumes_exactly_once(tmp_path, signal_bucket, launcher):
     client = _client()
     prefix = f"run-{uuid.uuid4().hex[:6]}"
     base = f"s3://{signal_bucket}/{prefix}"
@@ -94,18 +123,21 @@ def test_sigterm_mid_stream_stops_gracefully_and_a_restart_resumes_exactly_once(
     procs: list[subprocess.Popen] = []
     try:
         # ---- first driver: batches flow, then SIGTERM while the feeder keeps putting objects
-        first = _start(base, metrics_path, logs[0], str(tmp_path))
+        first = _start(launcher, base, metrics_path, logs[0], str(tmp_path))
         procs.append(first)
         _wait(lambda: "STARTED" in _tail(logs[0], 10**7), 240, "the driver to start", first, logs[0])
         feeder.start()
         feeder.resume()
-        _wait(lambda: len(_completed_by(metrics_path, first.pid)) >= 6 and feeder.objects >= 6, 240,
+        first_pid = _driver_pid(logs[0])
+        _wait(lambda: len(_completed_by(metrics_path, first_pid)) >= 6 and feeder.objects >= 6, 240,
               "batches with input", first, logs[0])
         code = _sigterm_and_wait(first, logs[0])
         text = _tail(logs[0], 10**7)
         assert code == 0, f"exit code {code} after SIGTERM\n{text[-6000:]}"
         assert "SIGTERM received: stopping the stream" in text and "TERMINATED" in text, text[-6000:]
         assert "Traceback" not in text, text[-6000:]
+        if launcher == "spark-submit":  # the JVM got the signal and handed it on
+            assert "SIGTERM reached the driver JVM; forwarded to the Python driver" in text, text[-6000:]
 
         # ---- nothing half-written: every folder the driver started is committed, each batch has both outputs
         folders = _folders(client, signal_bucket, prefix)
@@ -120,15 +152,16 @@ def test_sigterm_mid_stream_stops_gracefully_and_a_restart_resumes_exactly_once(
 
         # ---- second driver: resumes from the checkpoint (the feeder went on while it was down)
         time.sleep(3)
-        second = _start(base, metrics_path, logs[1], str(tmp_path))
+        second = _start(launcher, base, metrics_path, logs[1], str(tmp_path))
         procs.append(second)
         _wait(lambda: "STARTED" in _tail(logs[1], 10**7), 240, "the second driver to start", second, logs[1])
         assert "restored the stream graph from the checkpoint" in _tail(logs[1], 10**7)
-        _wait(lambda: len(_completed_by(metrics_path, second.pid)) >= 4, 240, "batches of the second driver",
+        second_pid = _driver_pid(logs[1])
+        _wait(lambda: len(_completed_by(metrics_path, second_pid)) >= 4, 240, "batches of the second driver",
               second, logs[1])
         # The second driver starts after the newest state checkpoint (every 2 batches): it redoes at most the
         # batch after it to rebuild the state (its committed outputs are kept, not written again), and skips none.
-        resumed = min(r["batch_ms"] for r in _completed_by(metrics_path, second.pid))
+        resumed = min(r["batch_ms"] for r in _completed_by(metrics_path, second_pid))
         assert stopped_at - 2 * BATCH_MS < resumed <= stopped_at + BATCH_MS, (stopped_at, resumed)
 
         # ---- drain, then stop the second driver the same way
@@ -144,8 +177,11 @@ def test_sigterm_mid_stream_stops_gracefully_and_a_restart_resumes_exactly_once(
         last_lines = max(t for t in outputs.times("lines") if outputs.read[("lines", t)])
         _wait(lambda: outputs.refresh() and max(outputs.times("counts"), default=0) >= last_lines, 60,
               "the counts of the last batch with input", second, logs[1], 1.0)
-        code = _sigterm_and_wait(second, logs[1])
-        assert code == 0, f"exit code {code} after SIGTERM\n{_tail(logs[1])}"
+        code = _sigterm_and_wait(second, logs[1], group=True)
+        text = _tail(logs[1], 10**7)
+        assert code == 0, f"exit code {code} after SIGTERM to the process group\n{text[-6000:]}"
+        assert "the same signal, sent to the process group and forwarded by the JVM" in text, text[-6000:]
+        assert "Traceback" not in text, text[-6000:]
     finally:
         if feeder.is_alive():
             feeder.finish()
