@@ -222,7 +222,7 @@ def test_the_stream_graph_with_kinds_state_and_watermarks(run):
     nodes = {n["key"]: n for n in streams["nodes"]}
     assert [n["kind"] for n in streams["nodes"]] == ["source", "transform", "state", "output", "window", "output"]
     assert streams["edges"] == [[d, n["key"]] for n in streams["nodes"] for d in n["depends_on"]]
-    assert all(n["watermark"] is None for n in streams["nodes"])  # the place issue 14's event time fills in
+    assert all(n["watermark"] is None for n in streams["nodes"])  # no event time in this graph
     state = nodes["002-RunningReduceNode"]
     assert state["name"].startswith("runningReduce#") and state["stateful"]
     newest = run.start + 3000  # checkpoints every 2 s of batch time: 2000 and 4000
@@ -391,3 +391,39 @@ def test_event_counts_are_thread_safe_and_only_grow():
     with pytest.raises(ValueError, match="only grow"):
         counts.add("a", -1)
 
+
+
+def test_event_time_watermarks_and_late_records_on_the_page_and_in_the_metrics(sc):
+    """Each stream's watermark is that of the event-time streams it reads, as of the newest completed batch;
+    the late records of an event-time stream add up over batches."""
+    batches = [[(10, "a1"), (12, "a2")], [(20, "a3")], [(15, "kept"), (8, "late")], [], [(40, "a4")], [(25, "late")]]
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    source = ssc.queueStream([sc.parallelize(b, 2) for b in batches])
+    timed = source.withEventTime(lambda r: r[0], allowedLateness="5s")
+    windowed = timed.map(lambda r: (r[1], 1)).reduceByKeyAndEventWindow(operator.add, "10s", "5s")
+    windowed.foreachRDD(lambda rdd: rdd.count())  # runs the jobs whose tasks count the late records
+    ssc.start()
+    try:
+        for i in range(1, len(batches) + 1):
+            clock.set_time(i * 1000)
+            ssc.awaitBatch(i * 1000, TIMEOUT_S)
+        url = ssc.uiWebUrl
+        streams = wait_for("the newest batch on the page",
+                           lambda: (s := get_json(url + "/api/streams")) and any(
+                               n.get("late_records_total") == 2 for n in s["nodes"]) and s)
+        newest_batch = get_json(url + f"/api/batches/{len(batches) * 1000}")
+        families = metrics(url)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    nodes = {n["type"]: n for n in streams["nodes"]}
+    # The newest batch (6 s) was built with the watermark from the batches before it: max event time 40 s - 5 s.
+    assert nodes["EventTimeNode"]["watermark"] == 35_000 and nodes["EventTimeNode"]["late_records_total"] == 2
+    assert nodes["QueueInputNode"]["watermark"] is None  # upstream of the event time
+    assert all(n["watermark"] == 35_000 for n in streams["nodes"] if n["type"] not in ("QueueInputNode",))
+    assert "late_records_total" not in nodes["QueueInputNode"]
+    key = nodes["EventTimeNode"]["key"]
+    (entry,) = newest_batch["event_time"].values()
+    assert entry["watermark_ms"] == 35_000 and entry["late_records"] == 1
+    assert sample(families, "dstreams_watermark_seconds", stream=key) == 35.0
+    assert sample(families, "dstreams_late_records", "dstreams_late_records_total", stream=key) == 2

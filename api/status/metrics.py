@@ -121,6 +121,7 @@ class StatusMetrics:
             yield GaugeMetricFamily("dstreams_batch_interval_seconds", "The batch interval.",
                                     value=overview["batch_interval_ms"] / 1000.0)
         yield from self._last_batch()
+        yield from self._event_time()
         yield from self._state()
         yield from self._driver()
 
@@ -140,6 +141,20 @@ class StatusMetrics:
             if value is not None:
                 yield GaugeMetricFamily(f"dstreams_last_batch_{name}_seconds", f"{doc} of the newest completed batch.",
                                         value=value / 1000.0)
+
+    def _event_time(self) -> Iterator[Metric]:
+        watermarks, late = self.model.history.event_time()
+        keys = {n.id: n.key for n in self.model.nodes}
+        mark = GaugeMetricFamily("dstreams_watermark_seconds", "Low watermark of an event-time stream in the newest "
+                                 "completed batch (epoch seconds of event time).", labels=["stream"])
+        dropped = CounterMetricFamily("dstreams_late_records", "Records of an event-time stream dropped as later "
+                                      "than its watermark (or sent to lateRecords()).", labels=["stream"])
+        for sid, total in sorted(late.items()):
+            label = [keys.get(sid, str(sid))]
+            dropped.add_metric(label, total)
+            if watermarks.get(sid) is not None:
+                mark.add_metric(label, watermarks[sid] / 1000.0)
+        yield from (mark, dropped)
 
     def _state(self) -> Iterator[Metric]:
         keys = GaugeMetricFamily("dstreams_state_keys", "Keys in a stateful stream's state, as of its newest "

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from dstreams.clock import Clock
 from dstreams.listener import BatchInfo, ListenerBus, StreamingListener
 from dstreams.node import DStreamNode
+from dstreams.nodes.event_time import EventTimeNode, timed_ancestors
 from dstreams.nodes.input import InputNode
 from dstreams.nodes.output import OutputNode
 from dstreams.recovery.checkpointer import load_manifest
@@ -96,6 +97,10 @@ class BatchHistory(StreamingListener):
         self.records_total = 0
         #: Input stream id -> records in every completed batch so far.
         self.records_per_input: dict[int, int] = {}
+        #: Per event-time stream id: the newest completed batch's watermark (ms, None before there is one)
+        #: and the records dropped as late so far.
+        self.watermarks: dict[int, int | None] = {}
+        self.late_records: dict[int, int] = {}
 
     def add_observer(self, observer: Callable[[BatchInfo], None]) -> None:
         """Call ``observer(info)`` on the bus thread for every completed batch (after the history has it)."""
@@ -117,6 +122,9 @@ class BatchHistory(StreamingListener):
             self.records_total += info.num_records
             for sid, n in info.records_per_input.items():
                 self.records_per_input[sid] = self.records_per_input.get(sid, 0) + n
+            for sid, m in info.event_time.items():
+                self.watermarks[sid] = m.get("watermarkMs")
+                self.late_records[sid] = self.late_records.get(sid, 0) + int(m.get("lateRecords") or 0)
             if info.failed:
                 self.failed += 1
             for op in info.output_operations.values():
@@ -144,6 +152,11 @@ class BatchHistory(StreamingListener):
         with self._lock:
             return list(self._errors)
 
+    def event_time(self) -> tuple[dict[int, int | None], dict[int, int]]:
+        """The newest watermark and the late records so far of each event-time stream (by stream id)."""
+        with self._lock:
+            return dict(self.watermarks), dict(self.late_records)
+
     def totals(self) -> dict[str, int]:
         with self._lock:
             return {"batches_submitted": self.submitted, "batches_completed": self.completed,
@@ -170,6 +183,9 @@ def batch_json(info: BatchInfo, source_keys: dict[int, str]) -> dict[str, Any]:
         "failed": info.failed,
         "job_group": info.job_group,
         "generation_ms": None if info.generation_ms is None else round(info.generation_ms, 3),
+        "event_time": {str(sid): {"stream": m.get("stream"), "watermark_ms": m.get("watermarkMs"),
+                                  "late_records": m.get("lateRecords"), "records": m.get("records")}
+                       for sid, m in info.event_time.items()},
     }
 
 
@@ -294,6 +310,15 @@ class ManifestSizes:
             sizes = None
         with self._lock:
             self._sizes[key] = (t, sizes)
+
+
+def _watermark(node: DStreamNode, newest: dict[int, int | None]) -> int | None:
+    """``node``'s watermark as of the newest completed batch: the minimum over the event-time streams it
+    reads (None while it reads none, or one of them has none yet)."""
+    found = [newest.get(e.id) for e in timed_ancestors(node)]
+    if not found or any(w is None for w in found):
+        return None
+    return min(w for w in found if w is not None)
 
 
 def _listed(error: BaseException, entries: list[dict[str, Any]]) -> bool:
@@ -432,10 +457,12 @@ class StatusModel:
                 for sid in self.source_keys}
 
     def streams(self, rates: dict[int, float | None] | None = None) -> dict[str, Any]:
-        """The graph: every stream with its kind, what it reads, its state and (later) its watermark."""
+        """The graph: every stream with its kind, what it reads, its state and its watermark (the minimum of
+        the newest completed batch's watermarks of the event-time streams it reads; None without one)."""
         committed = _committed(self.sources.runtime.checkpointer)
         rates = self.source_rates() if rates is None else rates
         totals = dict(self.history.records_per_input)
+        watermarks, late = self.history.event_time()
         nodes = []
         for n in self.nodes:
             kind = node_kind(n)
@@ -451,9 +478,10 @@ class StatusModel:
                 "window_ms": window.ms if isinstance(window, Duration) else None,
                 "depends_on": [d.key for d in n.dependencies],
                 "state": self.checkpoint_info(committed, n),
-                # Event time (issue 14) fills this in per stream; null while a stream has none.
-                "watermark": None,
+                "watermark": _watermark(n, watermarks),
             }
+            if isinstance(n, EventTimeNode):
+                entry["late_records_total"] = late.get(n.id, 0)
             if isinstance(n, InputNode):
                 entry["input"] = {"records_total": totals.get(n.id, 0), "rate_per_s": rates.get(n.id)}
             if isinstance(n, OutputNode):

@@ -104,13 +104,32 @@ function renderStatus(s) {
     row.appendChild(el("td", { class: "num" }, fmtBytes(st.bytes)));
     row.appendChild(el("td", { class: "num" }, st.newest_checkpoint_ms === null ? "none yet" : fmtTime(st.newest_checkpoint_ms)));
     row.appendChild(el("td", { class: "num" }, fmtDuration(st.newest_checkpoint_age_ms)));
-    row.appendChild(el("td", {}, n.watermark === null ? "–" : String(n.watermark)));
+    row.appendChild(el("td", {}, n.watermark === null ? "–" : fmtTime(n.watermark)));
     state.appendChild(row);
   }
   if (!state.rows.length) {
     const row = el("tr");
     row.appendChild(el("td", { colspan: "6", class: "hint" }, "no stateful stream"));
     state.appendChild(row);
+  }
+
+  const timed = $("event-time").tBodies[0];
+  timed.textContent = "";
+  const newest = s.app.last_completed_batch_ms;
+  for (const n of s.streams.nodes) {
+    if (n.late_records_total === undefined) continue;
+    const row = el("tr", { "data-stream": n.key });
+    row.appendChild(el("td", {}, n.name));
+    row.appendChild(el("td", {}, n.watermark === null ? "none yet" : fmtTime(n.watermark)));
+    row.appendChild(el("td", { class: "num" },
+      n.watermark === null || newest === null ? "–" : fmtDuration(newest - n.watermark)));
+    row.appendChild(el("td", { class: "num" }, fmtInt(n.late_records_total)));
+    timed.appendChild(row);
+  }
+  if (!timed.rows.length) {
+    const row = el("tr");
+    row.appendChild(el("td", { colspan: "4", class: "hint" }, "no event-time stream"));
+    timed.appendChild(row);
   }
 
   const errors = $("errors");
