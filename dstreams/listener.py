@@ -232,8 +232,10 @@ class OutputOperationInfo:
     """One output operation of one batch (PySpark: ``JavaOutputOperationInfo``).
 
     Built by the engine as ``OutputOperationInfo(batch_time_ms, output_id, output_name,
-    output_description)``; it then sets ``start_time_ms``, ``end_time_ms`` and, when the operation
-    raised, ``failure_reason`` (the error text; ``"stopped"`` when ``stop()`` interrupted it).
+    output_description)``; it then sets ``start_time_ms``, ``end_time_ms``, ``records_written`` (what
+    its sink reported writing, :mod:`dstreams.output_records`; ``None`` when the sink reports nothing,
+    e.g. the user's own ``foreachRDD``) and, when the operation raised, ``failure_reason`` (the error
+    text; ``"stopped"`` when ``stop()`` interrupted it).
 
     PySpark calls: ``batchTime()``, ``id()``, ``name()``, ``description()``, ``startTime()`` and
     ``endTime()`` (``-1`` until known), ``failureReason()`` (``None`` unless it failed); plus
@@ -247,6 +249,7 @@ class OutputOperationInfo:
     start_time_ms: int | None = None
     end_time_ms: int | None = None
     failure_reason: str | None = None
+    records_written: int | None = None
 
     @property
     def duration_ms(self) -> int | None:

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import output_records
 from .clock import Clock
 from .contracts import BatchJournal, Checkpointer, FaultHook, NoOutageRetry, OutagePolicy, no_fault
 from .events import BatchCompleted, CheckpointCommitted, Event, EventLoop, GenerateJobs
@@ -400,7 +401,9 @@ class JobScheduler:
             op.start_time_ms = wall_ms()
             self._notify("onOutputOperationStarted", StreamingListenerOutputOperationStarted, op)
             try:
-                self._ride_out(f"{job.name} of batch {b.time.ms}", job.run)
+                with output_records.counting() as written:
+                    self._ride_out(f"{job.name} of batch {b.time.ms}", job.run)
+                op.records_written = written.total
             except BaseException as e:
                 if self._stop_running.is_set():
                     log.info("batch %s: %s interrupted by stop()", b.time, job.name)

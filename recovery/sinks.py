@@ -14,6 +14,9 @@ half-way) is removed and written again. Readers must ignore folders without ``_S
 ``s3://``) with a choice of encoding (:data:`FORMATS`): the sink behind ``DStream.saveToStore``.
 
 ``guard()`` is called right before the commit; it raises when this driver has been fenced off.
+
+Both report the records of a write they commit to :func:`dstreams.output_records.add_written` (the batch's
+``OutputOperationInfo.records_written``): counted per partition by the one task result Spark keeps of it.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ import json
 import os
 import pickle
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pyspark import RDD
+
+from dstreams.output_records import add_written
 
 from .store import is_store_url
 from .storespec import StoreSpec
@@ -41,13 +46,23 @@ def save_text_exactly_once(rdd: RDD, path: str, guard: Callable[[], None] | None
     local = path[len("file://"):] if path.startswith("file://") else path
     if "://" not in local:
         if os.path.exists(os.path.join(local, SUCCESS)):
+            add_written(0)
             return False
         if os.path.exists(local):
             shutil.rmtree(local)
     if guard is not None:
         guard()
+    written = rdd.context.accumulator(0)
+
+    def count(it: Iterable[Any]) -> Iterator[Any]:
+        n = 0
+        for x in it:
+            n += 1
+            yield x
+        written.add(n)  # in the save's result tasks: Spark applies one successful attempt per partition
+
     try:
-        rdd.saveAsTextFile(path)
+        rdd.mapPartitions(count, preservesPartitioning=True).saveAsTextFile(path)
     except Exception as e:
         # Another writer touched the folder since the check: a driver that took over (then this one is
         # fenced, and that is the error to report: its write lost a race it had no business running)
@@ -56,8 +71,23 @@ def save_text_exactly_once(rdd: RDD, path: str, guard: Callable[[], None] | None
             guard()
         if "FileAlreadyExistsException" not in str(e):
             raise
+        add_written(0)  # a concurrent attempt of the same batch wrote it
         return False
+    add_written(written.value)
     return True
+
+
+class _Counted:
+    """The records of ``it``, once, counting them in ``n`` as they go by."""
+
+    def __init__(self, it: Iterable[Any]) -> None:
+        self._it = it
+        self.n = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        for x in self._it:
+            self.n += 1
+            yield x
 
 
 def _text(records: Iterable[Any]) -> bytes:
@@ -107,16 +137,19 @@ def save_to_store_exactly_once(rdd: RDD, location: str, guard: Callable[[], None
     spec = StoreSpec(location.rstrip("/"), dict(store_options or {}))
     store = spec.open()
     if store.exists(SUCCESS):
+        add_written(0)
         return False
     for key in store.list(""):  # leftovers of a write that was cut off
         store.delete(key)
 
     def write(i: int, it: Iterable[Any]) -> list[int]:
-        spec.open().put(f"part-{i:05d}{ext}", encode(it))
-        return [i]
+        records = _Counted(it)
+        spec.open().put(f"part-{i:05d}{ext}", encode(records))
+        return [records.n]
 
-    rdd.mapPartitionsWithIndex(write).collect()
+    written = sum(rdd.mapPartitionsWithIndex(write).collect())
     if guard is not None:
         guard()
     store.put(SUCCESS, b"")
+    add_written(written)
     return True

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import urllib.request
 import uuid
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dstreams import ManualClock, StreamingContext
 from dstreams.recovery.sinks import save_text_exactly_once
@@ -148,3 +150,45 @@ def test_store_specs_of_one_bucket_share_one_client_and_nothing_accumulates():
     for t in range(3000, 10_000, 1000):
         storespec.StoreSpec(f"s3://spec-share/out/lines-{t}", dict(MOTO_OPTS)).open()
     assert len(storespec._cache) <= before + 1
+
+
+def test_sinks_report_the_records_they_commit_once(sc, tmp_path):
+    from dstreams.output_records import counting
+    from dstreams.recovery.sinks import save_to_store_exactly_once
+
+    rdd = sc.parallelize(range(10), 3)
+    with counting() as local:
+        assert save_text_exactly_once(rdd, str(tmp_path / "text"))
+    with counting() as store:
+        assert save_to_store_exactly_once(rdd, str(tmp_path / "store"), format="json")
+    with counting() as again:  # already committed: nothing written this time
+        assert not save_to_store_exactly_once(rdd, str(tmp_path / "store"), format="json")
+        assert not save_text_exactly_once(rdd, str(tmp_path / "text"))
+    assert (local.total, store.total, again.total) == (10, 10, 0)
+
+
+def test_batch_infos_carry_the_records_each_output_wrote(sc, tmp_path):
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    batches = [list(range(5)), [], list(range(7))]
+    stream = ssc.queueStream([sc.parallelize(b, 2) for b in batches])
+    stream.saveAsTextFiles(str(tmp_path / "out"))
+    stream.map(str).saveToStore(str(tmp_path / "store"), format="json")
+    stream.foreachRDD(lambda rdd: rdd.count())  # the user's own output: unknown
+    ssc.start()
+    try:
+        infos = []
+        for i in range(1, 4):
+            clock.set_time(i * 1000)
+            infos.append(ssc.awaitBatch(i * 1000, 60))
+        with urllib.request.urlopen(ssc.uiWebUrl + "/metrics", timeout=10) as r:
+            exposition = r.read().decode()
+    finally:
+        ssc.stop(stopSparkContext=False)
+    ops = [op for _, op in sorted(infos[0].output_operations.items())]
+    written = [[op.records_written for _, op in sorted(info.output_operations.items())] for info in infos]
+    assert written == [[5, 5, None], [0, 0, None], [7, 7, None]]
+    (family,) = [f for f in text_string_to_metric_families(exposition) if f.name == "dstreams_output_records"]
+    totals = {(s.labels["output"], s.labels["name"]): s.value for s in family.samples
+              if s.name == "dstreams_output_records_total"}
+    assert totals == {(str(op.output_id), op.output_name): 12 for op in ops[:2]}  # the foreachRDD reports nothing

@@ -57,6 +57,9 @@ class StatusMetrics:
                                       registry=r)
         self.input_records = Counter("dstreams_input_records", "Records read by each source, in completed batches.",
                                      ["source"], registry=r)
+        self.output_records = Counter("dstreams_output_records", "Records written by each output operation whose "
+                                      "sink reports them (saveAsTextFiles, saveToStore), in completed batches.",
+                                      ["output", "name"], registry=r)
         #: Histograms of each completed batch: (its BatchInfo attribute in ms, the histogram).
         self.histograms: list[tuple[str, Histogram]] = [
             (attribute, Histogram(name, doc, buckets=buckets, registry=r)) for attribute, name, doc, buckets in (
@@ -99,6 +102,9 @@ class StatusMetrics:
         keys = self.model.source_keys
         for sid, n in info.records_per_input.items():
             self.input_records.labels(source=keys.get(sid, str(sid))).inc(n)
+        for op in info.output_operations.values():
+            if op.records_written is not None:
+                self.output_records.labels(output=str(op.output_id), name=op.output_name).inc(op.records_written)
         for attribute, histogram in self.histograms:
             ms = getattr(info, attribute)
             if ms is not None:

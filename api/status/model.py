@@ -197,7 +197,7 @@ def batch_detail_json(info: BatchInfo, source_keys: dict[int, str], spark_jobs: 
     out["output_operations"] = [
         {"id": op.output_id, "name": op.output_name, "description": op.output_description,
          "start_time_ms": op.start_time_ms, "end_time_ms": op.end_time_ms, "duration_ms": op.duration_ms,
-         "failure_reason": op.failure_reason}
+         "failure_reason": op.failure_reason, "records_written": op.records_written}
         for _, op in sorted(info.output_operations.items())
     ]
     out["input_metadata"] = {source_keys.get(sid, str(sid)): {k: _jsonable(v) for k, v in m.items()}
