@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from pyspark import RDD, SparkConf, SparkContext, StorageLevel
 
-from dstreams import config, jvm
+from dstreams import config, jvm, jvm_cds
 from dstreams.clock import Clock, SystemClock
 from dstreams.executors import ensure_executors_can_import
 from dstreams.graph import DStreamGraph
@@ -211,7 +211,9 @@ class StreamingContext:
         if stored is not None:
             sc = SparkContext._active_spark_context
             if sc is None:
-                sc = SparkContext(conf=stored.spark_conf())
+                conf = stored.spark_conf()
+                jvm_cds.apply(conf)  # the class-data-sharing archive, when one was built (a faster restart)
+                sc = SparkContext(conf=conf)
             ssc = cls(sc, Duration(stored.batch_ms), clock=clock)
             ssc._graph = load_graph(stored, {"ssc": ssc})
             ssc._graph.bind(sc)
