@@ -27,7 +27,7 @@ from dstreams.nodes.state import RunningReduceNode, TrackNode, UpdateStateNode
 from dstreams.nodes.transformed import TransformedNode, require_same_slide
 from dstreams.nodes.union import UnionNode
 from dstreams.nodes.windowed import WindowedNode
-from dstreams.partitioned import checked_pairs, hash_partitioner, pre_reduce
+from dstreams.partitioned import checked_pairs, count_values, hash_partitioner, pre_combine, pre_reduce
 from dstreams.records import (
     PartitionFunc,
     filter_records,
@@ -189,7 +189,11 @@ class DStream:
         return self.map(lambda x: (None, x)).reduceByKey(func, 1).map(lambda kv: kv[1])
 
     def countByValue(self) -> DStream:
-        return self.map(lambda x: (x, 1)).reduceByKey(operator.add)
+        """``(record, count)`` per distinct record of each batch: ``map(lambda x: (x, 1)).reduceByKey(add)``'s
+        answer, counted on the map side by CPython's C counting loop (:func:`count_values`)."""
+        part = hash_partitioner(self._default_partitions(None))
+        return self._rdd_op("countByValue",
+                            lambda rdd: pre_reduce(rdd, operator.add, part, "countByValue", count_values))
 
     def combineByKey(self, createCombiner: Callable[[Any], Any], mergeValue: Callable[[Any, Any], Any],
                      mergeCombiners: Callable[[Any, Any], Any], numPartitions: int | None = None) -> DStream:
@@ -201,7 +205,12 @@ class DStream:
         )
 
     def reduceByKey(self, func: Callable[[Any, Any], Any], numPartitions: int | None = None) -> DStream:
-        return self.combineByKey(lambda x: x, func, func, numPartitions)
+        """Per key, the reduce of the batch's values with ``func`` (associative and commutative), in
+        ``numPartitions`` hash partitions: a map-side combine, one shuffle, a merge (:func:`pre_reduce`;
+        ``operator.add``, ``max`` and ``min`` run inlined, :func:`dstreams.partitioned.fold`). The pairs of a
+        partition are combined in memory (no spill to disk, unlike PySpark's ``combineByKey``)."""
+        part = hash_partitioner(self._default_partitions(numPartitions))
+        return self._rdd_op("reduceByKey", lambda rdd: pre_reduce(rdd, func, part, "reduceByKey"))
 
     def groupByKey(self, numPartitions: int | None = None) -> DStream:
         n = self._default_partitions(numPartitions)
@@ -261,6 +270,16 @@ class DStream:
         pairs it accepts (use it to drop keys whose value fell back to zero). Unlike PySpark, a
         ``filterFunc`` is also honoured without ``invFunc``.
         """
+        return self._reduce_by_key_and_window(func, invFunc, windowDuration, slideDuration, numPartitions,
+                                              filterFunc, "reduceByKeyAndWindow", None)
+
+    def _reduce_by_key_and_window(self, func: Callable[[Any, Any], Any], invFunc: Callable[[Any, Any], Any] | None,
+                                  windowDuration: DurationLike, slideDuration: DurationLike | None,
+                                  numPartitions: int | None, filterFunc: Callable[[tuple[Any, Any]], bool] | None,
+                                  label: str, combine: Callable[[Iterable[Any]], Iterable[tuple[Any, Any]]] | None,
+                                  ) -> DStream:
+        """:meth:`reduceByKeyAndWindow` with the map-side ``combine`` of :func:`pre_combine` (None: the
+        fold of ``func``), named ``label`` in errors."""
         self._check_open()
         w = parse_duration(windowDuration, "windowDuration")
         s = self._duration(slideDuration, "slideDuration") or self._node.slide_duration
@@ -269,10 +288,10 @@ class DStream:
 
         check_window(self._node.slide_duration, w, s)
         graph = self._node.graph
-        reduced = TransformedNode(graph, [self._node],
-                                  lambda rdds, t: pre_reduce(rdds[0], func, part, "reduceByKeyAndWindow"),
-                                  "reduceByKey")
-        return self._derive(ReducedWindowNode(graph, reduced, func, invFunc, w, s, part, filterFunc))
+        combined = TransformedNode(graph, [self._node],
+                                   lambda rdds, t: pre_combine(rdds[0], func, part, label, combine),
+                                   "reduceByKey")
+        return self._derive(ReducedWindowNode(graph, combined, func, invFunc, w, s, part, filterFunc))
 
     def reduceByWindow(self, reduceFunc: Callable[[Any, Any], Any], invReduceFunc: Callable[[Any, Any], Any] | None,
                        windowDuration: DurationLike, slideDuration: DurationLike | None = None) -> DStream:
@@ -286,9 +305,11 @@ class DStream:
 
     def countByValueAndWindow(self, windowDuration: DurationLike, slideDuration: DurationLike | None = None,
                               numPartitions: int | None = None) -> DStream:
-        keyed = self.map(lambda x: (x, 1))
-        counted = keyed.reduceByKeyAndWindow(operator.add, operator.sub, windowDuration, slideDuration,
-                                             numPartitions)
+        """``(record, count)`` over the window for every record counted more than zero times: the answer of
+        ``map(lambda x: (x, 1)).reduceByKeyAndWindow(add, sub, ...)`` filtered, with the map side counted by
+        CPython's C counting loop (:func:`count_values`)."""
+        counted = self._reduce_by_key_and_window(operator.add, operator.sub, windowDuration, slideDuration,
+                                                 numPartitions, None, "countByValueAndWindow", count_values)
         return counted.filter(lambda kv: kv[1] > 0)
 
     def groupByKeyAndWindow(self, windowDuration: DurationLike, slideDuration: DurationLike | None = None,

@@ -12,8 +12,11 @@ hashing them is part of a real combine's cost) or ``int`` keys; values all ``1``
 ``countByValue``'s) or ints in ``[1, 100)`` (already-reduced counts, as the post-shuffle merge and a
 window's panes see). Candidates:
 
-* ``dict``: :func:`dstreams.partitioned.combiner` with ``operator.add``, the engine's fold (one dict
-  lookup and store per record, ``func`` called for a repeated key);
+* ``dict``: :func:`dstreams.partitioned.combiner` with ``operator.add``, the engine's fold
+  (:func:`dstreams.partitioned.fold`: ``+`` inlined, the key read with ``acc[k]`` in a ``try`` until many
+  keys are new, then ``k in acc``);
+* ``before``: the engine's combine before that fold (``dict.get`` with a sentinel, ``operator.add``
+  called for a repeated key);
 * ``inline``: chunks of 4,096 records; a chunk of exact 2-tuples (checked with C loops: ``list.count``
   over ``map(type, ...)`` and ``map(len, ...)``) folded with ``+`` inlined and no per-record check, any
   other chunk record by record as ``dict`` does;
@@ -90,6 +93,25 @@ def _fold_checked(acc: dict[Any, Any], chunk: list[Any]) -> None:
         k, v = x if (type(x) is tuple and len(x) == 2) else require_pair(x, "combine_cost")
         old = get(k, missing)
         acc[k] = v if old is missing else old + v
+
+
+def before_add(it: Iterable[Any]) -> Iterable[tuple[Any, Any]]:
+    """The engine's combine before issue 16's fold (kept as the reference): ``dict.get`` with a sentinel
+    and a call of ``operator.add`` for a repeated key, one check per record."""
+    from dstreams.partitioned import require_pair
+
+    func = operator.add
+    acc: dict[Any, Any] = {}
+    get = acc.get
+    missing = _MISSING
+    for x in it:
+        if type(x) is tuple and len(x) == 2:
+            k, v = x
+        else:
+            k, v = require_pair(x, "combine_cost")
+        old = get(k, missing)
+        acc[k] = v if old is missing else func(old, v)
+    return acc.items()
 
 
 def count_add(it: Iterable[Any]) -> Iterable[tuple[Any, Any]]:
@@ -177,8 +199,8 @@ def same_result(out: list[tuple[Any, Any]], expected: list[tuple[Any, Any]], ord
 def candidates() -> dict[str, Combine]:
     from dstreams.partitioned import combiner
 
-    return {"dict": combiner(operator.add, "combine_cost"), "inline": inline_add, "count": count_add,
-            "arrow": arrow_add}
+    return {"dict": combiner(operator.add, "combine_cost"), "before": before_add, "inline": inline_add,
+            "count": count_add, "arrow": arrow_add}
 
 
 def measure(pairs: int, repeat: int, distincts: tuple[int, ...] = (1_000, 10_000, 100_000)

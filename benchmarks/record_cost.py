@@ -13,7 +13,10 @@ prefixes of the pipeline a map task runs, each prefix streamed to the end withou
 3. ``+ map-side combine``: the engine's per-batch reduce by key (:func:`dstreams.partitioned.combiner`,
    as ``pre_reduce`` runs it, with ``operator.add``);
 4. ``+ shuffle bucketing``: the combined pairs bucketed and pickled per target partition
-   (:func:`dstreams.jvm._bucket_pairs`, 2 partitions).
+   (:func:`dstreams.jvm._bucket_pairs`, 2 partitions);
+
+and, next to them, step 3 with the combine the engine had before issue 16's fold
+(:func:`benchmarks.combine_cost.before_add`). The repetitions run the steps round-robin.
 
 Each figure is microseconds per line, the low quartile of the repetitions (the machine is shared: the
 low quartile is the cost without other processes' interference). The difference between two steps is
@@ -37,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results" / "record_cost.json"
+#: The combine before issue 16's fold, measured next to the steps (not one of them).
+BEFORE = "(before: + map-side combine with dict.get + operator.add call)"
 CORES = 2
 INTERVAL_MS = 500.0
 
@@ -51,6 +56,7 @@ def measure(lines: int, repeat: int) -> dict[str, Any]:
     from dstreams.partitioned import combiner
     from dstreams.records import flat_map_records
 
+    from .combine_cost import before_add
     from .workloads import SEED, word_pairs
 
     flat = flat_map_records(word_pairs)
@@ -66,14 +72,17 @@ def measure(lines: int, repeat: int) -> dict[str, Any]:
         "+ flatMap(word_pairs)": lambda: drain(flat(0, text_records(SEED, 0, 0, lines))),
         "+ map-side combine": lambda: drain(combine(flat(0, text_records(SEED, 0, 0, lines)))),
         "+ shuffle bucketing": lambda: drain(bucket(0, combine(flat(0, text_records(SEED, 0, 0, lines))))),
+        # Not a step: the map-side combine as it was before issue 16's fold, for a side-by-side figure.
+        BEFORE: lambda: drain(before_add(flat(0, text_records(SEED, 0, 0, lines)))),
     }
     out: dict[str, Any] = {}
-    for name, step in steps.items():
-        times = []
-        for _ in range(repeat):
+    runs: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeat):  # round-robin: every step shares the machine's load alike
+        for name, step in steps.items():
             t0 = time.perf_counter()
             step()
-            times.append(time.perf_counter() - t0)
+            runs[name].append(time.perf_counter() - t0)
+    for name, times in runs.items():
         times.sort()
         out[name] = {"us_per_line_q1": times[len(times) // 4] / lines * 1e6,
                      "us_per_line_median": times[len(times) // 2] / lines * 1e6}
@@ -90,12 +99,22 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     res = measure(args.lines, args.repeat)
     prev = 0.0
-    print(f"{'step':28s} {'us/line (q1)':>13s} {'own us/line':>12s}  (median)")
+    load = os.getloadavg()[0]
+    print(f"{'step':28s} {'us/line (q1)':>13s} {'own us/line':>12s}  (median)   load average {load:.1f}")
+    flat_q1 = 0.0
     for name, r in res["steps"].items():
         q1 = r["us_per_line_q1"]
+        if name == BEFORE:
+            continue
+        if name == "+ flatMap(word_pairs)":
+            flat_q1 = q1
         print(f"{name:28s} {q1:13.2f} {q1 - prev:12.2f}  ({r['us_per_line_median']:.2f})")
         prev = q1
     whole = prev
+    before = res["steps"][BEFORE]["us_per_line_q1"]
+    now = res["steps"]["+ map-side combine"]["us_per_line_q1"]
+    print(f"map-side combine before issue 16's fold: {before - flat_q1:.2f} us/line "
+          f"(now {now - flat_q1:.2f}: {(now - flat_q1) / (before - flat_q1):.2f}x)")
     budget_ms = INTERVAL_MS - args.fixed_ms
     bound = budget_ms * 1e3 * CORES / whole / (INTERVAL_MS / 1000.0) if whole > 0 else float("inf")
     print(f"{res['pairs_per_line']:.1f} (word, 1) pairs per line; whole map side {whole:.2f} us/line")

@@ -9,7 +9,10 @@ which carries all the operators under test at once:
 * ``runningReduce(add)`` against a prefix reduce per key;
 * ``track(init, update, timeout)`` against a model that creates, updates, drops (``None``) and
   times out keys;
-* ``updateStateByKey`` against a model with order-sensitive state, explicit drops and idle drops.
+* ``updateStateByKey`` against a model with order-sensitive state, explicit drops and idle drops;
+* the reduces the engine recognises and inlines (``dstreams.partitioned.fold``) and its C counting:
+  per-batch ``reduceByKey(min)`` and ``countByValue()``, ``reduceByKeyAndWindow(max, None, w, s)`` and
+  ``countByValueAndWindow(w, s)``, against plain per-key ``min``/``max``/counts of the batch or window.
 
 The state streams share one output (a tagged union, one Spark job per batch) and the two windows
 another (one job per slide), to keep the Spark job count per batch low.
@@ -80,6 +83,28 @@ def model_window(inputs: list[list[tuple[str, int]]], window_s: int, slide_s: in
                 acc[k] += v
         out[t * BATCH_MS] = sorted((k, v) for k, v in acc.items() if v != 0)
     return out
+
+
+def model_window_by(inputs: list[list[tuple[str, int]]], window_s: int, slide_s: int,
+                    value: Any, func: Any) -> dict[int, list]:
+    """Per slide time, the sorted per-key reduce with ``func`` of ``value(k, v)`` over batches in
+    ``(t - w, t]`` (keys with no record in the window absent)."""
+    out: dict[int, list] = {}
+    n = len(inputs)
+    for t in range(slide_s, n + 1, slide_s):
+        acc: dict[Any, Any] = {}
+        for i in range(max(1, t - window_s + 1), t + 1):
+            for k, v in inputs[i - 1]:
+                x = value(k, v)
+                acc[k] = func(acc[k], x) if k in acc else x
+        out[t * BATCH_MS] = sorted(acc.items())
+    return out
+
+
+def model_per_batch(inputs: list[list[tuple[str, int]]], value: Any, func: Any) -> dict[int, list]:
+    """Per batch time, the sorted per-key reduce with ``func`` of ``value(k, v)`` over the batch."""
+    return {i * BATCH_MS: model_window_by([batch], 1, 1, value, func)[BATCH_MS] for i, batch in
+            enumerate(inputs, start=1)}
 
 
 def model_running(inputs: list[list[tuple[str, int]]]) -> dict[int, list]:
@@ -167,6 +192,18 @@ def scenarios(draw) -> Scenario:
     return Scenario(inputs, slide * multiple, slide, timeout_ms, partitions)
 
 
+def _first(kv: tuple[str, int]) -> str:
+    return kv[0]
+
+
+def _one(k: str, v: int) -> int:
+    return 1
+
+
+def _value(k: str, v: int) -> int:
+    return v
+
+
 def _tag(name: str):
     return lambda kv: (name, kv)
 
@@ -181,10 +218,18 @@ def run_pipeline(sc, sn: Scenario) -> dict[str, dict[int, list]]:
     updated = pairs.updateStateByKey(usbk_update)
     inv = pairs.reduceByKeyAndWindow(operator.add, operator.sub, sn.window_s, sn.slide_s, filterFunc=nonzero)
     plain = pairs.reduceByKeyAndWindow(operator.add, None, sn.window_s, sn.slide_s, filterFunc=nonzero)
-    states = running.map(_tag("running")).union(tracked.map(_tag("track"))).union(updated.map(_tag("usbk")))
-    windows = inv.map(_tag("inv")).union(plain.map(_tag("plain")))
+    keys = pairs.map(_first)
+    batch_min = pairs.reduceByKey(min)
+    batch_counts = keys.countByValue()
+    window_max = pairs.reduceByKeyAndWindow(max, None, sn.window_s, sn.slide_s)
+    window_counts = keys.countByValueAndWindow(sn.window_s, sn.slide_s)
+    states = (running.map(_tag("running")).union(tracked.map(_tag("track"))).union(updated.map(_tag("usbk")))
+              .union(batch_min.map(_tag("min"))).union(batch_counts.map(_tag("counts"))))
+    windows = (inv.map(_tag("inv")).union(plain.map(_tag("plain"))).union(window_max.map(_tag("wmax")))
+               .union(window_counts.map(_tag("wcounts"))))
 
-    out: dict[str, dict[int, list]] = {"running": {}, "track": {}, "usbk": {}, "inv": {}, "plain": {}}
+    out: dict[str, dict[int, list]] = {"running": {}, "track": {}, "usbk": {}, "inv": {}, "plain": {},
+                                       "min": {}, "counts": {}, "wmax": {}, "wcounts": {}}
 
     def collect(names: tuple[str, ...]):
         def run(time, rdd) -> None:
@@ -198,8 +243,8 @@ def run_pipeline(sc, sn: Scenario) -> dict[str, dict[int, list]]:
 
         return run
 
-    states.foreachRDD(collect(("running", "track", "usbk")))
-    windows.foreachRDD(collect(("inv", "plain")))
+    states.foreachRDD(collect(("running", "track", "usbk", "min", "counts")))
+    windows.foreachRDD(collect(("inv", "plain", "wmax", "wcounts")))
     ssc.start()
     try:
         for i in range(1, len(sn.inputs) + 1):
@@ -248,6 +293,12 @@ def test_stateful_operators_match_pure_python_models(sc, sn: Scenario) -> None:
         _diff("runningReduce(add)", out["running"], model_running(sn.inputs), sn),
         _diff("track(init, update, timeout)", out["track"], model_track(sn.inputs, sn.timeout_ms), sn),
         _diff("updateStateByKey", out["usbk"], model_usbk(sn.inputs), sn),
+        _diff("reduceByKey(min)", out["min"], model_per_batch(sn.inputs, _value, min), sn),
+        _diff("countByValue()", out["counts"], model_per_batch(sn.inputs, _one, operator.add), sn),
+        _diff("reduceByKeyAndWindow(max, None)", out["wmax"],
+              model_window_by(sn.inputs, sn.window_s, sn.slide_s, _value, max), sn),
+        _diff("countByValueAndWindow", out["wcounts"],
+              model_window_by(sn.inputs, sn.window_s, sn.slide_s, _one, operator.add), sn),
     ]
     problems = [p for p in problems if p]
     assert not problems, "\n".join(problems)

@@ -1,7 +1,10 @@
 """``reduceByKeyAndWindow`` as its own operator, with or without an inverse function.
 
-Contract: the parent is the per-batch reduced stream (one RDD per batch, hash-partitioned and
-cached). The RDD at ``t`` holds, per key, the reduce of the parent's values over ``(t - window, t]``.
+Contract: the parent is the per-batch combined stream (one RDD per batch, hash-partitioned and
+cached; :func:`dstreams.partitioned.pre_combine`: a key once per map partition, not yet merged, so the
+batch costs no Python stage after its shuffle). The RDD at ``t`` holds, per key, the reduce of the
+parent's values over ``(t - window, t]``; each batch is reduced on its own first (one segment per batch
+in the merge), then the batches are combined, oldest first.
 
 * With an inverse function and a previous window available (and, as in Spark, a window of at
   least 5 slides), the window is updated incrementally: previous window, minus (``invFunc``) the
@@ -23,7 +26,7 @@ from pyspark import RDD, StorageLevel
 from pyspark.rdd import Partitioner
 
 from ..node import DStreamNode
-from ..partitioned import reduce_pairs, segmented_merge
+from ..partitioned import fold, segmented_merge
 from ..time import BatchTime, Duration
 from .windowed import check_window
 
@@ -32,9 +35,11 @@ if TYPE_CHECKING:
 
 
 def _reduce_segments(func: Callable[[Any, Any], Any], segments: Iterable[list[Any]]) -> dict[Any, Any]:
+    """Each segment (one batch's combined pairs, a key once per map partition) reduced on its own, then
+    the segments' results folded in order: the association of the per-batch reduce, then of the window."""
     acc: dict[Any, Any] = {}
     for seg in segments:
-        reduce_pairs(func, seg, acc)
+        fold(func, fold(func, seg, {}, "reduceByKeyAndWindow").items(), acc)
     return acc
 
 
@@ -96,23 +101,22 @@ class ReducedWindowNode(DStreamNode):
             old = self.parent.slice(begin - self._slide + pslide, begin)
             new = self.parent.slice(time - self._slide + pslide, time)
 
+            leaving = len(old)
+
             def merge(segments: list[list[Any]]) -> Iterable[Any]:
                 window = dict(segments[0])
-                left = _reduce_segments(func, [segments[1]])
+                left = _reduce_segments(func, segments[1:1 + leaving])
                 for k, v in left.items():
                     if k in window:
                         window[k] = inv(window[k], v)
-                entered = _reduce_segments(func, [segments[2]])
-                for k, v in entered.items():
-                    if k in window:
-                        window[k] = func(window[k], v)
-                    else:
-                        window[k] = v
+                fold(func, _reduce_segments(func, segments[1 + leaving:]).items(), window)
                 if keep is None:
                     return window.items()
                 return [kv for kv in window.items() if keep(kv)]
 
-            return segmented_merge(sc, [[previous], old, new], self.partitioner, merge)
+            # One segment per batch: each batch is reduced on its own before the batches are combined.
+            groups = [[previous], *([r] for r in old), *([r] for r in new)]
+            return segmented_merge(sc, groups, self.partitioner, merge)
 
         current = self.parent.slice(begin + pslide, time)
         if not current:
@@ -124,4 +128,5 @@ class ReducedWindowNode(DStreamNode):
                 return acc.items()
             return [kv for kv in acc.items() if keep(kv)]
 
-        return segmented_merge(sc, [current], self.partitioner, reduce_all)
+        # One segment per batch: each batch is reduced on its own before the batches are combined.
+        return segmented_merge(sc, [[r] for r in current], self.partitioner, reduce_all)

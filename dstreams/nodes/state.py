@@ -17,7 +17,7 @@ from pyspark.rdd import Partitioner
 
 from .. import jvm
 from ..node import DStreamNode
-from ..partitioned import ensure_partitioned, pre_group_ordered, pre_reduce, segmented_merge
+from ..partitioned import ensure_partitioned, fold, pre_combine, pre_group_ordered, segmented_merge
 from ..time import BatchTime, Duration
 
 if TYPE_CHECKING:
@@ -117,18 +117,19 @@ class RunningReduceNode(StateNode):
         return super().compute(time)
 
     def prepare(self, batch: RDD) -> RDD:
-        return pre_reduce(batch, self.func, self.partitioner, "runningReduce")
+        """The batch's combined pairs in the state's partitioner, not merged (:func:`pre_combine`): the merge
+        reduces them, so the batch needs no Python stage of its own after the shuffle."""
+        return pre_combine(batch, self.func, self.partitioner, "runningReduce")
 
     def merge_function(self, time: BatchTime) -> Merge:
         func = self.func
 
         def merge(segments: list[list[Any]]) -> Iterable[Any]:
             state = dict(segments[0])
-            for k, v in segments[1]:
-                if k in state:
-                    state[k] = func(state[k], v)
-                else:
-                    state[k] = v
+            # The batch reduced on its own first, then merged into the state (the association of a
+            # per-batch reduceByKey followed by the state's update).
+            batch = fold(func, segments[1], {}, "runningReduce")
+            fold(func, batch.items(), state, "runningReduce")
             return state.items()
 
         return merge
