@@ -369,7 +369,8 @@ def _run_child(role: str, mode: str, timeout: float) -> dict[str, Any]:
     return {"role": role, "failed": f"child exited {proc.returncode}"}
 
 
-def _median_load(doc: dict[str, Any]) -> list[float]:
+def _trial_loads(doc: dict[str, Any]) -> list[float]:
+    """The 1-minute load average at the end of every trial of a results document."""
     return [t["load_average_1min"] for run in doc.get("runs", []) for s in run.get("searches", [])
             for t in s.get("trials", [])]
 
@@ -387,7 +388,7 @@ def summary_lines(doc: dict[str, Any]) -> str:
         ds, ss = best["dstreams"], best["ss"]
         ratio = f"{ds / ss:.2f}x" if ds and ss else "-"
         lines.append(f"| {name} | {ds if ds is None else f'{ds:,}'} | {ss if ss is None else f'{ss:,}'} | {ratio} |")
-    loads = _median_load(doc)
+    loads = _trial_loads(doc)
     if loads:
         lines.append(f"\nload average (1 min) during the trials: {min(loads):.2f}-{max(loads):.2f}")
     return "\n".join(lines)
