@@ -10,11 +10,14 @@ Contract:
 * :func:`build` makes the archive for this machine's Java and pyspark: it runs a short driver (a Python
   job, a shuffle, two micro-batches of a StreamingContext, so the classes a dstreams driver loads are in
   it) in a process group of its own, waits until its JVM has exited (the JVM writes the archive as it
-  exits), checks the file and moves it into place atomically. Older archives of this cache are removed.
+  exits), checks the file and moves it into place atomically. Older archives of the same pyspark
+  installation are removed, and half-written ones whose builder died.
   ``python -m dstreams.jvm_cds`` runs it (``--force`` rebuilds).
 * :func:`archive_path` is the archive's place: ``$DSTREAMS_CACHE_DIR`` (default ``~/.cache/dstreams``), a
-  name keyed by the pyspark version, its jars (names and sizes) and the Java executable (path and
-  modification time), so an upgrade of either starts from no archive instead of a stale one.
+  name keyed by the place of pyspark's jars (each installation, e.g. each virtualenv, has its own archive:
+  the JVM accepts an archive only with the class path it was made with), the pyspark version, its jars
+  (names and sizes) and the Java executable (path and modification time), so an upgrade of either starts
+  from no archive instead of a stale one.
 * :func:`apply(conf)` (called by :func:`dstreams.sparkconf.tuned_conf`) adds the archive to
   ``spark.driver.extraJavaOptions`` when ``spark.dstreams.jvm.classDataSharing`` is ``auto`` (the
   default), the archive exists, this process is about to start its JVM (not under ``spark-submit``, no
@@ -66,17 +69,27 @@ def java_executable() -> str | None:
     return os.path.realpath(found) if found and os.path.exists(found) else None
 
 
+def _jars() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent / "jars"
+
+
 def archive_key() -> str | None:
-    """What the archive depends on, hashed (None without a Java executable)."""
+    """What the archive depends on, hashed (None without a Java executable): the place of pyspark's jars
+    (the JVM checks its class path against the archive's), then their names and sizes, pyspark's version and
+    the Java executable."""
     import pyspark
 
     java = java_executable()
     if java is None:
         return None
+    jars = _jars()
+    place = hashlib.sha256(str(jars).encode()).hexdigest()[:8]
     h = hashlib.sha256(f"{pyspark.__version__}\n{java}:{os.stat(java).st_mtime_ns}\n".encode())
-    for jar in sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar")):
+    for jar in sorted(jars.glob("*.jar")):
         h.update(f"{jar.name}:{jar.stat().st_size}\n".encode())
-    return h.hexdigest()[:16]
+    return f"{place}-{h.hexdigest()[:16]}"
 
 
 def archive_path() -> Path | None:
@@ -181,10 +194,25 @@ def build(force: bool = False, timeout_s: float = 300.0) -> Path:
         raise RuntimeError(f"the JVM wrote no usable CDS archive at {tmp} (a JDK without dynamic archiving, or "
                            f"no base archive?); output:\n{out.decode(errors='replace')[-3000:]}")
     os.replace(tmp, path)
-    for old in path.parent.glob("spark-driver-*.jsa*"):
-        if old != path:
+    place = path.name.split("-")[2]  # the same pyspark installation's older archives (other installs keep theirs)
+    for old in path.parent.glob(f"spark-driver-{place}-*.jsa*"):
+        if old != path and not _being_built(old):
             old.unlink(missing_ok=True)
     return path
+
+
+def _being_built(path: Path) -> bool:
+    """Whether ``path`` is the temporary archive of a build whose process still runs."""
+    _, sep, pid = path.name.rpartition(".tmp-")
+    if not sep or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

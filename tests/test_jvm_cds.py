@@ -65,3 +65,22 @@ def test_a_driver_started_with_dstreams_conf_loads_spark_from_the_archive(tmp_pa
     spark_context = [x for x in loaded.splitlines() if " org.apache.spark.SparkContext source:" in x]
     assert spark_context and spark_context[0].endswith("source: shared objects file (top)"), spark_context
     assert "[warning][cds" not in out.stdout + out.stderr  # a mismatch would be silent, a match is too
+
+
+def test_each_pyspark_installation_has_its_own_archive(tmp_path, monkeypatch):
+    """The JVM takes an archive only with the class path it was made with: a second virtualenv (a fresh clone's)
+    must not find the first one's archive, nor delete it."""
+    monkeypatch.setenv("DSTREAMS_CACHE_DIR", str(tmp_path))
+    here = jvm_cds.archive_path()
+    monkeypatch.setattr(jvm_cds, "_jars", lambda: Path("/elsewhere/site-packages/pyspark/jars"))
+    elsewhere = jvm_cds.archive_path()
+    assert here is not None and elsewhere is not None and here != elsewhere
+    assert here.name.split("-")[2] != elsewhere.name.split("-")[2]  # the installation's part of the name
+
+
+def test_a_dead_builders_half_written_archive_is_not_taken_for_a_live_one(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait(timeout=10)
+    assert not jvm_cds._being_built(tmp_path / f"spark-driver-a-b.jsa.tmp-{dead.pid}")
+    assert jvm_cds._being_built(tmp_path / f"spark-driver-a-b.jsa.tmp-{os.getpid()}")
+    assert not jvm_cds._being_built(tmp_path / "spark-driver-a-b.jsa")
