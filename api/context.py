@@ -340,7 +340,8 @@ class StreamingContext:
     def redisStream(self, keys: str | Sequence[str], url: str = "redis://127.0.0.1:6379/0",
                     startFrom: str | dict[str, str] = "earliest", decoder: Callable[[str, str, dict[str, str]], Any]
                     | None = None, maxRatePerPartition: float | None = None, onTrimmed: str = "fail",
-                    missingKeys: str = "fail", commitToGroup: str | None = None) -> DStream:
+                    missingKeys: str = "fail", commitToGroup: str | None = None,
+                    eventTimeFromIds: str | None = None) -> DStream:
         """The entries of one or more Redis stream keys, each key a partition, read directly (no receiver).
 
         Each batch holds, per key, the entries added since the previous batch (at most
@@ -351,11 +352,16 @@ class StreamingContext:
         :mod:`dstreams.nodes.redis_streams` for trimmed entries (``onTrimmed``), missing keys
         (``missingKeys``) and an unreachable server. ``commitToGroup``: a consumer group whose position follows
         the completed batches, for monitoring tools (``XINFO GROUPS``; not what the stream resumes from).
-        Needs redis-py (``pip install 'dstreams[redis]'``).
+        ``eventTimeFromIds``: ``"explicit"`` (producers use the event time in ms as the entry id) or
+        ``"auto"`` (``XADD *``: the append time is the event time) makes the source declare a low watermark
+        for ``withEventTime`` from how far each key was read, so that a lagging key holds the watermark back
+        instead of having its entries dropped as late (the stream's ``withEventTime`` must extract the id's
+        time). Needs redis-py (``pip install 'dstreams[redis]'``).
         """
         self._check_can_add_input()
         node = RedisStreamsInputNode(self._graph, url, [keys] if isinstance(keys, str) else list(keys), startFrom,
-                                     decoder, maxRatePerPartition, onTrimmed, missingKeys, commitToGroup)
+                                     decoder, maxRatePerPartition, onTrimmed, missingKeys, commitToGroup,
+                                     eventTimeFromIds)
         return DStream(node, self)
 
     # ------------------------------------------------------------------ combinators

@@ -265,3 +265,81 @@ def test_commit_to_group_moves_a_consumer_group_for_monitoring_tools(sc, redis_u
     assert all(len(redis_client.xinfo_groups(k)) == 1 for k in keys)
     assert redis_client.xpending(keys[0], "watch")["pending"] == 0  # nothing delivered through the group
     assert sorted(got[1000]) == sorted(i for k in keys for i in ids[k])
+
+
+def _id_seconds(record) -> float:
+    """The event time a producer put in the entry id (ms), in seconds."""
+    return int(record[1].split("-")[0]) / 1000.0
+
+
+def _event_time_run(sc, redis_url, keys, mode, feed) -> tuple[dict[int, list], dict[int, list], dict[int, list]]:
+    """Batches of ``redisStream(keys, eventTimeFromIds=mode)`` with event time = entry id; ``feed(i)`` adds the
+    entries of batch i before it runs. Returns (watermarks, kept ids, late ids) per batch time."""
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    timed = ssc.redisStream(keys, url=redis_url, eventTimeFromIds=mode).withEventTime(_id_seconds, "0s")
+    marks: dict[int, list] = {}
+    kept: dict[int, list] = {}
+    late: dict[int, list] = {}
+    _collect(timed.watermarks(), marks)
+    _collect(timed.map(lambda r: r[1]), kept)
+    _collect(timed.lateRecords().map(lambda r: r[1]), late)
+    feed(1)  # the keys exist before the stream starts
+    ssc.start()
+    try:
+        for i in range(1, 4):
+            if i > 1:
+                feed(i)
+            _run(ssc, clock, 1, first=i)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    return marks, kept, late
+
+
+def test_explicit_ids_a_lagging_key_holds_the_watermark_back(sc, redis_url, redis_client, redis_prefix):
+    """Key a runs ahead (event times 10-20 s, then 30 s), key b lags (5 s, then 6 s): without the source's
+    watermark, batch 2's watermark (20 s, the newest event time seen) would drop b's 6 s entry as late."""
+    a, b = f"{redis_prefix}a", f"{redis_prefix}b"
+    entries = {1: [(a, "10000-0"), (a, "20000-0"), (b, "5000-0")], 2: [(a, "30000-0"), (b, "6000-0")], 3: []}
+
+    def feed(i: int) -> None:
+        for key, entry_id in entries[i]:
+            redis_client.xadd(key, {"v": "1"}, id=entry_id)
+
+    marks, kept, late = _event_time_run(sc, redis_url, [a, b], "explicit", feed)
+    # batch 2: min(newest seen 20 s, positions a 20 s / b 5 s) = 5 s; batch 3: min(30 s, a 30 s / b 6 s) = 6 s
+    assert [marks[t] for t in (1000, 2000, 3000)] == [[None], [5.0], [6.0]]
+    assert kept[2000] == ["30000-0", "6000-0"] and all(v == [] for v in late.values())
+
+
+def test_without_the_source_watermark_the_lagging_entry_is_late(sc, redis_url, redis_client, redis_prefix):
+    a, b = f"{redis_prefix}a", f"{redis_prefix}b"
+    entries = {1: [(a, "10000-0"), (a, "20000-0"), (b, "5000-0")], 2: [(a, "30000-0"), (b, "6000-0")], 3: []}
+
+    def feed(i: int) -> None:
+        for key, entry_id in entries[i]:
+            redis_client.xadd(key, {"v": "1"}, id=entry_id)
+
+    marks, _, late = _event_time_run(sc, redis_url, [a, b], None, feed)
+    assert marks[2000] == [20.0] and late[2000] == ["6000-0"]
+
+
+def test_auto_ids_an_idle_key_does_not_hold_the_watermark(sc, redis_url, redis_client, redis_prefix):
+    """With XADD * the server's clock bounds every later id, so an idle (caught-up) key declares that clock."""
+    a, idle = f"{redis_prefix}a", f"{redis_prefix}idle"
+    redis_client.xadd(idle, {"v": "0"})  # one old entry, then nothing
+    added: list[str] = []
+
+    def feed(i: int) -> None:
+        added.append(redis_client.xadd(a, {"v": str(i)}))
+
+    marks, _, late = _event_time_run(sc, redis_url, [a, idle], "auto", feed)
+    newest_before_3 = max(int(x.split("-")[0]) for x in added[:2]) / 1000.0
+    assert marks[3000] == [newest_before_3]  # the newest event time seen, not the idle key's old entry
+    assert all(v == [] for v in late.values())
+
+
+def test_event_time_from_ids_is_checked(sc, redis_url, redis_prefix):
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+    with pytest.raises(ValueError, match="eventTimeFromIds must be None, 'auto'"):
+        ssc.redisStream(f"{redis_prefix}a", url=redis_url, eventTimeFromIds="ids")

@@ -33,6 +33,18 @@ Contract (``StreamingContext.redisStream``):
   and Redis dashboards show how far the stream has read. It only moves forward, and it is for watching
   only: the positions the stream resumes from are the metadata log's, and a failed update is logged,
   never fails a batch. Entries are not delivered through the group (no ``XREADGROUP``, no pending list).
+* **A low watermark from the entry ids** (``eventTimeFromIds``, for event time; MillWheel's injector
+  watermark of a log): when the producers' entry ids *are* the records' event times (``"explicit"``: they
+  ``XADD`` with the event time in ms as the id; ``"auto"``: ``XADD *``, the server's append time is the
+  event time, i.e. ingestion time) and the stream's ``withEventTime`` extracts that time, the source
+  declares (:meth:`~dstreams.nodes.input.InputNode.event_time_watermark`) that batch ``t`` and later hold
+  no event time below the minimum over keys of how far batch ``t - 1`` read each key: ids only grow per
+  key, so an entry not read yet is newer than its key's position. A key that lags (a backlog, a rate limit)
+  thus holds the watermark back instead of having its entries dropped as late. A key that had nothing more
+  to read: with ``"auto"`` its next id is at least the server's clock when the batch was fixed (``TIME``,
+  asked before ``XINFO``), so an idle key does not hold the watermark; with ``"explicit"`` it holds it at
+  its newest id (as an idle MillWheel injector does). A replayed batch declares its key positions only (a
+  lower, still sound bound); the watermark itself is recorded in the metadata log with each batch.
 """
 
 from __future__ import annotations
@@ -55,6 +67,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Decoder = Callable[[str, str, dict[str, str]], Any]
+
+#: What ``eventTimeFromIds`` accepts (besides None).
+EVENT_TIME_ID_MODES = ("auto", "explicit")
 
 #: Entries per ``XRANGE`` call, in the executors and in the driver's limit script.
 READ_CHUNK = 10_000
@@ -160,7 +175,8 @@ class RedisStreamsInputNode(InputNode):
 
     def __init__(self, graph: DStreamGraph, url: str, keys: Sequence[str], start_from: str | Mapping[str, str],
                  decoder: Decoder | None, max_rate_per_partition: float | None, on_trimmed: str,
-                 missing_keys: str, commit_to_group: str | None = None) -> None:
+                 missing_keys: str, commit_to_group: str | None = None,
+                 event_time_from_ids: str | None = None) -> None:
         # Checked before the node joins the graph: a bad argument leaves no half-made source behind.
         if isinstance(keys, str):
             keys = [keys]
@@ -190,8 +206,16 @@ class RedisStreamsInputNode(InputNode):
         if commit_to_group is not None and (not isinstance(commit_to_group, str) or not commit_to_group):
             raise ValueError(f"commitToGroup must be a consumer group name (a non-empty string), "
                              f"got {commit_to_group!r}")
+        if event_time_from_ids not in (None, *EVENT_TIME_ID_MODES):
+            raise ValueError(f"eventTimeFromIds must be None, 'auto' (XADD * ids: append time as event time) or "
+                             f"'explicit' (the producers' ids are the event times in ms), got {event_time_from_ids!r}")
         super().__init__(graph)
         self.commit_to_group = commit_to_group
+        self.event_time_from_ids = event_time_from_ids
+        #: Per batch time: the watermark the next batch may declare (ms), see the module docstring.
+        self._next_caps: dict[int, int] = {}
+        #: Per key, whether the batch being fixed read up to the key's newest entry.
+        self._caught_up: dict[str, bool] = {}
         self.url = url
         self.keys = keys
         self.start_from = dict(start_from) if isinstance(start_from, Mapping) else start_from
@@ -205,8 +229,49 @@ class RedisStreamsInputNode(InputNode):
         self.added: dict[str, int] = {}
         self._restored = False
 
-    #: A class default, so that a graph checkpointed before the option existed still loads.
+    #: Class defaults, so that a graph checkpointed before the options existed still loads.
     commit_to_group: str | None = None
+    event_time_from_ids: str | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.update(_next_caps={}, _caught_up={})  # per run: a restored graph starts without them
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("_next_caps", {})  # a graph checkpointed before eventTimeFromIds existed
+        state.setdefault("_caught_up", {})
+        self.__dict__.update(state)
+
+    def event_time_watermark(self, time: BatchTime) -> int | None:
+        """With ``eventTimeFromIds``: the minimum over keys of how far the batch before ``time`` read them
+        (see the module docstring); None otherwise, or before the first batch."""
+        if self.event_time_from_ids is None:
+            return None
+        return self._next_caps.get(time.ms - self.slide_duration.ms)
+
+    def _record_cap(self, time: BatchTime, ranges: list[tuple[str, str, str, int | None]],
+                    server_ms: int | None) -> None:
+        caps = []
+        for key, _after, until, _count in ranges:
+            position = _parse_id(until)[0]
+            if server_ms is not None and self._caught_up.get(key, False):
+                position = max(position, server_ms)
+            caps.append(position)
+        self._next_caps[time.ms] = min(caps)
+        horizon = time.ms - 100 * self.slide_duration.ms
+        for t in [t for t in self._next_caps if t < horizon]:
+            del self._next_caps[t]
+
+    def _server_ms(self) -> int:
+        """The Redis server's clock (``TIME``), ms."""
+        try:
+            seconds, micros = self._client().time()
+        except Exception as e:
+            if _is_connection_error(e):
+                raise _unavailable(self.url, "reading the server's clock", e) from e
+            raise
+        return int(seconds) * 1000 + int(micros) // 1000
 
     def describe_params(self) -> list[str]:
         return [f"keys={','.join(self.keys)}"]
@@ -337,6 +402,7 @@ class RedisStreamsInputNode(InputNode):
     def _fix_range(self, key: str, limit: int | None) -> tuple[str, str, int | None]:
         after = self.positions.get(key, "0-0")
         info = self._info(key)
+        self._caught_up[key] = True
         if info is None:
             if self.missing_keys == "fail":
                 raise ValueError(f"the Redis stream key {key!r} no longer exists at {self.url}")
@@ -362,6 +428,7 @@ class RedisStreamsInputNode(InputNode):
             raise
         if key in self.added:
             self.added[key] += int(count)
+        self._caught_up[key] = str(last) == newest
         return after, str(last), int(count)
 
     def compute(self, time: BatchTime) -> RDD | None:
@@ -372,8 +439,12 @@ class RedisStreamsInputNode(InputNode):
                 if id_after(until, self.positions.get(key, "0-0")):
                     self.positions[key] = until
             limit = replayed.get("limit")
+            self._caught_up = {}
+            server_ms = None
         else:
             limit = self._limit(time)
+            # Asked before the keys' XINFO: an entry added after it has an auto id at or past this clock.
+            server_ms = self._server_ms() if self.event_time_from_ids == "auto" else None
             ranges = []
             for key in self.keys:
                 after, until, count = self._fix_range(key, limit)
@@ -385,6 +456,8 @@ class RedisStreamsInputNode(InputNode):
         if limit is not None:
             offsets["limit"] = limit
         self.report_batch(time, total, offsets)
+        if self.event_time_from_ids is not None:
+            self._record_cap(time, ranges, server_ms)
         return self.read(ranges)
 
     def read(self, ranges: list[tuple[str, str, str, int | None]]) -> RDD:
