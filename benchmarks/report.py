@@ -22,8 +22,12 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 #: The D-Streams paper (SOSP 2013), per node of 4 cores (EC2 m1.xlarge), 1 s latency target.
 PAPER_PER_NODE = {"grep": 640_000, "wordcount": 250_000, "topk": 250_000}
-#: This issue's targets on this 2-core machine, 1 s latency target.
-TARGETS = {"grep": 2_000_000, "wordcount": 300_000, "topk": 250_000}
+#: The targets on this 2-core machine, 1 s latency target (issue 16: per-record WordCount and TopK >=
+#: 250,000/s; the Arrow path shares the column), for dstreams on the context it configures.
+TARGETS = {"grep": 2_000_000, "wordcount": 250_000, "topk": 250_000}
+#: Issue 16's targets with a user-made SparkContext: Grep >= 4,000,000/s, the windowed ones within 15% of
+#: :data:`TARGETS`.
+USER_TARGETS = {"grep": 4_000_000, "wordcount": 212_500, "topk": 212_500}
 WORKLOAD_ORDER = ("grep", "wordcount", "topk")
 ENGINE_ORDER = ("dstreams", "dstreams-user", "dstreams-arrow", "pyspark.streaming", "pyspark.streaming-defaults",
                 "ss-udf", "ss-sql")
@@ -114,7 +118,8 @@ def workload_table() -> list[str]:
                         continue
                     cells = _cell(search)
                 paper = _fmt_rate(PAPER_PER_NODE[w] / 4) if target == 1000 else "-"
-                goal = _fmt_rate(TARGETS[w]) if target == 1000 and engine.startswith("dstreams") else ""
+                goals = USER_TARGETS if engine == "dstreams-user" else TARGETS
+                goal = _fmt_rate(goals[w]) if target == 1000 and engine.startswith("dstreams") else ""
                 out.append(f"| {w} | {target / 1000:g} s | {ENGINE_LABELS[engine]} | {cells[0]} | {cells[1]} "
                            f"| {cells[2]} | {cells[3]} | {paper} | {goal} |")
     return out
@@ -236,10 +241,19 @@ def record_cost_table() -> list[str]:
            f"previous ones; {doc['pairs_per_line']:.1f} `(word, 1)` pairs per line.", "",
            "| step | us per line, cumulative | the step's own |", "| --- | ---: | ---: |"]
     prev = 0.0
+    flat = before = None
     for name, r in doc["steps"].items():
         q1 = r["us_per_line_q1"]
+        if name.startswith("(before"):  # measured next to the steps, not one of them
+            before = q1
+            continue
+        if name == "+ flatMap(word_pairs)":
+            flat = q1
         out.append(f"| {name} | {q1:.2f} | {q1 - prev:.2f} |")
         prev = q1
+    if before is not None and flat is not None:
+        out += ["", f"The map-side combine as it was before issue 16's fold, in the same run: "
+                f"{before - flat:.2f} us per line (the whole map side up to it {before:.2f} us)."]
     out += ["", f"At 500 ms batches with {doc['fixed_ms']:.0f} ms of fixed cost per batch, two cores fill a batch "
             f"at {doc['rate_bound_lines_per_s']:,.0f} lines/s with this map side (an upper bound: the merge stage "
             "and the driver come on top)."]
