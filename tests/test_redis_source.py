@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import operator
 import os
+import threading
 
 import pytest
 
@@ -249,12 +250,14 @@ def test_commit_to_group_moves_a_consumer_group_for_monitoring_tools(sc, redis_u
     clock = ManualClock()
     ssc = StreamingContext(sc, 1, clock=clock)
     got: dict[int, list] = {}
-    _collect(ssc.redisStream(keys, url=redis_url, commitToGroup="watch").map(lambda r: r[1]), got)
+    stream = ssc.redisStream(keys, url=redis_url, commitToGroup="watch")
+    _collect(stream.map(lambda r: r[1]), got)
     with pytest.raises(ValueError, match="commitToGroup must be a consumer group name"):
         ssc.redisStream(keys, url=redis_url, commitToGroup="")
     ssc.start()
     try:
         _run(ssc, clock, 1)
+        assert stream._node.wait_group_positions(30)  # the groups move on the source's own thread
         positions = {k: redis_client.xinfo_groups(k)[0]["last-delivered-id"] for k in keys}
         assert positions == {k: ids[k][-1] for k in keys}
         more = {k: _add(redis_client, k, 2, start=3) for k in keys}
@@ -265,6 +268,54 @@ def test_commit_to_group_moves_a_consumer_group_for_monitoring_tools(sc, redis_u
     assert all(len(redis_client.xinfo_groups(k)) == 1 for k in keys)
     assert redis_client.xpending(keys[0], "watch")["pending"] == 0  # nothing delivered through the group
     assert sorted(got[1000]) == sorted(i for k in keys for i in ids[k])
+
+
+def test_a_slow_consumer_group_update_does_not_delay_batch_generation(sc, redis_url, redis_client, redis_prefix,
+                                                                      monkeypatch):
+    """commitToGroup moves the groups on the source's own thread: while Redis does not answer an XGROUP SETID,
+    later batches are generated and run, and the positions they reach coalesce into one update per key."""
+    keys = [f"{redis_prefix}slow{i}" for i in range(2)]
+    ends = {1: {k: _add(redis_client, k, 2)[-1] for k in keys}}
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    stream = ssc.redisStream(keys, url=redis_url, commitToGroup="watch")
+    stream.foreachRDD(lambda rdd: rdd.count())
+    node = stream._node
+    real = node._client()
+    entered, release = threading.Event(), threading.Event()
+    calls: list[tuple[str, str]] = []
+
+    class SlowGroupClient:
+        """The real client, but an XGROUP SETID hangs until the test releases it (a Redis that stalls)."""
+
+        def xgroup_setid(self, key: str, group: str, entry_id: str):
+            calls.append((key, entry_id))
+            entered.set()
+            release.wait(120)
+            return real.xgroup_setid(key, group, entry_id)
+
+        def __getattr__(self, name: str):
+            return getattr(real, name)
+
+    monkeypatch.setattr(node, "_client", lambda: SlowGroupClient())
+    ssc.start()
+    try:
+        clock.advance(1000)
+        ssc.awaitBatch(1000, 60)
+        assert entered.wait(30), "batch 1's group update never started"
+        for b in (2, 3):  # generated and run while batch 1's update hangs
+            ends[b] = {k: _add(redis_client, k, 2, start=2 * b)[-1] for k in keys}
+            clock.advance(1000)
+            ssc.awaitBatch(b * 1000, 30)
+        assert calls == [(keys[0], ends[1][keys[0]])]
+        release.set()
+        assert node.wait_group_positions(30)
+    finally:
+        release.set()
+        ssc.stop(stopSparkContext=False)
+    assert {k: redis_client.xinfo_groups(k)[0]["last-delivered-id"] for k in keys} == ends[3]
+    # batch 2's positions were overtaken by batch 3's while they waited: one update per key, never backwards
+    assert calls == [(k, ends[1][k]) for k in keys] + [(k, ends[3][k]) for k in keys]
 
 
 def _id_seconds(record) -> float:

@@ -172,13 +172,16 @@ class FileInputNode(InputNode):
         self._restored = True
 
     def compute(self, time: BatchTime) -> RDD | None:
+        # The input contract's failure rule: the listing, the files taken and the RDD are fixed first; the
+        # node remembers them (``seen``, ``_taken``, the report) only once the RDD is built.
         replayed = self.replayed_offsets(time)
         if replayed is not None:
             files = list(replayed.get("files", []))
+            rdd = self.read_files(files)
             self.seen.update(files)
             self._taken[time.ms] = len(files)
             self.report_batch(time, None, {"files": files})
-            return self.read_files(files)
+            return rdd
         listing = self._list()
         new = [p for p in listing if p not in self.seen]
         limit, rate = self._files_limit, self._files_rate()
@@ -186,17 +189,18 @@ class FileInputNode(InputNode):
             by_rate = max(1, math.floor(rate * self.slide_duration.ms / 1000.0 + 1e-9))
             limit = by_rate if limit is None else min(limit, by_rate)
         taken, waiting = (new[:limit], new[limit:]) if limit is not None else (new, [])
-        # Remember the current listing only: deleted files are forgotten (bounded state). Waiting files
-        # are not remembered, so that a later listing finds them new again.
-        self.seen = set(listing).difference(waiting)
-        self._taken[time.ms] = len(taken)
         metadata: dict[str, Any] | None = None
         if limit is not None:
             metadata = {"maxFilesPerBatch": limit, "files": len(taken), "filesWaiting": len(waiting)}
             if rate is not None:
                 metadata["rate"] = rate
+        rdd = self.read_files(taken)
+        # Remember the current listing only: deleted files are forgotten (bounded state). Waiting files
+        # are not remembered, so that a later listing finds them new again.
+        self.seen = set(listing).difference(waiting)
+        self._taken[time.ms] = len(taken)
         self.report_batch(time, None, {"files": taken}, metadata)
-        return self.read_files(taken)
+        return rdd
 
     # ----------------------------------------------------------------- backpressure, in files per second
     def _files_rate(self) -> float | None:

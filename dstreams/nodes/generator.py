@@ -126,8 +126,9 @@ class GeneratorInputNode(InputNode):
             consume(it)  # the partition number: read it, or the Python worker is not reused
             return func(seed, t, partition, n)
 
-        self.report_batch(time, n * self.num_partitions, {"seed": seed, "time": t})
-        return self._partitions_rdd().mapPartitionsWithIndex(gen)
+        rdd = self._partitions_rdd().mapPartitionsWithIndex(gen)
+        self.report_batch(time, n * self.num_partitions, {"seed": seed, "time": t})  # last: the batch is fixed
+        return rdd
 
     def _partitions_rdd(self) -> RDD:
         """One ``parallelize(range(P), P)`` reused by every batch: building it costs the driver a

@@ -10,6 +10,19 @@ source is a subclass of :class:`InputNode`; its slide is the batch duration.
   that it holds the same records. Otherwise it fixes new offsets (e.g. the files that appeared, a
   partition's ``[from, until)`` range). Either way it calls :meth:`InputNode.report_batch` with the
   number of records (None when unknown) and the offsets, a JSON-able value.
+* **Fixing a batch has no effect on the node until the whole batch is fixed** (Structured Streaming's
+  offset log; MillWheel's "checkpoint, then acknowledge"). ``compute(time)`` either returns the
+  batch's RDD, or raises and leaves the node exactly as it was before the call: it works on local
+  copies (the positions it reads from, the files it takes, the queued RDDs, the received lines),
+  builds the RDD, and only then, in one step that cannot fail (no I/O, no Spark call), commits them
+  (moves its positions, remembers the files as consumed, pops the queue, drops the lines from its
+  buffer) and calls :meth:`InputNode.report_batch` last. So when anything fails half-way (a connection
+  error on the 2nd of 4 keys, a listing or a write-ahead-log write that fails, a Spark call that
+  fails), the scheduler can call ``compute(time)`` again and gets the same batch with the input that
+  arrived meanwhile: nothing skipped, nothing taken twice. A replayed batch's recorded offsets stay
+  handed out (:meth:`InputNode.replayed_offsets`) until ``report_batch`` for that time, so a replay
+  that fails half-way is rebuilt from the same offsets too. ``tests/test_source_contract.py`` checks
+  this for every source kind.
 * The scheduler has the offsets of every batch written to the metadata log after ``compute`` and
   before the batch runs (``offsets_at``); a restarted driver passes the recorded ones back through
   :meth:`InputNode.replay_from` before generating.
@@ -102,7 +115,11 @@ class InputNode(DStreamNode):
     def report_batch(self, time: BatchTime, records: int | None, offsets: Any = None,
                      metadata: Mapping[str, Any] | None = None) -> None:
         """Record what batch ``time`` holds: its record count (None: unknown), offsets (JSON-able) and
-        entries for its metrics (``StreamInputInfo.metadata()``, next to the rate limit's)."""
+        entries for its metrics (``StreamInputInfo.metadata()``, next to the rate limit's).
+
+        The last step of ``compute`` (the module docstring's failure rule): from here on the batch is
+        fixed, and a replayed batch's recorded offsets are not handed out again."""
+        self._replay.pop(time.ms, None)
         if records is not None:
             self._records[time.ms] = records
         if offsets is not None:
@@ -130,9 +147,10 @@ class InputNode(DStreamNode):
     def replayed_offsets(self, time: BatchTime) -> Any:
         """The recorded offsets batch ``time`` must be rebuilt from, or None (then fix new ones).
 
-        Each recorded batch is handed out once.
+        Handed out until the batch is reported (:meth:`report_batch`): a ``compute`` that fails half-way
+        through a replayed batch gets the same offsets when it is called again.
         """
-        return self._replay.pop(time.ms, None)
+        return self._replay.get(time.ms)
 
     def event_time_watermark(self, time: BatchTime) -> int | None:
         """A low watermark this source declares for event time (ms since the epoch), or None (the default).
@@ -197,7 +215,7 @@ class InputNode(DStreamNode):
 
     def forget_before(self, time: BatchTime) -> None:
         horizon = time.ms - (self.remember_duration.ms if self.remember_duration else 0)
-        for d in (self._records, self._offsets, self._metadata):
+        for d in (self._records, self._offsets, self._metadata, self._replay):
             for t in [t for t in d if t <= horizon]:
                 del d[t]
 
@@ -224,12 +242,14 @@ class QueueInputNode(InputNode):
         self._lock = threading.Lock()
 
     def compute(self, time: BatchTime) -> RDD | None:
+        # The queue is only popped once the batch's RDD is built (the failure rule of the input contract):
+        # only this method removes from the queue, so its first ``len(taken)`` RDDs are still ``taken``.
         with self._lock:
-            if self.queue and self.one_at_a_time:
-                taken = [self.queue.popleft()]
-            else:
-                taken = list(self.queue)
-                self.queue.clear()
-        if taken:
-            return taken[0] if len(taken) == 1 else self.graph.sc.union(taken)
-        return self.default
+            taken = [self.queue[0]] if self.queue and self.one_at_a_time else list(self.queue)
+        if not taken:
+            return self.default
+        rdd = taken[0] if len(taken) == 1 else self.graph.sc.union(taken)
+        with self._lock:
+            for _ in taken:
+                self.queue.popleft()
+        return rdd

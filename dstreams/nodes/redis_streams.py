@@ -24,7 +24,14 @@ Contract (``StreamingContext.redisStream``):
   until it appears). Entries the server trimmed (``XTRIM``, ``MAXLEN``, ``XDEL``) before this stream read
   them fail the batch with the key and the gap, unless ``onTrimmed="skip"`` (then the stream goes on
   from the oldest remaining entry and logs what was lost); a range that lost entries between its
-  definition and its read (the executors find fewer entries than recorded) fails the same way.
+  definition and its read (the executors find fewer entries than recorded, e.g. a batch recorded before a
+  driver crash and replayed after it) is handled the same way: it fails the task, or with ``onTrimmed="skip"``
+  the executor logs how many entries were lost and the batch holds the ones that remain. A context restored
+  from a checkpoint keeps the options it was started with: to switch to ``onTrimmed="skip"`` on restart, use
+  ``StreamingContext.getOrCreate(path, setupFunc, rebuildGraph=True)`` with a ``setupFunc`` that passes it (the
+  option is not part of the graph's topology; the keys are, and a changed key list is refused).
+* **Fixing a batch changes nothing until the batch is fixed** (the input contract's failure rule): the ranges
+  are fixed on copies of the positions; a connection error on any key leaves the positions as they were.
   An unreachable server raises :class:`~dstreams.contracts.SourceUnavailableError` after the
   client's retries; the driver rides it out like a store outage (``spark.dstreams.store.outageSeconds``).
 * **Positions for monitoring tools** (``commitToGroup="<group>"``): after each completed batch the driver
@@ -33,6 +40,9 @@ Contract (``StreamingContext.redisStream``):
   and Redis dashboards show how far the stream has read. It only moves forward, and it is for watching
   only: the positions the stream resumes from are the metadata log's, and a failed update is logged,
   never fails a batch. Entries are not delivered through the group (no ``XREADGROUP``, no pending list).
+  The updates run on a background thread of the source (:class:`GroupPositionWriter`), not on the
+  scheduler's event loop: a slow or unreachable Redis never delays batch generation; while it is slow the
+  positions coalesce (the newest per key waits), and ``stop()`` applies the last ones (bounded wait).
 * **A low watermark from the entry ids** (``eventTimeFromIds``, for event time; MillWheel's injector
   watermark of a log): when the producers' entry ids *are* the records' event times (``"explicit"``: they
   ``XADD`` with the event time in ms as the id; ``"auto"``: ``XADD *``, the server's append time is the
@@ -134,8 +144,24 @@ def _is_connection_error(error: BaseException) -> bool:
     return isinstance(error, (redis.ConnectionError, redis.TimeoutError))
 
 
-def read_range(url: str, key: str, after: str, until: str, count: int | None, decoder: Decoder | None) -> Iterator[Any]:
-    """The entries of ``key`` in ``(after, until]`` (executor side), checking that ``count`` came back."""
+#: How the trimmed-entries errors name the way out (the options of a restored graph are the stored ones).
+SKIP_TRIMMED_HOW = (
+    "Keep entries until they are read, or go on without the trimmed entries (they are lost) with "
+    "redisStream(..., onTrimmed='skip'). A context restored from a checkpoint keeps the options it was started "
+    "with: restart it with StreamingContext.getOrCreate(path, setupFunc, rebuildGraph=True), where setupFunc "
+    "builds the same streams and passes onTrimmed='skip' (rebuildGraph=True builds the graph from setupFunc and "
+    "checks that its topology, e.g. the stream keys, is the stored one's; the batches recorded before the "
+    "restart then skip what was trimmed too)")
+
+
+def read_range(url: str, key: str, after: str, until: str, count: int | None, decoder: Decoder | None,
+               on_trimmed: str = "fail") -> Iterator[Any]:
+    """The entries of ``key`` in ``(after, until]`` (executor side), checking that ``count`` came back.
+
+    Fewer entries than ``count`` (entries trimmed or deleted after the range was fixed, e.g. under a batch
+    recorded before a driver restart) raise :class:`TrimmedEntriesError`, or with ``on_trimmed="skip"`` are
+    logged (with how many were lost) and the entries that remain are the range's records.
+    """
     c = client(url)
     seen = 0
     start = after
@@ -160,14 +186,94 @@ def read_range(url: str, key: str, after: str, until: str, count: int | None, de
             break
         start = chunk[-1][0]
     if count is not None and seen != count:
+        if on_trimmed == "skip":
+            log.warning("stream key %r: the batch range (%s, %s] held %d entries when it was defined and the "
+                        "server returned %d: %d entries were trimmed or deleted before they were read "
+                        "(onTrimmed='skip': they are lost)", key, after, until, count, seen, count - seen)
+            return
         raise TrimmedEntriesError(
             f"stream key {key!r}: the batch range ({after}, {until}] held {count} entries when it was defined "
-            f"and the server returned {seen}: entries were trimmed or deleted (XTRIM, MAXLEN, XDEL) before they "
-            "were read. Keep entries until their batch has run (trim below the position the stream has read)")
+            f"and the server returned {seen}: {count - seen} entries were trimmed or deleted (XTRIM, MAXLEN, XDEL) "
+            f"before they were read. {SKIP_TRIMMED_HOW}")
 
 
 class TrimmedEntriesError(RuntimeError):
     """Entries the stream had not read yet were removed from the server."""
+
+
+#: How long ``stop()`` waits for the group writer to apply the positions it holds.
+GROUP_WRITER_STOP_S = 5.0
+
+
+class GroupPositionWriter:
+    """``commitToGroup`` off the event loop: one daemon thread per source moves each key's consumer group to
+    the newest position handed to it.
+
+    :meth:`offer` (the event loop, after each completed batch) only records the positions and returns: a
+    Redis that is slow or down (the client's retries take seconds) never delays batch generation. Positions
+    coalesce: per key only the newest one waits (bounded by the number of keys), so after an outage the
+    group jumps to where the stream is, with one call per key. A position is never moved backwards, and an
+    update that fails is logged and dropped (the groups are for monitoring only; the next batch's position
+    goes on). ``move(key, entry_id)`` does one update (with the Redis client's own retries).
+    """
+
+    def __init__(self, name: str, move: Callable[[str, str], None], what: str) -> None:
+        self._move = move
+        self._what = what
+        self._cond = threading.Condition()
+        self._pending: dict[str, str] = {}
+        self._offered: dict[str, str] = {}  # the newest id offered per key: a group never moves back
+        self._busy = False
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def offer(self, positions: Mapping[str, str]) -> None:
+        """Move these keys' group to these ids, later and in the background (never blocks on Redis)."""
+        with self._cond:
+            if self._stopping:
+                return
+            for key, entry_id in positions.items():
+                newest = self._offered.get(key)
+                if newest is None or id_after(entry_id, newest):
+                    self._pending[key] = self._offered[key] = entry_id
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Whether every position offered so far was applied or dropped within ``timeout_s``."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._pending and not self._busy, timeout_s)
+
+    def stop(self, timeout_s: float) -> None:
+        """Apply what is pending, then end the thread; waits at most ``timeout_s`` (then logs and leaves the
+        daemon thread to finish its current call)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("the %s was still being moved %.1f s after stop(); the last positions may not be shown "
+                        "(for monitoring only)", self._what, timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending or self._stopping)
+                if not self._pending:
+                    return
+                work, self._pending = self._pending, {}
+                self._busy = True
+            try:
+                for key, entry_id in work.items():
+                    try:
+                        self._move(key, entry_id)
+                    except Exception as e:  # noqa: BLE001 - monitoring only: never fails the stream
+                        log.warning("could not move the %s of stream key %r to %s (for monitoring only; the "
+                                    "stream goes on): %s", self._what, key, entry_id, e)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
 
 
 class RedisStreamsInputNode(InputNode):
@@ -232,10 +338,14 @@ class RedisStreamsInputNode(InputNode):
     #: Class defaults, so that a graph checkpointed before the options existed still loads.
     commit_to_group: str | None = None
     event_time_from_ids: str | None = None
+    #: With ``commitToGroup``, the thread that moves the groups (made by ``start()``, stopped by ``stop()``).
+    _group_writer: GroupPositionWriter | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.update(_next_caps={}, _caught_up={})  # per run: a restored graph starts without them
+        state.pop("_group_writer", None)  # a thread: each run starts its own
+        state.pop("_group_positions", None)  # what graphs stored before the writer existed kept here
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -277,23 +387,25 @@ class RedisStreamsInputNode(InputNode):
         return [f"keys={','.join(self.keys)}"]
 
     def batch_completed(self, info: Any) -> None:
-        """Rate control (the input contract), then, with ``commitToGroup``, the group's position moved to the
-        end of the completed batch's ranges (see the module docstring)."""
+        """Rate control (the input contract), then, with ``commitToGroup``, the end of the completed batch's
+        ranges handed to the group writer (:class:`GroupPositionWriter`: on the event loop, this never waits
+        for Redis)."""
         super().batch_completed(info)
-        group = self.commit_to_group
-        offsets = self.offsets_at(BatchTime(info.batch_time_ms)) if group else None
-        if not group or info.failed or not isinstance(offsets, dict):
+        writer = self._group_writer
+        offsets = self.offsets_at(BatchTime(info.batch_time_ms)) if writer is not None else None
+        if writer is None or info.failed or not isinstance(offsets, dict):
             return
-        committed = self.__dict__.setdefault("_group_positions", {})  # key -> id moved to (made on first use)
-        for key, _after, until, _count in offsets.get("ranges", []):
-            if key in committed and not id_after(until, committed[key]):
-                continue
-            try:
-                self._set_group_position(key, group, until)
-                committed[key] = until
-            except Exception as e:  # noqa: BLE001 - monitoring only: never fails the stream
-                log.warning("could not move consumer group %r of stream key %r to %s (for monitoring only; the "
-                            "stream goes on): %s", group, key, until, e)
+        writer.offer({str(key): str(until) for key, _after, until, _count in offsets.get("ranges", [])})
+
+    def wait_group_positions(self, timeout_s: float) -> bool:
+        """Whether, within ``timeout_s``, every position handed to the group writer so far was applied (or its
+        update failed and was logged); True at once without ``commitToGroup`` or before ``start()``."""
+        writer = self._group_writer
+        return True if writer is None else writer.wait_idle(timeout_s)
+
+    def _move_group(self, key: str, entry_id: str) -> None:
+        assert self.commit_to_group is not None
+        self._set_group_position(key, self.commit_to_group, entry_id)
 
     def _set_group_position(self, key: str, group: str, entry_id: str) -> None:
         import redis
@@ -326,6 +438,9 @@ class RedisStreamsInputNode(InputNode):
             raise
 
     def start(self) -> None:
+        if self.commit_to_group is not None and self._group_writer is None:
+            self._group_writer = GroupPositionWriter(f"dstreams-redis-group-{self.key}", self._move_group,
+                                                     f"consumer group {self.commit_to_group!r} at {self.url}")
         missing = []
         for key in self.keys:
             info = self._info(key)
@@ -346,6 +461,13 @@ class RedisStreamsInputNode(InputNode):
                 f"the Redis stream key(s) {missing} do not exist at {self.url}: create them first (XADD, or "
                 "XGROUP CREATE <key> <group> $ MKSTREAM), fix the key names, or pass missingKeys='wait' to read "
                 "them once they appear")
+
+    def stop(self) -> None:
+        """Stop the group writer (it applies the positions it holds first, for at most
+        :data:`GROUP_WRITER_STOP_S`)."""
+        writer, self._group_writer = self._group_writer, None
+        if writer is not None:
+            writer.stop(GROUP_WRITER_STOP_S)
 
     def source_state(self) -> Any:
         return {"positions": dict(self.positions), "added": dict(self.added)}
@@ -369,12 +491,13 @@ class RedisStreamsInputNode(InputNode):
                 limits.append(max(1, int(n)))
         return min(limits) if limits else None
 
-    def _check_trimmed(self, key: str, after: str, info: dict[str, Any]) -> None:
+    def _check_trimmed(self, key: str, after: str, info: dict[str, Any], added: dict[str, int]) -> None:
         """Fail (or, with ``onTrimmed="skip"``, log and go on) when entries after ``after`` were removed.
 
         Two signs: ``XDEL`` removed an entry after the position (``max-deleted-entry-id``), or the oldest
         entry is past the position and fewer entries remain than were added since (``XTRIM``/``MAXLEN``;
         known when the count up to the position is known). Going on reads what remains after the position.
+        ``added`` is the batch's working copy of :attr:`added`.
         """
         deleted = str(info.get("max-deleted-entry-id") or "0-0")
         first = info.get("first-entry")
@@ -382,8 +505,8 @@ class RedisStreamsInputNode(InputNode):
         gap = None
         if id_after(deleted, after):
             gap = f"entries after {after} up to {deleted} were deleted"
-        elif first_id is not None and id_after(first_id, after) and key in self.added:
-            expected = int(info.get("entries-added", 0)) - self.added[key]
+        elif first_id is not None and id_after(first_id, after) and key in added:
+            expected = int(info.get("entries-added", 0)) - added[key]
             length = int(info.get("length", 0))
             if length < expected:
                 gap = f"{expected - length} entries after {after} were trimmed"
@@ -392,54 +515,58 @@ class RedisStreamsInputNode(InputNode):
         if self.on_trimmed == "skip":
             log.warning("stream key %r: %s before this stream read them; going on from the oldest remaining entry "
                         "%s (onTrimmed='skip': those entries are lost)", key, gap, first_id)
-            self.added.pop(key, None)  # the count up to the position is no longer known
+            added.pop(key, None)  # the count up to the position is no longer known
             return
         raise TrimmedEntriesError(
             f"stream key {key!r}: {gap} (XTRIM, MAXLEN, XDEL) before this stream read them; the oldest remaining "
-            f"entry is {first_id}. Keep entries until they are read, or pass onTrimmed='skip' to go on from the "
-            "oldest remaining entry (the trimmed entries are lost)")
+            f"entry is {first_id}. {SKIP_TRIMMED_HOW}")
 
-    def _fix_range(self, key: str, limit: int | None) -> tuple[str, str, int | None]:
-        after = self.positions.get(key, "0-0")
+    def _fix_range(self, key: str, after: str, limit: int | None,
+                   added: dict[str, int]) -> tuple[str, int | None, bool]:
+        """The end of ``key``'s next range after ``after``, its entry count (None: unknown) and whether it
+        reaches the key's newest entry. Changes nothing on the node: ``added`` is the batch's working copy of
+        :attr:`added` (the input contract's failure rule)."""
         info = self._info(key)
-        self._caught_up[key] = True
         if info is None:
             if self.missing_keys == "fail":
                 raise ValueError(f"the Redis stream key {key!r} no longer exists at {self.url}")
-            return after, after, 0
-        self._check_trimmed(key, after, info)
+            return after, 0, True
+        self._check_trimmed(key, after, info, added)
         newest = str(info["last-generated-id"])
         if not id_after(newest, after):
-            return after, after, 0
-        known, total = self.added.get(key), info.get("entries-added")
+            return after, 0, True
+        known, total = added.get(key), info.get("entries-added")
         backlog = int(total) - known if known is not None and total is not None else None
         if limit is None or (backlog is not None and backlog <= limit):
             # Everything up to the newest entry: no walk over the entries (the limit script's cost is per
             # entry, on the server and before the batch can start), also when a known backlog fits the limit.
-            self.added.pop(key, None)
+            added.pop(key, None)
             if total is not None:
-                self.added[key] = int(total)
-            return after, newest, backlog
+                added[key] = int(total)
+            return newest, backlog, True
         try:
             count, last = self._client().eval(_LIMIT_SCRIPT, 1, key, after, limit, READ_CHUNK)
         except Exception as e:
             if _is_connection_error(e):
                 raise _unavailable(self.url, f"finding the end of the next batch of {key!r}", e) from e
             raise
-        if key in self.added:
-            self.added[key] += int(count)
-        self._caught_up[key] = str(last) == newest
-        return after, str(last), int(count)
+        if key in added:
+            added[key] += int(count)
+        return str(last), int(count), str(last) == newest
 
     def compute(self, time: BatchTime) -> RDD | None:
+        """Batch ``time``'s ranges, fixed on copies of the positions and counts: the node moves to the end of
+        the ranges only once every key's range is fixed and the RDD is built (a connection error on the 2nd
+        of 4 keys leaves it as it was, and a new call fixes the same ranges, up to the entries added since)."""
+        positions, added = dict(self.positions), dict(self.added)
+        caught_up: dict[str, bool] = {}
         replayed = self.replayed_offsets(time)
         if replayed is not None:
             ranges = [(str(k), str(a), str(u), None if n is None else int(n)) for k, a, u, n in replayed["ranges"]]
             for key, _, until, _ in ranges:
-                if id_after(until, self.positions.get(key, "0-0")):
-                    self.positions[key] = until
+                if id_after(until, positions.get(key, "0-0")):
+                    positions[key] = until
             limit = replayed.get("limit")
-            self._caught_up = {}
             server_ms = None
         else:
             limit = self._limit(time)
@@ -447,22 +574,27 @@ class RedisStreamsInputNode(InputNode):
             server_ms = self._server_ms() if self.event_time_from_ids == "auto" else None
             ranges = []
             for key in self.keys:
-                after, until, count = self._fix_range(key, limit)
+                after = positions.get(key, "0-0")
+                until, count, caught_up[key] = self._fix_range(key, after, limit, added)
                 ranges.append((key, after, until, count))
-                self.positions[key] = until
+                positions[key] = until
+        rdd = self.read(ranges)
+        # The batch is fixed: commit it in one step that cannot fail.
+        self.positions, self.added, self._caught_up = positions, added, caught_up
         counts = [n for _, _, _, n in ranges]
         total = sum(n for n in counts if n is not None) if all(n is not None for n in counts) else None
         offsets: dict[str, Any] = {"ranges": [list(r) for r in ranges]}
         if limit is not None:
             offsets["limit"] = limit
-        self.report_batch(time, total, offsets)
         if self.event_time_from_ids is not None:
             self._record_cap(time, ranges, server_ms)
-        return self.read(ranges)
+        self.report_batch(time, total, offsets)
+        return rdd
 
     def read(self, ranges: list[tuple[str, str, str, int | None]]) -> RDD:
-        """One partition per key: partition ``i`` reads ``ranges[i]`` (an empty range reads nothing)."""
-        url, decoder = self.url, self.decoder
+        """One partition per key: partition ``i`` reads ``ranges[i]`` (an empty range reads nothing; entries
+        trimmed since the range was fixed fail the task, or are skipped with ``onTrimmed="skip"``)."""
+        url, decoder, on_trimmed = self.url, self.decoder, self.on_trimmed
         work = list(ranges)
 
         def part(i: int, it: Iterable[Any]) -> Iterator[Any]:
@@ -470,7 +602,7 @@ class RedisStreamsInputNode(InputNode):
             key, after, until, count = work[i]
             if after == until or count == 0:
                 return iter(())
-            return read_range(url, key, after, until, count, decoder)
+            return read_range(url, key, after, until, count, decoder, on_trimmed)
 
         sc = self.graph.sc
         return sc.parallelize(range(len(work)), len(work)).mapPartitionsWithIndex(part)

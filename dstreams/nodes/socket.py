@@ -115,6 +115,7 @@ class SocketInputNode(InputNode):
     def compute(self, time: BatchTime) -> RDD | None:
         wal = self.graph.wal
         replayed = self.replayed_offsets(time)
+        taken = 0  # lines to drop from the buffer once the batch is fixed
         if replayed is not None and wal is not None:
             lines = wal.read(replayed["wal"])
             offsets = None
@@ -125,10 +126,13 @@ class SocketInputNode(InputNode):
             # Written before the lines leave the buffer: a write that fails (the store is down) loses
             # nothing, and the batch is built again with the same lines and any that arrived since.
             offsets = {"wal": wal.write(f"wal/{self.key}/{time.ms:015d}", lines)} if wal is not None else None
-            with self._lock:
-                del self._buffer[:len(lines)]
-        self.report_batch(time, len(lines), offsets)
+            taken = len(lines)
         sc = self.graph.sc
-        if not lines:
-            return sc.emptyRDD()
-        return sc.parallelize(lines, min(len(lines), sc.defaultParallelism))
+        rdd = sc.parallelize(lines, min(len(lines), sc.defaultParallelism)) if lines else sc.emptyRDD()
+        # The input contract's failure rule: the lines leave the buffer only once the batch's RDD is built
+        # (only this method removes lines, from the front, so the first ``taken`` are still these).
+        if taken:
+            with self._lock:
+                del self._buffer[:taken]
+        self.report_batch(time, len(lines), offsets)
+        return rdd
