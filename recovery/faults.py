@@ -5,9 +5,17 @@ kill itself with SIGKILL the n-th time it reaches ``<point>``:
 
 * ``mid-batch`` – a batch's first output operation has started (its Spark jobs may be running);
 * ``checkpoint-write`` – a data checkpoint's parts are written but its manifest is not;
-* ``after-metadata-commit`` – right after a conditional write of the metadata head.
+* ``after-metadata-commit`` – right after a conditional write of the metadata head;
+* ``sink-write`` – an exactly-once sink found its batch not committed and is about to write it (its fence
+  check passed: the next step may overwrite or delete; :mod:`.sinks`).
 
-With the variable unset, :func:`reached` is a dictionary lookup and a comparison.
+``DSTREAMS_FAULT_PAUSE=<point>`` with ``DSTREAMS_FAULT_PAUSE_AFTER=<n>`` (default 1) makes the driver stop
+itself with SIGSTOP the n-th time (only that time) it reaches ``<point>``, after writing
+``dstreams fault injection: SIGSTOP at <point> #<n>`` to stderr: every thread of the driver halts (its
+Spark JVM, another process, goes on) until a SIGCONT. A zombie in the making: the tests start another driver
+meanwhile, then resume this one.
+
+With the variables unset, :func:`reached` is two dictionary lookups and comparisons.
 
 Task slowdown (stragglers): :func:`maybe_slow_task` / :func:`slowed_partition`, called inside Spark
 tasks, sleep when ``DSTREAMS_FAULT_SLOW_EXECUTOR`` and/or ``DSTREAMS_FAULT_SLOW_PARTITION`` select the
@@ -34,20 +42,34 @@ T = TypeVar("T")
 
 _POINT = os.environ.get("DSTREAMS_FAULT_KILL")
 _AFTER = int(os.environ.get("DSTREAMS_FAULT_KILL_AFTER", "1"))
+_PAUSE_POINT = os.environ.get("DSTREAMS_FAULT_PAUSE")
+_PAUSE_AFTER = int(os.environ.get("DSTREAMS_FAULT_PAUSE_AFTER", "1"))
 _counts: dict[str, int] = {}
 _lock = threading.Lock()
 
 
 def reached(point: str) -> None:
-    """Count a pass through ``point``; SIGKILL this process when the configured one is due."""
-    if _POINT != point:
+    """Count a pass through ``point``; SIGKILL this process when the configured kill is due, SIGSTOP it when
+    the configured pause is due (once)."""
+    if _POINT != point and _PAUSE_POINT != point:
         return
     with _lock:
         n = _counts[point] = _counts.get(point, 0) + 1
-    if n >= _AFTER:
-        sys.stderr.write(f"dstreams fault injection: SIGKILL at {point} #{n}\n")
-        sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+    if _POINT == point and n >= _AFTER:
+        _signal_self(signal.SIGKILL, point, n)
+    if _PAUSE_POINT == point and n == _PAUSE_AFTER:
+        _signal_self(signal.SIGSTOP, point, n)
+
+
+def _signal_self(sig: signal.Signals, point: str, n: int) -> None:
+    sys.stderr.write(f"dstreams fault injection: {sig.name} at {point} #{n}\n")
+    sys.stderr.flush()
+    if sig == signal.SIGSTOP:
+        # Aimed at this thread: it stops before it returns. Sent to the process, the stop is taken by whichever
+        # thread the kernel wakes, and this one may go on for milliseconds (past the point) before it halts.
+        signal.pthread_kill(threading.get_ident(), sig)
+    else:
+        os.kill(os.getpid(), sig)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -101,3 +101,18 @@ def run_manual(sc, inputs: list[list[Any]], build: Build, batches: int | None = 
     finally:
         ssc.stop(stopSparkContext=False)
     return outputs
+
+
+def run_through(build: Callable[[Any], StreamingContext], zero_ms: int, last_ms: int, timeout_s: float = 300.0) -> None:
+    """A fault-free reference run: ``build(clock)`` makes a context on a ManualClock at ``zero_ms`` (the zero time
+    of the run it is compared with), which runs every batch through ``last_ms`` and is stopped."""
+    from dstreams import ManualClock
+
+    clock = ManualClock(zero_ms)
+    ssc = build(clock)
+    ssc.start()
+    try:
+        clock.set_time(last_ms)
+        ssc.awaitBatch(last_ms, timeout_s)
+    finally:
+        ssc.stop(stopSparkContext=False)

@@ -19,10 +19,8 @@ import uuid
 
 import pytest
 
-from dstreams import ManualClock
-
 from .recovery_app import build, read_outputs
-from .support import service_unavailable
+from .support import run_through, service_unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.s3]
 
@@ -110,14 +108,7 @@ def _head(ckpt_url: str) -> dict:
 
 def _reference(sc, tmp_path, zero_ms: int, last_ms: int) -> dict[str, list[str]]:
     out = tmp_path / "ref-out"
-    clock = ManualClock(zero_ms)
-    ssc = build(sc, str(tmp_path / "ref-ckpt"), str(out), clock)
-    ssc.start()
-    try:
-        clock.set_time(last_ms)
-        ssc.awaitBatch(last_ms, 300)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    run_through(lambda clock: build(sc, str(tmp_path / "ref-ckpt"), str(out), clock), zero_ms, last_ms)
     return read_outputs(str(out))
 
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
+import shutil
 import urllib.request
 import uuid
+from collections.abc import Callable
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dstreams import ManualClock, StreamingContext
-from dstreams.recovery.sinks import save_text_exactly_once
+from dstreams.recovery.sinks import SUCCESS, save_text_exactly_once
 from dstreams.recovery.store import open_store
 
 from .support import service_unavailable
@@ -192,3 +194,147 @@ def test_batch_infos_carry_the_records_each_output_wrote(sc, tmp_path):
     totals = {(s.labels["output"], s.labels["name"]): s.value for s in family.samples
               if s.name == "dstreams_output_records_total"}
     assert totals == {(str(op.output_id), op.output_name): 12 for op in ops[:2]}  # the foreachRDD reports nothing
+
+
+# ---------------------------------------------------------------------------------------------------
+# A zombie driver's sink (issue 22, item 3): a driver that another one took over from must not delete or
+# overwrite the output the new owner wrote, whether the owner's write is in progress or committed.
+# ---------------------------------------------------------------------------------------------------
+
+RGW = os.environ.get("DSTREAMS_TEST_RGW_ENDPOINT", "http://127.0.0.1:7480")
+RGW_OPTS = {"endpoint_url": RGW, "access_key": "AKTEST", "secret_key": "SKTEST", "region": "us-east-1"}
+
+
+def _two_drivers(location: str, options: dict) -> tuple:
+    """The metadata logs of a zombie (epoch 1) and of the driver that took over from it (epoch 2), on the
+    real MetadataLog at ``location`` (as two driver processes would)."""
+    from dstreams.recovery.metadata import MetadataLog
+
+    zombie = MetadataLog(open_store(location, **options), "zombie-sink", ["g"], 1000)
+    assert zombie.take_over(0) is None
+    owner = MetadataLog(open_store(location, **options), "zombie-sink", ["g"], 1000)
+    assert owner.take_over(0) is not None and owner.head["epoch"] == 2
+    return zombie, owner
+
+
+def _sink_location(kind: str, tmp_path) -> tuple[str, dict]:
+    """A fresh sink location on ``kind`` (local folder, moto or the Ceph RADOS Gateway) and its store options."""
+    if kind == "local":
+        return str(tmp_path / "sink"), {}
+    boto3 = pytest.importorskip("boto3")
+    endpoint, options = (MOTO, MOTO_OPTS) if kind == "moto" else (RGW, RGW_OPTS)
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=options["access_key"],
+                          aws_secret_access_key=options["secret_key"], region_name="us-east-1")
+    bucket = f"zombie-sink-{uuid.uuid4().hex[:8]}"
+    try:
+        client.create_bucket(Bucket=bucket)
+    except Exception as e:  # noqa: BLE001
+        service_unavailable(f"{kind} at {endpoint} is not reachable ({e}); run `bash scripts/services.sh start`")
+    return f"s3://{bucket}/sink", dict(options)
+
+
+@pytest.mark.parametrize("kind", ["local", "moto", "rgw"])
+def test_zombie_store_sink_is_fenced_before_it_touches_the_owners_parts(sc, tmp_path, kind):
+    from dstreams.recovery.metadata import FencedError
+    from dstreams.recovery.sinks import save_to_store_exactly_once
+
+    location, options = _sink_location(kind, tmp_path)
+    zombie, owner = _two_drivers(f"{location}/ckpt", options)
+    target = f"{location}/out/000000000001000"
+    store = open_store(target, **options)
+    owners = {"part-00000": b"owner 0\n", "part-00001": b"owner 1\n", "part-00002": b"owner 2\n"}
+    for key, data in owners.items():  # the new owner's write of the batch, not committed yet
+        store.put(key, data)
+    with pytest.raises(FencedError, match="replaced by another driver"):
+        save_to_store_exactly_once(sc.parallelize(["zombie"], 1), target, zombie.check_owner, options)
+    assert {k: store.get(k) for k in store.list("")} == owners  # not deleted, not overwritten, not committed
+    owner.check_owner()  # the owner still owns the location
+
+
+def test_zombie_local_sink_is_fenced_before_it_touches_the_owners_folder(sc, tmp_path):
+    from dstreams.recovery.metadata import FencedError
+
+    zombie, owner = _two_drivers(str(tmp_path / "ckpt"), {})
+    path = tmp_path / "out" / "counts-1000"
+    path.mkdir(parents=True)
+    (path / "part-00000").write_text("owner\n")  # the new owner's write, not committed yet
+    with pytest.raises(FencedError, match="replaced by another driver"):
+        save_text_exactly_once(sc.parallelize(["zombie"], 1), str(path), zombie.check_owner)
+    assert sorted(os.listdir(path)) == ["part-00000"] and (path / "part-00000").read_text() == "owner\n"
+    owner.check_owner()
+
+
+def _commits_at_call(n: int, commit) -> Callable[[], None]:
+    """A guard that passes, and whose ``n``-th call is followed at once by the new owner's commit: a zombie
+    paused right after it checked the fence, while the driver that took over wrote and committed the batch."""
+    calls = []
+
+    def guard() -> None:
+        calls.append(1)
+        if len(calls) == n:
+            commit()
+
+    return guard
+
+
+@pytest.mark.parametrize("call", [1, 2])
+@pytest.mark.parametrize("kind", ["local", "moto"])
+def test_store_sink_never_deletes_a_batch_committed_after_its_fence_check(sc, tmp_path, kind, call):
+    from dstreams.recovery.sinks import SUCCESS, save_to_store_exactly_once
+
+    location, options = _sink_location(kind, tmp_path)
+    target = f"{location}/out/000000000001000"
+    store = open_store(target, **options)
+    owners = {"part-00000": b"a\n", "part-00001": b"b\n", "part-00002": b"c\n", SUCCESS: b""}
+
+    def commit() -> None:
+        for key, data in owners.items():  # parts first, then the marker, as the owner's sink does
+            store.put(key, data)
+
+    guard = _commits_at_call(call, commit)
+    assert save_to_store_exactly_once(sc.parallelize(["a"], 1), target, guard, options) is False
+    assert {k: store.get(k) for k in store.list("")} == owners
+
+
+@pytest.mark.parametrize("call", [1, 2])
+def test_local_sink_never_removes_a_folder_committed_after_its_fence_check(sc, tmp_path, call):
+    path = tmp_path / "out" / "counts-1000"
+
+    def commit() -> None:  # another driver's committed write of the same batch
+        if path.exists():
+            shutil.rmtree(path)  # a leftover the owner removed before its commit
+        path.mkdir(parents=True)
+        (path / "part-00000").write_text("owner\n")
+        (path / SUCCESS).write_text("")
+
+    path.mkdir(parents=True)
+    (path / "part-00003").write_text("cut off\n")  # a leftover of a write that was cut off
+    guard = _commits_at_call(call, commit)
+    assert save_text_exactly_once(sc.parallelize(["zombie"], 1), str(path), guard) is False
+    assert sorted(os.listdir(path)) == ["_SUCCESS", "part-00000"] and (path / "part-00000").read_text() == "owner\n"
+    assert _staged(tmp_path / "out") == []  # the zombie's own staging folder is gone
+
+
+def _staged(parent) -> list[str]:
+    from dstreams.recovery.sinks import STAGING
+
+    staging = parent / STAGING
+    return sorted(os.listdir(staging)) if staging.exists() else []
+
+
+def test_local_sink_stages_its_write_and_clears_what_killed_writers_left(sc, tmp_path):
+    from dstreams.recovery.sinks import STAGING
+
+    out = tmp_path / "out"
+    # What a driver killed between its write and its commit left:
+    stale = out / STAGING / "counts-1000.0123456789abcdef0123456789abcdef"
+    stale.mkdir(parents=True)
+    (stale / "part-00000").write_text("stale\n")
+    (stale / SUCCESS).write_text("")
+    other = out / STAGING / "counts-2000.0123456789abcdef0123456789abcdef"  # another batch's: not this write's
+    other.mkdir()
+    path = out / "counts-1000"
+    assert save_text_exactly_once(sc.parallelize(["x", "y"], 2), str(path)) is True
+    assert sorted(p for p in os.listdir(path) if not p.startswith(".")) == ["_SUCCESS", "part-00000", "part-00001"]
+    assert _staged(out) == ["counts-2000.0123456789abcdef0123456789abcdef"]
+    assert sorted(os.listdir(out)) == [STAGING, "counts-1000"]  # readers listing the folder skip the hidden one
