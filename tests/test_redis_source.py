@@ -12,7 +12,10 @@ import threading
 import pytest
 
 from dstreams import ManualClock, StreamingContext
+from dstreams.recovery.metadata import GraphChangedError
 from dstreams.time import from_user_time
+
+from .recovery_app import read_outputs
 
 pytestmark = pytest.mark.redis
 
@@ -211,6 +214,80 @@ def test_a_restarted_driver_reads_every_entry_exactly_once(sc, redis_url, redis_
                     with open(os.path.join(out, name, part)) as f:
                         lines += f.read().splitlines()
     assert sorted(lines) == sorted(f"{k} {i}" for k in keys for i in range(9))
+
+
+def test_entries_trimmed_under_a_recorded_batch_are_skipped_after_the_restart_the_error_names(
+        sc, redis_url, redis_client, redis_prefix, tmp_path, monkeypatch):
+    """Batch 2 is recorded in the metadata log and not done when the driver stops; entries of its range are then
+    trimmed. The restart from the stored graph fails with TrimmedEntriesError (the stored onTrimmed='fail'); the
+    restart that error names (getOrCreate(..., rebuildGraph=True) with onTrimmed='skip') replays batch 2 without
+    the trimmed entries and goes on: every entry not trimmed is written exactly once. A changed key list is
+    refused on that path (it is the topology); onTrimmed is not."""
+    monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "1")  # a failed batch stops the context at once
+    a, b = keys = [f"{redis_prefix}ta", f"{redis_prefix}tb"]
+    ckpt, out, hold = str(tmp_path / "ckpt"), str(tmp_path / "out"), str(tmp_path / "hold-batch-2")
+
+    def build(clock: ManualClock, stream_keys: list[str], on_trimmed: str = "fail") -> StreamingContext:
+        ssc = StreamingContext(sc, 1, clock=clock)
+        ssc.checkpoint(ckpt)
+        entries = ssc.redisStream(stream_keys, url=redis_url, onTrimmed=on_trimmed)
+
+        def held(t, rdd) -> None:  # while the file exists, batch 2 fails before its entries are read
+            if from_user_time(t).ms == 2000 and os.path.exists(hold):
+                raise RuntimeError("batch 2 held")
+
+        entries.foreachRDD(held)
+        entries.map(lambda r: f"{r[0]} {r[2]['n']}").saveAsTextFiles(os.path.join(out, "lines"))
+        return ssc
+
+    for k in keys:
+        _add(redis_client, k, 3)
+    clock = ManualClock()
+    first = StreamingContext.getOrCreate(ckpt, lambda: build(clock, keys))
+    first.start()
+    try:
+        _run(first, clock, 1)
+        for k in keys:
+            _add(redis_client, k, 3, start=3)
+        open(hold, "w").close()
+        clock.advance(1000)
+        with pytest.raises(Exception, match="batch 2 held"):
+            first.awaitTerminationOrTimeout(60)
+    finally:
+        first.stop(stopSparkContext=False)
+    os.remove(hold)
+    redis_client.xtrim(a, maxlen=1, approximate=False)  # a's entries 3 and 4, in recorded batch 2, are gone
+
+    stored = StreamingContext.getOrCreate(ckpt, lambda: pytest.fail("setupFunc called"), clock=ManualClock(2000))
+    stored.start()
+    try:
+        with pytest.raises(Exception, match=r"trimmed.* restart with StreamingContext.getOrCreate\(path, setupFunc, "
+                                            r"rebuildGraph=True\) where setupFunc passes redisStream\(\.\.\., "
+                                            r"onTrimmed='skip'\)") as failed:
+            stored.awaitTerminationOrTimeout(60)
+        assert a in str(failed.value)
+    finally:
+        stored.stop(stopSparkContext=False)
+
+    other_keys = StreamingContext.getOrCreate(ckpt, lambda: build(ManualClock(2000), [a, b, f"{redis_prefix}tc"],
+                                                                  "skip"), rebuildGraph=True)
+    with pytest.raises(GraphChangedError, match="keys="):
+        other_keys.start()
+    other_keys.stop(stopSparkContext=False)
+
+    clock3 = ManualClock(2000)
+    rebuilt = StreamingContext.getOrCreate(ckpt, lambda: build(clock3, keys, "skip"), rebuildGraph=True)
+    rebuilt.start()
+    try:
+        rebuilt.awaitBatch(2000, 60)
+        for k in keys:
+            _add(redis_client, k, 2, start=6)
+        clock3.advance(1000)
+        rebuilt.awaitBatch(3000, 60)
+    finally:
+        rebuilt.stop(stopSparkContext=False)
+    lines = [line for name, got in read_outputs(out).items() if name.startswith("lines-") for line in got]
+    assert sorted(lines) == sorted([f"{a} {n}" for n in (0, 1, 2, 5, 6, 7)] + [f"{b} {n}" for n in range(8)])
 
 
 @pytest.mark.slow

@@ -146,12 +146,12 @@ def _is_connection_error(error: BaseException) -> bool:
 
 #: How the trimmed-entries errors name the way out (the options of a restored graph are the stored ones).
 SKIP_TRIMMED_HOW = (
-    "Keep entries until they are read, or go on without the trimmed entries (they are lost) with "
-    "redisStream(..., onTrimmed='skip'). A context restored from a checkpoint keeps the options it was started "
-    "with: restart it with StreamingContext.getOrCreate(path, setupFunc, rebuildGraph=True), where setupFunc "
-    "builds the same streams and passes onTrimmed='skip' (rebuildGraph=True builds the graph from setupFunc and "
-    "checks that its topology, e.g. the stream keys, is the stored one's; the batches recorded before the "
-    "restart then skip what was trimmed too)")
+    "To go on without them (they are lost): restart with StreamingContext.getOrCreate(path, setupFunc, "
+    "rebuildGraph=True) where setupFunc passes redisStream(..., onTrimmed='skip') (without a checkpoint: pass "
+    "onTrimmed='skip'). A context restored from a checkpoint keeps the options it was started with; "
+    "rebuildGraph=True builds the graph from setupFunc, checks that its topology (the stream keys) is the stored "
+    "one's, and the batches recorded before the restart then skip what was trimmed too. To lose nothing, keep "
+    "entries until the stream has read them (trim below its position)")
 
 
 def read_range(url: str, key: str, after: str, until: str, count: int | None, decoder: Decoder | None,
@@ -192,9 +192,8 @@ def read_range(url: str, key: str, after: str, until: str, count: int | None, de
                         "(onTrimmed='skip': they are lost)", key, after, until, count, seen, count - seen)
             return
         raise TrimmedEntriesError(
-            f"stream key {key!r}: the batch range ({after}, {until}] held {count} entries when it was defined "
-            f"and the server returned {seen}: {count - seen} entries were trimmed or deleted (XTRIM, MAXLEN, XDEL) "
-            f"before they were read. {SKIP_TRIMMED_HOW}")
+            f"stream key {key!r}: {count - seen} of the {count} entries of the batch range ({after}, {until}] were "
+            f"trimmed or deleted before they were read. {SKIP_TRIMMED_HOW}")
 
 
 class TrimmedEntriesError(RuntimeError):
