@@ -103,6 +103,7 @@ class StreamingContext:
         self._concurrent = concurrentBatches
         self._bus = ListenerBus()
         self._runtime: DriverRuntime | None = None
+        self._stopped_by_failure = False
         self._status: StatusServer | None = None
         self._progress: ProgressLine | None = None
         self._state = self.INITIALIZED
@@ -445,17 +446,18 @@ class StreamingContext:
                 except CheckpointInUseError as e:
                     raise StreamingContextStateError(str(e)) from None
                 self._runtime = runtime
-                self._log_speculation()
-                jvm.prepare(self._sc)
-                self._status = StatusServer.start(StatusSources(self._sc, self._graph, runtime, self._clock, self._bus,
-                                                                self._checkpoint_dir, self.getState), status_settings)
-                batch = self._graph.batch_duration
-                self._progress = ProgressLine.start(self._bus, progress_stream, self.uiWebUrl,
-                                                    batch.ms if batch else None)
                 try:
+                    self._log_speculation()
+                    jvm.prepare(self._sc)
+                    self._status = StatusServer.start(StatusSources(self._sc, self._graph, runtime, self._clock,
+                                                                    self._bus, self._checkpoint_dir, self.getState),
+                                                      status_settings)
+                    batch = self._graph.batch_duration
+                    self._progress = ProgressLine.start(self._bus, progress_stream, self.uiWebUrl,
+                                                        batch.ms if batch else None)
                     runtime.start()
                 except BaseException:
-                    self._close_status()
+                    self._abandon_start(runtime)
                     raise
                 self._state = self.ACTIVE
                 StreamingContext._activeContext = self
@@ -466,6 +468,9 @@ class StreamingContext:
         """Stop the stream (graceful: after the queued batches ran) and, by default, the SparkContext."""
         with self._lock:
             if self._state == self.STOPPED:
+                if stopSparkContext and self._stopped_by_failure:  # stopped itself, keeping the SparkContext
+                    self._stopped_by_failure = False
+                    self._sc.stop()
                 return
             was_active = self._state == self.ACTIVE
             self._state = self.STOPPED
@@ -488,6 +493,36 @@ class StreamingContext:
             self._stopped.set()
             if stopSparkContext:
                 self._sc.stop()
+
+    def _abandon_start(self, runtime: DriverRuntime) -> None:
+        """A ``start()`` that failed half-way: stop what it started (status server, progress line, the
+        scheduler's threads, the checkpointer, the sources, the listener bus) so nothing outlives it, and mark
+        the context STOPPED, as Spark's ``StreamingContext.start`` does; a new context can be started (the
+        SparkContext keeps running)."""
+        self._state = self.STOPPED
+        self._close_status()
+        try:
+            runtime.stop(graceful=False, timeout_s=10.0)
+        except Exception:
+            log.warning("cleaning up after a failed start()", exc_info=True)
+        try:
+            self._graph.stop()
+        except Exception:
+            log.warning("stopping the sources after a failed start()", exc_info=True)
+        self._bus.stop(timeout_s=10.0)
+        self._stopped.set()
+
+    def _stop_after_failure(self) -> None:
+        """The scheduler stopped on an error (a batch failed for good, this driver was fenced, the store stayed
+        down): stop the stream as ``stop(stopSparkContext=False)`` does; a later ``stop()`` still stops the
+        SparkContext when asked to."""
+        with self._lock:
+            if self._state != self.ACTIVE:
+                return
+        log.error("the streaming context stops after an error it cannot go on from (awaitTermination raises it); "
+                  "restart with StreamingContext.getOrCreate(checkpointPath, setupFunc) to run the batch again")
+        self.stop(stopSparkContext=False)
+        self._stopped_by_failure = True
 
     def _graceful_stop_timeout(self) -> float:
         """``spark.dstreams.gracefulStopTimeout`` (else Spark's key), else 10 batch intervals, at least 10 s."""
@@ -534,6 +569,8 @@ class StreamingContext:
         while True:
             sched = self._scheduler
             if sched is not None and sched.error is not None:
+                if sched.fatal_error is not None:
+                    self._stop_after_failure()
                 raise sched.error
             if self._stopped.is_set():
                 return True

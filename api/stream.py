@@ -435,6 +435,11 @@ class DStream:
         ``func`` runs again for a batch that is re-run after a failure: make its effects
         idempotent per batch time (e.g. write under a key derived from ``time``).
         """
+        self._output(func, getattr(func, "__name__", "foreachRDD"))
+
+    def _output(self, func: Callable[..., Any], label: str) -> None:
+        """Register ``func`` (``func(rdd)`` or ``func(time, rdd)``) as an output named ``label`` (in errors, the
+        status page and the metrics)."""
         self._ssc._check_not_started("add an output operation")
         n = positional_arity(func, (1, 2), "foreachRDD")
 
@@ -444,7 +449,7 @@ class DStream:
             else:
                 func(to_datetime(t), rdd)
 
-        OutputNode(self._node.graph, self._node, run, getattr(func, "__name__", "foreachRDD"))
+        OutputNode(self._node.graph, self._node, run, label)
 
     def pprint(self, num: int = 10) -> None:
         """Print the first ``num`` elements of each batch (PySpark's format)."""
@@ -460,7 +465,7 @@ class DStream:
                 print("...")
             print("", flush=True)
 
-        self.foreachRDD(take_and_print)
+        self._output(take_and_print, "pprint")
 
     def saveAsTextFiles(self, prefix: str, suffix: str | None = None, **storeOptions: Any) -> None:
         """Save each batch as a text-file folder ``prefix-<batch ms>[.suffix]``, exactly once.
@@ -480,7 +485,7 @@ class DStream:
             options = sink_store_options(path, storeOptions, env.checkpoint_dir, env.store_options)
             save_text_exactly_once(rdd, path, env.check_owner, options)
 
-        self.foreachRDD(save)
+        self._output(save, f"saveAsTextFiles({prefix!r})")
 
     def saveToStore(self, location: str, format: str = "text", **storeOptions: Any) -> None:
         """Save each batch under ``location/<batch ms, 15 digits>/`` in a store, exactly once.
@@ -509,7 +514,7 @@ class DStream:
             target = f"{str(location).rstrip('/')}/{ms:015d}"
             save_to_store_exactly_once(rdd, target, env.check_owner, options, format)
 
-        self.foreachRDD(save)
+        self._output(save, f"saveToStore({str(location)!r})")
 
     # ------------------------------------------------------------------ inspection
     def slice(self, begin: Any, end: Any) -> list[RDD]:

@@ -422,6 +422,51 @@ GRACEFUL_STOP_TIMEOUT = Setting(
         "exactly-once outputs are redone on restart, never half-written.",
 )
 
+def _attempts(raw: str) -> int:
+    value = int(raw.strip())
+    if value < 1:
+        raise ValueError(raw)
+    return value
+
+
+BATCH_FAILURE_MODES = ("stop", "dropInput")
+
+
+def _failure_mode(raw: str) -> str:
+    value = raw.strip()
+    for mode in BATCH_FAILURE_MODES:
+        if value.lower() == mode.lower():
+            return mode
+    raise ValueError(raw)
+
+
+BATCH_MAX_ATTEMPTS = Setting(
+    key="spark.dstreams.batch.maxAttempts",
+    env="DSTREAMS_BATCH_MAX_ATTEMPTS",
+    default=3,
+    parse=_attempts,
+    accepts="a whole number >= 1",
+    example="5",
+    doc="How many times a failed batch is tried (the first run included) before `spark.dstreams.batch.onFailure` "
+        "applies. A retry runs again the batch's outputs that had not committed (in order), after 0.5 s, 1 s, "
+        "2 s, ... (at most 10 s). A failure while the batch is built (a source or a driver-side function) is "
+        "retried the same way. Store outages are ridden out apart (`spark.dstreams.store.outageSeconds`).",
+)
+
+BATCH_ON_FAILURE = Setting(
+    key="spark.dstreams.batch.onFailure",
+    env="DSTREAMS_BATCH_ON_FAILURE",
+    default="stop",
+    parse=_failure_mode,
+    accepts="stop or dropInput",
+    example="dropInput",
+    doc="What happens to a batch that failed `spark.dstreams.batch.maxAttempts` times. `stop`: the context stops "
+        "with the batch's error (`awaitTermination()` raises it) and the batch is left not done, so a restart with "
+        "`getOrCreate` runs it again: nothing is lost. `dropInput`: the batch's input is dropped for good and the "
+        "stream goes on (the outputs it had committed stay); the drop is recorded in the metadata log, counted in "
+        "`/metrics` (`dstreams_batches_dropped_total`) and shown in `BatchInfo.dropped` and on the status page.",
+)
+
 #: Every engine setting, in the order of the README table.
 def _sharing(raw: str) -> str:
     value = raw.strip().lower()
@@ -452,7 +497,7 @@ SETTINGS: tuple[Setting, ...] = (JVM_MODE, CLASS_DATA_SHARING, CHECKPOINT_GRAPH,
                                  BACKPRESSURE_PID_PROPORTIONAL, BACKPRESSURE_PID_INTEGRAL, BACKPRESSURE_PID_DERIVED,
                                  BACKPRESSURE_PID_MIN_RATE, UI_ENABLED, UI_PORT, UI_SHOW_PROGRESS,
                                  STOP_ON_SIGNAL,
-                                 GRACEFUL_STOP_TIMEOUT)
+                                 GRACEFUL_STOP_TIMEOUT, BATCH_MAX_ATTEMPTS, BATCH_ON_FAILURE)
 
 #: Test-only fault injection (``dstreams.recovery.faults``): environment variables, no conf key.
 TEST_ONLY: tuple[EnvVar, ...] = (

@@ -65,6 +65,10 @@ class BatchJournal(Protocol):
 
     def batch_completed(self, time: BatchTime) -> None: ...
 
+    def batch_dropped(self, time: BatchTime, reason: str) -> None:
+        """Record that batch ``time``'s input was dropped (before its completion is recorded)."""
+        ...
+
     def checkpoint_committed(self, node_key: str, time_ms: int) -> None: ...
 
     def close(self) -> None:

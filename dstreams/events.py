@@ -6,8 +6,10 @@ at each batch time, a runner posts :class:`BatchCompleted` when a batch's jobs r
 writer posts :class:`CheckpointCommitted` when a checkpoint's manifest is written, and a user
 thread that needs the graph (``DStream.slice``) posts a :class:`Call` and waits for its result.
 Events are handled one at a time, in the order they were posted, by the handler given to
-:meth:`EventLoop.start` (the scheduler's). A handler that raises is logged and reported through
-``on_error``; the loop goes on.
+:meth:`EventLoop.start` (the scheduler's). A handler that raises is logged and reported to the
+``on_error`` given to :meth:`EventLoop.start` (the scheduler stops generating and reports the error, as
+Spark's ``EventLoop.onError`` does); the loop goes on handling what is queued (completions of batches
+still running, calls of waiting threads).
 """
 
 from __future__ import annotations
@@ -44,6 +46,15 @@ class BatchCompleted(Event):
 
 
 @dataclass
+class BatchDropped(Event):
+    """Batch ``time`` failed for good and its input is dropped (``spark.dstreams.batch.onFailure=dropInput``);
+    ``reason`` is the failure's one-line summary. Posted before the batch's :class:`BatchCompleted`."""
+
+    time: BatchTime
+    reason: str
+
+
+@dataclass
 class CheckpointCommitted(Event):
     """A data checkpoint of ``node`` at ``time`` is committed; ``reader`` reads it back."""
 
@@ -73,14 +84,19 @@ class EventLoop:
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._handler: Callable[[Event], None] | None = None
+        self._on_error: Callable[[BaseException], None] | None = None
         self._stopped = threading.Event()
         self._idle = threading.Condition()
         self._unfinished = 0
 
-    def start(self, handler: Callable[[Event], None]) -> None:
+    def start(self, handler: Callable[[Event], None],
+              on_error: Callable[[BaseException], None] | None = None) -> None:
+        """Handle posted events with ``handler`` on the loop's thread; ``on_error(e)`` is told of every error a
+        handler raises (after it is logged)."""
         if self._thread is not None:
             raise RuntimeError(f"event loop {self.name} already started")
         self._handler = handler
+        self._on_error = on_error
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
@@ -155,8 +171,13 @@ class EventLoop:
                         event.error = e
                 else:
                     self._handler(event)
-            except Exception:
+            except Exception as e:
                 log.exception("error handling %s on %s", type(event).__name__, self.name)
+                if self._on_error is not None:
+                    try:
+                        self._on_error(e)
+                    except Exception:
+                        log.exception("error reporting an error of %s", self.name)
             finally:
                 if isinstance(event, Call):
                     event.done.set()

@@ -224,6 +224,32 @@ class DStreamGraph:
                         checkpointer.mark(adopted, t, rdd)
             return jobs
 
+    def drop_input(self, dropped: BatchTime, later: list[BatchTime]) -> dict[int, list[Job]]:
+        """Build batch ``dropped`` again as if no input had arrived in its interval, and the jobs of the
+        batches at ``later`` (generated, not started) on top of it.
+
+        Every input's RDD at ``dropped`` becomes an empty RDD (what the input fixed for the batch, its
+        offsets, stays recorded: that input is consumed and dropped); every other node forgets its RDDs at
+        ``dropped`` and ``later``, so the state and windows of later batches never see the dropped records. The
+        stateful nodes at ``dropped`` and ``later`` are built again at once, so the checkpoints due at those
+        times are marked with the rebuilt RDDs. Returns the rebuilt jobs of ``later`` by batch time (ms).
+        """
+        with self.lock:
+            inputs = {id(n) for n in self.inputs}
+            for node in self.inputs:
+                node.forget(dropped)
+                node.generated[dropped.ms] = self.sc.emptyRDD()
+            for node in self.nodes:
+                if id(node) not in inputs:
+                    for t in (dropped, *later):
+                        node.forget(t)
+            for node in self.stateful_nodes():
+                node.get_or_compute(dropped)
+            jobs: dict[int, list[Job]] = {}
+            for t in sorted(later):
+                jobs[t.ms] = self.generate_jobs(t)
+            return jobs
+
     def input_records(self, time: BatchTime) -> dict[int, int]:
         """Records per input stream id in batch ``time``, for the sources that know it."""
         out: dict[int, int] = {}

@@ -327,6 +327,13 @@ class BatchInfo:
     #: ``lateRecords`` (records dropped as late), ``records`` and ``partitionsCounted`` (the partitions
     #: the batch's jobs read to their end; see :mod:`dstreams.nodes.event_time`).
     event_time: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: How many times the batch was tried (``spark.dstreams.batch.maxAttempts``); 1 when it ran once.
+    attempts: int = 1
+    #: It failed for good and its input was dropped (``spark.dstreams.batch.onFailure=dropInput``), or it
+    #: replays a batch an earlier driver dropped.
+    dropped: bool = False
+    #: One line on the last failure of the batch (the output and the error), None when none failed.
+    failure: str | None = None
 
     def snapshot(self) -> BatchInfo:
         """An independent copy (what a listener event holds: later changes do not show in it): the
@@ -367,7 +374,8 @@ class BatchInfo:
 
     @property
     def failed(self) -> bool:
-        return any(o.failure_reason for o in self.output_operations.values())
+        """Whether it failed for good: dropped, or an output operation whose last try failed."""
+        return self.dropped or any(o.failure_reason for o in self.output_operations.values())
 
     # PySpark-compatible calls (JavaBatchInfo through Py4J)
     def batchTime(self) -> _Time:

@@ -40,7 +40,7 @@ from typing import Any
 from . import output_records
 from .clock import Clock
 from .contracts import BatchJournal, Checkpointer, FaultHook, NoOutageRetry, OutagePolicy, no_fault
-from .events import BatchCompleted, CheckpointCommitted, Event, EventLoop, GenerateJobs
+from .events import BatchCompleted, BatchDropped, CheckpointCommitted, Event, EventLoop, GenerateJobs
 from .graph import DStreamGraph, GraphServices, Job, WriteAheadLog
 from .listener import (
     BatchInfo,
@@ -72,9 +72,32 @@ class BatchFailedError(RuntimeError):
     """
 
     def __init__(self, batch_time: BatchTime, operation: str, detail: str) -> None:
-        super().__init__(f"batch {batch_time.ms} failed in output operation {operation!r}:\n{detail}")
+        cause = last_line(detail)
+        super().__init__(f"batch {batch_time.ms} failed in output operation {operation!r}: {cause}\n{detail}")
         self.batch_time = batch_time
         self.operation = operation
+        self.cause = cause
+
+
+class BatchNotDoneError(RuntimeError):
+    """Waiting for a batch that will not complete: the context stopped on an error first (``__cause__``)."""
+
+
+def last_line(text: str) -> str:
+    """The last non-blank line of ``text`` (a traceback's exception line), at most 300 characters."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds to wait before try ``attempt + 1`` of a failed batch: 0.5, 1, 2, ... at most 10."""
+    return min(10.0, 0.5 * 2 ** (attempt - 1))
+
+
+def _describe(error: BaseException) -> str:
+    """The Python traceback inside a Spark task failure, else the error's own text."""
+    tb = python_traceback_of(error) if type(error).__name__ == "Py4JJavaError" else None
+    return tb if tb is not None else f"{type(error).__name__}: {error}"
 
 
 def python_traceback_of(error: BaseException) -> str | None:
@@ -92,7 +115,7 @@ def user_facing_error(error: BaseException, batch_time: BatchTime, operation: st
     tb = python_traceback_of(error) if type(error).__name__ == "Py4JJavaError" else None
     if tb is None:
         return error
-    wrapped = BatchFailedError(batch_time, operation, tb)
+    wrapped = BatchFailedError(batch_time, operation, tb)  # its first line: the output and the cause
     wrapped.__cause__ = error
     return wrapped
 
@@ -103,8 +126,13 @@ class Batch:
     jobs: list[Job]
     info: BatchInfo
     error: BaseException | None = None
-    #: Its completion must not be recorded (it failed on an unavailable store past the outage bound).
+    #: Its completion must not be recorded: it failed for good (``onFailure=stop``, a store down past the
+    #: outage bound) or a stop cut it; a restart runs it again from the metadata log.
     incomplete: bool = False
+    #: How many of ``jobs`` have run to their end in this driver: a retry starts after them.
+    jobs_done: int = 0
+    #: Failed for good under ``onFailure=dropInput``: its input is dropped (see ``JobScheduler``).
+    dropped: bool = False
 
 
 class JobScheduler:
@@ -118,9 +146,17 @@ class JobScheduler:
     def __init__(self, graph: DStreamGraph, clock: Clock, bus: ListenerBus, checkpointer: Checkpointer,
                  events: EventLoop, *, concurrent_batches: int = 1, journal: BatchJournal | None = None,
                  wal: WriteAheadLog | None = None, fault_hook: FaultHook = no_fault,
-                 outage: OutagePolicy | None = None, keep_batch_infos: int = 1000) -> None:
+                 outage: OutagePolicy | None = None, keep_batch_infos: int = 1000, max_attempts: int = 3,
+                 on_failure: str = "stop") -> None:
         if concurrent_batches < 1:
             raise ValueError(f"concurrentBatches must be >= 1, got {concurrent_batches}")
+        if max_attempts < 1:
+            raise ValueError(f"spark.dstreams.batch.maxAttempts must be >= 1, got {max_attempts}")
+        if on_failure not in ("stop", "dropInput"):
+            raise ValueError(f"spark.dstreams.batch.onFailure must be 'stop' or 'dropInput', got {on_failure!r}")
+        #: How many times a failing batch is tried, and what happens after (see the module docstring).
+        self.max_attempts = max_attempts
+        self.on_failure = on_failure
         self.graph = graph
         self.clock = clock
         self.bus = bus
@@ -153,6 +189,11 @@ class JobScheduler:
         self.error: BaseException | None = None
         self.error_event = threading.Event()
         self._fatal_error: BaseException | None = None
+        #: Batches recorded as dropped by an earlier driver (``onFailure=dropInput``) that a restart replays:
+        #: they are dropped again, so the state is rebuilt as the first run built it.
+        self._replay_dropped: set[int] = set()
+        self._unrecordable: set[int] = set()  # batches whose completion must never be recorded
+        self.batches_dropped = 0
         self._timer: threading.Thread | None = None
         self._runners: list[threading.Thread] = []
 
@@ -164,13 +205,15 @@ class JobScheduler:
         return BatchTime((self.clock.time_ms() // batch.ms + 1) * batch.ms)
 
     def start(self, first_batch: BatchTime | None = None, zero_time: BatchTime | None = None,
-              prepare: Callable[[], None] | None = None) -> BatchTime:
+              prepare: Callable[[], None] | None = None, dropped: set[int] | None = None) -> BatchTime:
         """Initialise the graph at ``zero_time`` and generate from ``first_batch`` on.
 
         ``prepare`` runs after the graph is initialised and before the first batch is generated
         (a recovering driver restores state there). Batch times before the clock's time are
-        generated at once (catching up).
+        generated at once (catching up). ``dropped``: batch times (ms) an earlier driver dropped, which
+        are dropped again when they are replayed.
         """
+        self._replay_dropped = set(dropped or ())
         batch = self.graph.batch_duration
         assert batch is not None
         if first_batch is None:
@@ -180,7 +223,7 @@ class JobScheduler:
         self.graph.start(zero_time if zero_time is not None else first_batch - batch, services)
         if prepare is not None:
             prepare()
-        self.events.start(self._handle)
+        self.events.start(self._handle, self._fatal)
         self._timer = threading.Thread(target=self._timer_loop, name=f"dstreams-{self.ctx_id}-timer", daemon=True)
         for i in range(self.concurrent_batches):
             self._runners.append(threading.Thread(target=self._run_loop, name=f"dstreams-{self.ctx_id}-runner-{i}",
@@ -241,32 +284,46 @@ class JobScheduler:
                 self.generate_batch(event.time)
         elif isinstance(event, BatchCompleted):
             self._batch_completed(event.time)
+        elif isinstance(event, BatchDropped):
+            self._drop(event)
         elif isinstance(event, CheckpointCommitted):
             self._checkpoint_committed(event)
         else:
             raise TypeError(f"unknown event {event!r}")
 
     def generate_batch(self, t: BatchTime) -> None:
-        """Build batch ``t`` and queue it for the runners (on the event loop's thread)."""
+        """Build batch ``t`` and queue it for the runners (on the event loop's thread).
+
+        A failure while building (a source, a driver-side function) is tried again like a failed batch
+        (``max_attempts``, the same delays); past that, ``on_failure`` decides: ``stop`` stops generating with
+        the batch not recorded (a restart builds it again), ``dropInput`` drops its input (see
+        :meth:`_drop`). A batch an earlier driver dropped is dropped again when it is replayed.
+        """
         started = _time.perf_counter()
         info = BatchInfo(t.ms, wall_ms(), job_group=f"dstreams-{self.ctx_id}-{t.ms}")
         b = Batch(t, [], info)
-        try:
-            b.jobs = self._ride_out(f"building batch {t.ms}", lambda: self.graph.generate_jobs(t))
-        except BaseException as e:  # a user function raising while the graph is built
-            log.error("error generating the jobs of batch %s", t, exc_info=True)
-            b.error = e
-            if self.outage.is_outage(e):
-                self._fatal(e)  # past the outage bound: stop; a restart resumes from the metadata log
+        replayed_drop = t.ms in self._replay_dropped
+        if replayed_drop:
+            self._replay_dropped.discard(t.ms)
+            b.dropped = info.dropped = True
+            self.graph.drop_input(t, [])
+            log.warning("batch %s was dropped by an earlier driver (spark.dstreams.batch.onFailure=dropInput): it is "
+                        "replayed without its input", t)
+        else:
+            built = self._build(b)
+            if not built:
                 return
-            self._report_error(e)
-        if self.journal is not None and b.error is None:
+        if self.journal is not None:
             try:
                 self.journal.batch_generated(t)
+                if b.dropped and not replayed_drop:  # a replayed drop is recorded already
+                    self.journal.batch_dropped(t, info.failure or "dropped")
             except BaseException as e:
                 log.error("could not record batch %s in the metadata log: %s", t, e)
                 self._fatal(e)
                 return
+        if b.dropped and not replayed_drop:
+            self.batches_dropped += 1
         records = self.graph.input_records(t)
         info.records_per_input = records
         info.num_records = sum(records.values())
@@ -284,9 +341,46 @@ class JobScheduler:
             self._cond.notify_all()
         self._notify("onBatchSubmitted", StreamingListenerBatchSubmitted, info)
 
+    def _build(self, b: Batch) -> bool:
+        """Build ``b``'s jobs, trying again after a failure; False when the batch must not be queued."""
+        t, info = b.time, b.info
+        while True:
+            try:
+                b.jobs = self._ride_out(f"building batch {t.ms}", lambda: self.graph.generate_jobs(t))
+                return True
+            except BaseException as e:  # a source or a user function raising while the graph is built
+                if self.outage.is_outage(e):
+                    log.error("batch %s could not be built: the store stayed unavailable: %s", t, e)
+                    self._fatal(e)  # past the outage bound: stop; a restart resumes from the metadata log
+                    return False
+                info.failure = f"building the batch: {last_line(_describe(e))}"
+                if info.attempts < self.max_attempts and not self._stop_generating.is_set():
+                    delay = retry_delay(info.attempts)
+                    log.warning("batch %s could not be built (attempt %d of %d): %s; trying again in %.1f s", t,
+                                info.attempts, self.max_attempts, info.failure, delay, exc_info=True)
+                    if self._stop_generating.wait(delay):
+                        return False  # stopped: not recorded, so a restart builds it again
+                    info.attempts += 1
+                    continue
+                if self._stop_generating.is_set() or self.on_failure == "stop":
+                    log.error("batch %s could not be built (%d attempt(s)): the context stops with the batch not "
+                              "done; a restart with getOrCreate builds it again", t, info.attempts, exc_info=True)
+                    self._fatal(e)
+                    return False
+                log.error("batch %s could not be built (%d attempt(s)): its input is dropped "
+                          "(spark.dstreams.batch.onFailure=dropInput)", t, info.attempts, exc_info=True)
+                b.error = e
+                b.dropped = info.dropped = True
+                b.jobs = []
+                self.graph.drop_input(t, [])
+                self._report_error(e)
+                return True
+
     def _batch_completed(self, time: BatchTime) -> None:
         """Record, clean up and checkpoint every batch whose predecessors have all completed."""
         started = _time.perf_counter()
+        if time.ms in self._unrecordable:
+            return  # its drop could not be recorded: it stays not done
         self._completed.add(time.ms)
         ready: list[int] = []
         while self._pending_times and self._pending_times[0] in self._completed:
@@ -328,22 +422,58 @@ class JobScheduler:
         lineage (see ``DStreamGraph.rebuild_jobs``), then put back in order; running batches keep
         what they run.
         """
+        built: list[int] = []
+
+        def adopt(held: list[Batch]) -> None:
+            built.append(event.node.adopt_checkpoint(event.time, event.reader))
+            self._rebuild_queued(event.node, held)
+
+        self._holding_queue(adopt)
+        self.checkpointer.adopted(event.node, event.time, built[0])
+        if self.journal is not None:
+            self.journal.checkpoint_committed(event.node.key, event.time.ms)
+
+    def _holding_queue(self, rebuild: Callable[[list[Batch]], None]) -> None:
+        """``rebuild(held)`` with the queued batches taken out of the queue (runners cannot start them), then
+        put back in order (unless the context stopped meanwhile)."""
         with self._cond:
             held = list(self._queue)
             self._queue.clear()
             self._held += len(held)
         try:
-            built_through = event.node.adopt_checkpoint(event.time, event.reader)
-            self._rebuild_queued(event.node, held)
+            rebuild(held)
         finally:
             with self._cond:
                 self._held -= len(held)
                 if not self._stop_running.is_set():
                     self._queue.extendleft(reversed(held))
                 self._cond.notify_all()
-        self.checkpointer.adopted(event.node, event.time, built_through)
-        if self.journal is not None:
-            self.journal.checkpoint_committed(event.node.key, event.time.ms)
+
+    def _drop(self, event: BatchDropped) -> None:
+        """Batch ``event.time`` failed for good under ``dropInput``: it and the batches queued after it are built
+        again without its input (as if nothing had arrived in its interval: state and windows never see it, and a
+        restart that replays it drops it again), and the drop is recorded in the metadata log before its
+        completion (posted after this event). Outputs of it that had committed before the failure stay. With
+        ``concurrentBatches > 1`` a later batch already running keeps what it was built with."""
+        t = event.time
+
+        def rebuild(held: list[Batch]) -> None:
+            later = [b.time for b in held if b.error is None and b.time > t]
+            jobs = self.graph.drop_input(t, later)
+            for b in held:
+                if b.time.ms in jobs:
+                    b.jobs = jobs[b.time.ms]
+
+        try:
+            self._holding_queue(rebuild)
+            if self.journal is not None:
+                self.journal.batch_dropped(t, event.reason)
+        except BaseException as e:
+            log.error("could not drop the input of batch %s: %s", t, e, exc_info=True)
+            self._unrecordable.add(t.ms)
+            self._fatal(e)
+            return
+        self.batches_dropped += 1
 
     def _rebuild_queued(self, node: Any, held: list[Batch]) -> None:
         batches = [b for b in held if b.error is None]
@@ -374,8 +504,11 @@ class JobScheduler:
             try:
                 self._run_batch(b)
             finally:
-                self.infos.append(b.info)
+                with self._cond:  # wait_for_batch reads the deque under the lock
+                    self.infos.append(b.info)
                 self._notify("onBatchCompleted", StreamingListenerBatchCompleted, b.info)
+                if b.dropped and not b.incomplete and b.jobs:
+                    self.events.post(BatchDropped(b.time, b.info.failure or "failed"))
                 if not b.incomplete:
                     # Posted while the batch still counts as running: a graceful stop, which waits for the
                     # running batches and then for the event loop, records its completion (posted after, the
@@ -386,6 +519,12 @@ class JobScheduler:
                     self._cond.notify_all()
 
     def _run_batch(self, b: Batch) -> None:
+        """Run ``b``'s output jobs in order, trying the batch again after a failure (see the module docstring).
+
+        A try starts at the first job that has not run to its end in this driver. A stop that cuts the
+        batch (cancels a job, or comes between two jobs or during a wait) leaves it not done, and no later
+        job of it starts.
+        """
         info = b.info
         info.processing_start_time_ms = wall_ms()
         self._notify("onBatchStarted", StreamingListenerBatchStarted, info)
@@ -394,37 +533,82 @@ class JobScheduler:
             sc.setJobGroup(info.job_group, f"dstreams batch {b.time.ms}", interruptOnCancel=False)
         except Exception:
             log.debug("could not set the job group", exc_info=True)
-        for i, job in enumerate(b.jobs):
-            if i == 0:
+        while True:
+            failed = self._run_jobs(b)
+            if failed is None:
+                break
+            job, error = failed
+            if info.attempts >= self.max_attempts:
+                self._failed_for_good(b, job, error)
+                break
+            delay = retry_delay(info.attempts)
+            log.warning("batch %s: %s failed (attempt %d of %d): %s; trying the batch again in %.1f s", b.time,
+                        job.name, info.attempts, self.max_attempts, info.failure, delay)
+            if self._stop_running.wait(delay):
+                b.incomplete = True  # a stop came while it waited: a restart runs it again
+                break
+            info.attempts += 1
+        info.event_time = event_time_metrics(self.graph.nodes, b.time)  # reads only (event-time streams)
+        info.processing_end_time_ms = wall_ms()
+
+    def _run_jobs(self, b: Batch) -> tuple[Job, BaseException] | None:
+        """One try of ``b``: its jobs from ``b.jobs_done`` on, in order, until one fails (returned with its
+        error; None when every job ran, or when a stop or a store outage ended the batch)."""
+        info = b.info
+        for job in b.jobs[b.jobs_done:]:
+            if self._stop_running.is_set():
+                b.incomplete = True  # cut by a stop: none of its later outputs starts
+                log.info("batch %s: stopped before %s", b.time, job.name)
+                return None
+            if b.jobs_done == 0 and info.attempts == 1:
                 self.fault_hook("mid-batch")
             op = info.output_operations[job.output_id]
             op.start_time_ms = wall_ms()
+            op.failure_reason = None
             self._notify("onOutputOperationStarted", StreamingListenerOutputOperationStarted, op)
             try:
                 with output_records.counting() as written:
                     self._ride_out(f"{job.name} of batch {b.time.ms}", job.run)
                 op.records_written = written.total
             except BaseException as e:
+                op.end_time_ms = wall_ms()
                 if self._stop_running.is_set():
                     log.info("batch %s: %s interrupted by stop()", b.time, job.name)
                     op.failure_reason = "stopped"
-                elif self.outage.is_outage(e):
+                    b.incomplete = True
+                    self._notify("onOutputOperationCompleted", StreamingListenerOutputOperationCompleted, op)
+                    return None
+                op.failure_reason = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+                self._notify("onOutputOperationCompleted", StreamingListenerOutputOperationCompleted, op)
+                b.error = e
+                if self.outage.is_outage(e):
                     # The store stayed down past the bound: this batch must not count as done (a restart
                     # runs it again from the metadata log); stop the driver with the store's error.
-                    op.failure_reason = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-                    b.error = b.error or e
                     b.incomplete = True
                     self._fatal(user_facing_error(e, b.time, job.name))
-                    break
-                else:
-                    log.error("error running %s of batch %s", job.name, b.time, exc_info=True)
-                    op.failure_reason = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-                    b.error = b.error or e
-                    self._report_error(user_facing_error(e, b.time, job.name))
+                    return None
+                info.failure = f"{job.name}: {last_line(_describe(e))}"
+                log.error("error running %s of batch %s (attempt %d of %d)", job.name, b.time, info.attempts,
+                          self.max_attempts, exc_info=True)
+                return job, e
             op.end_time_ms = wall_ms()
             self._notify("onOutputOperationCompleted", StreamingListenerOutputOperationCompleted, op)
-        info.event_time = event_time_metrics(self.graph.nodes, b.time)  # reads only (event-time streams)
-        info.processing_end_time_ms = wall_ms()
+            b.jobs_done += 1
+        return None
+
+    def _failed_for_good(self, b: Batch, job: Job, error: BaseException) -> None:
+        """``b`` failed ``max_attempts`` times: stop with it not done, or (``dropInput``) drop its input."""
+        wrapped = user_facing_error(error, b.time, job.name)
+        if self.on_failure == "dropInput":
+            log.error("batch %s failed %d time(s) in %s: its input is dropped and the stream goes on "
+                      "(spark.dstreams.batch.onFailure=dropInput)", b.time, b.info.attempts, job.name)
+            b.dropped = b.info.dropped = True
+            self._report_error(wrapped)
+            return
+        log.error("batch %s failed %d time(s) in %s: the context stops with the batch not done; a restart with "
+                  "getOrCreate runs it again", b.time, b.info.attempts, job.name)
+        b.incomplete = True
+        self._fatal(wrapped)
 
     def _ride_out(self, what: str, func: Callable[[], Any]) -> Any:
         """``func()``, tried again while the outage policy says the store is down and worth waiting for.
@@ -448,9 +632,16 @@ class JobScheduler:
         if self.bus.has_listeners:
             self.bus.post(callback, event_type(arg))
 
+    @property
+    def fatal_error(self) -> BaseException | None:
+        """The error that stopped this scheduler (a batch failed for good, a fence, a store down past the
+        outage bound, an error of the event loop), or None."""
+        return self._fatal_error
+
     def _fatal(self, e: BaseException) -> None:
         """Stop generating batches (e.g. this driver was fenced off) and report ``e``."""
-        self._fatal_error = e
+        if self._fatal_error is None:
+            self._fatal_error = e
         self._stop_generating.set()
         with self._cond:
             self._queue.clear()
@@ -464,16 +655,30 @@ class JobScheduler:
 
     # ------------------------------------------------------------------ test & benchmark helpers
     def wait_for_batch(self, t: BatchTime, timeout_s: float) -> BatchInfo:
-        """Block until batch ``t`` has completed (raises TimeoutError after ``timeout_s``)."""
+        """Block until batch ``t`` has completed (raises TimeoutError after ``timeout_s``).
+
+        Raises :class:`BatchNotDoneError` (with the scheduler's fatal error as its cause) as soon as the
+        scheduler has stopped on an error and ``t`` is not done: it never will be in this driver.
+        """
         deadline = _time.monotonic() + timeout_s
-        with self._cond:
-            while True:
+        while True:
+            with self._cond:
+                while True:
+                    if self._done_through >= t.ms:
+                        for info in reversed(self.infos):
+                            if info.batch_time_ms == t.ms:
+                                return info
+                        raise KeyError(f"batch {t} completed but its metrics were not kept")
+                    remaining = deadline - _time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError(f"batch {t} did not complete within {timeout_s} s")
+                    if self._fatal_error is not None and not self._running and not self._queue and not self._held:
+                        break  # nothing runs any more: see below, outside the lock
+                    self._cond.wait(min(remaining, 0.1))
+            # Completions already posted are recorded by the event loop: let it finish, then decide.
+            self.events.wait_idle(max(0.0, min(5.0, deadline - _time.monotonic())))
+            with self._cond:
                 if self._done_through >= t.ms:
-                    for info in reversed(self.infos):
-                        if info.batch_time_ms == t.ms:
-                            return info
-                    raise KeyError(f"batch {t} completed but its metrics were not kept")
-                remaining = deadline - _time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"batch {t} did not complete within {timeout_s} s")
-                self._cond.wait(min(remaining, 0.1))
+                    continue
+            raise BatchNotDoneError(f"batch {t} will not complete: the streaming context stopped on an error "
+                                    f"({last_line(str(self._fatal_error))})") from self._fatal_error

@@ -111,18 +111,38 @@ class Journal:
         except Exception as e:  # the audit record is not needed for recovery
             log.warning("could not write the audit record of batch %s: %s", time.ms, e)
 
+    def batch_dropped(self, time: BatchTime, reason: str) -> None:
+        """Record that batch ``time``'s input was dropped (``spark.dstreams.batch.onFailure=dropInput``).
+
+        The head's ``dropped`` map (batch time -> the failure's one line) keeps the drops a restart may replay
+        (pruned with the offsets), so that a replay drops them again; ``dropped_total`` counts every drop of the
+        application; ``meta/dropped/<time>.json`` is the drop's audit record (kept).
+        """
+        dropped = dict(self.metadata.head.get("dropped", {}))
+        dropped[str(time.ms)] = reason[:500]
+        total = int(self.metadata.head.get("dropped_total", 0)) + 1
+        ride_out(self.outage, f"recording the drop of batch {time.ms}",
+                 lambda: self.metadata.commit(dropped=dropped, dropped_total=total), self._closed)
+        try:
+            self.metadata.record_drop(time.ms, reason)
+        except Exception as e:  # the audit record is not needed for recovery
+            log.warning("could not write the audit record of the drop of batch %s: %s", time.ms, e)
+
     def batch_completed(self, time: BatchTime) -> None:
         with self._lock:
             checkpoints = dict(self.newest_checkpoint)
         offsets = dict(self.metadata.head.get("offsets", {}))
+        drops = dict(self.metadata.head.get("dropped", {}))
         self.metadata.head["completed_through"] = time.ms  # for the horizon below; committed just after
         horizon = self._replay_horizon()
         dropped: list[Any] = []
         if horizon is not None:
             dropped = [o for t, o in offsets.items() if int(t) <= horizon]
             offsets = {t: o for t, o in offsets.items() if int(t) > horizon}
+            drops = {t: r for t, r in drops.items() if int(t) > horizon}
         ride_out(self.outage, f"recording the completion of batch {time.ms}",
-                 lambda: self.metadata.commit(completed_through=time.ms, checkpoints=checkpoints, offsets=offsets),
+                 lambda: self.metadata.commit(completed_through=time.ms, checkpoints=checkpoints, offsets=offsets,
+                                              dropped=drops),
                  self._closed)
         for batch_offsets in dropped:  # write-ahead-log blocks no restart can need any more
             for o in batch_offsets.values():

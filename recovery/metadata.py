@@ -10,7 +10,9 @@ Layout in the checkpoint store:
   stateful stream and per-source state (e.g. the files a folder source has consumed). Every
   update is a conditional write on the ETag this driver last wrote (``put_if_match``).
 * ``meta/batches/<time>.json`` – an immutable record per batch (its offsets and epoch), written
-  before the batch runs, for audit and debugging.
+  before the batch runs, for audit and debugging; ``meta/dropped/<time>.json`` – one per batch whose input
+  was dropped (``spark.dstreams.batch.onFailure=dropInput``), with the failure. The head keeps the drops a
+  restart may replay (``dropped``: time -> failure) and their count (``dropped_total``).
 
 Fencing: a driver that starts on an existing log takes the next epoch by a conditional write of
 the head. From then on, any commit of an older driver (paused, then resumed: a zombie) fails its
@@ -187,6 +189,10 @@ class MetadataLog:
             with self._lock:
                 self.fenced = True
             raise FencedError(self._fenced_message())
+
+    def record_drop(self, time_ms: int, reason: str) -> None:
+        record = {"time_ms": time_ms, "epoch": self.head.get("epoch"), "reason": reason}
+        self.store.put(f"meta/dropped/{time_ms:015d}.json", json.dumps(record, sort_keys=True).encode())
 
     def record_batch(self, time_ms: int, offsets: dict[str, Any]) -> None:
         record = {"time_ms": time_ms, "epoch": self.head.get("epoch"), "offsets": offsets}

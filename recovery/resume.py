@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD, SparkContext
@@ -40,6 +40,8 @@ class ResumePlan:
     first_batch: BatchTime
     prepare: Callable[[], None]
     restored: dict[str, int | None]
+    #: Batches at or after ``first_batch`` whose input an earlier driver dropped (dropped again on replay).
+    dropped: set[int] = field(default_factory=set)
 
 
 def _restore_node(sc: SparkContext, spec: StoreSpec, node: DStreamNode,
@@ -115,4 +117,5 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
 
     log.info("resuming from batch %d (zero %d, completed through %s, checkpoints %s)",
              first, zero.ms, completed, restored)
-    return ResumePlan(zero, BatchTime(first), prepare, restored)
+    dropped = {int(t) for t in previous.get("dropped", {}) if int(t) >= first}
+    return ResumePlan(zero, BatchTime(first), prepare, restored, dropped)

@@ -129,14 +129,16 @@ class DriverRuntime:
         checkpointer = StoreCheckpointer(sc, spec, events, fence, outage=outage)
         scheduler = JobScheduler(graph, clock, bus, checkpointer, events,
                                  concurrent_batches=settings.concurrent_batches, journal=journal, wal=wal,
-                                 fault_hook=faults.reached, outage=outage)
+                                 fault_hook=faults.reached, outage=outage,
+                                 max_attempts=config.get(config.BATCH_MAX_ATTEMPTS, sc.getConf()),
+                                 on_failure=config.get(config.BATCH_ON_FAILURE, sc.getConf()))
         plan = plan_resume(sc, spec, graph, previous, checkpointer) if previous is not None else None
         return cls(scheduler, checkpointer, events, fence, metadata, journal, plan, first, temp_dir)
 
     def start(self) -> None:
         """Start generating: from the resume plan's first batch, else from the clock's next boundary."""
         if self.plan is not None:
-            self.scheduler.start(self.plan.first_batch, self.plan.zero, self.plan.prepare)
+            self.scheduler.start(self.plan.first_batch, self.plan.zero, self.plan.prepare, self.plan.dropped)
         else:
             # The same first batch as recorded in the metadata log: the zero time must match.
             self.scheduler.start(self.first_batch)

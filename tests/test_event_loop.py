@@ -60,6 +60,44 @@ def test_a_failing_handler_does_not_stop_the_loop(caplog):
         loop.stop(5)
 
 
+def test_a_failing_handler_is_reported_to_on_error():
+    reported: list[BaseException] = []
+    loop = EventLoop("test-loop")
+    loop.start(lambda e: 1 // e.time.ms, reported.append)
+    try:
+        for t in (1, 0, 2):
+            loop.post(BatchCompleted(BatchTime(t)))
+        assert loop.wait_idle(10)
+        assert [type(e) for e in reported] == [ZeroDivisionError]
+    finally:
+        loop.stop(5)
+
+
+def test_an_error_in_the_schedulers_event_handling_stops_the_context(sc, monkeypatch):
+    """Spark's EventLoop.onError: a handler error is reported (awaitTermination raises it), never swallowed."""
+    from dstreams.scheduler import JobScheduler
+
+    original = JobScheduler._batch_completed
+
+    def broken(self, time):  # noqa: ANN001, ANN202
+        if time.ms == self.start_time.ms + 1000:
+            raise RuntimeError("bookkeeping bug")
+        return original(self, time)
+
+    monkeypatch.setattr(JobScheduler, "_batch_completed", broken)
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.queueStream([[1], [2], [3]], default=[]).foreachRDD(lambda rdd: rdd.count())
+    ssc.start()
+    try:
+        clock.advance(2000)
+        with pytest.raises(RuntimeError, match="bookkeeping bug"):
+            ssc.awaitTermination(60)
+        assert ssc.getState() == "STOPPED"
+    finally:
+        ssc.stop(stopSparkContext=False)
+
+
 def test_wait_idle_times_out_while_an_event_is_in_progress():
     release = threading.Event()
     loop = EventLoop("test-loop")

@@ -94,9 +94,7 @@ def test_window_not_a_multiple_of_the_slide(sc):
         s.window("4s", "2s").window("3s", "2s")
 
 
-def test_function_raising_in_a_batch_reaches_await_termination_and_later_batches_run(sc):
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
+def _inverting(ssc):
     s = ssc.queueStream([[1, 2], [0, 3], [4]])
 
     def invert(x):
@@ -104,19 +102,52 @@ def test_function_raising_in_a_batch_reaches_await_termination_and_later_batches
 
     seen: list[list[int]] = []
     s.map(invert).foreachRDD(lambda rdd: seen.append(sorted(rdd.collect())))
+    return seen
+
+
+def test_function_raising_in_a_batch_reaches_await_termination_and_stops_the_context(sc, monkeypatch):
+    monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "2")
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    seen = _inverting(ssc)
     ssc.start()
     try:
-        _advance(ssc, clock, 3)
+        _advance(ssc, clock, 1)
+        clock.advance(2000)  # batch 2 fails (twice), batch 3 is never run
         with pytest.raises(Exception) as excinfo:
-            ssc.awaitTermination(timeout=10)
+            ssc.awaitTermination(timeout=60)
         text = str(excinfo.value)
         assert "ZeroDivisionError" in text and "invert" in text, text  # the user's traceback
         assert text.startswith(f"batch {ssc.startTime.ms + 1000} failed"), text
+        assert "ZeroDivisionError" in text.splitlines()[0], text  # the cause on the first line
         assert "\tat org.apache" not in text  # the JVM stack stays in __cause__
-        assert seen == [[5, 10], [2]]  # batch 2 failed, batch 3 still ran
+        assert ssc.getState() == "STOPPED"
+        assert seen == [[5, 10]]  # batch 2 failed for good: nothing after it ran
+        infos = ssc.batchInfos()
+        assert [i.failed for i in infos] == [False, True] and infos[1].attempts == 2
+        assert "ZeroDivisionError" in infos[1].outputOperationInfos()[0].failureReason()
+        with pytest.raises(RuntimeError, match="will not complete"):  # waiting for batch 3 ends at once
+            ssc.awaitBatch(ssc.startTime.ms + 2000, 60)
+    finally:
+        ssc.stop(stopSparkContext=False)
+
+
+def test_with_drop_input_a_failed_batch_is_reported_and_later_batches_run(sc, monkeypatch):
+    monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "1")
+    monkeypatch.setenv("DSTREAMS_BATCH_ON_FAILURE", "dropInput")
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    seen = _inverting(ssc)
+    ssc.start()
+    try:
+        _advance(ssc, clock, 3)
+        with pytest.raises(Exception, match="ZeroDivisionError"):
+            ssc.awaitTermination(timeout=10)
+        assert seen == [[5, 10], [2]]  # batch 2 failed and was dropped, batch 3 still ran
         infos = ssc.batchInfos()
         assert [i.failed for i in infos] == [False, True, False]
-        assert "ZeroDivisionError" in infos[1].outputOperationInfos()[0].failureReason()
+        assert [i.dropped for i in infos] == [False, True, False]
+        assert ssc.getState() == "ACTIVE"
     finally:
         ssc.stop(stopSparkContext=False)
 
@@ -134,9 +165,9 @@ def test_driver_side_error_in_foreach_is_raised_as_is(sc):
     ssc.queueStream([[1]]).foreachRDD(fail)
     ssc.start()
     try:
-        _advance(ssc, clock, 1)
+        clock.advance(1000)  # the batch fails for good: the context stops, awaitTermination raises
         with pytest.raises(BoomError, match="from my foreachRDD"):
-            ssc.awaitTermination(timeout=10)
+            ssc.awaitTermination(timeout=60)
     finally:
         ssc.stop(stopSparkContext=False)
 
@@ -159,9 +190,9 @@ def test_non_pair_stream_to_pair_operator(sc, op):
     out.foreachRDD(lambda rdd: rdd.collect())
     ssc.start()
     try:
-        _advance(ssc, clock, 1)
+        clock.advance(1000)
         with pytest.raises(Exception, match=r"\(key, value\) pairs") as excinfo:
-            ssc.awaitTermination(timeout=10)
+            ssc.awaitTermination(timeout=60)
         assert "not-a-pair" in str(excinfo.value)
     finally:
         ssc.stop(stopSparkContext=False)
@@ -295,3 +326,46 @@ def test_stop_unpersists_the_streams_cached_rdds_when_the_spark_context_lives_on
     # The only one allowed to stay is the engine's shared marker RDD (one per partition count, reused).
     left = [n for n in _cached_rdd_names(sc) if not n.startswith("dstreams-segment-markers")]
     assert left == [n for n in before if not n.startswith("dstreams-segment-markers")]
+
+
+def test_a_start_that_fails_half_way_leaves_nothing_running(sc, monkeypatch):
+    """Issue 22 item 6: a failed start() stops what it started (scheduler threads, event loop, status server,
+    the sources' own threads); the context is not active and a new one starts."""
+    import socket
+    import threading
+    import time
+
+    from dstreams.scheduler import JobScheduler
+
+    def running() -> set[str]:
+        return {t.name for t in threading.enumerate() if t.name.startswith("dstreams") and t.is_alive()}
+
+    before = running()
+    original = JobScheduler.start
+
+    def start_then_fail(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        original(self, *args, **kwargs)
+        raise RuntimeError("restoring the state failed")
+
+    monkeypatch.setattr(JobScheduler, "start", start_then_fail)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    try:
+        ssc = _ssc(sc)
+        ssc.socketTextStream("127.0.0.1", server.getsockname()[1]).pprint()
+        with pytest.raises(RuntimeError, match="restoring the state failed"):
+            ssc.start()
+        deadline = time.monotonic() + 30
+        while running() - before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert running() - before == set(), "threads left running after a failed start()"
+        assert StreamingContext.getActive() is None and ssc.uiWebUrl is None
+        assert ssc.getState() == "STOPPED"  # as Spark marks a context whose start() failed
+    finally:
+        server.close()
+    monkeypatch.setattr(JobScheduler, "start", original)
+    again = _ssc(sc)
+    again.queueStream([[1]]).pprint()
+    again.start()
+    again.stop(stopSparkContext=False)

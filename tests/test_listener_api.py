@@ -70,7 +70,10 @@ def run(sc):
 
     stream.foreachRDD(count_lines)
     stream.foreachRDD(fail_in_second_batch)
-    ssc.start()
+    with pytest.MonkeyPatch.context() as mp:  # batch 2 fails once and is dropped; the stream goes on
+        mp.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "1")
+        mp.setenv("DSTREAMS_BATCH_ON_FAILURE", "dropInput")
+        ssc.start()
     start = ssc.startTime.ms
     try:
         for i in range(2):

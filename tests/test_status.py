@@ -107,7 +107,10 @@ def run(sc):
 
     words.window(2, 1).foreachRDD(fail_once)
     r = types.SimpleNamespace(clock=clock, checkpoint_dir=checkpoint_dir)
-    ssc.start()
+    with pytest.MonkeyPatch.context() as mp:  # the failing batch is dropped (one try) and the stream goes on
+        mp.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "1")
+        mp.setenv("DSTREAMS_BATCH_ON_FAILURE", "dropInput")
+        ssc.start()
     try:
         r.start = start = ssc.startTime.ms
         for i in range(BATCHES):
@@ -178,6 +181,9 @@ def test_the_batches_are_those_of_batch_infos(run):
         assert b["processing_end_time_ms"] == info.processingEndTime()
         assert b["input_records"] == {"000-GeneratorInputNode": info.num_records}
         assert b["failed"] == info.failed == (info.batch_time_ms == run.failing)
+        assert b["dropped"] == info.dropped == (info.batch_time_ms == run.failing)
+        assert b["attempts"] == info.attempts == 1
+        assert (b["failure"] is None) == (info.batch_time_ms != run.failing)
         assert b["job_group"] == info.job_group
     assert [b["batch_time_ms"] for b in run.newer] == [i.batch_time_ms for i in infos[2:]]
     assert run.bad_after[0] == 400 and "after must be a batch time" in run.bad_after[2]
@@ -206,7 +212,8 @@ def test_the_status_document(run):
                            "checkpoint_location_temporary": False, "metadata_log": True}
     records = sum(i.num_records for i in run.infos)
     assert s["totals"] == {"batches_submitted": BATCHES, "batches_completed": BATCHES, "batches_failed": 1,
-                           "batches_pending": 0, "input_records": records, "listener_events_dropped": 0}
+                           "batches_dropped": 1, "batches_pending": 0, "input_records": records,
+                           "listener_events_dropped": 0}
     [source] = s["sources"]
     assert source["key"] == "000-GeneratorInputNode" and source["records_total"] == records
     assert source["rate_per_s"] == pytest.approx(records / BATCHES)  # 1 s batches
@@ -228,7 +235,8 @@ def test_the_stream_graph_with_kinds_state_and_watermarks(run):
     newest = run.start + 3000  # checkpoints every 2 s of batch time: 2000 and 4000
     st = state["state"]
     assert st["newest_checkpoint_ms"] == newest and st["size_as_of_ms"] == newest
-    assert st["keys"] == BATCHES * RECORDS_PER_PARTITION * PARTITIONS  # every record a new word
+    # Every record a new word, but those of the failing batch, whose input was dropped (onFailure=dropInput).
+    assert st["keys"] == (BATCHES - 1) * RECORDS_PER_PARTITION * PARTITIONS
     assert st["bytes"] > 0 and st["checkpoint_interval_ms"] == 2000
     assert st["newest_checkpoint_age_ms"] == run.clock_ms - newest
     assert nodes["004-WindowedNode"]["window_ms"] == 2000 and nodes["004-WindowedNode"]["state"] is None
@@ -241,6 +249,8 @@ def test_metrics_parse_and_match_the_batches(run):
     assert sample(m, "dstreams_batches_completed", "dstreams_batches_completed_total") == len(infos)
     assert sample(m, "dstreams_batches_submitted", "dstreams_batches_submitted_total") == len(infos)
     assert sample(m, "dstreams_batches_failed", "dstreams_batches_failed_total") == 1
+    assert sample(m, "dstreams_batches_dropped", "dstreams_batches_dropped_total") == 1
+    assert sample(m, "dstreams_batch_retries", "dstreams_batch_retries_total") == 0
     assert sample(m, "dstreams_batches_pending") == 0
     assert sample(m, "dstreams_input_records", "dstreams_input_records_total", source="000-GeneratorInputNode") == sum(
         i.num_records for i in infos)
@@ -256,7 +266,7 @@ def test_metrics_parse_and_match_the_batches(run):
     assert sample(m, "dstreams_last_completed_batch_time_seconds") == last.batch_time_ms / 1000
     assert sample(m, "dstreams_batch_interval_seconds") == 1.0
     stream = "002-RunningReduceNode"
-    assert sample(m, "dstreams_state_keys", stream=stream) == BATCHES * RECORDS_PER_PARTITION * PARTITIONS
+    assert sample(m, "dstreams_state_keys", stream=stream) == (BATCHES - 1) * RECORDS_PER_PARTITION * PARTITIONS
     assert sample(m, "dstreams_state_bytes", stream=stream) == run.streams["nodes"][2]["state"]["bytes"]
     assert sample(m, "dstreams_checkpoint_age_seconds", stream=stream) == pytest.approx(
         (run.clock_ms - run.start - 3000) / 1000)

@@ -53,8 +53,13 @@ class StatusMetrics:
         r = self.registry
         self.batches_completed = Counter("dstreams_batches_completed", "Batches completed (failed ones included).",
                                          registry=r)
-        self.batches_failed = Counter("dstreams_batches_failed", "Batches with a failed output operation.",
-                                      registry=r)
+        self.batches_failed = Counter("dstreams_batches_failed", "Batches that failed for good (a failed output "
+                                      "operation after every attempt, or dropped).", registry=r)
+        self.batches_dropped = Counter("dstreams_batches_dropped", "Batches whose input was dropped after they failed "
+                                       "(spark.dstreams.batch.onFailure=dropInput), replays of a drop included.",
+                                       registry=r)
+        self.batch_retries = Counter("dstreams_batch_retries", "Tries of a failed batch after its first "
+                                     "(spark.dstreams.batch.maxAttempts).", registry=r)
         self.input_records = Counter("dstreams_input_records", "Records read by each source, in completed batches.",
                                      ["source"], registry=r)
         self.output_records = Counter("dstreams_output_records", "Records written by each output operation whose "
@@ -99,6 +104,10 @@ class StatusMetrics:
         self.batches_completed.inc()
         if info.failed:
             self.batches_failed.inc()
+        if info.dropped:
+            self.batches_dropped.inc()
+        if info.attempts > 1:
+            self.batch_retries.inc(info.attempts - 1)
         keys = self.model.source_keys
         for sid, n in info.records_per_input.items():
             self.input_records.labels(source=keys.get(sid, str(sid))).inc(n)
@@ -185,7 +194,7 @@ class StatusMetrics:
                 newest.add_metric(label, state["newest_checkpoint_ms"] / 1000.0)
         yield from (keys, size, age, newest)
         yield CounterMetricFamily("dstreams_checkpoint_failures", "Data checkpoints that failed or were given up.",
-                                  value=len(self.model.sources.runtime.checkpointer.errors))
+                                  value=self.model.sources.runtime.checkpointer.error_count)
 
     def _driver(self) -> Iterator[Metric]:
         driver = self.model.driver()

@@ -35,7 +35,7 @@ from dstreams.node import DStreamNode
 from dstreams.nodes.event_time import EventTimeNode, timed_ancestors
 from dstreams.nodes.input import InputNode
 from dstreams.nodes.output import OutputNode
-from dstreams.recovery.checkpointer import load_manifest
+from dstreams.recovery.checkpointer import CheckpointError, load_manifest
 from dstreams.time import Duration
 
 if TYPE_CHECKING:
@@ -94,6 +94,7 @@ class BatchHistory(StreamingListener):
         self.submitted = 0
         self.completed = 0
         self.failed = 0
+        self.dropped = 0
         self.records_total = 0
         #: Input stream id -> records in every completed batch so far.
         self.records_per_input: dict[int, int] = {}
@@ -127,6 +128,8 @@ class BatchHistory(StreamingListener):
                 self.late_records[sid] = self.late_records.get(sid, 0) + int(m.get("lateRecords") or 0)
             if info.failed:
                 self.failed += 1
+            if info.dropped:
+                self.dropped += 1
             for op in info.output_operations.values():
                 if op.failure_reason:
                     when = op.end_time_ms or info.processing_end_time_ms or _now_ms()
@@ -160,7 +163,8 @@ class BatchHistory(StreamingListener):
     def totals(self) -> dict[str, int]:
         with self._lock:
             return {"batches_submitted": self.submitted, "batches_completed": self.completed,
-                    "batches_failed": self.failed, "batches_pending": max(0, self.submitted - self.completed),
+                    "batches_failed": self.failed, "batches_dropped": self.dropped,
+                    "batches_pending": max(0, self.submitted - self.completed),
                     "input_records": self.records_total}
 
 
@@ -181,6 +185,9 @@ def batch_json(info: BatchInfo, source_keys: dict[int, str]) -> dict[str, Any]:
         "num_records": info.num_records,
         "input_records": {source_keys.get(sid, str(sid)): n for sid, n in info.records_per_input.items()},
         "failed": info.failed,
+        "dropped": info.dropped,
+        "attempts": info.attempts,
+        "failure": info.failure,
         "job_group": info.job_group,
         "generation_ms": None if info.generation_ms is None else round(info.generation_ms, 3),
         "event_time": {str(sid): {"stream": m.get("stream"), "watermark_ms": m.get("watermarkMs"),
@@ -319,6 +326,11 @@ def _watermark(node: DStreamNode, newest: dict[int, int | None]) -> int | None:
     if not found or any(w is None for w in found):
         return None
     return min(w for w in found if w is not None)
+
+
+def _error_text(error: BaseException | CheckpointError) -> str:
+    """``"<type>: <message>"`` of an engine error (a failed checkpoint write is already kept as that text)."""
+    return str(error) if isinstance(error, CheckpointError) else f"{type(error).__name__}: {error}"
 
 
 def _listed(error: BaseException, entries: list[dict[str, Any]]) -> bool:
@@ -502,7 +514,7 @@ class StatusModel:
         batch that could not be built, fencing, a store down past the bound) and failed checkpoints."""
         runtime = self.sources.runtime
         history = self.history.errors()
-        found: list[tuple[str, BaseException]] = []
+        found: list[tuple[str, BaseException | CheckpointError]] = []
         first = runtime.scheduler.error
         if first is not None and not _listed(first, history):
             found.append(("driver (awaitTermination raises it)", first))
@@ -511,7 +523,7 @@ class StatusModel:
         now = _now_ms()
         with self._errors_lock:
             # An engine error has no time of its own: the time it was first seen here stands in for it.
-            seen = {id(e): self._seen_errors.get(id(e)) or error_entry(now, where, f"{type(e).__name__}: {e}")
+            seen = {id(e): self._seen_errors.get(id(e)) or error_entry(now, where, _error_text(e))
                     for where, e in found}
             if driver["fenced"]:  # the first error may be another one: fencing is always listed
                 seen[0] = self._seen_errors.get(0) or error_entry(

@@ -80,6 +80,7 @@ function renderStatus(s) {
   const t = s.totals;
   $("total-completed").textContent = fmtInt(t.batches_completed);
   $("total-failed").textContent = fmtInt(t.batches_failed);
+  $("total-dropped").textContent = fmtInt(t.batches_dropped);
   $("total-pending").textContent = fmtInt(t.batches_pending);
   $("total-records").textContent = fmtInt(t.input_records);
 
@@ -302,8 +303,9 @@ function renderBatches() {
     for (const f of ["num_records", "scheduling_delay_ms", "processing_delay_ms", "total_delay_ms"]) {
       row.appendChild(el("td", { class: "num", "data-field": f }, fmtMs(b[f])));
     }
-    row.appendChild(el("td", { "data-field": "status", class: b.failed ? "status-failed" : "status-ok" },
-      b.failed ? "failed" : "ok"));
+    const status = b.dropped ? "dropped" : b.failed ? "failed" : b.attempts > 1 ? `ok (try ${b.attempts})` : "ok";
+    row.appendChild(el("td", { "data-field": "status", class: b.failed || b.dropped ? "status-failed" : "status-ok",
+      title: b.failure || "" }, status));
     const jobs = el("td", { "data-field": "spark_jobs" });
     jobsCell(jobs, b);
     row.appendChild(jobs);
