@@ -429,7 +429,7 @@ def _attempts(raw: str) -> int:
     return value
 
 
-BATCH_FAILURE_MODES = ("stop", "dropInput")
+BATCH_FAILURE_MODES = ("auto", "stop", "dropInput")
 
 
 def _failure_mode(raw: str) -> str:
@@ -456,11 +456,14 @@ BATCH_MAX_ATTEMPTS = Setting(
 BATCH_ON_FAILURE = Setting(
     key="spark.dstreams.batch.onFailure",
     env="DSTREAMS_BATCH_ON_FAILURE",
-    default="stop",
+    default="auto",
     parse=_failure_mode,
-    accepts="stop or dropInput",
+    accepts="auto, stop or dropInput",
     example="dropInput",
-    doc="What happens to a batch that failed `spark.dstreams.batch.maxAttempts` times. `stop`: the context stops "
+    doc="What happens to a batch that failed `spark.dstreams.batch.maxAttempts` times. `auto`: `stop` with a "
+        "checkpoint location (a restart can run the batch again), `dropInput` without one (nothing could ever run "
+        "it again: PySpark's behaviour, the error is raised by `awaitTermination()` and the stream goes on). "
+        "`stop`: the context stops "
         "with the batch's error (`awaitTermination()` raises it) and the batch is left not done, so a restart with "
         "`getOrCreate` runs it again: nothing is lost. `dropInput`: the batch's input is dropped for good and the "
         "stream goes on (the outputs it had committed stay); the drop is recorded in the metadata log, counted in "

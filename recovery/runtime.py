@@ -131,7 +131,7 @@ class DriverRuntime:
                                  concurrent_batches=settings.concurrent_batches, journal=journal, wal=wal,
                                  fault_hook=faults.reached, outage=outage,
                                  max_attempts=config.get(config.BATCH_MAX_ATTEMPTS, sc.getConf()),
-                                 on_failure=config.get(config.BATCH_ON_FAILURE, sc.getConf()))
+                                 on_failure=_on_failure(config.get(config.BATCH_ON_FAILURE, sc.getConf()), settings))
         plan = plan_resume(sc, spec, graph, previous, checkpointer) if previous is not None else None
         return cls(scheduler, checkpointer, events, fence, metadata, journal, plan, first, temp_dir)
 
@@ -157,6 +157,14 @@ class DriverRuntime:
             self.checkpointer.close(wait=graceful)
             if self._temp_dir:
                 shutil.rmtree(self._temp_dir, ignore_errors=True)
+
+
+def _on_failure(mode: str, settings: RuntimeSettings) -> str:
+    """``spark.dstreams.batch.onFailure`` resolved: ``auto`` is ``stop`` when a metadata log lets a restart run
+    the failed batch again (a checkpoint location), else ``dropInput`` (PySpark's behaviour: go on)."""
+    if mode != "auto":
+        return mode
+    return "stop" if settings.checkpoint_dir is not None else "dropInput"
 
 
 def _first_batch_time(clock: Clock, batch_ms: int) -> BatchTime:

@@ -107,6 +107,7 @@ def _inverting(ssc):
 
 def test_function_raising_in_a_batch_reaches_await_termination_and_stops_the_context(sc, monkeypatch):
     monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "2")
+    monkeypatch.setenv("DSTREAMS_BATCH_ON_FAILURE", "stop")  # the default only with a checkpoint location
     clock = ManualClock()
     ssc = StreamingContext(sc, 1, clock=clock)
     seen = _inverting(ssc)
@@ -132,9 +133,10 @@ def test_function_raising_in_a_batch_reaches_await_termination_and_stops_the_con
         ssc.stop(stopSparkContext=False)
 
 
-def test_with_drop_input_a_failed_batch_is_reported_and_later_batches_run(sc, monkeypatch):
+def test_without_a_checkpoint_location_a_failed_batch_is_reported_and_later_batches_run(sc, monkeypatch):
+    """PySpark's behaviour (its test_failed_func_with_reseting_failure): nothing could run the batch again, so
+    ``onFailure=auto`` drops it and goes on; awaitTermination raises the error."""
     monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "1")
-    monkeypatch.setenv("DSTREAMS_BATCH_ON_FAILURE", "dropInput")
     clock = ManualClock()
     ssc = StreamingContext(sc, 1, clock=clock)
     seen = _inverting(ssc)
