@@ -395,6 +395,32 @@ def test_a_slow_consumer_group_update_does_not_delay_batch_generation(sc, redis_
     assert calls == [(k, ends[1][k]) for k in keys] + [(k, ends[3][k]) for k in keys]
 
 
+def test_the_group_writer_coalesces_logs_a_failed_update_and_stops_with_what_is_pending(caplog):
+    from dstreams.nodes.redis_streams import GroupPositionWriter
+
+    moved: list[tuple[str, str]] = []
+    entered, gate = threading.Event(), threading.Event()
+
+    def move(key: str, entry_id: str) -> None:
+        entered.set()
+        gate.wait(30)
+        if entry_id == "1-0":
+            raise ConnectionError("injected: Redis went away")
+        moved.append((key, entry_id))
+
+    writer = GroupPositionWriter("test-group-writer", move, "consumer group 'g'")
+    try:
+        writer.offer({"k": "1-0"})
+        assert entered.wait(30)  # the update of k hangs ...
+        writer.offer({"k": "2-0", "j": "3-0"})  # ... while two batches complete
+        writer.offer({"k": "4-0", "j": "0-5"})  # j's older id never moves its group back
+        gate.set()
+    finally:
+        writer.stop(30)  # applies what is pending first
+    assert moved == [("k", "4-0"), ("j", "3-0")]  # one update per key, the newest
+    assert "could not move the consumer group 'g' of stream key 'k' to 1-0" in caplog.text
+
+
 def _id_seconds(record) -> float:
     """The event time a producer put in the entry id (ms), in seconds."""
     return int(record[1].split("-")[0]) / 1000.0

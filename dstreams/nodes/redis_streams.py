@@ -437,9 +437,6 @@ class RedisStreamsInputNode(InputNode):
             raise
 
     def start(self) -> None:
-        if self.commit_to_group is not None and self._group_writer is None:
-            self._group_writer = GroupPositionWriter(f"dstreams-redis-group-{self.key}", self._move_group,
-                                                     f"consumer group {self.commit_to_group!r} at {self.url}")
         missing = []
         for key in self.keys:
             info = self._info(key)
@@ -460,6 +457,9 @@ class RedisStreamsInputNode(InputNode):
                 f"the Redis stream key(s) {missing} do not exist at {self.url}: create them first (XADD, or "
                 "XGROUP CREATE <key> <group> $ MKSTREAM), fix the key names, or pass missingKeys='wait' to read "
                 "them once they appear")
+        if self.commit_to_group is not None and self._group_writer is None:  # last: a failed start leaves none
+            self._group_writer = GroupPositionWriter(f"dstreams-redis-group-{self.key}", self._move_group,
+                                                     f"consumer group {self.commit_to_group!r} at {self.url}")
 
     def stop(self) -> None:
         """Stop the group writer (it applies the positions it holds first, for at most
