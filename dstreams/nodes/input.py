@@ -21,8 +21,10 @@ source is a subclass of :class:`InputNode`; its slide is the batch duration.
   fails), the scheduler can call ``compute(time)`` again and gets the same batch with the input that
   arrived meanwhile: nothing skipped, nothing taken twice. A replayed batch's recorded offsets stay
   handed out (:meth:`InputNode.replayed_offsets`) until ``report_batch`` for that time, so a replay
-  that fails half-way is rebuilt from the same offsets too. ``tests/test_source_contract.py`` checks
-  this for every source kind.
+  that fails half-way is rebuilt from the same offsets too. What a ``compute`` committed counts once the
+  scheduler has recorded the batch (``offsets_at`` and ``source_state`` in the metadata log); a driver that
+  cannot record it stops, and its restart starts from the last recorded ``source_state``, so an unrecorded
+  commit is never acted on. ``tests/test_source_contract.py`` checks this rule for every source kind.
 * The scheduler has the offsets of every batch written to the metadata log after ``compute`` and
   before the batch runs (``offsets_at``); a restarted driver passes the recorded ones back through
   :meth:`InputNode.replay_from` before generating.
