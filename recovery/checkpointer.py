@@ -25,9 +25,12 @@ Contract (the engine's ``dstreams.contracts.Checkpointer``):
   manifest: same keys, same bytes) is tried again under the driver's outage policy, the bound the
   scheduler and the journal use (``spark.dstreams.store.outageSeconds``). Later checkpoints queue behind
   it in the one writer thread and are written after it, oldest first. Past the bound the write is given
-  up: its error is recorded in ``errors`` and logged, the stream goes on, and its lineage is cut by the
-  next checkpoint that commits. Any other error is recorded and logged at once (no retry), and the next
-  checkpoint is tried. :meth:`StoreCheckpointer.close` ends a wait for the store at once.
+  up: its error is recorded and logged, the stream goes on, and its lineage is cut by the next checkpoint
+  that commits. Any other error is recorded and logged at once (no retry), and the next checkpoint is
+  tried. :meth:`StoreCheckpointer.close` ends a wait for the store at once.
+* A recorded error is a :class:`CheckpointError`: text only (type, message cut at :data:`ERROR_TEXT`
+  characters, whether it was an outage), so that no exception, traceback frame or RDD outlives the write.
+  ``errors`` keeps the newest :data:`RECENT_ERRORS` of them, ``error_count`` counts every one.
 * Two attempts of one task (speculation) write identical bytes under the same key: harmless.
 * Every write that was started is reported once it ended, committed or not, as a :class:`CheckpointWrite`
   (node key, checkpoint time, duration including outage waits, error): kept in ``recent_writes`` (the newest
@@ -71,6 +74,33 @@ MANIFEST = "MANIFEST.json"
 KEEP_NEWER = 2
 #: How many :class:`CheckpointWrite` records ``StoreCheckpointer.recent_writes`` keeps.
 RECENT_WRITES = 100
+#: How many :class:`CheckpointError` records ``StoreCheckpointer.errors`` keeps (the newest).
+RECENT_ERRORS = 20
+#: The longest error message a :class:`CheckpointError` keeps (a Spark task failure's text holds a Java trace).
+ERROR_TEXT = 4000
+
+
+@dataclass(frozen=True)
+class CheckpointError:
+    """A data-checkpoint write that was given up, as text: which checkpoint (``node_key``, ``time_ms``), the
+    error's type name and message (at most :data:`ERROR_TEXT` characters), and whether it was a store outage
+    (past the outage bound, or cut by ``close``). ``str()`` is ``"<type>: <message>"``."""
+
+    node_key: str
+    time_ms: int
+    error_type: str
+    message: str
+    outage: bool
+
+    @classmethod
+    def of(cls, node_key: str, time_ms: int, error: BaseException, outage: bool) -> CheckpointError:
+        message = str(error)
+        if len(message) > ERROR_TEXT:
+            message = message[:ERROR_TEXT] + f"... ({len(message) - ERROR_TEXT} more characters)"
+        return cls(node_key, time_ms, type(error).__name__, message, outage)
+
+    def __str__(self) -> str:
+        return f"{self.error_type}: {self.message}"
 
 
 @dataclass(frozen=True)
@@ -163,7 +193,10 @@ class StoreCheckpointer:
         self._nodes: dict[str, DStreamNode] = {}
         self._restored: dict[str, int] = {}
         self._completed_ms: int | None = None
-        self.errors: list[BaseException] = []
+        #: The newest failed writes (at most ``RECENT_ERRORS``, oldest first; appended on the writer thread).
+        self.errors: list[CheckpointError] = []
+        #: Every failed write so far.
+        self.error_count = 0
         #: The newest writes that ended, oldest first (at most ``RECENT_WRITES``; appended on the writer thread).
         self.recent_writes: deque[CheckpointWrite] = deque(maxlen=RECENT_WRITES)
         self._write_observers: list[Callable[[CheckpointWrite], None]] = []
@@ -274,18 +307,22 @@ class StoreCheckpointer:
         try:
             ride_out(self.outage, what, lambda: self._write_checkpoint(node, t, rdd), self._closed)
         except BaseException as e:
-            self.errors.append(e)
-            self._report_write(CheckpointWrite(node.key, t, _time.monotonic() - started,
-                                               f"{type(e).__name__}: {e}"))
-            if not self.outage.is_outage(e):
-                log.warning("checkpoint of %s at %d failed (the next one will be tried): %s", node.name, t, e)
+            error = CheckpointError.of(node.key, t, e, self.outage.is_outage(e))
+            with self._lock:
+                self.error_count += 1
+                self.errors = [*self.errors, error][-RECENT_ERRORS:]  # a new list: readers never see one change
+            # Logged as text too: a log record keeps its arguments (a handler that holds records would keep the
+            # exception, its traceback and through it the RDD).
+            self._report_write(CheckpointWrite(node.key, t, _time.monotonic() - started, str(error)))
+            if not error.outage:
+                log.warning("checkpoint of %s at %d failed (the next one will be tried): %s", node.name, t, error)
             elif self._closed.is_set():
                 log.warning("checkpoint of %s at %d not written: the checkpointer closed while the store was "
-                            "unavailable (%s)", node.name, t, e)
+                            "unavailable (%s)", node.name, t, error)
             else:
                 log.error("checkpoint of %s at %d not written: the store stayed unavailable past the outage bound "
                           "(%s); the stream goes on, its lineage is cut by the next checkpoint that commits",
-                          node.name, t, e)
+                          node.name, t, error)
         else:
             self._report_write(CheckpointWrite(node.key, t, _time.monotonic() - started))
 

@@ -19,7 +19,7 @@ import pytest
 from dstreams import ManualClock, StreamingContext
 from dstreams.events import CheckpointCommitted, Event
 from dstreams.recovery.checkpointer import StoreCheckpointer, list_checkpoints, load_manifest
-from dstreams.recovery.outage import StoreOutagePolicy, is_store_outage
+from dstreams.recovery.outage import StoreOutagePolicy
 from dstreams.recovery.store import open_store
 from dstreams.recovery.store.errors import StoreUnavailableError
 from dstreams.recovery.store.faulty import FaultyStore
@@ -140,7 +140,7 @@ def test_other_errors_are_recorded_at_once_and_the_next_checkpoint_is_tried(sc, 
         ckpt.flush(60)
     finally:
         ckpt.close()
-    assert [type(e) for e in ckpt.errors] == [PermissionError]
+    assert [e.error_type for e in ckpt.errors] == ["PermissionError"] and ckpt.error_count == 1
     assert not policy.waiting.is_set()  # not retried
     assert list_checkpoints(open_store(url), node.key) == [2000]
     assert _committed(events) == [2000]
@@ -171,7 +171,7 @@ def test_past_the_bound_a_checkpoint_write_gives_up_and_the_stream_goes_on(sc, t
             ssc.awaitBatch(2000, 120)
             ckpt.flush(60)  # the write of checkpoint 2000 is retried until the bound, then given up
         assert faulty.failures["put"] >= 2  # retried, then given up
-        assert len(ckpt.errors) == 1 and is_store_outage(ckpt.errors[0])
+        assert len(ckpt.errors) == 1 and ckpt.errors[0].outage
         assert any("past the outage bound" in r.getMessage() and "the stream goes on" in r.getMessage()
                    for r in caplog.records)
         ckpt.store = faulty.inner  # the store is back
@@ -209,7 +209,46 @@ def test_close_during_a_retry_returns_promptly(sc, tmp_path, wait):
     finally:
         ckpt.close(wait=False)
     assert elapsed < 10 and not not_done, f"the writer still ran {elapsed:.1f} s after close()"
-    assert ckpt.errors and all(is_store_outage(e) for e in ckpt.errors)
+    assert ckpt.errors and all(e.outage for e in ckpt.errors)
     assert len(ckpt.errors) == (2 if wait else 1)  # graceful: the queued write is tried once, not waited for
     assert list_checkpoints(open_store(url), node.key) == []
     assert _committed(events) == []
+
+
+def test_failed_writes_are_kept_as_a_bounded_summary_without_frames(sc, tmp_path):
+    """Many failed writes: ``errors`` keeps the newest few as text summaries (no exception, traceback or RDD kept
+    alive) and ``error_count`` counts them all."""
+    import gc
+    import types
+    import weakref
+
+    from dstreams.recovery.checkpointer import RECENT_ERRORS, CheckpointError
+
+    ckpt, _ = _checkpointer(sc, str(tmp_path / "cp"), _TestPolicy(outage_seconds=60, delay_s=0.05))
+    # A new exception each time (one instance raised again would gather every traceback itself).
+    ckpt.store = FaultyStore(ckpt.store, fail_times=ENDLESS, error=PermissionError, ops={"put"})
+    node = _Node()
+    failures = RECENT_ERRORS * 3
+    rdds = []
+    try:
+        for i in range(failures):
+            rdd = sc.parallelize([i], 1)
+            rdds.append(weakref.ref(rdd))
+            ckpt._write(node, (i + 1) * 1000, rdd)
+            del rdd
+    finally:
+        ckpt.close()
+    assert ckpt.error_count == failures
+    assert len(ckpt.errors) == RECENT_ERRORS
+    newest = ckpt.errors[-1]
+    assert isinstance(newest, CheckpointError)
+    assert (newest.node_key, newest.time_ms, newest.error_type, newest.outage) == (
+        node.key, failures * 1000, "PermissionError", False)
+    assert "injected fault: put" in newest.message and str(newest).startswith("PermissionError: ")
+    assert [e.time_ms for e in ckpt.errors] == [t * 1000 for t in range(failures - RECENT_ERRORS + 1, failures + 1)]
+    for error in ckpt.errors:
+        assert not isinstance(error, BaseException)
+        assert not [r for r in gc.get_referents(error) if isinstance(r, (types.TracebackType, types.FrameType,
+                                                                         BaseException))]
+    gc.collect()
+    assert [r for r in rdds if r() is not None] == []  # no failed write keeps its RDD alive
