@@ -13,8 +13,11 @@ Contract (the engine's ``dstreams.contracts.Checkpointer``):
   checkpoint (same partitioner, partition ``i`` from part ``i``; ``node.adopt_checkpoint``) and
   then calls :meth:`StoreCheckpointer.adopted`: later batches build on it, so lineage reaches back
   at most to the newest committed checkpoint. The metadata log records the newest checkpoint from there.
-* Before a manifest is written the fence is checked: a driver that another one took over from
-  (fencing) never commits a checkpoint.
+* The fence is checked before anything destructive, as the sinks do (:mod:`.sinks`): before a write's tasks
+  write its parts (they would replace the parts the new owner wrote for the same checkpoint), before its
+  manifest, and before old checkpoints are deleted (the new owner may have restored from one). A driver that
+  another one took over from (fencing) never commits, replaces or deletes a checkpoint, but for one paused
+  between a check and the store call after it (no store here has a conditional delete).
 * Old checkpoints of a node are deleted once two newer ones are committed *and* nothing the
   engine still holds can reach them: every batch built before the next checkpoint was adopted has
   completed, and the node's RDDs between the two checkpoints have left its remember window (a
@@ -336,6 +339,7 @@ class StoreCheckpointer:
             spec.open().put(f"{prefix}/{key}", data)
             return [{"index": i, "key": key, "sha256": sha, "records": count, "bytes": len(data)}]
 
+        self.fence.check_owner()  # before the tasks replace parts of the same checkpoint another driver wrote
         group = f"dstreams-checkpoint-{node.key}-{t}"
         self.sc.setJobGroup(group, f"checkpoint of {node.name} at {t}")
         self._job_group = group
@@ -411,6 +415,12 @@ class StoreCheckpointer:
             self._submit(self._delete, doomed)
 
     def _delete(self, doomed: list[tuple[str, int]]) -> None:
+        try:
+            self.fence.check_owner()
+        except Exception as e:  # noqa: BLE001 - fenced, or the store is down: delete nothing
+            log.warning("old checkpoints not deleted (%s): %s", ", ".join(f"{k} at {t}" for k, t in doomed),
+                        f"{type(e).__name__}: {e}")
+            return
         for key, old in doomed:
             prefix = checkpoint_prefix(key, old)
             try:

@@ -236,3 +236,43 @@ def test_every_write_is_reported_with_its_duration_and_outcome(sc, tmp_path):
     assert later.time_ms == 3000 and later.committed
     assert all(w.seconds > 0 for w in (committed, failed, later))
     assert len(ckpt.errors) == 1
+
+
+def _zombie_and_owner(url: str):
+    """The metadata logs of a driver that another one took over from (the zombie, epoch 1) and of that owner."""
+    from dstreams.recovery.metadata import MetadataLog
+
+    zombie = MetadataLog(open_store(url), "zombie-ckpt", ["g"], 1000)
+    zombie.take_over(0)
+    owner = MetadataLog(open_store(url), "zombie-ckpt", ["g"], 1000)
+    owner.take_over(0)
+    return zombie, owner
+
+
+def test_a_fenced_checkpointer_neither_deletes_nor_overwrites_the_owners_checkpoints(sc, tmp_path):
+    """The rule of the sinks holds for data checkpoints: the fence is checked before anything destructive. A
+    zombie's deletion of an old checkpoint (one the new owner may have restored from) deletes nothing, and its
+    write of a checkpoint stops before its tasks overwrite parts the owner wrote under the same keys."""
+    from dstreams.recovery.checkpointer import checkpoint_prefix
+    from dstreams.recovery.metadata import FencedError
+
+    url = str(tmp_path / "cp")
+    zombie, _ = _zombie_and_owner(url)
+    node = _StubNode()
+    ckpt = StoreCheckpointer(sc, StoreSpec(url), _RecordingEvents(), zombie)
+    store = open_store(url)
+    owners = {}
+    for t in (1000, 2000):  # the owner's checkpoint at 1000 (committed) and its write at 2000 (parts only)
+        prefix = checkpoint_prefix(node.key, t)
+        owners[f"{prefix}/part-00000"] = f"owner {t}".encode()
+        if t == 1000:
+            owners[f"{prefix}/MANIFEST.json"] = b"{}"
+    for key, data in owners.items():
+        store.put(key, data)
+    try:
+        ckpt._delete([(node.key, 1000)])
+        ckpt._write(node, 2000, sc.parallelize(["zombie"], 1))
+    finally:
+        ckpt.close()
+    assert {k: store.get(k) for k in store.list("checkpoints/")} == owners
+    assert [e.error_type for e in ckpt.errors] == [FencedError.__name__]
