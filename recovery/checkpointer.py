@@ -48,6 +48,7 @@ import json
 import logging
 import threading
 import time as _time
+import uuid
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -457,15 +458,24 @@ def list_checkpoints(store, node_key: str) -> list[int]:
 
 
 class StoreWriteAheadLog:
-    """Write-ahead log of driver-side input blocks (socket lines) in the checkpoint store."""
+    """Write-ahead log of driver-side input blocks (socket lines) in the checkpoint store.
 
-    def __init__(self, store) -> None:
+    ``write(key, records)`` stores the block as ``<key>.<tag>`` and returns that name, which the metadata log
+    records and ``read`` takes. ``tag`` is unique to the log object, that is to one driver: a driver that
+    writes a block again (its batch built again) replaces its own, never another driver's. Without it a
+    zombie still building batch ``t`` from its own socket would replace the lines the new owner recorded for
+    ``t``, and a later replay of ``t`` would read the zombie's.
+    """
+
+    def __init__(self, store: Any, tag: str | None = None) -> None:
         self.store = store
+        self.tag = tag or uuid.uuid4().hex[:12]
 
     def write(self, key: str, records: list[Any]) -> str:
         data, _, _ = encode_partition(records)
-        self.store.put(key, data)
-        return key
+        name = f"{key}.{self.tag}"
+        self.store.put(name, data)
+        return name
 
     def read(self, key: str) -> list[Any]:
         return decode_partition(self.store.get(key), None, key)

@@ -276,3 +276,17 @@ def test_a_fenced_checkpointer_neither_deletes_nor_overwrites_the_owners_checkpo
         ckpt.close()
     assert {k: store.get(k) for k in store.list("checkpoints/")} == owners
     assert [e.error_type for e in ckpt.errors] == [FencedError.__name__]
+
+
+def test_write_ahead_logs_of_two_drivers_never_replace_each_others_blocks():
+    """A zombie building batch t from its own socket writes its block beside the new owner's, not over it."""
+    from dstreams.recovery.checkpointer import StoreWriteAheadLog
+
+    store = open_store("memory://wal-two-drivers")
+    owner, zombie = StoreWriteAheadLog(store), StoreWriteAheadLog(store)
+    recorded = owner.write("wal/socket-0/000000000003000", ["owner a"])
+    zombie.write("wal/socket-0/000000000003000", ["zombie x", "zombie y"])
+    again = owner.write("wal/socket-0/000000000003000", ["owner a", "owner b"])  # the owner's batch built again
+    assert again == recorded and recorded.startswith("wal/socket-0/000000000003000.")
+    assert owner.read(recorded) == ["owner a", "owner b"]
+    assert len(store.list("wal/")) == 2
