@@ -10,6 +10,7 @@ Commands (run from the repository root)::
     python -m benchmarks table                # regenerate the table in benchmarks/README.md from the JSON
     python -m benchmarks catchup [--quick]    # time to steady state after a store outage and a driver kill
     python -m benchmarks redis [--quick]      # Grep and WordCount from Redis Streams next to the generator source
+    python -m benchmarks chaos --seed N --minutes M   # randomized fault schedule, checked batch by batch
 
 ``run`` starts one subprocess per (engine, workload) (each with its own SparkContext, the same tuned
 conf for every engine; with ``--user-context`` each engine runs as its variant of
@@ -151,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         from .catchup import main as catchup_main
 
         return catchup_main(raw[1:])
+    if raw and raw[0] == "chaos":  # its own options: python -m benchmarks chaos --help
+        from .chaos import main as chaos_main
+
+        return chaos_main(raw[1:])
     if raw and raw[0] == "redis":  # its own options: python -m benchmarks redis --help
         from .redis_source import main as redis_main
 
@@ -174,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("table", help="regenerate benchmarks/README.md's table from benchmarks/results/*.json")
     sub.add_parser("catchup", help="time to steady state after a store outage and a driver kill "
                                    "(python -m benchmarks catchup --help)")
+    sub.add_parser("chaos", help="a seeded schedule of driver kills, stops, store and Redis outages, executor "
+                                 "kills and failing user functions; outputs checked against a fault-free run "
+                                 "(python -m benchmarks chaos --help)")
     sub.add_parser("redis", help="Grep and windowed WordCount read from Redis Streams, next to the generator "
                                  "source (python -m benchmarks redis --help)")
     args = p.parse_args(raw)

@@ -1,0 +1,1032 @@
+"""A randomized fault schedule (issue 22): exactly-once on every failure path, batch by batch.
+
+Run from the repository root, with the Ceph RADOS Gateway of ``scripts/services.sh`` running::
+
+    python -m benchmarks chaos --seed 7 --minutes 3          # the short schedule (CI: tests/test_chaos.py)
+    python -m benchmarks chaos --seed 22 --minutes 30        # the long one (every fault kind several times)
+
+**What runs.** The driver ``benchmarks/chaos_app.py`` (its docstring has the pipeline: ``redisStream`` and
+``textFileStream`` on an ``s3://`` prefix, ``updateStateByKey``, ``reduceByKeyAndWindow`` with an inverse,
+an event-time window, a session window, ``saveToStore`` to Ceph, ``saveAsTextFiles``, a ``foreachRDD``)
+as a subprocess in its own process group, restarted with ``getOrCreate`` after every kill, stop or crash,
+as a supervisor would. The run owns everything it breaks, so the shared services stay untouched:
+
+* its own ``redis-server`` (Debian's; a free port from 6391 up, its own folder, ``--appendonly yes
+  --appendfsync always``), which it really stops (SIGTERM or SIGKILL) and starts again;
+* a fault proxy (:mod:`benchmarks.chaos_proxy`) in front of that Redis server and one in front of the
+  Ceph gateway; the app is given the proxies' addresses (``redis://127.0.0.1:<p>``,
+  ``AWS_ENDPOINT_URL_S3``), so "gateway down" (the proxy refuses and resets every connection) is what
+  the driver and the executors would see of a stopped gateway. ``--stop-gateway`` stops and starts the
+  real radosgw instead (``scripts/services.sh``; only on a machine where nobody else uses it);
+* its own bucket ``chaos-<seed>-<random>`` and temporary folder (removed at the end unless ``--keep``).
+
+**The schedule** (:func:`make_schedule`, a pure function of ``--seed`` and ``--minutes``): faults spaced
+``gap`` seconds apart, their kinds drawn in rounds (each round a shuffled copy of every kind, so that each
+kind comes back every ``len(KINDS)`` faults). Kinds (:data:`KINDS`):
+
+* ``driver-kill``: SIGKILL of the driver's process group (Python driver, JVM, workers) at that moment;
+* ``driver-kill-in-output``: the driver kills itself at a fault point of ``dstreams.recovery.faults``
+  (``mid-batch``: an output is running; ``checkpoint-write``: a data checkpoint's parts are written, its
+  manifest not; ``after-metadata-commit``), armed through the environment of the driver started before it;
+* ``driver-term``: SIGTERM (dstreams' graceful stop; exit 0 expected), then a restart;
+* ``gateway-down``: the Ceph path down for 5-60 s (5-15 s in a schedule of 5 minutes or less);
+* ``redis-restart``: the Redis server stopped (SIGTERM: it writes its AOF; or SIGKILL: the AOF, synced on
+  every write, has everything) and started again after 0-8 s;
+* ``redis-drop``: every Redis connection reset, and half of the time new ones refused for 0.5-5 s;
+* ``executor-kill``: SIGKILL of one executor JVM; the driver running then was started on
+  ``local-cluster[2,1,1024]`` (drivers run on ``local[2]`` otherwise: the master is chosen per driver,
+  from the faults before the next driver-ending one; ``--master`` forces one);
+* ``user-fail``: the audit ``foreachRDD`` function raises in the first attempt of a batch 2-5 batches
+  ahead (a marker file); the engine's batch retry (``spark.dstreams.batch.maxAttempts``) should run it
+  again; an engine without it stops the driver with the error, which the supervisor restarts.
+
+Before each fault the orchestrator waits for the stream to be steady again after the previous one (3
+batches in a row with a scheduling delay under the interval, at most 90 s): faults do not pile up, and
+every recovery is measured on its own. After the schedule, the stream runs until steady, then gets
+SIGTERM.
+
+**Determinism, and the fault-free reference.** Every batch holds the same records in every run (see
+chaos_app.py: Redis input written in full before the start, ``maxRatePerPartition``, at most
+``files_per_batch`` files per batch with files always waiting, event times in the records, the first
+batch run on a manual clock). The reference is the same pipeline, started fresh on a manual clock at the
+same zero time, on the real gateway and Redis server, reading copies of the same input files, run batch
+after batch as fast as they complete over the ``N`` batches the chaos run committed (``N`` = the newest
+batch every output committed). Its cost is its processing time only: about a third of the chaos run's
+wall time.
+
+**The check.** For every output and every batch ``1..N``: the chaos run's committed records (folders
+with ``_SUCCESS``; the audit files) equal the reference's (as sorted lines). Totals: every input record
+(each Redis entry and file line has an id) is in exactly one committed ``events`` batch (``lost``,
+``duplicated``, ``unexpected``), and the running counts of batch ``N`` equal the words counted over the
+input of batches ``1..N``.
+
+**Recovery figures**, for every driver kill, stop or crash (``recoveries`` in the JSON): from the kill
+(or the observed exit) to the restarted driver's SparkContext (``sc_s``), to its context started (graph
+and state restored, ``started_s``), to its first completed batch (``first_commit_s``: "the next
+committed batch", a replayed batch counts), to its first batch newer than every batch committed before
+the kill (``first_new_s``), and to steady state (``steady_s``: the completion of the first of 3
+consecutive batches with a scheduling delay under the interval and a processing start less than two
+intervals after the batch time, as in ``benchmarks/catchup.py``); with the load averages at the kill.
+
+Prints a table and writes ``benchmarks/results/chaos-<seed>-<minutes>m.json`` (``--json``): parameters,
+the schedule as run, the recoveries, the comparison and totals, the proxies' counters. Exit code 0 only
+when nothing was lost, duplicated or different.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from . import chaos_app
+from .chaos_proxy import FaultProxy, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results"
+APP = Path(__file__).resolve().parent / "chaos_app.py"
+#: The Ceph gateway (``--rgw``; the tests' ``DSTREAMS_TEST_RGW_ENDPOINT`` when set).
+DEFAULT_RGW = os.environ.get("DSTREAMS_TEST_RGW_ENDPOINT", "http://127.0.0.1:7480")
+ACCESS_KEY, SECRET_KEY, REGION = "AKTEST", "SKTEST", "us-east-1"
+REDIS_PORTS = (6391, 6420)  # the project's range for servers a run owns (6390 is the shared test server)
+LOCAL_CLUSTER = "local-cluster[2,1,1024]"
+LOCAL = "local[2]"
+
+KINDS = ("driver-kill", "driver-kill-in-output", "driver-term", "gateway-down", "redis-restart", "redis-drop",
+         "executor-kill", "user-fail")
+DRIVER_ENDING = ("driver-kill", "driver-kill-in-output", "driver-term")
+KILL_POINTS = ("mid-batch", "mid-batch", "checkpoint-write", "after-metadata-commit")
+STEADY_RUN = 3
+FILES_AHEAD = 40  # batches of input files kept written ahead of the wall clock
+_FAULT_ENV = ("DSTREAMS_FAULT_KILL", "DSTREAMS_FAULT_KILL_AFTER", "DSTREAMS_FAULT_SLOW_EXECUTOR",
+              "DSTREAMS_FAULT_SLOW_PARTITION", "DSTREAMS_FAULT_SLOW_SECONDS", "DSTREAMS_FAULT_SLOW_FACTOR")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def log(msg: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _stats(xs: list[float]) -> dict[str, float | int | None]:
+    return {"n": len(xs), "median": round(statistics.median(xs), 2) if xs else None,
+            "max": round(max(xs), 2) if xs else None, "min": round(min(xs), 2) if xs else None}
+
+
+# --------------------------------------------------------------------------------------------- the schedule
+@dataclass
+class Fault:
+    """One scheduled fault: ``at_s`` seconds after the schedule starts (at the earliest), its kind and
+    parameters; what happened is filled in as it runs."""
+
+    index: int
+    at_s: float
+    kind: str
+    params: dict[str, Any]
+    injected_ms: int | None = None
+    ended_ms: int | None = None
+    outcome: str = "pending"
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def make_schedule(seed: int, minutes: float, kinds: tuple[str, ...] = KINDS) -> list[Fault]:
+    """The seeded schedule: see the module docstring. A pure function of its arguments (``kinds``: a
+    subset of :data:`KINDS`, for experiments)."""
+    rng = random.Random(seed)
+    span = minutes * 60.0
+    short = minutes <= 5
+    gap = (14.0, 20.0) if short else (22.0, 40.0)
+    faults: list[Fault] = []
+    at = rng.uniform(*gap) / 2
+    pool: list[str] = []
+    while at < span or len(faults) < len(kinds):
+        if not pool:
+            pool = list(kinds)
+            rng.shuffle(pool)
+        kind = pool.pop()
+        params: dict[str, Any] = {}
+        if kind == "gateway-down":
+            params["seconds"] = round(rng.uniform(5, 15 if short else 60), 1)
+        elif kind == "redis-restart":
+            params["signal"] = rng.choice(("TERM", "KILL"))
+            params["down_s"] = round(rng.uniform(0, 8), 1)
+        elif kind == "redis-drop":
+            params["refuse_s"] = round(rng.uniform(0.5, 5), 1) if rng.random() < 0.5 else 0.0
+        elif kind == "driver-kill-in-output":
+            params["point"] = rng.choice(KILL_POINTS)
+        elif kind == "driver-kill":
+            params["delay_s"] = round(rng.uniform(0, 2), 2)  # a random moment within a batch
+        elif kind == "user-fail":
+            params["ahead"] = rng.randint(2, 5)
+        elif kind == "executor-kill":
+            params["executor"] = rng.randint(0, 1)
+        faults.append(Fault(len(faults), round(at, 1), kind, params))
+        at += rng.uniform(*gap)
+    return faults
+
+
+# ------------------------------------------------------------------------------------------ the services
+class RedisServer:
+    """The run's own ``redis-server`` (AOF on, fsync on every write), which the schedule restarts."""
+
+    def __init__(self, folder: Path, port: int) -> None:
+        self.folder, self.port = folder, port
+        folder.mkdir(parents=True, exist_ok=True)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+
+    def start(self) -> None:
+        log_file = open(self.folder / "redis.log", "ab")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
+             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "no"],
+            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        log_file.close()
+        deadline = time.monotonic() + 20
+        while not self.ping():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on port {self.port} did not start; see {self.folder / 'redis.log'}")
+            time.sleep(0.05)
+
+    def ping(self) -> bool:
+        import redis
+
+        try:
+            return bool(redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1).ping())
+        except redis.RedisError:
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def client(self) -> Any:
+        import redis
+
+        return redis.Redis(port=self.port, decode_responses=True, socket_timeout=30)
+
+
+def s3_client(endpoint: str) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
+                        region_name=REGION, config=Config(s3={"addressing_style": "path"},
+                                                          retries={"max_attempts": 3, "mode": "standard"},
+                                                          connect_timeout=3, read_timeout=20))
+
+
+class FileFeeder(threading.Thread):
+    """Writes input file ``i`` (directly to the gateway, not through the proxy) as soon as
+    ``files_per_batch * (batches since zero + FILES_AHEAD)`` files are wanted, so that every batch finds
+    at least ``files_per_batch`` unread files, whatever the faults."""
+
+    def __init__(self, client: Any, bucket: str, prefix: str, cfg: dict[str, Any]) -> None:
+        super().__init__(name="file-feeder", daemon=True)
+        self.client, self.bucket, self.prefix, self.cfg = client, bucket, prefix, cfg
+        self.written = 0
+        self.stopped = threading.Event()
+        self.error: BaseException | None = None
+
+    def wanted(self) -> int:
+        batches = max(0, (now_ms() - self.cfg["zero_ms"]) // self.cfg["batch_ms"])
+        return self.cfg["files_per_batch"] * (batches + FILES_AHEAD)
+
+    def write_up_to(self, n: int) -> None:
+        c = self.cfg
+        while self.written < n:
+            i = self.written
+            body = "".join(line + "\n" for line in chaos_app.file_lines(
+                c["seed"], i, c["lines_per_file"], c["files_per_batch"], c["batch_ms"]))
+            self.client.put_object(Bucket=self.bucket, Key=f"{self.prefix}{chaos_app.file_name(i)}",
+                                   Body=body.encode())
+            self.written += 1
+
+    def run(self) -> None:
+        while not self.stopped.wait(0.2):
+            try:
+                self.write_up_to(self.wanted())
+            except Exception as e:  # noqa: BLE001 - retried (a --stop-gateway outage); kept for the report
+                self.error = e
+
+
+# --------------------------------------------------------------------------------------------- the driver
+@dataclass
+class Incarnation:
+    """One driver process: how and when it started, and how it ended."""
+
+    n: int
+    master: str
+    launch_ms: int
+    log_path: str
+    armed: dict[str, Any] | None
+    pid: int = 0
+    exit_ms: int | None = None
+    rc: int | None = None
+    ended_by: str | None = None  # the fault or event that ended it
+
+    def lines(self) -> list[str]:
+        try:
+            return Path(self.log_path).read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+
+    def stamp(self, word: str) -> int | None:
+        for line in self.lines():
+            if line.startswith(word + " "):
+                try:
+                    return int(line.split()[1])
+                except (IndexError, ValueError):
+                    return None
+        return None
+
+    def app_id(self) -> str | None:
+        for line in self.lines():
+            if line.startswith("APP "):
+                return line.split()[1]
+        return None
+
+
+class ChaosRun:
+    """The orchestration of one seeded run (module docstring)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.seed: int = args.seed
+        self.run_id = f"chaos-{self.seed}-{uuid.uuid4().hex[:6]}"
+        self.work = Path(args.workdir or tempfile.mkdtemp(prefix=f"{self.run_id}-")).resolve()
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.batch_ms = int(args.batch_seconds * 1000)
+        self.schedule = make_schedule(self.seed, args.minutes, tuple(args.kinds))
+        self.incarnations: list[Incarnation] = []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.current: Incarnation | None = None
+        self.recoveries: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.metrics_rows: list[dict[str, Any]] = []
+        self._metrics_pos = 0
+        self.redis: RedisServer | None = None
+        self.proxies: dict[str, FaultProxy] = {}
+        self.feeder: FileFeeder | None = None
+        rgw = urlsplit(args.rgw)
+        self.rgw_url, self.rgw_host, self.rgw_port = args.rgw.rstrip("/"), rgw.hostname or "127.0.0.1", rgw.port or 80
+        self.client = s3_client(self.rgw_url)
+        self.bucket = self.run_id
+        self.app_ids: set[str] = set()
+        self.unplanned_in_a_row = 0
+        self.gateway: Any = None
+        self.supervising = False  # only the streaming drivers are restarted, not bootstrap and reference
+        self.t0 = time.monotonic()
+        self.final_rc: int | None = None
+
+    # ------------------------------------------------------------------------------------------- set-up
+    def config(self, reference: bool) -> dict[str, Any]:
+        assert self.redis is not None
+        local = self.work / ("ref" if reference else "run")
+        local.mkdir(parents=True, exist_ok=True)
+        (local / "faults").mkdir(exist_ok=True)
+        per_key = self.args.per_key
+        return {
+            "seed": self.seed, "batch_ms": self.batch_ms, "zero_ms": self.zero_ms,
+            "base": f"s3://{self.bucket}/{'ref' if reference else 'run'}", "local": str(local),
+            "redis_url": (f"redis://127.0.0.1:{self.redis.port}/0" if reference
+                          else f"redis://127.0.0.1:{self.proxies['redis'].port}/0"),
+            "keys": [f"k{p}" for p in range(self.args.keys)], "per_key": per_key,
+            "files_per_batch": 1, "lines_per_file": 4,
+            "checkpoint_s": 5 * self.batch_ms / 1000, "window_s": 3 * self.batch_ms / 1000,
+            "lateness_s": 4, "ewindow_s": 8, "eslide_s": 4, "gap_s": 3 * self.batch_ms / 1000,
+            "metrics": str(local / "metrics.jsonl"), "batches": 0,
+        }
+
+    def env(self, endpoint: str, armed: dict[str, Any] | None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in _FAULT_ENV and not k.startswith("AWS_")}
+        tmp = self.work / "tmp"
+        tmp.mkdir(exist_ok=True)
+        env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, TMPDIR=str(tmp),
+                   AWS_ENDPOINT_URL_S3=endpoint, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+                   AWS_DEFAULT_REGION=REGION, PYTHONUNBUFFERED="1")
+        if armed:
+            env["DSTREAMS_FAULT_KILL"] = armed["point"]
+            env["DSTREAMS_FAULT_KILL_AFTER"] = str(armed["after"])
+        return env
+
+    def setup(self) -> None:
+        log(f"run {self.run_id}: work folder {self.work}, {len(self.schedule)} faults over {self.args.minutes} min")
+        self.client.create_bucket(Bucket=self.bucket)
+        port = free_port(*REDIS_PORTS)
+        self.redis = RedisServer(self.work / "redis", port)
+        self.redis.start()
+        self.proxies["redis"] = FaultProxy("redis", "127.0.0.1", port)
+        self.proxies["s3"] = FaultProxy("s3", self.rgw_host, self.rgw_port)
+        if self.args.stop_gateway:
+            from .catchup import Gateway
+
+            self.gateway = Gateway(self.client, self.bucket)
+        # The zero time: the next whole batch interval; batch k is zero + k * interval in every run.
+        self.zero_ms = (now_ms() // self.batch_ms + 1) * self.batch_ms
+        self.cfg = self.config(reference=False)
+        total_batches = int((self.args.minutes * 60 + 900) * 1000 // self.batch_ms) + FILES_AHEAD
+        self.preload_redis(total_batches)
+
+    def preload_redis(self, batches: int) -> None:
+        assert self.redis is not None
+        client = self.redis.client()
+        per_key, n = self.cfg["per_key"], batches * self.cfg["per_key"]
+        for p, key in enumerate(self.cfg["keys"]):
+            pipe = client.pipeline(transaction=False)
+            for j in range(n):
+                pipe.xadd(key, chaos_app.redis_record(self.seed, p, j, per_key, self.batch_ms))
+                if j % 2000 == 1999:
+                    pipe.execute()
+            pipe.execute()
+        self.redis_entries = n
+        log(f"redis-server :{self.redis.port} (AOF on) holds {n} entries in each of {len(self.cfg['keys'])} keys; "
+            f"proxies: redis :{self.proxies['redis'].port}, s3 :{self.proxies['s3'].port}")
+
+    # ------------------------------------------------------------------------------------------ drivers
+    def write_config(self, cfg: dict[str, Any], name: str) -> str:
+        path = self.work / name
+        path.write_text(json.dumps(cfg, indent=1))
+        return str(path)
+
+    def launch(self, mode: str, master: str, armed: dict[str, Any] | None = None, cfg_path: str | None = None,
+               endpoint: str | None = None) -> Incarnation:
+        n = len(self.incarnations)
+        inc = Incarnation(n, master, now_ms(), str(self.work / "logs" / f"driver-{n:03d}-{mode}.log"), armed)
+        Path(inc.log_path).parent.mkdir(exist_ok=True)
+        with open(inc.log_path, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(APP), cfg_path or self.cfg_path, "--mode", mode, "--master", master],
+                env=self.env(endpoint or f"http://{self.proxies['s3'].address}", armed), cwd=str(ROOT),
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        inc.pid = self.proc.pid
+        self.incarnations.append(inc)
+        self.current = inc
+        log(f"driver #{n} ({mode}, {master}{', armed ' + json.dumps(armed) if armed else ''}) pid {inc.pid}")
+        return inc
+
+    def plan_next_driver(self, next_fault: int) -> tuple[str, dict[str, Any] | None]:
+        """Master and armed fault point for a driver started now, from the faults still to come until the
+        next driver-ending one."""
+        master = self.args.master
+        armed = None
+        need_cluster = False
+        for f in self.schedule[next_fault:]:
+            if f.outcome != "pending":
+                continue
+            if f.kind == "executor-kill":
+                need_cluster = True
+            if f.kind in DRIVER_ENDING:
+                if f.kind == "driver-kill-in-output":
+                    secs = max(self.batch_ms / 1000, self.fault_due_s(f))
+                    per_batch = {"mid-batch": 1.0, "checkpoint-write": 0.8, "after-metadata-commit": 2.0}
+                    after = max(2, round(secs * 1000 / self.batch_ms * per_batch[f.params["point"]]))
+                    armed = {"point": f.params["point"], "after": after, "fault": f.index}
+                break
+        if master == "mixed":
+            master = LOCAL_CLUSTER if need_cluster else LOCAL
+        return master, armed
+
+    def fault_due_s(self, f: Fault) -> float:
+        return max(0.0, self.t0 + f.at_s - time.monotonic())
+
+    def kill_group(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def reap(self, timeout: float = 60.0) -> int | None:
+        """Wait for the driver process; then SIGKILL what is left of its group and of its executors."""
+        assert self.proc is not None and self.current is not None
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_group()
+            rc = self.proc.wait(timeout=30)
+        if self.current.exit_ms is None:
+            self.current.exit_ms = now_ms()
+        self.current.rc = rc
+        self.kill_group()
+        self.cleanup_executors(self.current)
+        return rc
+
+    def cleanup_executors(self, inc: Incarnation) -> None:
+        from dstreams.recovery import faults
+
+        app_id = inc.app_id()
+        if not app_id:
+            return
+        self.app_ids.add(app_id)
+        for pid in faults.executor_pids(app_id).values():  # its driver is gone: no waiting (restart speed)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def restart(self, reason: str, kill_ms: int, next_fault: int, fault: Fault | None) -> None:
+        prev = self.current
+        committed_before = max((r["batch_ms"] for r in self.committed_rows()), default=0)
+        master, armed = self.plan_next_driver(next_fault)
+        inc = self.launch("run", master, armed)
+        self.recoveries.append({"reason": reason, "fault": None if fault is None else fault.index,
+                                "kill_ms": kill_ms, "prev_pid": prev.pid if prev else None,
+                                "prev_rc": prev.rc if prev else None, "pid": inc.pid, "master": master,
+                                "launch_ms": inc.launch_ms, "committed_before_ms": committed_before,
+                                "load_at_kill": _load()})
+
+    def supervise(self, next_fault: int) -> None:
+        """Restart a driver that exited on its own (a crash, a batch error, an armed fault point)."""
+        if not self.supervising or self.proc is None or self.proc.poll() is None:
+            return
+        inc = self.current
+        assert inc is not None
+        inc.exit_ms = now_ms()
+        rc = self.reap()
+        text = "\n".join(inc.lines()[-400:])
+        fault = None
+        if "dstreams fault injection: SIGKILL at" in text and inc.armed is not None:
+            fault = self.schedule[inc.armed["fault"]]
+            fault.injected_ms = fault.ended_ms = inc.exit_ms
+            fault.outcome = "injected"
+            fault.detail = {"point": inc.armed["point"], "after": inc.armed["after"], "pid": inc.pid}
+            reason = f"driver-kill-in-output ({inc.armed['point']} #{inc.armed['after']})"
+            inc.ended_by = reason
+            self.unplanned_in_a_row = 0
+        else:
+            failed = [line for line in text.splitlines() if line.startswith("DRIVER FAILED")]
+            reason = f"driver exited rc={rc}" + (f": {failed[-1][:300]}" if failed else "")
+            inc.ended_by = reason
+            self.unplanned_in_a_row += 1
+            self.events.append({"ms": inc.exit_ms, "event": "unplanned driver exit", "pid": inc.pid, "rc": rc,
+                                "detail": failed[-1][:1000] if failed else text[-1500:]})
+            if self.unplanned_in_a_row > 6:
+                raise RuntimeError(f"the driver exited {self.unplanned_in_a_row} times in a row without a fault "
+                                   f"that explains it; last log {inc.log_path}:\n{text[-3000:]}")
+        log(f"driver #{inc.n} exited: {reason}; restarting")
+        self.restart(reason, inc.exit_ms, next_fault, fault)
+
+    # ------------------------------------------------------------------------------------------ metrics
+    def refresh_metrics(self) -> list[dict[str, Any]]:
+        path = self.cfg["metrics"]
+        try:
+            with open(path) as f:
+                f.seek(self._metrics_pos)
+                data = f.read()
+        except OSError:
+            return self.metrics_rows
+        end = data.rfind("\n") + 1
+        self._metrics_pos += len(data[:end].encode())
+        for line in data[:end].splitlines():
+            try:
+                self.metrics_rows.append(json.loads(line))
+            except ValueError:
+                pass
+        return self.metrics_rows
+
+    def committed_rows(self) -> list[dict[str, Any]]:
+        return [r for r in self.refresh_metrics() if not r["failed"]]
+
+    def steady_since(self, since_ms: int) -> int | None:
+        """Completion time of the first of STEADY_RUN consecutive good batches completed after ``since_ms``
+        by the current driver, or None."""
+        if self.current is None:
+            return None
+        rows = [r for r in self.committed_rows() if r["pid"] == self.current.pid and r["logged_ms"] >= since_ms]
+        run: list[dict[str, Any]] = []
+        for r in rows:
+            good = (r["scheduling_delay_ms"] is not None and r["scheduling_delay_ms"] < self.batch_ms
+                    and r["start_ms"] is not None and r["start_ms"] - r["batch_ms"] < 2 * self.batch_ms)
+            run = run + [r] if good else []
+            if len(run) >= STEADY_RUN:
+                return int(run[0]["logged_ms"])
+        return None
+
+    def wait(self, cond: Callable[[], Any], timeout: float, next_fault: int, what: str) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            self.supervise(next_fault)
+            if cond():
+                return True
+            if time.monotonic() > deadline:
+                log(f"  (not within {timeout:.0f} s: {what})")
+                self.events.append({"ms": now_ms(), "event": f"timed out waiting for {what}"})
+                return False
+            time.sleep(0.1)
+
+    # ------------------------------------------------------------------------------------------ faults
+    def inject(self, f: Fault) -> None:
+        f.injected_ms = now_ms()
+        if f.kind != "driver-kill-in-output":  # that one counts once the driver killed itself (supervise)
+            f.outcome = "injected"
+        nxt = f.index + 1
+        if f.kind == "driver-kill":
+            time.sleep(f.params["delay_s"])
+            f.injected_ms = now_ms()
+            assert self.current is not None
+            self.current.exit_ms = f.injected_ms
+            self.current.ended_by = "driver-kill"
+            self.kill_group()
+            self.reap()
+            self.restart("driver-kill", f.injected_ms, nxt, f)
+        elif f.kind == "driver-kill-in-output":
+            assert self.current is not None
+            inc = self.current
+            if inc.armed is None or inc.armed["fault"] != f.index:
+                f.outcome = "skipped"
+                f.detail = {"why": "the running driver was not armed for it"}
+                return
+            died = self.wait(lambda: bool(f.detail), 240, nxt,
+                             f"driver #{inc.n} to reach {inc.armed['point']} #{inc.armed['after']}")
+            if died:  # supervise() saw it kill itself, recorded it and restarted it
+                return
+            if self.current is not inc:
+                f.outcome = "not injected: the armed driver ended otherwise"
+            else:
+                f.outcome = "point not reached: SIGKILL by the orchestrator"
+                inc.exit_ms = f.injected_ms = now_ms()
+                self.kill_group()
+                self.reap()
+                self.restart("driver-kill (armed point not reached)", f.injected_ms, nxt, f)
+        elif f.kind == "driver-term":
+            assert self.proc is not None and self.current is not None
+            inc = self.current
+            self.proc.send_signal(signal.SIGTERM)
+            rc = self.reap(timeout=120)
+            f.detail = {"rc": rc, "stop_s": round((now_ms() - f.injected_ms) / 1000, 2)}
+            inc.ended_by = "driver-term"
+            if rc != 0:
+                self.events.append({"ms": now_ms(), "event": "graceful stop did not exit 0", "rc": rc,
+                                    "log": inc.log_path})
+            self.restart("driver-term", f.injected_ms, nxt, f)
+        elif f.kind == "gateway-down":
+            secs = f.params["seconds"]
+            if self.gateway is not None:
+                self.gateway.stop()
+                self._sleep_supervised(secs, nxt)
+                self.gateway.start()
+            else:
+                self.proxies["s3"].down()
+                self._sleep_supervised(secs, nxt)
+                self.proxies["s3"].up()
+        elif f.kind == "redis-restart":
+            assert self.redis is not None
+            self.redis.stop(signal.SIGTERM if f.params["signal"] == "TERM" else signal.SIGKILL)
+            self._sleep_supervised(f.params["down_s"], nxt)
+            self.redis.start()
+            self.redis.restarts += 1
+        elif f.kind == "redis-drop":
+            cut = self.proxies["redis"].cut()
+            if f.params["refuse_s"] > 0:
+                self.proxies["redis"].down()
+                self._sleep_supervised(f.params["refuse_s"], nxt)
+                self.proxies["redis"].up()
+            f.detail = {"connections_cut": cut}
+        elif f.kind == "executor-kill":
+            self.kill_executor(f, nxt)
+        elif f.kind == "user-fail":
+            last = max((r["batch_ms"] for r in self.committed_rows()), default=self.zero_ms)
+            t = max(last, (now_ms() // self.batch_ms) * self.batch_ms) + f.params["ahead"] * self.batch_ms
+            marker = Path(self.cfg["local"]) / "faults" / f"fail-{t}"
+            marker.write_text(f"fault {f.index}\n")
+            f.detail = {"batch_ms": t, "batch": (t - self.zero_ms) // self.batch_ms}
+        f.ended_ms = now_ms()
+
+    def _sleep_supervised(self, seconds: float, nxt: int) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.supervise(nxt)
+            time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+
+    def kill_executor(self, f: Fault, nxt: int) -> None:
+        from dstreams.recovery import faults
+
+        inc = self.current
+        assert inc is not None
+        if not inc.master.startswith("local-cluster"):
+            f.outcome = "skipped"
+            f.detail = {"why": f"the running driver uses {inc.master}"}
+            return
+        found: dict[str, int] = {}
+
+        def executors() -> bool:
+            nonlocal found
+            app = self.current.app_id() if self.current else None
+            found = faults.executor_pids(app) if app else {}
+            return len(found) >= 2
+
+        if not self.wait(executors, 120, nxt, "two executors") and not found:
+            f.outcome = "skipped"
+            f.detail = {"why": "no executor registered"}
+            return
+        ids = sorted(found)
+        victim = ids[f.params["executor"] % len(ids)]
+        f.injected_ms = now_ms()
+        os.kill(found[victim], signal.SIGKILL)
+        f.detail = {"executor": victim, "pid": found[victim], "app": self.current.app_id() if self.current else None}
+
+    # ------------------------------------------------------------------------------------------ the run
+    def run_schedule(self) -> None:
+        assert self.redis is not None
+        self.cfg_path = self.write_config(self.cfg, "run.json")
+        self.feeder = FileFeeder(self.client, self.bucket, "run/in/", self.cfg)
+        # bootstrap: batch 1 on a manual clock, files written after the source's start
+        inc = self.launch("bootstrap", LOCAL)
+        self.wait(lambda: inc.stamp("STARTED") is not None or self.proc.poll() is not None, 300, 0, "bootstrap start")
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"bootstrap driver failed:\n{Path(inc.log_path).read_text()[-3000:]}")
+        self.feeder.write_up_to(self.feeder.wanted())
+        self.feeder.start()
+        (Path(self.cfg["local"]) / "go").write_text("go\n")
+        rc = self.proc.wait(timeout=300)
+        inc.exit_ms, inc.rc, inc.ended_by = now_ms(), rc, "bootstrap done"
+        self.kill_group()
+        if rc != 0:
+            raise RuntimeError(f"bootstrap driver exited {rc}:\n{Path(inc.log_path).read_text()[-3000:]}")
+        master, armed = self.plan_next_driver(0)
+        self.supervising = True
+        self.launch("run", master, armed)
+        self.t0 = time.monotonic()
+        self.wait(lambda: self.steady_since(0) is not None, 300, 0, "the first steady state")
+        self.t0 = time.monotonic()
+        last_end = now_ms()
+        for f in self.schedule:
+            if f.outcome != "pending":
+                continue
+            due = self.t0 + f.at_s
+            self.wait(lambda d=due: time.monotonic() >= d, f.at_s + 3600, f.index, "the fault's time")
+            self.wait(lambda s=last_end: self.steady_since(s) is not None, 90, f.index, "steady state before a fault")
+            if f.outcome != "pending":
+                continue
+            log(f"fault {f.index} {f.kind} {json.dumps(f.params)} (load {_load()})")
+            self.inject(f)
+            last_end = f.ended_ms or now_ms()
+        # the end: steady again, then a graceful stop
+        self.wait(lambda s=last_end: self.steady_since(s) is not None, 300, len(self.schedule),
+                  "the final steady state")
+        assert self.proc is not None and self.current is not None
+        log("schedule done: SIGTERM to the driver")
+        self.current.ended_by = "final stop"
+        self.supervising = False
+        self.proc.send_signal(signal.SIGTERM)
+        self.final_rc = self.reap(timeout=180)
+        self.feeder.stopped.set()
+        self.feeder.join(10)
+
+    def recovery_figures(self) -> None:
+        rows = self.committed_rows()
+        for rec in self.recoveries:
+            inc = next(i for i in self.incarnations if i.pid == rec["pid"])
+            mine = [r for r in rows if r["pid"] == rec["pid"]]
+            k = rec["kill_ms"]
+
+            def rel(ms: int | None, k: int = k) -> float | None:
+                return None if ms is None else round((ms - k) / 1000, 2)
+
+            rec["launch_s"] = rel(rec["launch_ms"])
+            rec["sc_s"] = rel(inc.stamp("SC"))
+            rec["started_s"] = rel(inc.stamp("STARTED"))
+            rec["first_commit_s"] = rel(mine[0]["logged_ms"]) if mine else None
+            rec["first_commit_batch"] = (mine[0]["batch_ms"] - self.zero_ms) // self.batch_ms if mine else None
+            new = [r for r in mine if r["batch_ms"] > rec["committed_before_ms"]]
+            rec["first_new_s"] = rel(new[0]["logged_ms"]) if new else None
+            run: list[dict[str, Any]] = []
+            rec["steady_s"] = None
+            for r in mine:
+                good = (r["scheduling_delay_ms"] is not None and r["scheduling_delay_ms"] < self.batch_ms
+                        and r["start_ms"] is not None and r["start_ms"] - r["batch_ms"] < 2 * self.batch_ms)
+                run = run + [r] if good else []
+                if len(run) >= STEADY_RUN:
+                    rec["steady_s"] = rel(run[0]["logged_ms"])
+                    break
+            rec["batches_replayed"] = len([r for r in mine if r["batch_ms"] <= rec["committed_before_ms"]])
+
+    # ------------------------------------------------------------------------------------------ outputs
+    def read_outputs(self, cfg: dict[str, Any]) -> dict[str, dict[int, list[str]]]:
+        """Output name -> batch index -> sorted committed lines (folders with ``_SUCCESS``, audit files)."""
+        out: dict[str, dict[int, list[str]]] = {}
+        for name, (kind, where) in chaos_app.output_locations(cfg).items():
+            got: dict[int, list[str]] = {}
+            if kind == "store":
+                got = self._read_store(where)
+            elif kind == "local":
+                folder, base = os.path.dirname(where), os.path.basename(where)
+                for entry in os.listdir(folder) if os.path.isdir(folder) else []:
+                    stem, _, t = entry.rpartition("-")
+                    path = os.path.join(folder, entry)
+                    if stem != base or not os.path.exists(os.path.join(path, "_SUCCESS")):
+                        continue
+                    lines: list[str] = []
+                    for part in os.listdir(path):
+                        if part.startswith("part-"):
+                            lines += Path(path, part).read_text().splitlines()
+                    got[self.index(int(t))] = sorted(lines)
+            else:
+                for entry in os.listdir(where) if os.path.isdir(where) else []:
+                    if entry.isdigit():
+                        got[self.index(int(entry))] = [Path(where, entry).read_text().strip() and "ok"]
+            out[name] = got
+        return out
+
+    def index(self, t: int) -> int:
+        return (t - self.zero_ms) // self.batch_ms
+
+    def _read_store(self, url: str) -> dict[int, list[str]]:
+        prefix = url.split("/", 3)[3].rstrip("/") + "/"
+        objects: dict[int, list[str]] = {}
+        committed: set[int] = set()
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                rest = obj["Key"][len(prefix):]
+                t, _, name = rest.partition("/")
+                if not t.isdigit():
+                    continue
+                if name == "_SUCCESS":
+                    committed.add(int(t))
+                elif name.startswith("part-"):
+                    objects.setdefault(int(t), []).append(obj["Key"])
+        got: dict[int, list[str]] = {}
+        for t in committed:
+            lines: list[str] = []
+            for key in objects.get(t, []):
+                lines += self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode().splitlines()
+            got[self.index(t)] = sorted(lines)
+        return got
+
+    def run_reference(self, batches: int) -> tuple[dict[str, dict[int, list[str]]], float]:
+        """The fault-free run over batches ``1..batches`` (module docstring); its outputs and wall time."""
+        cfg = self.config(reference=True)
+        cfg["batches"] = batches
+        path = self.write_config(cfg, "ref.json")
+        started = time.monotonic()
+        inc = self.launch("reference", LOCAL, cfg_path=path, endpoint=self.rgw_url)
+        self.wait(lambda: inc.stamp("STARTED") is not None or self.proc.poll() is not None, 300, len(self.schedule),
+                  "the reference's start")
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"reference driver failed:\n{Path(inc.log_path).read_text()[-3000:]}")
+        files = batches * cfg["files_per_batch"]
+        for i in range(files):  # the same input files, written after the reference's source started
+            name = chaos_app.file_name(i)
+            self.client.copy_object(Bucket=self.bucket, Key=f"ref/in/{name}",
+                                    CopySource={"Bucket": self.bucket, "Key": f"run/in/{name}"})
+        (Path(cfg["local"]) / "go").write_text("go\n")
+        rc = self.proc.wait(timeout=120 + 10 * batches)
+        inc.exit_ms, inc.rc, inc.ended_by = now_ms(), rc, "reference done"
+        self.kill_group()
+        if rc != 0:
+            raise RuntimeError(f"reference driver exited {rc}:\n{Path(inc.log_path).read_text()[-3000:]}")
+        return self.read_outputs(cfg), time.monotonic() - started
+
+    def compare(self) -> dict[str, Any]:
+        chaos = self.read_outputs(self.cfg)
+        # N: the newest batch every output committed (a batch cut by the final stop may be partly committed)
+        n = min((max(got) if got else 0) for got in chaos.values())
+        log(f"chaos run committed batches 1..{n} in every output; running the fault-free reference over them")
+        ref, ref_s = self.run_reference(n)
+        result: dict[str, Any] = {"batches_compared": n, "reference_wall_s": round(ref_s, 1), "outputs": {}}
+        mismatches: list[dict[str, Any]] = []
+        for name in chaos_app.OUTPUTS:
+            got, want = chaos[name], ref[name]
+            missing = [k for k in range(1, n + 1) if k not in got]
+            ref_missing = [k for k in range(1, n + 1) if k not in want]
+            differ = [k for k in range(1, n + 1) if k in got and k in want and got[k] != want[k]]
+            result["outputs"][name] = {"committed": len([k for k in got if 1 <= k <= n]), "missing": missing,
+                                       "missing_in_reference": ref_missing, "differ": differ,
+                                       "records": sum(len(got[k]) for k in got if 1 <= k <= n)}
+            for k in differ[:5]:
+                a, b = Counter(got[k]), Counter(want[k])
+                mismatches.append({"output": name, "batch": k, "batch_ms": self.zero_ms + k * self.batch_ms,
+                                   "only_chaos": sorted((a - b).elements())[:20],
+                                   "only_reference": sorted((b - a).elements())[:20]})
+        result["mismatches"] = mismatches
+        # totals: every input record of batches 1..n in exactly one committed events batch
+        per_key, files = self.cfg["per_key"], n * self.cfg["files_per_batch"]
+        entries = min(n * per_key, self.redis_entries)
+        expected = {f"r{p}-{j}" for p in range(len(self.cfg["keys"])) for j in range(entries)}
+        expected |= {f"f{i}-{j}" for i in range(files) for j in range(self.cfg["lines_per_file"])}
+        seen = Counter(line.split(" ", 1)[0] for k, lines in chaos["events"].items() if 1 <= k <= n for line in lines)
+        words = Counter(line.split(" ")[1] for k, lines in chaos["events"].items() if 1 <= k <= n for line in lines)
+        counts_n = dict(_parse_pair(line) for line in chaos["counts"].get(n, []))
+        result["totals"] = {"expected_records": len(expected), "records_seen": sum(seen.values()),
+                            "lost": len(expected - set(seen)), "duplicated": sum(1 for c in seen.values() if c > 1),
+                            "unexpected": len(set(seen) - expected),
+                            "lost_examples": sorted(expected - set(seen))[:20],
+                            "duplicated_examples": sorted(r for r, c in seen.items() if c > 1)[:20],
+                            "final_counts_equal_input": counts_n == dict(words)}
+        result["ok"] = (not mismatches and all(not o["missing"] and not o["missing_in_reference"]
+                                               for o in result["outputs"].values())
+                        and result["totals"]["lost"] == 0 and result["totals"]["duplicated"] == 0
+                        and result["totals"]["unexpected"] == 0 and result["totals"]["final_counts_equal_input"]
+                        and n > 0)
+        return result
+
+    # ------------------------------------------------------------------------------------------ teardown
+    def teardown(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill_group()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        for inc in self.incarnations:
+            self.cleanup_executors(inc)
+        if self.feeder is not None:
+            self.feeder.stopped.set()
+        if self.gateway is not None and self.gateway.stopped_by_us:
+            self.gateway.start()
+        for p in self.proxies.values():
+            p.close()
+        if self.redis is not None:
+            self.redis.stop()
+        if not self.args.keep:
+            try:
+                for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
+                    keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+                    for i in range(0, len(keys), 1000):
+                        self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": keys[i:i + 1000]})
+                self.client.delete_bucket(Bucket=self.bucket)
+            except Exception as e:  # noqa: BLE001 - best effort
+                log(f"could not delete bucket {self.bucket}: {e}")
+            if not self.args.workdir:
+                shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _parse_pair(line: str) -> tuple[str, int]:
+    word, _, n = line.strip("()").partition(", ")
+    return word.strip("'"), int(n)
+
+
+def summary(doc: dict[str, Any]) -> str:
+    rows = [f"chaos run seed {doc['seed']}, {doc['minutes']} min schedule, {doc['batch_ms']} ms batches: "
+            f"{'OK' if doc.get('ok') else 'FAILED'}"]
+    kinds = Counter(f["kind"] for f in doc["schedule"] if f["outcome"] == "injected")
+    rows.append("faults injected: " + ", ".join(f"{k} {kinds.get(k, 0)}" for k in KINDS))
+    other = [f for f in doc["schedule"] if f["outcome"] not in ("injected",)]
+    if other:
+        rows.append("not injected as planned: "
+                    + "; ".join(f"#{f['index']} {f['kind']}: {f['outcome']}" for f in other))
+    cmp_ = doc.get("comparison") or {}
+    if cmp_:
+        t = cmp_["totals"]
+        rows.append(f"batches compared: {cmp_['batches_compared']} x {len(cmp_['outputs'])} outputs; "
+                    f"records {t['records_seen']} of {t['expected_records']}: lost {t['lost']}, duplicated "
+                    f"{t['duplicated']}, unexpected {t['unexpected']}; final counts equal the input: "
+                    f"{t['final_counts_equal_input']}")
+        rows.append(f"{'output':<10} {'committed':>9} {'missing':>8} {'differ':>7} {'records':>8}")
+        for name, o in cmp_["outputs"].items():
+            rows.append(f"{name:<10} {o['committed']:>9} {len(o['missing']):>8} {len(o['differ']):>7} "
+                        f"{o['records']:>8}")
+    rec = doc.get("recovery") or {}
+    for key, label in (("first_commit_s", "kill -> next committed batch"), ("first_new_s", "kill -> first new batch"),
+                       ("steady_s", "kill -> steady state"), ("sc_s", "kill -> SparkContext up"),
+                       ("started_s", "kill -> context started")):
+        for master, st in rec.get(key, {}).items():
+            rows.append(f"{label:<30} {master:<24} n={st['n']:<3} median {st['median']} s  max {st['max']} s")
+    rows.append(f"load average: start {doc['machine']['load_at_start']}, end {doc['machine'].get('load_at_end')}")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks chaos", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seed", type=int, default=22)
+    p.add_argument("--minutes", type=float, default=3.0, help="length of the fault schedule")
+    p.add_argument("--batch-seconds", type=float, default=2.0)
+    p.add_argument("--keys", type=int, default=4, help="Redis stream keys")
+    p.add_argument("--per-key", type=int, default=10, help="Redis entries per key per batch")
+    p.add_argument("--master", default="mixed", help=f"'mixed' (default: {LOCAL_CLUSTER} only for drivers that "
+                   f"will see an executor kill, {LOCAL} otherwise) or a master for every driver")
+    p.add_argument("--stop-gateway", action="store_true",
+                   help="stop and start the real radosgw (scripts/services.sh) instead of the proxy: only where "
+                        "nobody else uses the gateway")
+    p.add_argument("--rgw", default=DEFAULT_RGW, help="the Ceph gateway's endpoint (default %(default)s)")
+    p.add_argument("--json", help="results file (default benchmarks/results/chaos-<seed>-<minutes>m.json)")
+    p.add_argument("--workdir", help="keep logs and local outputs here (default: a temporary folder, removed)")
+    p.add_argument("--keep", action="store_true", help="keep the bucket and the work folder")
+    p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="fault kinds (default: all)")
+    args = p.parse_args(argv)
+    out = Path(args.json) if args.json else RESULTS / f"chaos-{args.seed}-{args.minutes:g}m.json"
+    run = ChaosRun(args)
+    doc: dict[str, Any] = {
+        "benchmark": "chaos",
+        "command": "python -m benchmarks chaos " + " ".join(sys.argv[1:] if argv is None else argv),
+        "seed": args.seed, "minutes": args.minutes, "batch_ms": run.batch_ms,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_at_start": _load()},
+        "mode": "stop-gateway" if args.stop_gateway else "proxy", "ok": False}
+    rc = 1
+    try:
+        run.setup()
+        doc["zero_ms"] = run.zero_ms
+        doc["bucket"], doc["work"] = run.bucket, str(run.work)
+        run.run_schedule()
+        run.recovery_figures()
+        doc["comparison"] = run.compare()
+        doc["ok"] = bool(doc["comparison"]["ok"]) and all(f.outcome == "injected" for f in run.schedule)
+        rc = 0 if doc["comparison"]["ok"] else 1
+    except BaseException as e:
+        doc["error"] = f"{type(e).__name__}: {e}"
+        log(f"run failed: {doc['error']}")
+        raise
+    finally:
+        doc["machine"]["load_at_end"] = _load()
+        doc["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        doc["schedule"] = [asdict(f) for f in run.schedule]
+        doc["recoveries"] = run.recoveries
+        doc["incarnations"] = [asdict(i) for i in run.incarnations]
+        doc["events"] = run.events
+        doc["proxies"] = [px.stats() for px in run.proxies.values()]
+        doc["redis_restarts"] = run.redis.restarts if run.redis else 0
+        by_master: dict[str, dict[str, dict[str, Any]]] = {}
+        for key in ("launch_s", "sc_s", "started_s", "first_commit_s", "first_new_s", "steady_s"):
+            groups: dict[str, list[float]] = {"all": []}
+            for r in run.recoveries:
+                if r.get(key) is not None:
+                    groups["all"].append(r[key])
+                    groups.setdefault(r["master"], []).append(r[key])
+            by_master[key] = {m: _stats(v) for m, v in groups.items()}
+        doc["recovery"] = by_master
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        try:
+            print(summary(doc), flush=True)
+        except Exception as e:  # noqa: BLE001 - the JSON is written
+            print(f"(summary failed: {e})")
+        print(f"wrote {out}", flush=True)
+        run.teardown()
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
