@@ -37,11 +37,13 @@ damage nothing the stores let us protect:
   fails and that writer returns False: a zombie can neither replace nor remove a committed folder, at any
   moment. Something at ``path`` without ``_SUCCESS`` (written by an older version, or by hand) is moved
   away to the staging area with one rename, and removed only if what was moved has no ``_SUCCESS`` (if
-  someone committed meanwhile, it is renamed back). The only deletions are of a writer's own staging
-  folder and of staging folders left by writers of the same batch that died (removed by the writer that
-  commits it, after its commit). No race remains on this path.
-* **Object stores** (S3 has no rename, no conditional delete and no conditional overwrite that Ceph and
-  moto both honour) cannot be fenced by the store itself, so the sink avoids deleting. A re-run of the
+  someone committed meanwhile, it is renamed back: for that instant a reader finds no folder, and nothing
+  committed is lost). The only deletions are of a writer's own staging folder and of staging folders left
+  by writers of the same batch that died (removed by the writer that commits it, after its commit). No race
+  that loses or damages committed output remains on this path.
+* **Object stores** have no rename and no delete that can be made conditional on anything (put-if-absent
+  and put-if-match exist, and the commit uses the first; a fence lives in another object), so they cannot
+  fence a zombie's delete themselves, and the sink avoids deleting. A re-run of the
   same deterministic batch writes the same records to the same part keys, so parts are overwritten in
   place, never deleted first: a zombie's overwrite of a part the owner committed puts back the same
   partition of the same batch. Only keys this write does not produce (parts beyond its partition count,
