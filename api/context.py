@@ -203,8 +203,9 @@ class StreamingContext:
         Added on top of PySpark: ``storeOptions`` for an ``s3://`` location (as for :meth:`checkpoint`;
         credentials are never stored in the checkpoint), ``clock`` for the restored context (tests), and
         ``rebuildGraph=True``, which calls ``setupFunc`` even when a graph is stored and checks that the
-        rebuilt graph has the stored one's topology (for a graph that cannot be loaded any more, e.g. a
-        module was renamed). A graph with a ``queueStream`` is not stored: ``setupFunc`` rebuilds it.
+        rebuilt graph has the stored one's topology: for a graph that cannot be loaded any more (e.g. a
+        module was renamed), or to change a source's options on restart (``redisStream(...,
+        onTrimmed="skip")`` after a ``TrimmedEntriesError``, another ``maxRatePerPartition``). A graph with a ``queueStream`` is not stored: ``setupFunc`` rebuilds it.
         """
         if not checkpointPath:
             raise ValueError("checkpointPath must be a non-empty path or URL")

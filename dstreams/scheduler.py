@@ -84,9 +84,9 @@ class BatchNotDoneError(RuntimeError):
 
 
 def last_line(text: str) -> str:
-    """The last non-blank line of ``text`` (a traceback's exception line), at most 300 characters."""
+    """The last non-blank line of ``text`` (a traceback's exception line), at most 1,000 characters."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else ""
+    return lines[-1][:1000] if lines else ""
 
 
 def retry_delay(attempt: int) -> float:
