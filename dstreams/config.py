@@ -508,6 +508,10 @@ TEST_ONLY: tuple[EnvVar, ...] = (
            "(`mid-batch`, `checkpoint-write`, `after-metadata-commit`)."),
     EnvVar("DSTREAMS_FAULT_KILL_AFTER", "1", "Test-only: the pass through `DSTREAMS_FAULT_KILL`'s point "
            "that kills the driver."),
+    EnvVar("DSTREAMS_FAULT_PAUSE", "", "Test-only: the driver stops itself with SIGSTOP at this point (a zombie "
+           "for fencing tests, resumed by the test with SIGCONT)."),
+    EnvVar("DSTREAMS_FAULT_PAUSE_AFTER", "1", "Test-only: the pass through `DSTREAMS_FAULT_PAUSE`'s point that "
+           "pauses the driver."),
     EnvVar("DSTREAMS_FAULT_SLOW_EXECUTOR", "", "Test-only: slow down the tasks on these executor ids "
            "(comma-separated; `driver` in `local[N]`)."),
     EnvVar("DSTREAMS_FAULT_SLOW_PARTITION", "", "Test-only: slow down the tasks of these partitions "
