@@ -394,7 +394,9 @@ class ChaosRun:
         # The zero time: the next whole batch interval; batch k is zero + k * interval in every run.
         self.zero_ms = (now_ms() // self.batch_ms + 1) * self.batch_ms
         self.cfg = self.config(reference=False)
-        total_batches = int((self.args.minutes * 60 + 900) * 1000 // self.batch_ms) + FILES_AHEAD
+        # Enough for a schedule that waits long for steady states (3x its length) and 15 min more; a run that
+        # outlasts it reads fewer entries in its last batches, the reference too: still the same batches.
+        total_batches = int((self.args.minutes * 180 + 900) * 1000 // self.batch_ms) + FILES_AHEAD
         self.preload_redis(total_batches)
 
     def preload_redis(self, batches: int) -> None:

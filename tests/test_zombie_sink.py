@@ -38,9 +38,8 @@ class _Driver:
     :meth:`wait_for` blocks on them with a timeout (no polling)."""
 
     def __init__(self, ckpt: str, out: str, log_path: str, **env_extra: str) -> None:
-        env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, **env_extra)
-        for k in ("DSTREAMS_FAULT_KILL", "DSTREAMS_FAULT_KILL_AFTER"):
-            env.pop(k, None)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DSTREAMS_FAULT_")}
+        env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, **env_extra)
         self.lines: list[str] = []
         self._cond = threading.Condition()
         self._log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the reader thread
