@@ -205,7 +205,8 @@ class StreamingContext:
         ``rebuildGraph=True``, which calls ``setupFunc`` even when a graph is stored and checks that the
         rebuilt graph has the stored one's topology: for a graph that cannot be loaded any more (e.g. a
         module was renamed), or to change a source's options on restart (``redisStream(...,
-        onTrimmed="skip")`` after a ``TrimmedEntriesError``, another ``maxRatePerPartition``). A graph with a ``queueStream`` is not stored: ``setupFunc`` rebuilds it.
+        onTrimmed="skip")`` after a ``TrimmedEntriesError``, another ``maxRatePerPartition``). A graph with a
+        ``queueStream`` is not stored: ``setupFunc`` rebuilds it.
         """
         if not checkpointPath:
             raise ValueError("checkpointPath must be a non-empty path or URL")
