@@ -2,7 +2,7 @@
 
 Run from the repository root, with the Ceph RADOS Gateway of ``scripts/services.sh`` running::
 
-    python -m benchmarks chaos --seed 7 --minutes 3          # the short schedule (CI: tests/test_chaos.py)
+    python -m benchmarks chaos --seed 7 --minutes 2 --steady-wait 30   # the short one (CI: tests/test_chaos.py)
     python -m benchmarks chaos --seed 22 --minutes 30        # the long one (every fault kind several times)
 
 **What runs.** The driver ``benchmarks/chaos_app.py`` (its docstring has the pipeline: ``redisStream`` and
@@ -41,9 +41,9 @@ kind comes back every ``len(KINDS)`` faults). Kinds (:data:`KINDS`):
   again; an engine without it stops the driver with the error, which the supervisor restarts.
 
 Before each fault the orchestrator waits for the stream to be steady again after the previous one (3
-batches in a row with a scheduling delay under the interval, at most 90 s): faults do not pile up, and
-every recovery is measured on its own. After the schedule, the stream runs until steady, then gets
-SIGTERM.
+batches in a row with a scheduling delay under the interval, at most ``--steady-wait`` seconds, 90 by
+default): faults do not pile up, and every recovery is measured on its own. After the schedule, the
+stream runs until steady, then gets SIGTERM.
 
 **Determinism, and the fault-free reference.** Every batch holds the same records in every run (see
 chaos_app.py: Redis input written in full before the start, ``maxRatePerPartition``, at most
@@ -720,7 +720,8 @@ class ChaosRun:
         self.supervising = True
         self.launch("run", master, armed)
         self.t0 = time.monotonic()
-        self.wait(lambda: self.steady_since(0) is not None, 300, 0, "the first steady state")
+        steady_wait = float(self.args.steady_wait)
+        self.wait(lambda: self.steady_since(0) is not None, 3 * steady_wait, 0, "the first steady state")
         self.t0 = time.monotonic()
         last_end = now_ms()
         for f in self.schedule:
@@ -728,14 +729,15 @@ class ChaosRun:
                 continue
             due = self.t0 + f.at_s
             self.wait(lambda d=due: time.monotonic() >= d, f.at_s + 3600, f.index, "the fault's time")
-            self.wait(lambda s=last_end: self.steady_since(s) is not None, 90, f.index, "steady state before a fault")
+            self.wait(lambda s=last_end: self.steady_since(s) is not None, steady_wait, f.index,
+                      "steady state before a fault")
             if f.outcome != "pending":
                 continue
             log(f"fault {f.index} {f.kind} {json.dumps(f.params)} (load {_load()})")
             self.inject(f)
             last_end = f.ended_ms or now_ms()
         # the end: steady again, then a graceful stop
-        self.wait(lambda s=last_end: self.steady_since(s) is not None, 300, len(self.schedule),
+        self.wait(lambda s=last_end: self.steady_since(s) is not None, 3 * steady_wait, len(self.schedule),
                   "the final steady state")
         assert self.proc is not None and self.current is not None
         log("schedule done: SIGTERM to the driver")
@@ -965,6 +967,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=22)
     p.add_argument("--minutes", type=float, default=3.0, help="length of the fault schedule")
     p.add_argument("--batch-seconds", type=float, default=2.0)
+    p.add_argument("--steady-wait", type=float, default=90.0,
+                   help="longest wait (s) for a steady stream before each fault (3x before the first and after the "
+                        "last); a loaded machine may never be steady at this batch interval (default %(default)s)")
     p.add_argument("--keys", type=int, default=4, help="Redis stream keys")
     p.add_argument("--per-key", type=int, default=10, help="Redis entries per key per batch")
     p.add_argument("--master", default="mixed", help=f"'mixed' (default: {LOCAL_CLUSTER} only for drivers that "
