@@ -9,9 +9,7 @@ entry is added to ``OUT_KEY`` as ``{"src": key, "id": entry id}`` with ``saveToR
 
 from __future__ import annotations
 
-import signal
 import sys
-import threading
 
 
 def build(sc, url: str, keys: list[str], out_key: str, checkpoint: str):
@@ -25,29 +23,10 @@ def build(sc, url: str, keys: list[str], out_key: str, checkpoint: str):
 
 
 def main(url: str, prefix: str, n_keys: int, out_key: str, checkpoint: str) -> int:
-    from dstreams import StreamingContext
-    from dstreams.sparkconf import create_spark_context
+    from redis_app import run_driver  # tests/ is this script's folder, first on sys.path
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     keys = [f"{prefix}{i}" for i in range(n_keys)]
-    sc = create_spark_context("local[2]", "dstreams-redis-sink-app", {"spark.default.parallelism": "2"})
-    ssc = StreamingContext.getOrCreate(checkpoint, lambda: build(sc, url, keys, out_key, checkpoint))
-    ssc.start()
-    print("STARTED", flush=True)
-    rc = 0
-    try:
-        while not stop.is_set():
-            if ssc.awaitTerminationOrTimeout(0.5):
-                rc = 1
-                break
-    except BaseException as e:  # the error that stopped the stream
-        print(f"DRIVER FAILED: {type(e).__name__}: {e}", flush=True)
-        rc = 1
-    finally:
-        ssc.stop(stopSparkContext=True, stopGraceFully=rc == 0)
-    print(f"EXIT {rc}", flush=True)
-    return rc
+    return run_driver("dstreams-redis-sink-app", checkpoint, lambda sc: build(sc, url, keys, out_key, checkpoint))
 
 
 if __name__ == "__main__":
