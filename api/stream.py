@@ -555,6 +555,42 @@ class DStream:
 
         self._output(save, f"saveToRedisStream({key!r})")
 
+    def saveToPostgres(self, dsn: str, table: str, mode: str = "append", keyColumns: Sequence[str] | None = None,
+                       columns: Sequence[str] | None = None, outputName: str | None = None) -> None:
+        """Write each batch's records into the PostgreSQL table ``table`` at ``dsn``, exactly once.
+
+        Records are tuples in the order of ``columns`` (default: every column of the table, in table order) or
+        dicts by column name. ``mode="append"`` inserts them; ``mode="upsert"`` inserts or updates by
+        ``keyColumns`` (a unique index must cover them; the last record of a key in a batch wins). The partitions
+        are copied (``COPY``) in parallel into a staging table; the driver then moves the batch into ``table`` in one
+        transaction together with its commit record ``(outputName, batch time)`` and a fence check, so a batch
+        re-run after a kill, a failover or by a zombie driver writes nothing twice, and a fenced driver commits
+        nothing. ``outputName`` (default: the table and the checkpoint location) names the commit records: give
+        two outputs writing one table distinct names. The table must exist. See
+        :mod:`dstreams.recovery.postgres_sink`. Needs psycopg 3 (``pip install 'dstreams[postgres]'``).
+        """
+        from dstreams.recovery.postgres_sink import MODES, resolve_target, save_to_postgres
+
+        ssc = self._ssc
+        if mode not in MODES:
+            raise ValueError(f"saveToPostgres: mode must be one of {MODES}, got {mode!r}")
+        if mode == "upsert" and not keyColumns:
+            raise ValueError("saveToPostgres(mode='upsert') needs keyColumns (the columns of a unique index)")
+        if not isinstance(table, str) or not table:
+            raise ValueError(f"saveToPostgres needs a table name, got {table!r}")
+        resolved: dict[str, Any] = {}
+
+        def save(time: Any, rdd: RDD) -> None:
+            ms = round(time.timestamp() * 1000)
+            env = ssc._output_environment()
+            target = resolved.get("target")
+            if target is None:
+                name = outputName or (f"{table}@{env.checkpoint_dir}" if env.checkpoint_dir else table)
+                target = resolved["target"] = resolve_target(dsn, table, mode, keyColumns, columns, name)
+            save_to_postgres(rdd, ms, target, env.check_owner, env.epoch)
+
+        self._output(save, f"saveToPostgres({table!r})")
+
     # ------------------------------------------------------------------ inspection
     def slice(self, begin: Any, end: Any) -> list[RDD]:
         """The RDDs of the batches between ``begin`` and ``end`` (datetimes or unix seconds)."""

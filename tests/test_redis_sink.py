@@ -20,19 +20,13 @@ from dstreams.recovery.redis_sink import (
 from dstreams.recovery.retry import RetryPolicy
 from dstreams.time import from_user_time
 
+from .support import run_batches
+
 pytestmark = pytest.mark.redis
 
 
 def _entries(client, key: str) -> list[tuple[str, dict[str, str]]]:
     return [(eid, fields) for eid, fields in client.xrange(key)]
-
-
-def _run(ssc: StreamingContext, clock: ManualClock, batches: int) -> list:
-    infos = []
-    for i in range(1, batches + 1):
-        clock.set_time(i * 1000)
-        infos.append(ssc.awaitBatch(i * 1000, 60))
-    return infos
 
 
 def test_each_batch_is_added_with_ids_from_its_time_and_positions(sc, redis_url, redis_client, redis_prefix):
@@ -43,7 +37,7 @@ def test_each_batch_is_added_with_ids_from_its_time_and_positions(sc, redis_url,
     ssc.queueStream([sc.parallelize(b, 2) for b in batches]).saveToRedisStream(redis_url, key)
     ssc.start()
     try:
-        infos = _run(ssc, clock, 3)
+        infos = run_batches(ssc, clock, 3)
     finally:
         ssc.stop(stopSparkContext=False)
     written = [[op.records_written for op in info.output_operations.values()] for info in infos]
@@ -146,7 +140,7 @@ def test_one_job_reads_with_redis_stream_what_another_wrote(sc, redis_url, redis
         lambda w: {"word": w}).saveToRedisStream(redis_url, words)
     ssc.start()
     try:
-        _run(ssc, clock, 2)
+        run_batches(ssc, clock, 2)
     finally:
         ssc.stop(stopSparkContext=False)
 
@@ -159,7 +153,7 @@ def test_one_job_reads_with_redis_stream_what_another_wrote(sc, redis_url, redis
                                                                                    fields=["word", "n"])
     ssc.start()
     try:
-        infos = _run(ssc, clock, 1)
+        infos = run_batches(ssc, clock, 1)
     finally:
         ssc.stop(stopSparkContext=False)
     assert seen[1000] == ["a", "a", "b", "b", "c"]

@@ -1,0 +1,141 @@
+"""``DStream.saveToPostgres`` against the real PostgreSQL server (scripts/services.sh start postgres).
+
+Partitions are staged with COPY in parallel; the driver commits a batch in one transaction with its commit record
+and a fence check: a re-run batch writes nothing twice, a fenced driver commits nothing, bad input is named.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from dstreams import ManualClock, StreamingContext
+from dstreams.recovery.metadata import FencedError
+from dstreams.recovery.postgres_sink import (
+    PostgresSinkError,
+    commit_batch,
+    resolve_target,
+    save_to_postgres,
+    stage_partition,
+)
+from dstreams.recovery.retry import RetryPolicy
+
+from .support import run_batches
+
+pytestmark = pytest.mark.postgres
+
+NO_RETRY = RetryPolicy(total_seconds=0)
+
+
+@pytest.fixture
+def pg(postgres_dsn: str) -> Iterator[tuple[str, str]]:
+    """A fresh schema of this test's own (dropped afterwards) with the table ``<schema>.words``."""
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"CREATE TABLE {schema}.words (word text PRIMARY KEY, n int NOT NULL CHECK (n >= 0), "
+                     "note text)")
+    try:
+        yield postgres_dsn, schema
+    finally:
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def _rows(dsn: str, sql: str) -> list[tuple]:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def test_a_stream_appends_each_batch_once(sc, pg):
+    dsn, schema = pg
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    batches = [[("a", 1, None), ("b", 2, "x")], [], [{"word": "c", "n": 3}]]
+    ssc.queueStream([sc.parallelize(b, 2) for b in batches]).saveToPostgres(dsn, f"{schema}.words")
+    ssc.start()
+    try:
+        infos = run_batches(ssc, clock, 3)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert _rows(dsn, f"SELECT word, n, note FROM {schema}.words ORDER BY word") == [
+        ("a", 1, None), ("b", 2, "x"), ("c", 3, None)]
+    assert [[op.records_written for op in i.output_operations.values()] for i in infos] == [[2], [0], [1]]
+    assert _rows(dsn, f"SELECT batch_ms, rows FROM {schema}.dstreams_sink_commits ORDER BY 1") == [
+        (1000, 2), (2000, 0), (3000, 1)]
+
+
+def test_a_rerun_batch_writes_nothing_twice(sc, pg):
+    dsn, schema = pg
+    target = resolve_target(dsn, f"{schema}.words", "append", None, ["word", "n"], "out")
+    rdd = sc.parallelize([(f"w{i}", i) for i in range(10)], 3)
+    assert save_to_postgres(rdd, 1000, target, epoch=1, policy=NO_RETRY) == 10
+    assert save_to_postgres(rdd, 1000, target, epoch=1, policy=NO_RETRY) == 0
+    assert _rows(dsn, f"SELECT count(*) FROM {schema}.words") == [(10,)]
+    assert _rows(dsn, f'SELECT count(*) FROM {schema}."{target.staging.split(".")[1]}"') == [(0,)]
+
+
+def test_a_kill_between_staging_and_commit_is_completed_once(sc, pg):
+    """Partitions staged (twice: a dead attempt's rows are left behind) but not committed, then the driver died:
+    the re-run commits the batch once, and only the kept attempts' rows."""
+    dsn, schema = pg
+    target = resolve_target(dsn, f"{schema}.words", "append", None, ["word", "n"], "out")
+    rdd = sc.parallelize([(f"w{i}", i) for i in range(6)], 2)
+    rdd.mapPartitionsWithIndex(stage_partition(target, 1000)).collect()  # the dead driver's staging
+    assert save_to_postgres(rdd, 1000, target, epoch=1, policy=NO_RETRY) == 6
+    assert sorted(_rows(dsn, f"SELECT word FROM {schema}.words")) == [(f"w{i}",) for i in range(6)]
+
+
+def test_upsert_updates_by_key_and_the_last_record_of_a_key_wins(sc, pg):
+    dsn, schema = pg
+    target = resolve_target(dsn, f"{schema}.words", "upsert", ["word"], ["word", "n"], "out")
+    save_to_postgres(sc.parallelize([("a", 1), ("b", 1)], 1), 1000, target, policy=NO_RETRY)
+    assert save_to_postgres(sc.parallelize([("a", 5), ("c", 1), ("a", 7)], 2), 2000, target, policy=NO_RETRY) == 2
+    assert _rows(dsn, f"SELECT word, n FROM {schema}.words ORDER BY word") == [("a", 7), ("b", 1), ("c", 1)]
+
+
+def test_a_fenced_driver_commits_nothing(sc, pg):
+    dsn, schema = pg
+    target = resolve_target(dsn, f"{schema}.words", "append", None, ["word", "n"], "out")
+    save_to_postgres(sc.parallelize([("a", 1)], 1), 1000, target, epoch=2, policy=NO_RETRY)  # the new owner
+    with pytest.raises(FencedError, match="epoch 2"):
+        save_to_postgres(sc.parallelize([("z", 1)], 1), 2000, target, epoch=1, policy=NO_RETRY)  # the zombie
+    staged = sc.parallelize([("y", 1)], 1).mapPartitionsWithIndex(stage_partition(target, 3000)).collect()
+    with pytest.raises(FencedError):  # staged before the takeover, committed after it
+        commit_batch(target, 3000, staged, 1)
+    assert _rows(dsn, f"SELECT word FROM {schema}.words") == [("a",)]
+
+
+def test_a_missing_table_or_column_is_named(pg):
+    dsn, schema = pg
+    with pytest.raises(PostgresSinkError, match=r"table '.*\.nope' does not exist"):
+        resolve_target(dsn, f"{schema}.nope", "append", None, None, "out")
+    with pytest.raises(PostgresSinkError, match=r"has no column 'count'.*word, n, note"):
+        resolve_target(dsn, f"{schema}.words", "append", None, ["word", "count"], "out")
+
+
+def test_a_value_of_the_wrong_type_names_the_batch_record_and_column(sc, pg):
+    dsn, schema = pg
+    target = resolve_target(dsn, f"{schema}.words", "append", None, ["word", "n"], "out")
+    rdd = sc.parallelize([("a", 1), ("b", "two")], 1)
+    with pytest.raises(Exception, match=r"batch 1000, partition 0, record 1, column 'n': invalid input syntax"):
+        save_to_postgres(rdd, 1000, target, policy=NO_RETRY)
+    assert _rows(dsn, f"SELECT count(*) FROM {schema}.words") == [(0,)]
+
+
+def test_a_constraint_violation_names_the_batch_column_and_record(sc, pg):
+    dsn, schema = pg
+    target = resolve_target(dsn, f"{schema}.words", "append", None, ["word", "n"], "out")
+    with pytest.raises(PostgresSinkError, match=r"batch 1000, partition 1, record 0, column 'n'.*not-null"):
+        save_to_postgres(sc.parallelize([("a", 1), ("b", None)], 2), 1000, target, policy=NO_RETRY)
+    with pytest.raises(PostgresSinkError, match=r"batch 2000.*constraint 'words_pkey'.*Key \(word\)=\(a\)"):
+        save_to_postgres(sc.parallelize([("a", 1), ("a", 2)], 2), 2000, target, policy=NO_RETRY)
+    with pytest.raises(PostgresSinkError, match=r"batch 3000.*constraint 'words_n_check'"):
+        save_to_postgres(sc.parallelize([("a", -1)], 1), 3000, target, policy=NO_RETRY)
+    assert _rows(dsn, f"SELECT count(*) FROM {schema}.words") == [(0,)]
