@@ -14,16 +14,14 @@ second. Output: a table on stdout and ``benchmarks/results/postgres_sink.json``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
-import statistics
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from . import sink_bench
 
 RESULTS = Path(__file__).resolve().parent / "results" / "postgres_sink.json"
 
@@ -80,14 +78,9 @@ def _strategies(dsn: str, table: str) -> dict[str, Callable[[Any, int], None]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.postgres_sink", description=__doc__.splitlines()[0])
-    ap.add_argument("--dsn", default=os.environ.get("DSTREAMS_TEST_POSTGRES_DSN",
-                                                    "postgresql://dstreams@127.0.0.1:5440/dstreams"))
-    ap.add_argument("--records", type=int, default=50_000)
-    ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--no-save", action="store_true", help="print only, do not write the results file")
-    args = ap.parse_args(argv)
+    args = sink_bench.parse_args("python -m benchmarks.postgres_sink", __doc__.splitlines()[0], "dsn",
+                                 os.environ.get("DSTREAMS_TEST_POSTGRES_DSN",
+                                                "postgresql://dstreams@127.0.0.1:5440/dstreams"), argv)
 
     import psycopg
 
@@ -104,8 +97,8 @@ def main(argv: list[str] | None = None) -> None:
         rdd = sc.parallelize([(f"w{i % 997}", i, "some note") for i in range(args.records)], args.partitions).cache()
         rdd.count()
         for name, write in _strategies(args.dsn, table).items():
-            times = []
-            for rep in range(args.repeat + 1):  # the first is a warm-up
+
+            def once(rep: int, name: str = name, write: Callable[[Any, int], None] = write) -> float:
                 with psycopg.connect(args.dsn, autocommit=True) as conn:
                     conn.execute(f"TRUNCATE {table}")
                 start = time.perf_counter()
@@ -114,21 +107,14 @@ def main(argv: list[str] | None = None) -> None:
                 with psycopg.connect(args.dsn) as conn:
                     (n,) = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
                 assert n == args.records, (name, n)
-                if rep:
-                    times.append(elapsed)
-            median = statistics.median(times)
-            results[name] = {"median_s": round(median, 4), "rows_per_s": round(args.records / median),
-                             "times_s": [round(t, 4) for t in times]}
-            print(f"{name:50s} {median * 1000:8.1f} ms  {args.records / median:10,.0f} rows/s", flush=True)
+                return elapsed
+
+            results[name] = sink_bench.time_strategy(name, args.records, args.repeat, once, "rows")
     finally:
         sc.stop()
         with psycopg.connect(args.dsn, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
-    doc = {"benchmark": "postgres_sink", "records": args.records, "partitions": args.partitions,
-           "repeat": args.repeat, "cpus": os.cpu_count(), "python": platform.python_version(),
-           "load_average_at_start": list(os.getloadavg()), "results": results}
-    if not args.no_save:
-        RESULTS.write_text(json.dumps(doc, indent=1) + "\n")
+    sink_bench.save(RESULTS, "postgres_sink", args, results)
 
 
 if __name__ == "__main__":

@@ -27,16 +27,14 @@ Output: a table on stdout and ``benchmarks/results/redis_sink.json``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
-import statistics
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from . import sink_bench
 
 RESULTS = Path(__file__).resolve().parent / "results" / "redis_sink.json"
 
@@ -94,45 +92,33 @@ def _strategies(url: str, partitions: int) -> dict[str, Callable[[Any, int, str]
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.redis_sink", description=__doc__.splitlines()[0])
-    ap.add_argument("--url", default=os.environ.get("DSTREAMS_TEST_REDIS_URL", "redis://127.0.0.1:6390/0"))
-    ap.add_argument("--records", type=int, default=50_000)
-    ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--no-save", action="store_true", help="print only, do not write the results file")
-    args = ap.parse_args(argv)
+    args = sink_bench.parse_args("python -m benchmarks.redis_sink", __doc__.splitlines()[0], "url",
+                                 os.environ.get("DSTREAMS_TEST_REDIS_URL", "redis://127.0.0.1:6390/0"), argv)
 
     from dstreams.nodes.redis_streams import client
     from dstreams.sparkconf import create_spark_context
 
     sc = create_spark_context("local[2]", "redis-sink-bench", None)
+    results: dict[str, Any] = {}
     try:
         rdd = sc.parallelize([{"word": f"w{i % 997}", "n": i} for i in range(args.records)], args.partitions).cache()
         rdd.count()
         r = client(args.url)
-        results: dict[str, Any] = {}
         for name, write in _strategies(args.url, args.partitions).items():
-            times = []
-            for rep in range(args.repeat + 1):  # the first is a warm-up
+
+            def once(rep: int, name: str = name, write: Callable[[Any, int, str], None] = write) -> float:
                 key = f"bench:redis-sink:{uuid.uuid4().hex[:8]}"
                 start = time.perf_counter()
                 write(rdd, 1000 * (rep + 1), key)
                 elapsed = time.perf_counter() - start
                 assert r.xlen(key) == args.records, (name, r.xlen(key))
                 r.unlink(key)
-                if rep:
-                    times.append(elapsed)
-            median = statistics.median(times)
-            results[name] = {"median_s": round(median, 4), "entries_per_s": round(args.records / median),
-                             "times_s": [round(t, 4) for t in times]}
-            print(f"{name:45s} {median * 1000:8.1f} ms  {args.records / median:10,.0f} entries/s", flush=True)
+                return elapsed
+
+            results[name] = sink_bench.time_strategy(name, args.records, args.repeat, once, "entries")
     finally:
         sc.stop()
-    doc = {"benchmark": "redis_sink", "records": args.records, "partitions": args.partitions,
-           "repeat": args.repeat, "url": args.url, "cpus": os.cpu_count(), "python": platform.python_version(),
-           "load_average_at_start": list(os.getloadavg()), "results": results}
-    if not args.no_save:
-        RESULTS.write_text(json.dumps(doc, indent=1) + "\n")
+    sink_bench.save(RESULTS, "redis_sink", args, results)
 
 
 if __name__ == "__main__":
