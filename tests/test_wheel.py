@@ -7,7 +7,11 @@ served by the status server, and runs a tiny pipeline (``queueStream`` -> ``save
 ``StreamingContext.local``. The build itself must print no setuptools warning (a package-data folder missing from
 ``packages`` used to warn, and a future setuptools drops such folders from the wheel).
 
-Cost (2 cores, dependencies in pip's cache): about a minute, most of it installing pyspark (~300 MB unpacked).
+A second test runs a Redis + PostgreSQL pipeline from the same installation (the ``redis`` and ``postgres`` extras
+installed with the wheel): ``redisStream`` in, ``saveToRedisStream`` and ``saveToPostgres`` out.
+
+Cost (2 cores, dependencies in pip's cache): building ~4 s, installing ~20 s (most of it pyspark, ~300 MB
+unpacked), each pipeline ~15-20 s.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -76,6 +81,40 @@ PROGRAM = textwrap.dedent(
     """
 )
 
+#: A Redis + PostgreSQL pipeline run from the installed package: words added to a Redis stream are read with
+#: ``redisStream``, counted per batch and written to another stream (``saveToRedisStream``) and to a table
+#: (``saveToPostgres``). Arguments: the Redis URL, a key prefix, the DSN, the table. Prints ``OK`` at the end.
+SERVICES_PROGRAM = textwrap.dedent(
+    """
+    import sys
+    import psycopg, redis
+    from dstreams import ManualClock, StreamingContext
+
+    url, prefix, dsn, table = sys.argv[1:5]
+    r = redis.Redis.from_url(url, decode_responses=True)
+    for w in "a b a c a".split():
+        r.xadd(prefix + "words", {"w": w})
+    clock = ManualClock()
+    ssc = StreamingContext.local(1, master="local[2]", appName="wheel-services",
+                                 conf={"spark.dstreams.ui.enabled": "false"}, clock=clock)
+    counts = ssc.redisStream(prefix + "words", url=url, decoder=lambda k, i, f: f["w"]).map(
+        lambda w: (w, 1)).reduceByKey(lambda a, b: a + b)
+    counts.saveToRedisStream(url, prefix + "counts", fields=["word", "n"])
+    counts.saveToPostgres(dsn, table)
+    ssc.start()
+    try:
+        clock.advance(1000)
+        ssc.awaitBatch(1000, 120)
+    finally:
+        ssc.stop(stopSparkContext=True)
+    stream = sorted((f["word"], int(f["n"])) for _, f in r.xrange(prefix + "counts"))
+    with psycopg.connect(dsn) as conn:
+        rows = sorted(conn.execute(f"SELECT word, n FROM {table}").fetchall())
+    assert stream == rows == [("a", 3), ("b", 1), ("c", 1)], (stream, rows)
+    print("OK", flush=True)
+    """
+)
+
 #: Setuptools' warnings that mean the build is misconfigured (the byte-compiling notes are not).
 BUILD_WARNING = re.compile(r"(BuildBackendWarning|SetuptoolsDeprecationWarning|SetuptoolsWarning|"
                            r"is absent from the `packages`|Package would be ignored)")
@@ -100,35 +139,86 @@ def _run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProces
     return proc
 
 
-@pytest.mark.timeout(900)
-def test_the_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> None:
+@dataclass
+class Installed:
+    """The wheel installed into a fresh virtualenv: its python, the environment to run it in, a work folder outside
+    the checkout, and how long each step took."""
+
+    python: str
+    env: dict[str, str]
+    work: Path
+    timings: dict[str, float]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """Build the wheel (no setuptools warning allowed) and install it with the ``redis`` and ``postgres`` extras,
+    dependencies from the package index or pip's cache, into a new virtualenv (no system site-packages)."""
+    tmp = tmp_path_factory.mktemp("wheel")
     timings: dict[str, float] = {}
     start = time.monotonic()
-    dist = tmp_path / "dist"
+    dist = tmp / "dist"
     build = _run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-cache-dir", "-w", str(dist),
-                  str(ROOT)], timeout=300, cwd=tmp_path)
+                  str(ROOT)], timeout=300, cwd=tmp)
     warnings = [line.strip() for line in (build.stdout + build.stderr).splitlines() if BUILD_WARNING.search(line)]
     assert not warnings, "building the wheel warned:\n" + "\n".join(warnings)
     wheels = list(dist.glob("dstreams-*.whl"))
     assert len(wheels) == 1, wheels
     timings["build"] = time.monotonic() - start
 
-    venv = tmp_path / "venv"
+    venv = tmp / "venv"
     t = time.monotonic()
-    _run([sys.executable, "-m", "venv", str(venv)], timeout=120, cwd=tmp_path)  # no --system-site-packages
+    _run([sys.executable, "-m", "venv", str(venv)], timeout=120, cwd=tmp)  # no --system-site-packages
     env = _clean_env(venv)
     python = str(venv / "bin" / "python")
-    _run([python, "-m", "pip", "install", "-q", str(wheels[0])], timeout=600, cwd=tmp_path, env=env)
+    _run([python, "-m", "pip", "install", "-q", f"{wheels[0]}[redis,postgres]"], timeout=600, cwd=tmp, env=env)
     timings["install"] = time.monotonic() - t
-
-    work = tmp_path / "work"
+    work = tmp / "work"
     work.mkdir()
-    (work / "program.py").write_text(PROGRAM)
+    return Installed(python, env, work, timings)
+
+
+@pytest.mark.timeout(900)
+def test_the_wheel_installs_and_runs_outside_the_checkout(installed: Installed) -> None:
+    (installed.work / "program.py").write_text(PROGRAM)
     t = time.monotonic()
-    proc = _run([python, "program.py", str(ROOT)], timeout=300, cwd=work, env=env)
-    timings["pipeline"] = time.monotonic() - t
+    proc = _run([installed.python, "program.py", str(ROOT)], timeout=300, cwd=installed.work, env=installed.env)
+    elapsed = time.monotonic() - t
     ok = [line for line in proc.stdout.splitlines() if line.startswith("OK ")]
     assert ok, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(ok[-1][3:])
     assert result == {"1000": ["('a', 1)", "('b', 2)", "('c', 1)"], "2000": ["('c', 1)"]}
-    print("wheel test timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+    print("wheel test timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in installed.timings.items())
+          + f", pipeline {elapsed:.1f}")
+
+
+@pytest.mark.timeout(600)
+def test_a_redis_and_postgres_pipeline_runs_from_the_wheel(installed: Installed, redis_url, redis_client,
+                                                            redis_prefix, postgres_dsn) -> None:
+    import psycopg
+
+    schema = f"wheel_{redis_prefix.split(':')[1]}"
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"CREATE TABLE {schema}.counts (word text PRIMARY KEY, n int NOT NULL)")
+    try:
+        (installed.work / "services.py").write_text(SERVICES_PROGRAM)
+        t = time.monotonic()
+        proc = _run([installed.python, "services.py", redis_url, redis_prefix, postgres_dsn, f"{schema}.counts"],
+                    timeout=300, cwd=installed.work, env=installed.env)
+        assert "OK" in proc.stdout.splitlines(), proc.stdout[-4000:] + proc.stderr[-4000:]
+        print(f"wheel Redis + PostgreSQL pipeline: {time.monotonic() - t:.1f} s")
+    finally:
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.mark.timeout(300)
+def test_the_demo_runs_from_the_wheel(installed: Installed) -> None:
+    """``python -m dstreams.demo`` (the main job) for 4 s of batches, from the folder outside the checkout."""
+    t = time.monotonic()
+    env = {**installed.env, "DSTREAMS_UI_PORT": "0"}
+    proc = _run([installed.python, "-m", "dstreams.demo", "--seconds", "4", "--rate", "1000", "--master", "local[2]"],
+                timeout=240, cwd=installed.work, env=env)
+    assert "running count" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-4000:]
+    print(f"wheel demo: {time.monotonic() - t:.1f} s")
