@@ -34,7 +34,8 @@ Contract of :func:`save_to_postgres` (the sink behind ``DStream.saveToPostgres``
   not done; a restart re-runs it.
 * **Records**: tuples or lists in the order of ``columns`` (default: all of the table's columns in table order),
   or dicts by column name (missing keys are NULL). Values are adapted by psycopg.
-* **Records written**: the rows the commit inserted or updated (0 for a batch committed by an earlier run).
+* **Records written**: the rows the commit inserted or updated (0 for a batch committed by an earlier run; a commit
+  whose reply was lost and that the retry finds is recognised by its token and counted).
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ def resolve_target(dsn: str, table: str, mode: str, key_columns: Sequence[str] |
         schema = table.rsplit(".", 1)[0] + "." if "." in table else ""
         with conn.transaction():
             conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (output text NOT NULL, batch_ms bigint NOT NULL, "
-                                 "rows bigint NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(), "
+                                 "rows bigint NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(), token text, "
                                  "PRIMARY KEY (output, batch_ms))").format(_ident(schema + COMMITS)))
             conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (output text PRIMARY KEY, epoch bigint NOT NULL)")
                          .format(_ident(schema + FENCES)))
@@ -225,9 +226,12 @@ def _commit_sql(target: PostgresTarget) -> Any:
                    "ON CONFLICT ({}) {}").format(_ident(target.table), cols, keys, cols, picked, keys, keys, action)
 
 
-def commit_batch(target: PostgresTarget, batch_ms: int, staged: list[tuple[int, str, int]], epoch: int | None) -> int:
+def commit_batch(target: PostgresTarget, batch_ms: int, staged: list[tuple[int, str, int]], epoch: int | None,
+                 token: str = "") -> int:
     """The driver's one transaction (module docstring): fence, commit record, move, record, clean up. Returns the
-    rows written, 0 when the batch was committed before. ``TransientStoreError`` for a lost connection."""
+    rows written, 0 when the batch was committed before by another write; ``token`` (one per write, the same for its
+    retries) recognises a commit of this write whose reply was lost. ``TransientStoreError`` for a lost
+    connection."""
     import psycopg
     from psycopg import sql
 
@@ -245,15 +249,15 @@ def commit_batch(target: PostgresTarget, batch_ms: int, staged: list[tuple[int, 
                     raise FencedError(f"saveToPostgres into {target.table!r}: a newer driver (epoch {owner}) owns the "
                                       f"output {target.output!r}; this one (epoch {epoch}) must not commit batch "
                                       f"{batch_ms}")
-            done = conn.execute(sql.SQL("SELECT rows FROM {} WHERE output = %s AND batch_ms = %s").format(
+            done = conn.execute(sql.SQL("SELECT rows, token FROM {} WHERE output = %s AND batch_ms = %s").format(
                 _ident(schema + COMMITS)), [target.output, batch_ms]).fetchone()
             if done is not None:
-                written = 0
+                written = int(done[0]) if token and done[1] == token else 0
             else:
                 faults.reached("postgres-sink-commit")
                 written = conn.execute(_commit_sql(target), params).rowcount
-                conn.execute(sql.SQL("INSERT INTO {} (output, batch_ms, rows) VALUES (%s, %s, %s)").format(
-                    _ident(schema + COMMITS)), [target.output, batch_ms, written])
+                conn.execute(sql.SQL("INSERT INTO {} (output, batch_ms, rows, token) VALUES (%s, %s, %s, %s)").format(
+                    _ident(schema + COMMITS)), [target.output, batch_ms, written, token or None])
             conn.execute(sql.SQL("DELETE FROM {} WHERE _ds_output = %s AND _ds_batch = %s").format(
                 _ident(target.staging)), [target.output, batch_ms])
     except psycopg.errors.IntegrityError as e:
@@ -305,7 +309,8 @@ def save_to_postgres(rdd: RDD, batch_ms: int, target: PostgresTarget, guard: Cal
     faults.reached("sink-write")
     staged = rdd.mapPartitionsWithIndex(stage_partition(target, batch_ms)).collect()
     policy = policy or RetryPolicy.from_env()
-    written = policy.call(lambda: commit_batch(target, batch_ms, staged, epoch), op="commit", key=target.table,
+    token = uuid.uuid4().hex
+    written = policy.call(lambda: commit_batch(target, batch_ms, staged, epoch, token), op="commit", key=target.table,
                           where=_safe_dsn(target.dsn))
     add_written(written)
     return written

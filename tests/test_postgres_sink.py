@@ -139,3 +139,32 @@ def test_a_constraint_violation_names_the_batch_column_and_record(sc, pg):
     with pytest.raises(PostgresSinkError, match=r"batch 3000.*constraint 'words_n_check'"):
         save_to_postgres(sc.parallelize([("a", -1)], 1), 3000, target, policy=NO_RETRY)
     assert _rows(dsn, f"SELECT count(*) FROM {schema}.words") == [(0,)]
+
+
+def test_a_connection_lost_in_the_commit_is_retried_and_commits_once(sc, pg, monkeypatch):
+    """The first commit attempt loses its connection (after the server committed it: the worst case); the retry
+    finds the commit record, adds nothing, and still counts the rows as written by this write."""
+    import psycopg
+
+    from dstreams.recovery import postgres_sink
+
+    dsn, schema = pg
+    target = resolve_target(dsn, f"{schema}.words", "append", None, ["word", "n"], "out")
+    real_commit = postgres_sink.commit_batch
+    calls = []
+
+    def lossy_commit(*args, **kwargs):
+        calls.append(1)
+        written = real_commit(*args, **kwargs)
+        if len(calls) == 1:  # committed, but the reply was lost
+            try:
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            except psycopg.OperationalError as e:
+                raise postgres_sink.TransientStoreError(f"lost: {e}") from e
+        return written
+
+    monkeypatch.setattr(postgres_sink, "commit_batch", lossy_commit)
+    written = save_to_postgres(sc.parallelize([("a", 1), ("b", 2)], 2), 1000, target,
+                               policy=RetryPolicy(total_seconds=10, initial=0.01))
+    assert len(calls) == 2 and written == 2  # the retry found the batch committed, by this write (its token)
+    assert _rows(dsn, f"SELECT word, n FROM {schema}.words ORDER BY word") == [("a", 1), ("b", 2)]
