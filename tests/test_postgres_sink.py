@@ -168,3 +168,47 @@ def test_a_connection_lost_in_the_commit_is_retried_and_commits_once(sc, pg, mon
                                policy=RetryPolicy(total_seconds=10, initial=0.01))
     assert len(calls) == 2 and written == 2  # the retry found the batch committed, by this write (its token)
     assert _rows(dsn, f"SELECT word, n FROM {schema}.words ORDER BY word") == [("a", 1), ("b", 2)]
+
+
+def _services(*args: str) -> None:
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "services.sh"
+    done = subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, f"services.sh {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+
+
+@pytest.mark.slow
+def test_a_postgres_restart_between_batches_loses_and_repeats_nothing(sc, pg, monkeypatch):
+    """The server is stopped after batch 1; batch 2 fails (no server) and is retried by the scheduler while the
+    server starts again; every row is in the table once."""
+    import os
+
+    from .support import POSTGRES_DSN
+
+    if os.environ.get("DSTREAMS_TEST_POSTGRES_DSN"):
+        pytest.skip("DSTREAMS_TEST_POSTGRES_DSN names a server scripts/services.sh does not own: not restarted")
+    dsn, schema = pg
+    assert dsn == POSTGRES_DSN
+    monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "8")  # 0.5 + 1 + 2 + ... s between attempts
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    batches = [[(f"a{i}", i) for i in range(5)], [(f"b{i}", i) for i in range(5)], [("c", 1)]]
+    ssc.queueStream([sc.parallelize(b, 2) for b in batches]).saveToPostgres(dsn, f"{schema}.words",
+                                                                            columns=["word", "n"])
+    ssc.start()
+    try:
+        run_batches(ssc, clock, 1)
+        _services("stop", "postgres")
+        try:
+            clock.set_time(2000)  # batch 2 runs against no server
+        finally:
+            _services("start", "postgres")
+        ssc.awaitBatch(2000, 120)
+        clock.set_time(3000)
+        ssc.awaitBatch(3000, 60)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    rows = _rows(dsn, f"SELECT word FROM {schema}.words")
+    assert sorted(rows) == sorted((w,) for b in batches for w, _ in b)
