@@ -6,10 +6,12 @@ and a fence check: a re-run batch writes nothing twice, a fenced driver commits 
 
 from __future__ import annotations
 
+import urllib.request
 import uuid
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dstreams import ManualClock, StreamingContext
 from dstreams.recovery.metadata import FencedError
@@ -62,8 +64,12 @@ def test_a_stream_appends_each_batch_once(sc, pg):
     ssc.start()
     try:
         infos = run_batches(ssc, clock, 3)
+        with urllib.request.urlopen(ssc.uiWebUrl + "/metrics", timeout=10) as r:
+            exposition = r.read().decode()
     finally:
         ssc.stop(stopSparkContext=False)
+    (family,) = [f for f in text_string_to_metric_families(exposition) if f.name == "dstreams_output_records"]
+    assert [s.value for s in family.samples if s.name == "dstreams_output_records_total"] == [3]  # /metrics
     assert _rows(dsn, f"SELECT word, n, note FROM {schema}.words ORDER BY word") == [
         ("a", 1, None), ("b", 2, "x"), ("c", 3, None)]
     assert [[op.records_written for op in i.output_operations.values()] for i in infos] == [[2], [0], [1]]

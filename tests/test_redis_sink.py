@@ -6,7 +6,10 @@ are reported (not silently taken for ours), and one dstreams job reads with ``re
 
 from __future__ import annotations
 
+import urllib.request
+
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dstreams import ManualClock, StreamingContext
 from dstreams.recovery.redis_sink import (
@@ -38,10 +41,14 @@ def test_each_batch_is_added_with_ids_from_its_time_and_positions(sc, redis_url,
     ssc.start()
     try:
         infos = run_batches(ssc, clock, 3)
+        with urllib.request.urlopen(ssc.uiWebUrl + "/metrics", timeout=10) as r:
+            exposition = r.read().decode()
     finally:
         ssc.stop(stopSparkContext=False)
     written = [[op.records_written for op in info.output_operations.values()] for info in infos]
     assert written == [[5], [0], [1]]
+    (family,) = [f for f in text_string_to_metric_families(exposition) if f.name == "dstreams_output_records"]
+    assert [s.value for s in family.samples if s.name == "dstreams_output_records_total"] == [6]  # /metrics
     # parallelize(5 records, 2): partition 0 holds 2, partition 1 holds 3; parallelize(1 record, 2): partition 1
     assert _entries(redis_client, key) == [
         ("1000-0", {"n": "0", "w": "w0"}), ("1000-1", {"n": "1", "w": "w1"}),
