@@ -192,6 +192,18 @@ def _script_args(chunk: list[Entry]) -> list[Any]:
     return args
 
 
+_scripts: dict[int, Any] = {}
+
+
+def _script(client: Any) -> Any:
+    """The sink's script registered with ``client`` (redis-py sends ``EVALSHA``, and loads it when the server does
+    not know it, e.g. after a restart)."""
+    script = _scripts.get(id(client))
+    if script is None:
+        script = _scripts[id(client)] = client.register_script(_SCRIPT)
+    return script
+
+
 def write_chunk(client: Any, key: str, chunk: list[Entry], batch_ms: int) -> tuple[int, int]:
     """Write one chunk with the script; returns (added, found already written). Raises
     :class:`RedisStreamConflictError` when entries at or below the stream's last id are not ours, and
@@ -199,7 +211,7 @@ def write_chunk(client: Any, key: str, chunk: list[Entry], batch_ms: int) -> tup
     import redis
 
     try:
-        script = client.register_script(_SCRIPT)
+        script = _script(client)
         result = [int(x) for x in script(keys=[key], args=_script_args(chunk))]
     except (redis.ConnectionError, redis.TimeoutError) as e:
         raise TransientStoreError(f"Redis connection lost while writing batch {batch_ms} to the stream {key!r}: "
