@@ -67,6 +67,7 @@ class OutputEnvironment:
     checkpoint_dir: str | None
     store_options: dict[str, Any]
     check_owner: Callable[[], None]
+    epoch: int | None = None  # this driver's epoch in the metadata log (None without a checkpoint location)
 
 
 class StreamingContext:
@@ -414,8 +415,10 @@ class StreamingContext:
     def _output_environment(self) -> OutputEnvironment:
         """For sinks: the checkpoint location and the fence (a no-op before start and without one)."""
         runtime = self._runtime
+        metadata = runtime.metadata if runtime is not None else None
         return OutputEnvironment(self._checkpoint_dir, dict(self._store_options),
-                                 runtime.check_owner if runtime is not None else _no_fence)
+                                 runtime.check_owner if runtime is not None else _no_fence,
+                                 metadata.head.get("epoch") if metadata is not None else None)
 
     def start(self) -> None:
         """Start generating and running batches on the clock."""

@@ -12,7 +12,7 @@ partition is recomputed from lineage and must come out the same).
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD, StorageLevel
@@ -36,6 +36,7 @@ from dstreams.records import (
     map_records,
     map_values,
 )
+from dstreams.recovery.redis_sink import DEFAULT_CHUNK_SIZE as DEFAULT_REDIS_CHUNK_SIZE
 from dstreams.recovery.sinks import save_text_exactly_once, save_to_store_exactly_once, sink_store_options
 from dstreams.time import BatchTime, DurationLike, from_user_time, parse_duration, to_datetime
 
@@ -515,6 +516,80 @@ class DStream:
             save_to_store_exactly_once(rdd, target, env.check_owner, options, format)
 
         self._output(save, f"saveToStore({str(location)!r})")
+
+    def saveToRedisStream(self, url: str, key: str, fields: Sequence[str] | Callable[[Any], Mapping[str, Any]]
+                          | None = None, chunkSize: int = DEFAULT_REDIS_CHUNK_SIZE) -> None:
+        """Add each batch's records to the Redis stream ``key`` at ``url``, exactly once.
+
+        Each record becomes one entry: a mapping of field -> value when ``fields`` is None, a tuple zipped with
+        the names in ``fields``, or what the function ``fields(record)`` returns (values: str, bytes, int or
+        float). Record ``i`` of partition ``p`` of batch ``t`` gets the id ``<t ms>-<p * 2**32 + i>``; Redis
+        refuses an id at or below the stream's last one, and the sink writes a batch in id order, in atomic
+        chunks of ``chunkSize`` entries that skip (after checking them) the entries already there: a batch
+        re-run after a failure or a driver restart adds nothing twice and completes one cut off half-way. The
+        key must have this sink as its only writer: entries another writer adds with higher ids fail the next
+        batch with ``RedisStreamConflictError`` (never a silent loss). Read it with ``ssc.redisStream(key)``;
+        see :mod:`dstreams.recovery.redis_sink` for the details. Needs redis-py (``pip install
+        'dstreams[redis]'``).
+        """
+        from dstreams.recovery.redis_sink import save_to_redis_stream
+
+        ssc = self._ssc
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"saveToRedisStream needs a stream key (a non-empty str), got {key!r}")
+        if fields is not None and not callable(fields):
+            if isinstance(fields, str) or not fields or not all(isinstance(f, str) for f in fields):
+                raise ValueError("saveToRedisStream's fields: None (records are dicts), a list of field names "
+                                 f"(records are tuples) or a function record -> dict, got {fields!r}")
+            fields = list(fields)
+        if int(chunkSize) < 1:
+            raise ValueError(f"saveToRedisStream's chunkSize must be >= 1, got {chunkSize!r}")
+        if ssc._concurrent > 1:
+            raise ValueError("saveToRedisStream writes batches in id order and needs them one at a time: "
+                             f"concurrentBatches is {ssc._concurrent} (set it, or spark.streaming.concurrentJobs, "
+                             "to 1)")
+
+        def save(time: Any, rdd: RDD) -> None:
+            ms = round(time.timestamp() * 1000)
+            save_to_redis_stream(rdd, ms, url, key, fields, ssc._output_environment().check_owner, int(chunkSize))
+
+        self._output(save, f"saveToRedisStream({key!r})")
+
+    def saveToPostgres(self, dsn: str, table: str, mode: str = "append", keyColumns: Sequence[str] | None = None,
+                       columns: Sequence[str] | None = None, outputName: str | None = None) -> None:
+        """Write each batch's records into the PostgreSQL table ``table`` at ``dsn``, exactly once.
+
+        Records are tuples in the order of ``columns`` (default: every column of the table, in table order) or
+        dicts by column name. ``mode="append"`` inserts them; ``mode="upsert"`` inserts or updates by
+        ``keyColumns`` (a unique index must cover them; the last record of a key in a batch wins). The partitions
+        are copied (``COPY``) in parallel into a staging table; the driver then moves the batch into ``table`` in one
+        transaction together with its commit record ``(outputName, batch time)`` and a fence check, so a batch
+        re-run after a kill, a failover or by a zombie driver writes nothing twice, and a fenced driver commits
+        nothing. ``outputName`` (default: the table and the checkpoint location) names the commit records: give
+        two outputs writing one table distinct names. The table must exist. See
+        :mod:`dstreams.recovery.postgres_sink`. Needs psycopg 3 (``pip install 'dstreams[postgres]'``).
+        """
+        from dstreams.recovery.postgres_sink import MODES, resolve_target, save_to_postgres
+
+        ssc = self._ssc
+        if mode not in MODES:
+            raise ValueError(f"saveToPostgres: mode must be one of {MODES}, got {mode!r}")
+        if mode == "upsert" and not keyColumns:
+            raise ValueError("saveToPostgres(mode='upsert') needs keyColumns (the columns of a unique index)")
+        if not isinstance(table, str) or not table:
+            raise ValueError(f"saveToPostgres needs a table name, got {table!r}")
+        resolved: dict[str, Any] = {}
+
+        def save(time: Any, rdd: RDD) -> None:
+            ms = round(time.timestamp() * 1000)
+            env = ssc._output_environment()
+            target = resolved.get("target")
+            if target is None:
+                name = outputName or (f"{table}@{env.checkpoint_dir}" if env.checkpoint_dir else table)
+                target = resolved["target"] = resolve_target(dsn, table, mode, keyColumns, columns, name)
+            save_to_postgres(rdd, ms, target, env.check_owner, env.epoch)
+
+        self._output(save, f"saveToPostgres({table!r})")
 
     # ------------------------------------------------------------------ inspection
     def slice(self, begin: Any, end: Any) -> list[RDD]:

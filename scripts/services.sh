@@ -3,7 +3,10 @@
 # under .ceph/cluster, kept across restarts), a moto server on 127.0.0.1:5055 (in memory) and a Redis
 # server (Debian's redis-server) on 127.0.0.1:6390 (DSTREAMS_TEST_REDIS_PORT), the project's own process
 # with its own configuration and data under .redis/ (append-only file on, kept across restarts).
-# usage: scripts/services.sh start|stop|status|restart [ceph|moto|redis|chromium ...]
+# A PostgreSQL server (Debian's postgresql) on 127.0.0.1:5440 (DSTREAMS_TEST_POSTGRES_PORT): the project's own
+# cluster under .postgres/data (initdb, trust authentication on loopback, user and database `dstreams`), run by
+# pg_ctl as the `postgres` system user when this script runs as root (root cannot run postgres).
+# usage: scripts/services.sh start|stop|status|restart [ceph|moto|redis|postgres|chromium ...]
 # With no service named, start/stop/status act on all of them; `restart redis` stops and starts Redis only.
 # `chromium` is not a server: Debian's chromium and chromium-driver (apt-get), which the status page's
 # browser test (tests/test_status_browser.py) drives headless; the test starts and stops the browser itself.
@@ -13,7 +16,8 @@
 # Required mode (CI=true or DSTREAMS_REQUIRE_SERVICES=1; DSTREAMS_REQUIRE_SERVICES=0 turns it off): a
 # service that does not start makes `start` exit 1 with an ERROR naming the service and its log, and the
 # tests fail instead of skipping (tests/support.py). Every wait is a bounded polling loop. Nothing is
-# exported: tests read DSTREAMS_TEST_RGW_ENDPOINT, DSTREAMS_TEST_MOTO_ENDPOINT and DSTREAMS_TEST_REDIS_URL,
+# exported: tests read DSTREAMS_TEST_RGW_ENDPOINT, DSTREAMS_TEST_MOTO_ENDPOINT, DSTREAMS_TEST_REDIS_URL and
+# DSTREAMS_TEST_POSTGRES_DSN,
 # whose defaults are the endpoints below; when one is set to another address, that server is checked, not
 # started or stopped here.
 set -u
@@ -40,6 +44,14 @@ REDIS_PORT="${DSTREAMS_TEST_REDIS_PORT:-6390}"
 REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
 REDIS_PACKAGES="redis-server redis-tools"
 REDIS_FAILURE=""                    # why Redis did not start, set by start_redis
+PG_BASE="$ROOT/.postgres"
+PG_DATA="$PG_BASE/data"
+PG_LOG="$PG_BASE/postgres.log"
+PG_PORT="${DSTREAMS_TEST_POSTGRES_PORT:-5440}"
+PG_USER=dstreams
+PG_DB=dstreams
+PG_DSN="postgresql://$PG_USER@127.0.0.1:$PG_PORT/$PG_DB"
+PG_FAILURE=""                       # why PostgreSQL did not start, set by start_postgres
 CHROMIUM_PACKAGES="chromium chromium-driver"
 CHROMIUM_FAILURE=""                 # why the browser is not available, set by start_chromium
 T0=$(date +%s%N)
@@ -542,6 +554,95 @@ redis_status() {
   fi
 }
 
+# ---------------------------------------------------------------- PostgreSQL (the SQL sink's tests)
+
+pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
+pg_installed() { [ -n "$(pg_bin)" ] && [ -x "$(pg_bin)/pg_ctl" ]; }
+
+# as_pg CMD...: run CMD as the owner of the cluster (the `postgres` system user when we are root).
+as_pg() {
+  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+pg_ready() { timeout 5 "$(pg_bin)/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" -U "$PG_USER" -d "$PG_DB"; }
+
+start_postgres() {
+  local t ext
+  t=$(date +%s%N)
+  PG_FAILURE=""
+  if ext=$(external DSTREAMS_TEST_POSTGRES_DSN "$PG_DSN"); then
+    echo "postgres: using $ext (DSTREAMS_TEST_POSTGRES_DSN; not started or stopped here)"
+    return 0
+  fi
+  if ! pg_installed; then
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 || [ -n "${DSTREAMS_NO_APT:-}" ]; then
+      PG_FAILURE="postgresql is not installed and cannot be installed here (needs root and apt-get; no log)"
+      echo "postgres: NOT AVAILABLE ($PG_FAILURE)"
+      return 1
+    fi
+    log "installing postgresql (apt-get)"
+    apt_install "$PG_BASE/apt.log" postgresql postgresql || {
+      PG_FAILURE="installing postgresql with apt-get failed (log: $PG_BASE/apt.log)"
+      echo "postgres: NOT AVAILABLE"
+      return 1
+    }
+  fi
+  if [ "$(id -u)" = 0 ]; then
+    id postgres >/dev/null 2>&1 || useradd --system --home-dir "$PG_BASE" --shell /usr/sbin/nologin postgres
+    touch "$PG_LOG"
+    chown -R postgres: "$PG_BASE"
+  fi
+  if pg_ready; then
+    echo "postgres: running at $PG_DSN"
+    return 0
+  fi
+  if port_open "$PG_PORT"; then
+    PG_FAILURE="127.0.0.1:$PG_PORT is taken by a process that is not this project's PostgreSQL (set DSTREAMS_TEST_POSTGRES_PORT)"
+    echo "postgres: NOT STARTED ($PG_FAILURE)"
+    return 1
+  fi
+  if [ ! -f "$PG_DATA/PG_VERSION" ]; then
+    log "postgres: initdb $PG_DATA"
+    if ! as_pg timeout 120 "$(pg_bin)/initdb" -D "$PG_DATA" -U "$PG_USER" --auth=trust -E UTF8 --no-locale \
+        >>"$PG_LOG" 2>&1; then
+      PG_FAILURE="initdb failed (log: $PG_LOG)"
+      echo "postgres: NOT STARTED ($PG_FAILURE)"
+      return 1
+    fi
+  fi
+  # -w: pg_ctl waits (at most -t seconds) until the server accepts connections.
+  if ! as_pg timeout 90 "$(pg_bin)/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t 60 \
+      -o "-p $PG_PORT -k $PG_BASE -c listen_addresses=127.0.0.1" start >/dev/null 2>&1 || ! wait_for 30 pg_ready; then
+    tail -5 "$PG_LOG" >&2 2>/dev/null
+    PG_FAILURE="PostgreSQL did not accept connections on 127.0.0.1:$PG_PORT within 60 s (log: $PG_LOG)"
+    echo "postgres: NOT STARTED (see $PG_LOG)"
+    return 1
+  fi
+  if ! timeout 30 psql -q -h 127.0.0.1 -p "$PG_PORT" -U "$PG_USER" -d postgres -tAc \
+      "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'" | grep -q 1; then
+    timeout 30 psql -q -h 127.0.0.1 -p "$PG_PORT" -U "$PG_USER" -d postgres -c "CREATE DATABASE $PG_DB" >>"$PG_LOG" 2>&1
+  fi
+  echo "postgres: $PG_DSN (start took $(( ($(date +%s%N) - t) / 1000000 )) ms)"
+}
+
+# stop_postgres: a fast shutdown (connections closed, everything committed is on disk), bounded.
+stop_postgres() {
+  if external DSTREAMS_TEST_POSTGRES_DSN "$PG_DSN" >/dev/null; then
+    log "postgres: DSTREAMS_TEST_POSTGRES_DSN is set: that server is not stopped here"
+    return 0
+  fi
+  if pg_installed && [ -f "$PG_DATA/postmaster.pid" ]; then
+    as_pg timeout 60 "$(pg_bin)/pg_ctl" -D "$PG_DATA" -m fast -w -t 30 stop >/dev/null 2>&1 && log "stopped postgres"
+  fi
+}
+
+postgres_status() {
+  local ext
+  if ext=$(external DSTREAMS_TEST_POSTGRES_DSN "$PG_DSN"); then echo "postgres: using $ext (DSTREAMS_TEST_POSTGRES_DSN)"
+  elif pg_installed && pg_ready; then echo "postgres: running at $PG_DSN"
+  else echo "postgres: stopped"; fi
+}
+
 # ---------------------------------------------------------------- Chromium (headless browser for the page test)
 
 chromium_installed() { command -v chromium >/dev/null && command -v chromedriver >/dev/null; }
@@ -581,8 +682,8 @@ chromium_status() {
 # ---------------------------------------------------------------- main
 
 usage() {
-  echo "usage: $0 start|stop|status [ceph|moto|redis|chromium ...]   (no service named: all of them)" >&2
-  echo "       $0 restart ceph|moto|redis ...                (stops, then starts, only those named)" >&2
+  echo "usage: $0 start|stop|status [ceph|moto|redis|postgres|chromium ...]   (no service named: all of them)" >&2
+  echo "       $0 restart ceph|moto|redis|postgres ...                (stops, then starts, only those named)" >&2
 }
 
 # selected SERVICE: SERVICE was named on the command line, or none was.
@@ -604,11 +705,12 @@ status() {
     else echo "moto: stopped"; fi
   fi
   if selected redis; then redis_status; fi
+  if selected postgres; then postgres_status; fi
   if selected chromium; then chromium_status; fi
 }
 
 start_services() {
-  local moto_job="" ceph_rc=0 moto_rc=0 redis_rc=0 chromium_rc=0 failed=() f
+  local moto_job="" ceph_rc=0 moto_rc=0 redis_rc=0 postgres_rc=0 chromium_rc=0 failed=() f
   if selected moto; then
     start_moto &  # moto needs 1-3 s to import: start it while Ceph comes up
     moto_job=$!
@@ -621,7 +723,11 @@ start_services() {
     start_redis
     redis_rc=$?
   fi
-  if selected chromium; then  # after Redis: apt-get cannot run twice at once
+  if selected postgres; then  # after Redis: apt-get cannot run twice at once
+    start_postgres
+    postgres_rc=$?
+  fi
+  if selected chromium; then  # after PostgreSQL: apt-get cannot run twice at once
     start_chromium
     chromium_rc=$?
   fi
@@ -632,6 +738,7 @@ start_services() {
   [ "$ceph_rc" = 0 ] || failed+=("ceph-rgw: ${CEPH_FAILURE:-the Ceph RADOS Gateway did not start (logs: $D/log)}")
   [ "$moto_rc" = 0 ] || failed+=("moto: $(cat "$MOTO_FAILURE" 2>/dev/null || echo "the moto server did not start (log: $MOTO_LOG)")")
   [ "$redis_rc" = 0 ] || failed+=("redis: ${REDIS_FAILURE:-the Redis server did not start (log: $REDIS_LOG)}")
+  [ "$postgres_rc" = 0 ] || failed+=("postgres: ${PG_FAILURE:-PostgreSQL did not start (log: $PG_LOG)}")
   [ "$chromium_rc" = 0 ] || failed+=("chromium: ${CHROMIUM_FAILURE:-chromium and chromium-driver are not available}")
   if [ "${#failed[@]}" -gt 0 ]; then
     if required; then
@@ -649,18 +756,20 @@ stop_services() {
   # In parallel: each daemon takes 1-2 s to exit after SIGTERM.
   if selected moto; then stop_pid "$MOTO_PID" moto.server & fi
   if selected redis; then stop_redis & fi
+  if selected postgres; then stop_postgres & fi
   if selected ceph; then stop_ceph; fi
   wait
   if [ "${#SELECTED[@]}" = 0 ]; then echo "services stopped"; else echo "stopped: ${SELECTED[*]}"; fi
 }
 
-mkdir -p "$BASE" "$REDIS_BASE"
+mkdir -p "$BASE" "$REDIS_BASE" "$PG_BASE"
 [ -f "$REDIS_BASE/.gitignore" ] || echo '*' >"$REDIS_BASE/.gitignore"  # .redis/ is local state, never committed
+[ -f "$PG_BASE/.gitignore" ] || echo '*' >"$PG_BASE/.gitignore"  # .postgres/ too
 cmd="${1:-}"
 [ "$#" = 0 ] || shift
 for s in "$@"; do
   case "$s" in
-    ceph | moto | redis | chromium) SELECTED+=("$s") ;;
+    ceph | moto | redis | postgres | chromium) SELECTED+=("$s") ;;
     *) echo "unknown service: $s" >&2; usage; exit 2 ;;
   esac
 done
@@ -670,7 +779,7 @@ case "$cmd" in
   status) status ;;
   restart)
     if [ "${#SELECTED[@]}" = 0 ]; then
-      echo "restart needs the services to restart named (ceph, moto, redis, chromium)" >&2
+      echo "restart needs the services to restart named (ceph, moto, redis, postgres, chromium)" >&2
       usage
       exit 2
     fi

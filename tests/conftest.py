@@ -1,12 +1,13 @@
 """Shared fixtures: one SparkContext for the whole test run (a context costs seconds to start), and the
-Redis fixtures (``redis_url``, ``redis_client``, ``redis_prefix``).
+Redis fixtures (``redis_url``, ``redis_client``, ``redis_prefix``) and ``postgres_dsn``.
 
 Also the services rule (see tests/support.py): ``--require-services`` (or ``CI=true`` /
 ``DSTREAMS_REQUIRE_SERVICES=1``) turns a missing server into a failure, and the run ends with a line
 per server saying how many tests ran against it (the Ceph RADOS Gateway, the Redis server). A test runs
 against Ceph when it uses an ``rgw_bucket`` fixture, is parametrised with the ``"rgw"`` backend, or is
 marked ``ceph``; against Redis when it uses the ``redis_url`` fixture (``redis_client`` does) or is
-marked ``redis``. In required mode, tests of a server collected but none run against it fails the session.
+marked ``redis``; against PostgreSQL when it uses ``postgres_dsn``. In required mode, tests of a server
+collected but none run against it fails the session.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from .support import REDIS_URL, REQUIRE_ENV, RGW_ENDPOINT, required_by, service_unavailable, services_required
+from .support import (
+    POSTGRES_DSN,
+    REDIS_URL,
+    REQUIRE_ENV,
+    RGW_ENDPOINT,
+    required_by,
+    service_unavailable,
+    services_required,
+)
 
 if TYPE_CHECKING:
     import redis
@@ -74,6 +83,7 @@ class _Service:
 _SERVICES = (
     _Service("ceph", "Ceph", "the Ceph RADOS Gateway", RGW_ENDPOINT, frozenset({"rgw_bucket"}), param="rgw"),
     _Service("redis", "Redis", "the Redis server", REDIS_URL, frozenset({"redis_url"})),
+    _Service("postgres", "PostgreSQL", "the PostgreSQL server", POSTGRES_DSN, frozenset({"postgres_dsn"})),
 )
 
 
@@ -89,6 +99,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "ceph: runs against the Ceph RADOS Gateway (added automatically)")
     config.addinivalue_line("markers", "redis: runs against the Redis server (added automatically)")
+    config.addinivalue_line("markers", "postgres: runs against the PostgreSQL server (added automatically)")
     if config.getoption("--require-services"):
         os.environ[REQUIRE_ENV] = "1"  # also seen by subprocesses and tests/support.py
 
@@ -205,6 +216,22 @@ def redis_url() -> str:
     finally:
         client.close()
     return REDIS_URL
+
+
+@pytest.fixture
+def postgres_dsn() -> str:
+    """The test PostgreSQL server's DSN, once it answered within 5 s; otherwise the test skips, or fails when
+    services are required (tests/support.py)."""
+    try:
+        import psycopg
+    except ImportError:
+        service_unavailable("psycopg is not installed: pip install -e '.[test]'")
+    try:
+        psycopg.connect(POSTGRES_DSN, connect_timeout=5).close()
+    except psycopg.Error as e:
+        service_unavailable(f"PostgreSQL at {POSTGRES_DSN} is not reachable ({e}); run "
+                            "`bash scripts/services.sh start postgres`")
+    return POSTGRES_DSN
 
 
 @pytest.fixture

@@ -29,14 +29,20 @@ def build(sc, url: str, keys: list[str], checkpoint: str, out: str):
 
 
 def main(url: str, prefix: str, n_keys: int, checkpoint: str, out: str) -> int:
+    keys = [f"{prefix}{i}" for i in range(n_keys)]
+    return run_driver("dstreams-redis-app", checkpoint, lambda sc: build(sc, url, keys, checkpoint, out))
+
+
+def run_driver(app_name: str, checkpoint: str, setup) -> int:
+    """Run ``getOrCreate(checkpoint, setup(sc))`` on ``local[2]`` until SIGTERM (a graceful stop, 0) or the stream
+    fails (1); prints ``STARTED`` once started and ``EXIT <rc>`` at the end."""
     from dstreams import StreamingContext
     from dstreams.sparkconf import create_spark_context
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    keys = [f"{prefix}{i}" for i in range(n_keys)]
-    sc = create_spark_context("local[2]", "dstreams-redis-app", {"spark.default.parallelism": "2"})
-    ssc = StreamingContext.getOrCreate(checkpoint, lambda: build(sc, url, keys, checkpoint, out))
+    sc = create_spark_context("local[2]", app_name, {"spark.default.parallelism": "2"})
+    ssc = StreamingContext.getOrCreate(checkpoint, lambda: setup(sc))
     ssc.start()
     print("STARTED", flush=True)
     rc = 0

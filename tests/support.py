@@ -35,6 +35,11 @@ DEFAULT_REDIS_URL = f"redis://127.0.0.1:{REDIS_PORT}/0"
 REDIS_URL = (os.environ.get("DSTREAMS_TEST_REDIS_URL") or DEFAULT_REDIS_URL).rstrip("/")
 
 
+# The project's PostgreSQL server (scripts/services.sh: its own cluster in .postgres/ on port 5440), or another one
+# named by DSTREAMS_TEST_POSTGRES_DSN.
+POSTGRES_DSN = os.environ.get("DSTREAMS_TEST_POSTGRES_DSN") or "postgresql://dstreams@127.0.0.1:5440/dstreams"
+
+
 def redis_is_external() -> bool:
     """Whether the tests use a Redis server that scripts/services.sh does not own."""
     return REDIS_URL != DEFAULT_REDIS_URL
@@ -116,3 +121,13 @@ def run_through(build: Callable[[Any], StreamingContext], zero_ms: int, last_ms:
         ssc.awaitBatch(last_ms, timeout_s)
     finally:
         ssc.stop(stopSparkContext=False)
+
+
+def run_batches(ssc, clock, batches: int, timeout: float = 60) -> list:
+    """Move the manual ``clock`` of a started ``ssc`` through batches 1..``batches`` (1 s each) and return their
+    ``BatchInfo``s, each awaited for at most ``timeout`` seconds."""
+    infos = []
+    for i in range(1, batches + 1):
+        clock.set_time(i * 1000)
+        infos.append(ssc.awaitBatch(i * 1000, timeout))
+    return infos

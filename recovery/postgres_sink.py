@@ -1,0 +1,316 @@
+"""Exactly-once output into a PostgreSQL table: partitions staged in parallel, the batch committed in one transaction
+together with its commit record.
+
+Contract of :func:`save_to_postgres` (the sink behind ``DStream.saveToPostgres``):
+
+* **Stage.** Each task ``COPY``\\ s its partition into the output's staging table (``<table>__dstreams_<hash of the
+  columns>``, unlogged, the target's columns plus ``_ds_output``, ``_ds_batch``, ``_ds_part``, ``_ds_row`` and
+  ``_ds_attempt``, a fresh id per task attempt) and commits; tasks run in parallel. A retried or speculative
+  attempt stages its rows under its own attempt id; the driver takes, per partition, the one attempt whose
+  result Spark kept.
+* **Commit.** The driver then runs ONE transaction: (1) the fence: the row of ``dstreams_sink_fences`` for this
+  output is raised to this driver's epoch (the metadata log's) and locked; a higher epoch there means a newer
+  driver owns the output, and the transaction aborts with :class:`~dstreams.recovery.metadata.FencedError`;
+  (2) the commit record: when ``dstreams_sink_commits`` already has ``(output, batch)``, the batch was committed
+  by an earlier run and nothing is added (a re-run after a kill, a failover, a zombie); (3) the kept attempts'
+  rows are moved into the table (``INSERT ... SELECT`` in partition and record order; for ``mode="upsert"`` the
+  last record per key wins and ``ON CONFLICT (keyColumns) DO UPDATE``); (4) the commit record is inserted;
+  (5) the batch's staging rows (every attempt's) are deleted. The batch's rows become visible at the ``COMMIT``,
+  all at once, together with the record that they were committed: exactly once.
+* **Fencing.** ``guard()`` (the metadata log's check) runs before the staging job, and the epoch row inside the
+  commit transaction closes the window between that check and the commit: a zombie driver paused anywhere
+  commits nothing once the new owner committed a batch of the output. Without a checkpoint location there is no
+  epoch and no fence row (no failover either).
+* **The output's name** (``outputName``, the key of the commit records and the fence) defaults to the table and
+  the checkpoint location: two jobs, or two outputs of one job, writing one table need distinct names; a job
+  started on a new checkpoint location starts new commit records (and epochs from 1).
+* **Bad input** fails the batch with :class:`PostgresSinkError` naming the batch, the table and, where Postgres
+  says, the column and the record (partition and position in it): a missing table or column (before anything
+  is written), a value of the wrong type (``COPY`` refuses it: the task fails), a constraint violation (unique,
+  not null, check, foreign key: the commit fails, nothing of the batch is visible). A lost connection in the
+  commit is retried with the store's retry policy (:class:`~dstreams.recovery.retry.RetryPolicy`; safe, since
+  the retried transaction finds the commit record if the lost one committed); a lost connection in a task fails
+  the task (Spark's task retries, then the batch's retries). Past the bounds the context stops with the batch
+  not done; a restart re-runs it.
+* **Records**: tuples or lists in the order of ``columns`` (default: all of the table's columns in table order),
+  or dicts by column name (missing keys are NULL). Values are adapted by psycopg.
+* **Records written**: the rows the commit inserted or updated (0 for a batch committed by an earlier run; a commit
+  whose reply was lost and that the retry finds is recognised by its token and counted).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark import RDD
+
+from dstreams.output_records import add_written
+
+from . import faults
+from .metadata import FencedError
+from .retry import RetryPolicy
+from .store.errors import TransientStoreError
+
+log = logging.getLogger(__name__)
+
+COMMITS = "dstreams_sink_commits"
+FENCES = "dstreams_sink_fences"
+MODES = ("append", "upsert")
+_META = ("_ds_output", "_ds_batch", "_ds_part", "_ds_row", "_ds_attempt")
+
+
+class PostgresSinkError(RuntimeError):
+    """A batch could not be written to its table: the message names the batch, the table, and where Postgres says,
+    the column and the record."""
+
+
+@dataclass(frozen=True)
+class PostgresTarget:
+    """Where and how an output writes; ``columns`` and ``key_columns`` are resolved against the table."""
+
+    dsn: str
+    table: str
+    columns: tuple[str, ...]
+    mode: str
+    key_columns: tuple[str, ...]
+    output: str
+
+    @property
+    def staging(self) -> str:
+        digest = hashlib.sha1(",".join(self.columns).encode()).hexdigest()[:8]
+        return f"{self.table}__dstreams_{digest}"
+
+
+def _connect(dsn: str) -> Any:
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - an installation problem
+        raise ImportError("saveToPostgres needs psycopg 3: pip install 'dstreams[postgres]'") from None
+    return psycopg.connect(dsn, connect_timeout=10)
+
+
+def _ident(name: str) -> Any:
+    from psycopg import sql
+
+    return sql.Identifier(*name.split("."))
+
+
+def _idents(names: Iterable[str]) -> Any:
+    from psycopg import sql
+
+    return sql.SQL(", ").join(sql.Identifier(n) for n in names)
+
+
+def resolve_target(dsn: str, table: str, mode: str, key_columns: Sequence[str] | None,
+                   columns: Sequence[str] | None, output: str) -> PostgresTarget:
+    """Check the table and columns (``PostgresSinkError`` naming what is missing) and create the sink's own tables
+    (commit records, fences, this output's staging table) when they do not exist. Runs on the driver."""
+    from psycopg import sql
+
+    if mode not in MODES:
+        raise ValueError(f"saveToPostgres: mode must be one of {MODES}, got {mode!r}")
+    with _connect(dsn) as conn:
+        row = conn.execute("SELECT to_regclass(%s)::oid", [table]).fetchone()
+        if row is None or row[0] is None:
+            raise PostgresSinkError(f"saveToPostgres: the table {table!r} does not exist in {_safe_dsn(dsn)}: create "
+                                    "it first (the sink never creates or alters a user's table)")
+        existing = [r[0] for r in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
+            "ORDER BY attnum", [row[0]])]
+        cols = tuple(columns) if columns else tuple(existing)
+        keys = tuple(key_columns or ())
+        missing = [c for c in (*cols, *keys) if c not in existing]
+        if missing:
+            raise PostgresSinkError(f"saveToPostgres: the table {table!r} has no column {missing[0]!r} (its columns: "
+                                    f"{', '.join(existing)})")
+        if mode == "upsert" and (not keys or any(k not in cols for k in keys)):
+            raise ValueError("saveToPostgres(mode='upsert') needs keyColumns, a subset of columns, that a unique "
+                             f"index of {table!r} covers; got keyColumns={list(keys)}, columns={list(cols)}")
+        target = PostgresTarget(dsn, table, cols, mode, keys, output)
+        schema = table.rsplit(".", 1)[0] + "." if "." in table else ""
+        with conn.transaction():
+            conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (output text NOT NULL, batch_ms bigint NOT NULL, "
+                                 "rows bigint NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(), token text, "
+                                 "PRIMARY KEY (output, batch_ms))").format(_ident(schema + COMMITS)))
+            conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (output text PRIMARY KEY, epoch bigint NOT NULL)")
+                         .format(_ident(schema + FENCES)))
+            conn.execute(sql.SQL("CREATE UNLOGGED TABLE IF NOT EXISTS {} AS SELECT {} FROM {} WITH NO DATA").format(
+                _ident(target.staging), _idents(cols), _ident(table)))
+            conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS _ds_output text, ADD COLUMN IF NOT EXISTS "
+                                 "_ds_batch bigint, ADD COLUMN IF NOT EXISTS _ds_part int, ADD COLUMN IF NOT EXISTS "
+                                 "_ds_row bigint, ADD COLUMN IF NOT EXISTS _ds_attempt text").format(
+                _ident(target.staging)))
+            conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (_ds_output, _ds_batch, _ds_part)").format(
+                sql.Identifier(target.staging.rsplit(".", 1)[-1] + "_batch"), _ident(target.staging)))
+    return target
+
+
+def _safe_dsn(dsn: str) -> str:
+    """The DSN without a password."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", re.sub(r"password=\S+", "password=***", dsn))
+
+
+def _values(record: Any, columns: tuple[str, ...]) -> tuple[Any, ...]:
+    if isinstance(record, Mapping):
+        unknown = [k for k in record if k not in columns]
+        if unknown:
+            raise TypeError(f"the record has the field {unknown[0]!r}, which is not one of the columns {list(columns)}")
+        return tuple(record.get(c) for c in columns)
+    if isinstance(record, (tuple, list)) and len(record) == len(columns):
+        return tuple(record)
+    raise TypeError(f"the record {record!r:.200} is neither a dict nor a tuple of {len(columns)} values for the "
+                    f"columns {list(columns)}")
+
+
+_COPY_LINE = re.compile(r"COPY [^,]+, line (\d+)(?:, column (\w+))?")
+
+
+def stage_partition(target: PostgresTarget, batch_ms: int) -> Callable[[int, Iterable[Any]], Iterator[tuple]]:
+    """The executor side: ``COPY`` partition ``p`` into the staging table under a fresh attempt id and commit;
+    yields ``(p, attempt, rows)``. A record that cannot be converted or that Postgres refuses fails the task with
+    a ``PostgresSinkError`` naming the batch, the partition, the record's position and (where known) the column."""
+    from psycopg import sql
+
+    copy_sql = sql.SQL("COPY {} ({}) FROM STDIN").format(_ident(target.staging), _idents(target.columns + _META))
+
+    def stage(p: int, records: Iterable[Any]) -> Iterator[tuple]:
+        import psycopg
+
+        attempt = uuid.uuid4().hex
+        where = f"saveToPostgres into {target.table!r}: batch {batch_ms}, partition {p}"
+        n = 0
+        try:
+            with _connect(target.dsn) as conn, conn.cursor() as cur, cur.copy(copy_sql) as copy:
+                for record in records:
+                    try:
+                        values = _values(record, target.columns)
+                    except TypeError as e:
+                        raise PostgresSinkError(f"{where}, record {n}: {e}") from None
+                    copy.write_row((*values, target.output, batch_ms, p, n, attempt))
+                    n += 1
+        except psycopg.errors.DataError as e:
+            diag = e.diag
+            m = _COPY_LINE.search(diag.context or "")
+            row = f", record {int(m.group(1)) - 1}" if m else ""
+            column = f", column {m.group(2)!r}" if m and m.group(2) else ""
+            raise PostgresSinkError(f"{where}{row}{column}: {diag.message_primary}") from None
+        yield p, attempt, n
+
+    return stage
+
+
+def _commit_sql(target: PostgresTarget) -> Any:
+    """``INSERT INTO table ... SELECT`` the kept attempts' staged rows of one batch (params: output, batch,
+    partitions[], attempts[])."""
+    from psycopg import sql
+
+    cols = _idents(target.columns)
+    picked = sql.SQL("FROM {} s WHERE s._ds_output = %(output)s AND s._ds_batch = %(batch)s AND (s._ds_part, "
+                     "s._ds_attempt) IN (SELECT * FROM unnest(%(parts)s::int[], %(attempts)s::text[]))").format(
+        _ident(target.staging))
+    if target.mode == "append":
+        return sql.SQL("INSERT INTO {} ({}) SELECT {} {} ORDER BY s._ds_part, s._ds_row").format(
+            _ident(target.table), cols, cols, picked)
+    keys = _idents(target.key_columns)
+    others = [c for c in target.columns if c not in target.key_columns]
+    action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
+        sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in others)) if others \
+        else sql.SQL("DO NOTHING")
+    return sql.SQL("INSERT INTO {} ({}) SELECT DISTINCT ON ({}) {} {} ORDER BY {}, s._ds_part DESC, s._ds_row DESC "
+                   "ON CONFLICT ({}) {}").format(_ident(target.table), cols, keys, cols, picked, keys, keys, action)
+
+
+def commit_batch(target: PostgresTarget, batch_ms: int, staged: list[tuple[int, str, int]], epoch: int | None,
+                 token: str = "") -> int:
+    """The driver's one transaction (module docstring): fence, commit record, move, record, clean up. Returns the
+    rows written, 0 when the batch was committed before by another write; ``token`` (one per write, the same for its
+    retries) recognises a commit of this write whose reply was lost. ``TransientStoreError`` for a lost
+    connection."""
+    import psycopg
+    from psycopg import sql
+
+    schema = target.table.rsplit(".", 1)[0] + "." if "." in target.table else ""
+    params = {"output": target.output, "batch": batch_ms, "parts": [p for p, _, _ in staged],
+              "attempts": [a for _, a, _ in staged]}
+    try:
+        with _connect(target.dsn) as conn, conn.transaction():
+            if epoch is not None:
+                (owner,) = conn.execute(sql.SQL(
+                    "INSERT INTO {} AS f (output, epoch) VALUES (%s, %s) ON CONFLICT (output) DO UPDATE SET epoch = "
+                    "GREATEST(f.epoch, EXCLUDED.epoch) RETURNING epoch").format(_ident(schema + FENCES)),
+                    [target.output, epoch]).fetchone()
+                if owner > epoch:
+                    raise FencedError(f"saveToPostgres into {target.table!r}: a newer driver (epoch {owner}) owns the "
+                                      f"output {target.output!r}; this one (epoch {epoch}) must not commit batch "
+                                      f"{batch_ms}")
+            done = conn.execute(sql.SQL("SELECT rows, token FROM {} WHERE output = %s AND batch_ms = %s").format(
+                _ident(schema + COMMITS)), [target.output, batch_ms]).fetchone()
+            if done is not None:
+                written = int(done[0]) if token and done[1] == token else 0
+            else:
+                faults.reached("postgres-sink-commit")
+                written = conn.execute(_commit_sql(target), params).rowcount
+                conn.execute(sql.SQL("INSERT INTO {} (output, batch_ms, rows, token) VALUES (%s, %s, %s, %s)").format(
+                    _ident(schema + COMMITS)), [target.output, batch_ms, written, token or None])
+            conn.execute(sql.SQL("DELETE FROM {} WHERE _ds_output = %s AND _ds_batch = %s").format(
+                _ident(target.staging)), [target.output, batch_ms])
+    except psycopg.errors.IntegrityError as e:
+        raise PostgresSinkError(_integrity_message(target, batch_ms, params, e)) from None
+    except psycopg.errors.InvalidColumnReference as e:  # ON CONFLICT without a matching unique index
+        raise PostgresSinkError(f"saveToPostgres into {target.table!r}: batch {batch_ms}: {e.diag.message_primary} "
+                                f"(keyColumns={list(target.key_columns)} needs a unique index or primary key on "
+                                "exactly those columns)") from None
+    except psycopg.OperationalError as e:
+        raise TransientStoreError(f"PostgreSQL connection lost while committing batch {batch_ms} into "
+                                  f"{target.table!r}: {e}") from e
+    return written
+
+
+def _integrity_message(target: PostgresTarget, batch_ms: int, params: dict[str, Any], e: Any) -> str:
+    """A constraint violation, with the column and (when it can be found) the staged record that broke it."""
+    diag = e.diag
+    column = diag.column_name
+    where = ""
+    if column and column in target.columns and type(e).__name__ == "NotNullViolation":
+        where = _find_null(target, params, column)
+    detail = f" ({diag.message_detail})" if diag.message_detail else ""
+    constraint = f", constraint {diag.constraint_name!r}" if diag.constraint_name else ""
+    col = f", column {column!r}" if column else ""
+    return (f"saveToPostgres into {target.table!r}: batch {batch_ms}{where}{col}{constraint}: {diag.message_primary}"
+            f"{detail}; nothing of the batch was committed")
+
+
+def _find_null(target: PostgresTarget, params: dict[str, Any], column: str) -> str:
+    from psycopg import sql
+
+    try:
+        with _connect(target.dsn) as conn:
+            row = conn.execute(sql.SQL(
+                "SELECT s._ds_part, s._ds_row FROM {} s WHERE s._ds_output = %(output)s AND s._ds_batch = %(batch)s "
+                "AND (s._ds_part, s._ds_attempt) IN (SELECT * FROM unnest(%(parts)s::int[], %(attempts)s::text[])) "
+                "AND {} IS NULL ORDER BY 1, 2 LIMIT 1").format(_ident(target.staging), sql.Identifier(column)),
+                params).fetchone()
+    except Exception:  # only for the message
+        return ""
+    return f", partition {row[0]}, record {row[1]}" if row else ""
+
+
+def save_to_postgres(rdd: RDD, batch_ms: int, target: PostgresTarget, guard: Callable[[], None] | None = None,
+                     epoch: int | None = None, policy: RetryPolicy | None = None) -> int:
+    """Write batch ``batch_ms`` into ``target`` exactly once (module docstring); returns the rows written."""
+    if guard is not None:
+        guard()
+    faults.reached("sink-write")
+    staged = rdd.mapPartitionsWithIndex(stage_partition(target, batch_ms)).collect()
+    policy = policy or RetryPolicy.from_env()
+    token = uuid.uuid4().hex
+    written = policy.call(lambda: commit_batch(target, batch_ms, staged, epoch, token), op="commit", key=target.table,
+                          where=_safe_dsn(target.dsn))
+    add_written(written)
+    return written
