@@ -156,7 +156,11 @@ class DStreamGraph:
         for out in self.outputs:
             out.validate_at_start()
 
-    def start(self, zero_time: BatchTime, services: GraphServices) -> None:
+    def start(self, zero_time: BatchTime, services: GraphServices,
+              ride_out: Callable[[str, Callable[[], Any]], Any] | None = None) -> None:
+        """Initialise every node at ``zero_time`` and start the inputs, in order. ``ride_out(what, func)`` runs
+        each input's ``start()`` (the scheduler passes one that waits out an unavailable source or store, as for
+        a batch): a source's ``start`` must therefore be safe to call again after it raised."""
         with self.lock:
             self.validate()
             self._services = services
@@ -167,7 +171,10 @@ class DStreamGraph:
                 out.remember(self.remember_duration)
             self.started = True
             for node in self.inputs:
-                node.start()
+                if ride_out is None:
+                    node.start()
+                else:
+                    ride_out(f"starting the source {node.name}", node.start)
 
     def stop(self) -> None:
         """Stop the inputs, then unpersist what the engine cached for every node (see ``release``)."""

@@ -220,7 +220,9 @@ class JobScheduler:
             first_batch = self.first_batch_time()
         self.start_time = first_batch
         services = GraphServices(self.checkpointer, self.wal)
-        self.graph.start(zero_time if zero_time is not None else first_batch - batch, services)
+        # A source whose server is down at start (Redis restarting) is waited for as in a batch, within the
+        # outage bound, instead of failing the start.
+        self.graph.start(zero_time if zero_time is not None else first_batch - batch, services, self._ride_out)
         if prepare is not None:
             prepare()
         self.events.start(self._handle, self._fatal)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import operator
 import os
 import threading
+import time
 
 import pytest
 
@@ -143,6 +144,52 @@ def test_missing_keys_fail_at_start_or_are_waited_for(sc, redis_url, redis_clien
     finally:
         ssc.stop(stopSparkContext=False)
     assert seen[1000] == [] and seen[2000] == ["0", "1"]
+
+
+def test_a_server_down_at_start_is_waited_for_within_the_outage_bound(sc, redis_url, redis_client, redis_prefix):
+    """Redis restarting while a driver starts: ``start()`` waits (as a batch would) instead of failing."""
+    from urllib.parse import urlsplit
+
+    from benchmarks.chaos_proxy import FaultProxy
+    from dstreams.recovery.outage import OUTAGE_WAITS
+
+    key = f"{redis_prefix}down"
+    _add(redis_client, key, 3)
+    upstream = urlsplit(redis_url)
+    proxy = FaultProxy("redis", upstream.hostname or "127.0.0.1", upstream.port or 6379)
+    proxy.down()
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    seen: dict[int, list] = {}
+    _collect(ssc.redisStream(key, url=f"redis://127.0.0.1:{proxy.port}{upstream.path}").map(lambda r: r[2]["n"]),
+             seen)
+    waits_before = OUTAGE_WAITS.total()
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            ssc.start()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    starter = threading.Thread(target=start, name="test-start")
+    starter.start()
+    try:
+        deadline = time.monotonic() + 60
+        while OUTAGE_WAITS.total() == waits_before and starter.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not errors, errors
+        assert starter.is_alive() and OUTAGE_WAITS.total() > waits_before, "start() did not wait for the source"
+        proxy.up()
+        starter.join(60)
+        assert not starter.is_alive() and not errors, errors
+        _run(ssc, clock, 1)
+    finally:
+        proxy.up()
+        starter.join(60)
+        ssc.stop(stopSparkContext=False)
+        proxy.close()
+    assert seen[1000] == ["0", "1", "2"]
 
 
 def test_trimmed_entries_fail_clearly_or_are_skipped_on_request(sc, redis_url, redis_client, redis_prefix):

@@ -108,7 +108,9 @@ class InputNode(DStreamNode):
         return []
 
     def start(self) -> None:
-        """Called once when the context starts (open sockets, list initial files, ...)."""
+        """Called when the context starts (open sockets, list initial files, ...); called again after it raised
+        an outage error (:class:`~dstreams.contracts.SourceUnavailableError`, an unavailable store) while the
+        scheduler waits the outage out, so a call after a failed one must start over safely."""
 
     def stop(self) -> None:
         """Called once when the context stops."""

@@ -33,7 +33,8 @@ Contract (``StreamingContext.redisStream``):
 * **Fixing a batch changes nothing until the batch is fixed** (the input contract's failure rule): the ranges
   are fixed on copies of the positions; a connection error on any key leaves the positions as they were.
   An unreachable server raises :class:`~dstreams.contracts.SourceUnavailableError` after the
-  client's retries; the driver rides it out like a store outage (``spark.dstreams.store.outageSeconds``).
+  client's retries; the driver rides it out like a store outage (``spark.dstreams.store.outageSeconds``),
+  in ``start()`` too (the scheduler runs every source's ``start`` through its outage wait).
 * **Positions for monitoring tools** (``commitToGroup="<group>"``): after each completed batch the driver
   moves the consumer group ``<group>`` of every key to the end of that batch's range (``XGROUP SETID``;
   the group is created at the key's current position if it does not exist), so that ``XINFO GROUPS``
