@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -71,11 +72,17 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
     restored: dict[str, int | None] = {}
     rdds: dict[str, tuple[int, RDD]] = {}
     found: dict[str, list[int]] = {}
-    for node in graph.stateful_nodes():
-        candidates = found[node.key] = list_checkpoints(store, node.key)
+    nodes = graph.stateful_nodes()
+    candidates: dict[str, list[int]] = {}
+    for node in nodes:
+        candidates[node.key] = found[node.key] = list_checkpoints(store, node.key)
         if completed is not None:
-            candidates = [t for t in candidates if t <= completed]
-        got = _restore_node(sc, spec, node, candidates)
+            candidates[node.key] = [t for t in candidates[node.key] if t <= completed]
+    # Each node's checkpoint is read back and verified by a Spark job of its own; the jobs run at once (a
+    # restart's time to its first batch: the driver-side cost of one job overlaps the others' tasks).
+    with ThreadPoolExecutor(max_workers=max(1, min(4, len(nodes))), thread_name_prefix="dstreams-restore") as pool:
+        results = list(pool.map(lambda n: _restore_node(sc, spec, n, candidates[n.key]), nodes))
+    for node, got in zip(nodes, results, strict=True):
         if got is None:
             restored[node.key] = None
             log.warning("no usable checkpoint of %s: its state is recomputed from the first batch", node.name)
