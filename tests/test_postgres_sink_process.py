@@ -148,7 +148,8 @@ def test_postgres_restarts_inside_the_commit_and_a_kill_while_it_is_down_write_e
                 if proc.poll() is not None:
                     raise AssertionError(f"driver exited ({proc.returncode}) waiting for {what}\n{log_tail()}")
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"timed out after {timeout} s waiting for {what}\n{log_tail()}")
+                    raise TimeoutError(f"timed out after {timeout} s waiting for {what} ({count_rows()} rows, "
+                                       f"{redis_client.xlen(out_key)} entries of {len(expected)})\n{log_tail()}")
                 time.sleep(0.2)
 
         for _ in range(3):
