@@ -39,11 +39,11 @@ import pytest
 
 from .support import service_unavailable
 from .test_redis_process import _stop, _wait
+from .test_redis_sink_process import KEYS, driver_env, sink_input
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.redis]
 
 APP = os.path.join(os.path.dirname(__file__), "redis_sink_app.py")
-KEYS = 2
 PER_KEY = 150  # 10 per key and batch: 15 batches of 20 records
 MAX_RESTARTS = 4  # drivers restarted after a batch exhausted its retries while the server was down
 
@@ -79,12 +79,9 @@ def own_postgres(tmp_path: Path) -> Iterator[tuple[object, Callable[[], list[tup
 def test_postgres_restarts_inside_the_commit_and_a_kill_while_it_is_down_write_every_row_once(
         tmp_path, redis_url, redis_client, redis_prefix, own_postgres):
     server, rows = own_postgres
-    keys = [f"{redis_prefix}in{i}" for i in range(KEYS)]
-    out_key = f"{redis_prefix}out"
-    expected = {(k, redis_client.xadd(k, {"n": str(n)})) for k in keys for n in range(PER_KEY)}
+    out_key, expected = sink_input(redis_client, redis_prefix, PER_KEY)
     ckpt, log_path = str(tmp_path / "ckpt"), str(tmp_path / "driver.log")
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("DSTREAMS_FAULT_")}
-    base_env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    base_env = driver_env()
     rng = random.Random(int(os.environ.get("DSTREAMS_TEST_SEED") or 26))
 
     def start(**fault: str) -> subprocess.Popen:
