@@ -49,8 +49,9 @@ kind comes back every ``len(KINDS)`` faults). Kinds (:data:`KINDS`):
 * ``executor-kill``: SIGKILL of one executor JVM; the driver running then was started on
   ``local-cluster[2,1,1024]`` (drivers run on ``local[2]`` otherwise: the master is chosen per driver,
   from the faults before the next driver-ending one; ``--master`` forces one);
-* ``user-fail``: the audit ``foreachRDD`` function raises in the first attempt of a batch 2-5 batches
-  ahead (a marker file); the engine's batch retry (``spark.dstreams.batch.maxAttempts``) should run it
+* ``user-fail``: the audit ``foreachRDD`` function raises in the first attempt of the batch 2-5 batches
+  after the newest committed one (a marker file; ``detail.fired`` in the JSON says whether it did); the
+  engine's batch retry (``spark.dstreams.batch.maxAttempts``) should run it
   again; an engine without it stops the driver with the error, which the supervisor restarts. The two
   exactly-once sinks come before the audit output, so the retried batch writes them again.
 
@@ -795,8 +796,10 @@ class ChaosRun:
             self.postgres.start()
             self.postgres.restarts += 1
         elif f.kind == "user-fail":
+            # ahead of the newest committed batch, not of the wall clock: a stream behind the clock (a loaded
+            # machine, a backlog after a restart) would otherwise not reach the marked batch before the end
             last = max((r["batch_ms"] for r in self.committed_rows()), default=self.zero_ms)
-            t = max(last, (now_ms() // self.batch_ms) * self.batch_ms) + f.params["ahead"] * self.batch_ms
+            t = last + f.params["ahead"] * self.batch_ms
             marker = Path(self.cfg["local"]) / "faults" / f"fail-{t}"
             marker.write_text(f"fault {f.index}\n")
             f.detail = {"batch_ms": t, "batch": (t - self.zero_ms) // self.batch_ms}
@@ -882,6 +885,9 @@ class ChaosRun:
         self.supervising = False
         self.proc.send_signal(signal.SIGTERM)
         self.final_rc = self.reap(timeout=180)
+        for f in self.schedule:  # did the marked batch's first attempt fail (the marker's .done file)?
+            if f.kind == "user-fail" and "batch_ms" in f.detail:
+                f.detail["fired"] = (Path(self.cfg["local"]) / "faults" / f"fail-{f.detail['batch_ms']}.done").exists()
         self.feeder.stopped.set()
         self.feeder.join(10)
 

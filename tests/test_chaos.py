@@ -84,6 +84,8 @@ def test_short_chaos_schedule_commits_what_a_fault_free_run_commits(tmp_path):
                      "redis-drop", "executor-kill", "user-fail", "postgres-restart"}
     not_injected = [f for f in doc["schedule"] if f["outcome"] != "injected"]
     assert not not_injected, not_injected
+    unfired = [f for f in doc["schedule"] if f["kind"] == "user-fail" and not f["detail"].get("fired")]
+    assert not unfired, unfired  # the marked batch's first attempt failed
 
     # Batch by batch, every output equals the fault-free run's; nothing lost, nothing twice.
     cmp_ = doc["comparison"]
