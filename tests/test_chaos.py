@@ -15,6 +15,7 @@ seed (the schedule is a function of it).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -48,6 +49,9 @@ def _services() -> None:
     if shutil.which("redis-server") is None:
         service_unavailable("redis-server is not installed (the chaos run starts and restarts its own); "
                             "run `bash scripts/services.sh start redis`")
+    if shutil.which("pg_ctl") is None and not glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"):
+        service_unavailable("PostgreSQL is not installed (the chaos run starts and restarts its own cluster); "
+                            "run `bash scripts/services.sh start postgres`")
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
