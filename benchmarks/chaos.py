@@ -293,6 +293,25 @@ class PostgresServer:
         self._run(["initdb", "-D", str(self.data), "-U", "dstreams", "--auth=trust", "-E", "UTF8", "--no-locale"],
                   120)
 
+    @classmethod
+    def launch(cls, folder: Path, ports: tuple[int, int] = POSTGRES_PORTS, tries: int = 5) -> PostgresServer:
+        """A new cluster, started on a free port of ``ports``; another port when the start fails (a concurrent
+        run may take the port between the check and the start), ``tries`` times, then the error."""
+        start = ports[0]
+        for attempt in range(1, tries + 1):
+            server = cls(folder, free_port(start, ports[1]))
+            try:
+                server.start()
+                return server
+            except (subprocess.SubprocessError, RuntimeError):
+                server.destroy()
+                if not server.own_folder:
+                    shutil.rmtree(server.folder, ignore_errors=True)
+                if attempt == tries:
+                    raise
+                start = server.port + 1
+        raise AssertionError("unreachable")
+
     @staticmethod
     def _bin() -> Path:
         found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"), key=lambda p: int(p.parent.parent.name)
@@ -511,8 +530,7 @@ class ChaosRun:
         self.redis = RedisServer(self.work / "redis", port)
         self.redis.start()
         self.proxies["redis"] = FaultProxy("redis", "127.0.0.1", port)
-        self.postgres = PostgresServer(self.work / "postgres", free_port(*POSTGRES_PORTS))
-        self.postgres.start()
+        self.postgres = PostgresServer.launch(self.work / "postgres")
         import psycopg
 
         with psycopg.connect(self.postgres.dsn, autocommit=True) as conn:

@@ -55,14 +55,12 @@ def own_postgres(tmp_path: Path) -> Iterator[tuple[object, Callable[[], list[tup
     pytest.importorskip("psycopg")
     import psycopg
 
-    from benchmarks.chaos import POSTGRES_PORTS, PostgresServer
-    from benchmarks.chaos_proxy import free_port
+    from benchmarks.chaos import PostgresServer
 
     if shutil.which("pg_ctl") is None and not list(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl")):
         service_unavailable("PostgreSQL is not installed (pg_ctl); run `bash scripts/services.sh start postgres`")
-    server = PostgresServer(tmp_path / "postgres", free_port(*POSTGRES_PORTS))
+    server = PostgresServer.launch(tmp_path / "postgres")
     try:
-        server.start()
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE copied (src text NOT NULL, id text NOT NULL)")
 
