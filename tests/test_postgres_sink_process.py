@@ -11,8 +11,10 @@ a key (``saveToPostgres``: a duplicate would show).
 
 1. The first driver stops itself (SIGSTOP, fault point ``postgres-sink-commit``) inside the commit transaction of
    its second batch, the staged rows not yet moved; the server is stopped (``pg_ctl stop -m immediate``: every
-   server process killed, the open transaction lost), the driver resumed while the server is down (its commit
-   fails and is retried), and the server started again 0.5-2.5 s later: the batch is committed once.
+   server process killed, the open transaction lost, and the unlogged staging table emptied by
+   the crash recovery), the driver resumed while the server is down (its commit fails and is retried), and the
+   server started again 0.5-2.5 s later: the commit finds the staged rows gone, stages the batch again and commits
+   it once (before the fix in this branch it committed the batch with 0 rows).
 2. At a random moment while batches are committed, the server is stopped (``-m fast``), the driver killed with
    SIGKILL while it is down, and the server started again; a second driver resumes from the checkpoint.
 3. Under the second driver the server is stopped (fast or immediate) and started three more times at random
@@ -174,3 +176,5 @@ def test_postgres_restarts_inside_the_commit_and_a_kill_while_it_is_down_write_e
     assert not [x for x, n in Counter(copied).items() if n > 1], "duplicate entries"
     assert set(copied) == expected
     assert logged("STARTED") == 2 + restarts
+    # the immediate stop emptied the unlogged staging table under the paused commit: staged again, not committed short
+    assert logged("staging the batch again") >= 1, log_tail()
