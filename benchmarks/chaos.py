@@ -7,7 +7,8 @@ Run from the repository root, with the Ceph RADOS Gateway of ``scripts/services.
 
 **What runs.** The driver ``benchmarks/chaos_app.py`` (its docstring has the pipeline: ``redisStream`` and
 ``textFileStream`` on an ``s3://`` prefix, ``updateStateByKey``, ``reduceByKeyAndWindow`` with an inverse,
-an event-time window, a session window, ``saveToStore`` to Ceph, ``saveAsTextFiles``, a ``foreachRDD``)
+an event-time window, a session window, ``saveToStore`` to Ceph, ``saveAsTextFiles``, the exactly-once
+sinks ``saveToRedisStream`` and ``saveToPostgres``, a ``foreachRDD``)
 as a subprocess in its own process group, restarted with ``getOrCreate`` after every kill, stop or crash,
 as a supervisor would. The run owns everything it breaks, so the shared services stay untouched:
 
@@ -18,6 +19,12 @@ as a supervisor would. The run owns everything it breaks, so the shared services
   ``AWS_ENDPOINT_URL_S3``), so "gateway down" (the proxy refuses and resets every connection) is what
   the driver and the executors would see of a stopped gateway. ``--stop-gateway`` stops and starts the
   real radosgw instead (``scripts/services.sh``; only on a machine where nobody else uses it);
+* its own PostgreSQL cluster (``initdb``/``pg_ctl`` as ``scripts/services.sh`` runs the shared one, run as
+  the ``postgres`` user when we are root; a free port from 5441 up; its folder is ``<work>/postgres``, or a
+  folder of its own in the temporary folder when we are root, since the postgres user may not reach the work
+  folder), holding the ``saveToPostgres`` output's tables ``run_events`` and ``ref_events``, which it really
+  stops and starts; the driver connects to it directly (no proxy). The ``saveToRedisStream`` output goes to
+  the key ``sink-run`` of the run's Redis server, through the proxy like the source;
 * its own bucket ``chaos-<seed>-<random>`` and temporary folder (removed at the end unless ``--keep``).
 
 **The schedule** (:func:`make_schedule`, a pure function of ``--seed`` and ``--minutes``): faults spaced
@@ -27,18 +34,29 @@ kind comes back every ``len(KINDS)`` faults). Kinds (:data:`KINDS`):
 * ``driver-kill``: SIGKILL of the driver's process group (Python driver, JVM, workers) at that moment;
 * ``driver-kill-in-output``: the driver kills itself at a fault point of ``dstreams.recovery.faults``
   (``mid-batch``: an output is running; ``checkpoint-write``: a data checkpoint's parts are written, its
-  manifest not; ``after-metadata-commit``), armed through the environment of the driver started before it;
+  manifest not; ``after-metadata-commit``; ``redis-sink-chunk``: ``saveToRedisStream`` wrote a chunk of a
+  batch, about 3 chunks a batch; ``postgres-sink-commit``: ``saveToPostgres`` is inside its commit
+  transaction), armed through the environment of the driver started before it;
 * ``driver-term``: SIGTERM (dstreams' graceful stop; exit 0 expected), then a restart;
 * ``gateway-down``: the Ceph path down for 5-60 s (5-15 s in a schedule of 5 minutes or less);
 * ``redis-restart``: the Redis server stopped (SIGTERM: it writes its AOF; or SIGKILL: the AOF, synced on
   every write, has everything) and started again after 0-8 s;
+* ``postgres-restart``: the PostgreSQL server stopped (``pg_ctl stop -m fast``: connections closed, a
+  clean shutdown; or ``-m immediate``: every server process killed, crash recovery at the start) and
+  started again after 0-8 s: the ``saveToPostgres`` output's stage tasks and commit fail meanwhile (the
+  store's retries, Spark's task retries, the batch's retries; past them the driver stops and is restarted);
 * ``redis-drop``: every Redis connection reset, and half of the time new ones refused for 0.5-5 s;
 * ``executor-kill``: SIGKILL of one executor JVM; the driver running then was started on
   ``local-cluster[2,1,1024]`` (drivers run on ``local[2]`` otherwise: the master is chosen per driver,
   from the faults before the next driver-ending one; ``--master`` forces one);
-* ``user-fail``: the audit ``foreachRDD`` function raises in the first attempt of a batch 2-5 batches
-  ahead (a marker file); the engine's batch retry (``spark.dstreams.batch.maxAttempts``) should run it
-  again; an engine without it stops the driver with the error, which the supervisor restarts.
+* ``user-fail``: the audit ``foreachRDD`` function raises in the first attempt of the batch 2-5 batches
+  after the newest committed one (a marker file; ``detail.fired`` in the JSON says whether it did); the
+  engine's batch retry (``spark.dstreams.batch.maxAttempts``) should run it
+  again; an engine without it stops the driver with the error, which the supervisor restarts. The two
+  exactly-once sinks come before the audit output, so the retried batch writes them again.
+
+Driver kills, ``redis-restart`` and ``redis-drop`` hit the ``saveToRedisStream`` output too (its key is on
+the run's Redis server, through the proxy), ``postgres-restart`` and the kills the ``saveToPostgres`` one.
 
 Before each fault the orchestrator waits for the stream to be steady again after the previous one (3
 batches in a row with a scheduling delay under the interval, at most ``--steady-wait`` seconds, 90 by
@@ -55,9 +73,12 @@ batch every output committed). Its cost is its processing time only: about a thi
 wall time.
 
 **The check.** For every output and every batch ``1..N``: the chaos run's committed records (folders
-with ``_SUCCESS``; the audit files) equal the reference's (as sorted lines). Totals: every input record
-(each Redis entry and file line has an id) is in exactly one committed ``events`` batch (``lost``,
-``duplicated``, ``unexpected``), and the running counts of batch ``N`` equal the words counted over the
+with ``_SUCCESS``; the audit files; the Redis stream's entries grouped by the batch time in their id; the
+table's rows grouped by their ``batch_ms`` column) equal the reference's (as sorted lines; the reference
+writes the key ``sink-ref`` and the table ``ref_events``). Totals: every input record (each Redis entry and
+file line has an id) is in exactly one committed batch of the ``events``, ``stream`` and ``table`` outputs
+(``lost``, ``duplicated``, ``unexpected``: the sums over the three; ``by_output`` each), and the
+running counts of batch ``N`` equal the words counted over the
 input of batches ``1..N``.
 
 **Recovery figures**, for every driver kill, stop or crash (``recoveries`` in the JSON): from the kill
@@ -106,13 +127,19 @@ APP = Path(__file__).resolve().parent / "chaos_app.py"
 DEFAULT_RGW = os.environ.get("DSTREAMS_TEST_RGW_ENDPOINT", "http://127.0.0.1:7480")
 ACCESS_KEY, SECRET_KEY, REGION = "AKTEST", "SKTEST", "us-east-1"
 REDIS_PORTS = (6391, 6420)  # the project's range for servers a run owns (6390 is the shared test server)
+POSTGRES_PORTS = (5441, 5461)  # the same for PostgreSQL (5440 is the shared test server)
+SINK_CHUNK = 16  # entries per saveToRedisStream chunk: about 3 chunks per batch
 LOCAL_CLUSTER = "local-cluster[2,1,1024]"
 LOCAL = "local[2]"
 
 KINDS = ("driver-kill", "driver-kill-in-output", "driver-term", "gateway-down", "redis-restart", "redis-drop",
-         "executor-kill", "user-fail")
+         "executor-kill", "user-fail", "postgres-restart")
 DRIVER_ENDING = ("driver-kill", "driver-kill-in-output", "driver-term")
-KILL_POINTS = ("mid-batch", "mid-batch", "checkpoint-write", "after-metadata-commit")
+KILL_POINTS = ("mid-batch", "mid-batch", "checkpoint-write", "after-metadata-commit", "redis-sink-chunk",
+               "postgres-sink-commit")
+#: How often a driver passes each kill point per batch (to arm it for a moment about ``at_s`` ahead).
+PER_BATCH = {"mid-batch": 1.0, "checkpoint-write": 0.8, "after-metadata-commit": 2.0, "redis-sink-chunk": 3.0,
+             "postgres-sink-commit": 1.0}
 STEADY_RUN = 3
 FILES_AHEAD = 40  # batches of input files kept written ahead of the wall clock
 _FAULT_ENV = ("DSTREAMS_FAULT_KILL", "DSTREAMS_FAULT_KILL_AFTER", "DSTREAMS_FAULT_SLOW_EXECUTOR",
@@ -183,6 +210,9 @@ def make_schedule(seed: int, minutes: float, kinds: tuple[str, ...] = KINDS) -> 
             params["ahead"] = rng.randint(2, 5)
         elif kind == "executor-kill":
             params["executor"] = rng.randint(0, 1)
+        elif kind == "postgres-restart":
+            params["mode"] = rng.choice(("fast", "immediate"))
+            params["down_s"] = round(rng.uniform(0, 8), 1)
         faults.append(Fault(len(faults), round(at, 1), kind, params))
         at += rng.uniform(*gap)
     return faults
@@ -233,6 +263,116 @@ class RedisServer:
         import redis
 
         return redis.Redis(port=self.port, decode_responses=True, socket_timeout=30)
+
+
+class PostgresServer:
+    """The run's own PostgreSQL cluster (``initdb`` + ``pg_ctl``, as ``scripts/services.sh`` runs the shared one:
+    trust authentication on loopback, user and database ``dstreams``, run as the ``postgres`` system user when
+    we are root, since root cannot run postgres), which the schedule stops and starts again.
+
+    Contract: :meth:`start` returns once the server accepts connections (bounded: 60 s) or raises; :meth:`stop`
+    is ``pg_ctl stop -m <mode>`` (``fast``: connections closed, a clean shutdown; ``immediate``: every process
+    killed, WAL replayed at the next start) and returns once the server is down (bounded) or raises;
+    :meth:`destroy` stops it and removes its folder when the folder is not under the run's work folder."""
+
+    def __init__(self, folder: Path, port: int) -> None:
+        self.port = port
+        self.root = os.geteuid() == 0
+        # The postgres user must reach the data folder: a work folder under a 0700 temporary folder of root's
+        # is not reachable, so as root the cluster gets a folder of its own in /tmp, owned by postgres.
+        self.folder = Path(tempfile.mkdtemp(prefix="chaos-pg-")) if self.root else folder
+        self.own_folder = self.root
+        self.folder.mkdir(parents=True, exist_ok=True)
+        # the server's log (written by the postgres user) and the commands' output (by us)
+        self.data, self.log_path = self.folder / "data", self.folder / "server.log"
+        self.commands_log = self.folder / "commands.log"
+        self.restarts = 0
+        self.bin = self._bin()
+        if self.root:
+            shutil.chown(self.folder, "postgres", "postgres")
+        self._run(["initdb", "-D", str(self.data), "-U", "dstreams", "--auth=trust", "-E", "UTF8", "--no-locale"],
+                  120)
+
+    @classmethod
+    def launch(cls, folder: Path, ports: tuple[int, int] = POSTGRES_PORTS, tries: int = 5) -> PostgresServer:
+        """A new cluster, started on a free port of ``ports``; another port when the start fails (a concurrent
+        run may take the port between the check and the start), ``tries`` times, then the error."""
+        start = ports[0]
+        for attempt in range(1, tries + 1):
+            server = cls(folder, free_port(start, ports[1]))
+            try:
+                server.start()
+                return server
+            except (subprocess.SubprocessError, RuntimeError):
+                server.destroy()
+                if not server.own_folder:
+                    shutil.rmtree(server.folder, ignore_errors=True)
+                if attempt == tries:
+                    raise
+                start = server.port + 1
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _bin() -> Path:
+        found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"), key=lambda p: int(p.parent.parent.name)
+                       if p.parent.parent.name.isdigit() else 0)
+        if found:
+            return found[-1].parent
+        which = shutil.which("pg_ctl")
+        if which is None:
+            raise RuntimeError("PostgreSQL is not installed (pg_ctl): run `bash scripts/services.sh start postgres`")
+        return Path(which).parent
+
+    def _run(self, cmd: list[str], timeout: float) -> None:
+        full = [str(self.bin / cmd[0]), *cmd[1:]]
+        if self.root:
+            full = ["runuser", "-u", "postgres", "--", *full]
+        with open(self.commands_log, "ab") as out:
+            subprocess.run(full, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, check=True,
+                           cwd=str(self.folder))
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://dstreams@127.0.0.1:{self.port}/dstreams"
+
+    def ready(self) -> bool:
+        import psycopg
+
+        try:
+            with psycopg.connect(self.dsn, connect_timeout=2):
+                return True
+        except psycopg.Error:
+            return False
+
+    def start(self) -> None:
+        self._run(["pg_ctl", "-D", str(self.data), "-l", str(self.log_path), "-w", "-t", "60", "-o",
+                   f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1", "start"], 90)
+        import psycopg
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with psycopg.connect(self.dsn.rsplit("/", 1)[0] + "/postgres", connect_timeout=2,
+                                     autocommit=True) as conn:
+                    if conn.execute("SELECT 1 FROM pg_database WHERE datname = 'dstreams'").fetchone() is None:
+                        conn.execute("CREATE DATABASE dstreams")
+                    return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"PostgreSQL on port {self.port} did not start; see {self.log_path}") from None
+                time.sleep(0.1)
+
+    def stop(self, mode: str = "fast") -> None:
+        if (self.data / "postmaster.pid").exists():
+            self._run(["pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "30", "stop"], 60)
+
+    def destroy(self) -> None:
+        try:
+            self.stop("immediate")
+        except (subprocess.SubprocessError, OSError) as e:
+            log(f"could not stop PostgreSQL on port {self.port}: {e}")
+        if self.own_folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def s3_client(endpoint: str) -> Any:
@@ -335,6 +475,7 @@ class ChaosRun:
         self.metrics_rows: list[dict[str, Any]] = []
         self._metrics_pos = 0
         self.redis: RedisServer | None = None
+        self.postgres: PostgresServer | None = None
         self.proxies: dict[str, FaultProxy] = {}
         self.feeder: FileFeeder | None = None
         rgw = urlsplit(args.rgw)
@@ -365,6 +506,9 @@ class ChaosRun:
             "checkpoint_s": 5 * self.batch_ms / 1000, "window_s": 3 * self.batch_ms / 1000,
             "lateness_s": 4, "ewindow_s": 8, "eslide_s": 4, "gap_s": 3 * self.batch_ms / 1000,
             "metrics": str(local / "metrics.jsonl"), "batches": 0,
+            "sink_key": "sink-ref" if reference else "sink-run", "sink_chunk": SINK_CHUNK,
+            "postgres_dsn": self.postgres.dsn if self.postgres else "",
+            "table": f"{'ref' if reference else 'run'}_events",
         }
 
     def env(self, endpoint: str, armed: dict[str, Any] | None) -> dict[str, str]:
@@ -386,6 +530,13 @@ class ChaosRun:
         self.redis = RedisServer(self.work / "redis", port)
         self.redis.start()
         self.proxies["redis"] = FaultProxy("redis", "127.0.0.1", port)
+        self.postgres = PostgresServer.launch(self.work / "postgres")
+        import psycopg
+
+        with psycopg.connect(self.postgres.dsn, autocommit=True) as conn:
+            for table in ("run_events", "ref_events"):
+                conn.execute(chaos_app.table_ddl(table))
+        log(f"PostgreSQL :{self.postgres.port} ({self.postgres.folder}) with the tables run_events, ref_events")
         self.proxies["s3"] = FaultProxy("s3", self.rgw_host, self.rgw_port)
         if self.args.stop_gateway:
             from .catchup import Gateway
@@ -450,8 +601,7 @@ class ChaosRun:
             if f.kind in DRIVER_ENDING:
                 if f.kind == "driver-kill-in-output":
                     secs = max(self.batch_ms / 1000, self.fault_due_s(f))
-                    per_batch = {"mid-batch": 1.0, "checkpoint-write": 0.8, "after-metadata-commit": 2.0}
-                    after = max(2, round(secs * 1000 / self.batch_ms * per_batch[f.params["point"]]))
+                    after = max(2, round(secs * 1000 / self.batch_ms * PER_BATCH[f.params["point"]]))
                     armed = {"point": f.params["point"], "after": after, "fault": f.index}
                 break
         if master == "mixed":
@@ -657,9 +807,17 @@ class ChaosRun:
             f.detail = {"connections_cut": cut}
         elif f.kind == "executor-kill":
             self.kill_executor(f, nxt)
+        elif f.kind == "postgres-restart":
+            assert self.postgres is not None
+            self.postgres.stop(f.params["mode"])
+            self._sleep_supervised(f.params["down_s"], nxt)
+            self.postgres.start()
+            self.postgres.restarts += 1
         elif f.kind == "user-fail":
+            # ahead of the newest committed batch, not of the wall clock: a stream behind the clock (a loaded
+            # machine, a backlog after a restart) would otherwise not reach the marked batch before the end
             last = max((r["batch_ms"] for r in self.committed_rows()), default=self.zero_ms)
-            t = max(last, (now_ms() // self.batch_ms) * self.batch_ms) + f.params["ahead"] * self.batch_ms
+            t = last + f.params["ahead"] * self.batch_ms
             marker = Path(self.cfg["local"]) / "faults" / f"fail-{t}"
             marker.write_text(f"fault {f.index}\n")
             f.detail = {"batch_ms": t, "batch": (t - self.zero_ms) // self.batch_ms}
@@ -745,6 +903,9 @@ class ChaosRun:
         self.supervising = False
         self.proc.send_signal(signal.SIGTERM)
         self.final_rc = self.reap(timeout=180)
+        for f in self.schedule:  # did the marked batch's first attempt fail (the marker's .done file)?
+            if f.kind == "user-fail" and "batch_ms" in f.detail:
+                f.detail["fired"] = (Path(self.cfg["local"]) / "faults" / f"fail-{f.detail['batch_ms']}.done").exists()
         self.feeder.stopped.set()
         self.feeder.join(10)
 
@@ -777,13 +938,19 @@ class ChaosRun:
             rec["batches_replayed"] = len([r for r in mine if r["batch_ms"] <= rec["committed_before_ms"]])
 
     # ------------------------------------------------------------------------------------------ outputs
-    def read_outputs(self, cfg: dict[str, Any]) -> dict[str, dict[int, list[str]]]:
-        """Output name -> batch index -> sorted committed lines (folders with ``_SUCCESS``, audit files)."""
+    def read_outputs(self, cfg: dict[str, Any], complete_ms: int | None = None) -> dict[str, dict[int, list[str]]]:
+        """Output name -> batch index -> sorted committed lines (folders with ``_SUCCESS``, audit files, the
+        Redis stream's entries by the batch time in their id, the table's rows by their ``batch_ms``); with
+        ``complete_ms``, stream entries of batches after it (a write the final stop may have cut) are left out."""
         out: dict[str, dict[int, list[str]]] = {}
         for name, (kind, where) in chaos_app.output_locations(cfg).items():
             got: dict[int, list[str]] = {}
             if kind == "store":
                 got = self._read_store(where)
+            elif kind == "redis-stream":
+                got = self._read_stream(where, complete_ms)
+            elif kind == "postgres":
+                got = self._read_table(cfg["postgres_dsn"], where)
             elif kind == "local":
                 folder, base = os.path.dirname(where), os.path.basename(where)
                 for entry in os.listdir(folder) if os.path.isdir(folder) else []:
@@ -802,6 +969,27 @@ class ChaosRun:
                         got[self.index(int(entry))] = [Path(where, entry).read_text().strip() and "ok"]
             out[name] = got
         return out
+
+    def _read_stream(self, key: str, complete_ms: int | None) -> dict[int, list[str]]:
+        """The stream's entries (read on the Redis server itself, not through the proxy), grouped by the batch
+        time of their id, as ``format_event`` lines."""
+        assert self.redis is not None
+        got: dict[int, list[str]] = {}
+        for entry_id, f in self.redis.client().xrange(key):
+            t = int(entry_id.split("-")[0])
+            if complete_ms is None or t <= complete_ms:
+                got.setdefault(self.index(t), []).append(f"{f['rid']} {f['w']} {f['ts']} {f['u']}")
+        return {k: sorted(v) for k, v in got.items()}
+
+    def _read_table(self, dsn: str, table: str) -> dict[int, list[str]]:
+        """The table's rows grouped by their ``batch_ms`` column, as ``format_event`` lines."""
+        import psycopg
+
+        got: dict[int, list[str]] = {}
+        with psycopg.connect(dsn) as conn:
+            for batch_ms, rid, word, ts, usr in conn.execute(f"SELECT batch_ms, rid, word, ts, usr FROM {table}"):
+                got.setdefault(self.index(int(batch_ms)), []).append(f"{rid} {word} {ts} {usr}")
+        return {k: sorted(v) for k, v in got.items()}
 
     def index(self, t: int) -> int:
         return (t - self.zero_ms) // self.batch_ms
@@ -854,7 +1042,8 @@ class ChaosRun:
         return self.read_outputs(cfg), time.monotonic() - started
 
     def compare(self) -> dict[str, Any]:
-        chaos = self.read_outputs(self.cfg)
+        complete = max((r["batch_ms"] for r in self.committed_rows()), default=None)
+        chaos = self.read_outputs(self.cfg, complete)
         # N: the newest batch every output committed (a batch cut by the final stop may be partly committed)
         n = min((max(got) if got else 0) for got in chaos.values())
         log(f"chaos run committed batches 1..{n} in every output; running the fault-free reference over them")
@@ -880,14 +1069,25 @@ class ChaosRun:
         entries = min(n * per_key, self.redis_entries)
         expected = {f"r{p}-{j}" for p in range(len(self.cfg["keys"])) for j in range(entries)}
         expected |= {f"f{i}-{j}" for i in range(files) for j in range(self.cfg["lines_per_file"])}
+        per_output: dict[str, dict[str, Any]] = {}
+        for name in ("events", "stream", "table"):
+            ids = Counter(line.split(" ", 1)[0] for k, lines in chaos[name].items() if 1 <= k <= n for line in lines)
+            per_output[name] = {"records_seen": sum(ids.values()), "lost": len(expected - set(ids)),
+                                "duplicated": sum(1 for c in ids.values() if c > 1),
+                                "unexpected": len(set(ids) - expected),
+                                "lost_examples": sorted(expected - set(ids))[:20],
+                                "duplicated_examples": sorted(r for r, c in ids.items() if c > 1)[:20]}
         seen = Counter(line.split(" ", 1)[0] for k, lines in chaos["events"].items() if 1 <= k <= n for line in lines)
         words = Counter(line.split(" ")[1] for k, lines in chaos["events"].items() if 1 <= k <= n for line in lines)
         counts_n = dict(_parse_pair(line) for line in chaos["counts"].get(n, []))
+        # records_seen: the events output's; lost, duplicated, unexpected: summed over events, stream and table
         result["totals"] = {"expected_records": len(expected), "records_seen": sum(seen.values()),
-                            "lost": len(expected - set(seen)), "duplicated": sum(1 for c in seen.values() if c > 1),
-                            "unexpected": len(set(seen) - expected),
+                            "lost": sum(o["lost"] for o in per_output.values()),
+                            "duplicated": sum(o["duplicated"] for o in per_output.values()),
+                            "unexpected": sum(o["unexpected"] for o in per_output.values()),
                             "lost_examples": sorted(expected - set(seen))[:20],
                             "duplicated_examples": sorted(r for r, c in seen.items() if c > 1)[:20],
+                            "by_output": per_output,
                             "final_counts_equal_input": counts_n == dict(words)}
         result["ok"] = (not mismatches and all(not o["missing"] and not o["missing_in_reference"]
                                                for o in result["outputs"].values())
@@ -914,6 +1114,8 @@ class ChaosRun:
             p.close()
         if self.redis is not None:
             self.redis.stop()
+        if self.postgres is not None:
+            self.postgres.destroy()
         if not self.args.keep:
             try:
                 for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
@@ -948,6 +1150,9 @@ def summary(doc: dict[str, Any]) -> str:
                     f"records {t['records_seen']} of {t['expected_records']}: lost {t['lost']}, duplicated "
                     f"{t['duplicated']}, unexpected {t['unexpected']}; final counts equal the input: "
                     f"{t['final_counts_equal_input']}")
+        for name, o in (t.get("by_output") or {}).items():
+            rows.append(f"  {name:<8} records {o['records_seen']}: lost {o['lost']}, duplicated {o['duplicated']}, "
+                        f"unexpected {o['unexpected']}")
         rows.append(f"{'output':<10} {'committed':>9} {'missing':>8} {'differ':>7} {'records':>8}")
         for name, o in cmp_["outputs"].items():
             rows.append(f"{name:<10} {o['committed']:>9} {len(o['missing']):>8} {len(o['differ']):>7} "
@@ -1015,6 +1220,7 @@ def main(argv: list[str] | None = None) -> int:
         doc["events"] = run.events
         doc["proxies"] = [px.stats() for px in run.proxies.values()]
         doc["redis_restarts"] = run.redis.restarts if run.redis else 0
+        doc["postgres_restarts"] = run.postgres.restarts if run.postgres else 0
         by_master: dict[str, dict[str, dict[str, Any]]] = {}
         for key in ("launch_s", "sc_s", "started_s", "first_commit_s", "first_new_s", "steady_s"):
             groups: dict[str, list[float]] = {"all": []}

@@ -13,9 +13,15 @@ The pipeline (:func:`build`), on batches of ``batch_ms``:
   (``updateStateByKey``, ``saveAsTextFiles`` to a local folder); a sliding word count with an inverse
   function (``reduceByKeyAndWindow``, ``saveToStore`` JSON lines, Ceph); an event-time window count
   (``withEventTime`` + ``reduceByKeyAndEventWindow`` with ``invFunc``, ``emit="final"``,
-  ``saveAsTextFiles``); per-user sessions (``sessionWindow``, ``saveToStore`` JSON lines, Ceph); an
-  *audit* ``foreachRDD`` that writes ``audit/<batch ms>`` on the driver and is the user function the
-  schedule makes fail: when ``faults/fail-<batch ms>`` exists and ``faults/fail-<batch ms>.done`` does
+  ``saveAsTextFiles``); per-user sessions (``sessionWindow``, ``saveToStore`` JSON lines, Ceph); the raw
+  events again, exactly once into a Redis stream (``saveToRedisStream`` to ``sink_key`` on the run's own
+  Redis server, through the fault proxy like the source, in chunks of ``sink_chunk`` entries: a batch takes
+  several chunks, so a kill at ``redis-sink-chunk`` can cut one half-way) and into a PostgreSQL table
+  (``saveToPostgres`` into ``table`` on the PostgreSQL server the run owns, ``postgres_dsn``; rows
+  ``(batch_ms, rid, word, ts, usr)``: the batch time is a column so that the check can group the rows by
+  batch; the table has no key, so a duplicate would show); an *audit* ``foreachRDD`` that writes
+  ``audit/<batch ms>`` on the driver and is the user function the schedule makes fail:
+  when ``faults/fail-<batch ms>`` exists and ``faults/fail-<batch ms>.done`` does
   not, it creates the latter and raises (so the batch's first attempt fails and a retry succeeds).
   Stateful streams checkpoint every ``checkpoint_s``.
 
@@ -129,7 +135,9 @@ def positive(kv: tuple[Any, int]) -> bool:
 
 # -------------------------------------------------------------------------------------------- the pipeline
 #: Output names, in the order of the graph's output operations; the orchestrator compares all of them.
-OUTPUTS = ("events", "counts", "window", "ewindow", "sessions", "audit")
+OUTPUTS = ("events", "counts", "window", "ewindow", "sessions", "stream", "table", "audit")
+#: The columns of the ``table`` output (:func:`table_ddl`).
+TABLE_COLUMNS = ("batch_ms", "rid", "word", "ts", "usr")
 
 
 def output_locations(cfg: dict[str, Any]) -> dict[str, tuple[str, str]]:
@@ -141,8 +149,27 @@ def output_locations(cfg: dict[str, Any]) -> dict[str, tuple[str, str]]:
         "window": ("store", f"{base}/out/window"),
         "ewindow": ("local", os.path.join(local, "out", "ewindow")),
         "sessions": ("store", f"{base}/out/sessions"),
+        "stream": ("redis-stream", cfg["sink_key"]),
+        "table": ("postgres", cfg["table"]),
         "audit": ("audit", os.path.join(local, "out", "audit")),
     }
+
+
+def table_ddl(table: str) -> str:
+    """The ``table`` output's table (created by the orchestrator before the first driver starts)."""
+    return (f"CREATE TABLE {table} (batch_ms bigint NOT NULL, rid text NOT NULL, word text NOT NULL, "
+            "ts bigint NOT NULL, usr text NOT NULL)")
+
+
+def event_fields(e: tuple[str, str, int, str]) -> dict[str, str]:
+    """The fields of the ``stream`` output's entry for event ``e``."""
+    return {"rid": e[0], "w": e[1], "ts": str(e[2]), "u": e[3]}
+
+
+def with_batch_ms(t: Any, rdd: Any) -> Any:
+    """The ``table`` output's rows of batch ``t``: ``(batch_ms, rid, word, ts, usr)``."""
+    ms = round(t.timestamp() * 1000)
+    return rdd.map(lambda e: (ms, e[0], e[1], e[2], e[3]))
 
 
 def make_audit(audit_dir: str, fault_dir: str) -> Any:
@@ -194,6 +221,8 @@ def build(sc: Any, cfg: dict[str, Any], clock: Any = None) -> Any:
     ewindow.checkpoint(cfg["checkpoint_s"]).saveAsTextFiles(where["ewindow"][1])
     sessions = timed.map(lambda e: (e[3], 1)).sessionWindow(cfg["gap_s"], aggregate=len, numPartitions=2)
     sessions.checkpoint(cfg["checkpoint_s"]).saveToStore(where["sessions"][1], format="json")
+    events.map(event_fields).saveToRedisStream(cfg["redis_url"], cfg["sink_key"], chunkSize=cfg["sink_chunk"])
+    events.transform(with_batch_ms).saveToPostgres(cfg["postgres_dsn"], cfg["table"], columns=list(TABLE_COLUMNS))
     events.foreachRDD(make_audit(where["audit"][1], os.path.join(cfg["local"], "faults")))
     return ssc
 

@@ -17,6 +17,11 @@ Contract of :func:`save_to_postgres` (the sink behind ``DStream.saveToPostgres``
   last record per key wins and ``ON CONFLICT (keyColumns) DO UPDATE``); (4) the commit record is inserted;
   (5) the batch's staging rows (every attempt's) are deleted. The batch's rows become visible at the ``COMMIT``,
   all at once, together with the record that they were committed: exactly once.
+* **Staged rows lost.** Before (3) the commit counts the kept attempts' staged rows; fewer than the tasks staged
+  (the staging table is unlogged: PostgreSQL empties it in the crash recovery after a crash or an immediate
+  shutdown, ``pg_ctl stop -m immediate``) aborts the transaction with :class:`StagingLostError` instead of
+  committing the batch short, and the driver stages the batch again and commits (``STAGE_ATTEMPTS`` times in
+  all, then the batch fails and the scheduler's batch retries apply).
 * **Fencing.** ``guard()`` (the metadata log's check) runs before the staging job, and the epoch row inside the
   commit transaction closes the window between that check and the commit: a zombie driver paused anywhere
   commits nothing once the new owner committed a batch of the output. Without a checkpoint location there is no
@@ -63,11 +68,18 @@ COMMITS = "dstreams_sink_commits"
 FENCES = "dstreams_sink_fences"
 MODES = ("append", "upsert")
 _META = ("_ds_output", "_ds_batch", "_ds_part", "_ds_row", "_ds_attempt")
+#: How many times one write stages its batch when the commit finds staged rows lost (module docstring).
+STAGE_ATTEMPTS = 3
 
 
 class PostgresSinkError(RuntimeError):
     """A batch could not be written to its table: the message names the batch, the table, and where Postgres says,
     the column and the record."""
+
+
+class StagingLostError(RuntimeError):
+    """The commit found fewer staged rows of the batch than its tasks staged (the unlogged staging table was
+    emptied by a crash recovery of the server): nothing was committed; stage again."""
 
 
 @dataclass(frozen=True)
@@ -255,6 +267,15 @@ def commit_batch(target: PostgresTarget, batch_ms: int, staged: list[tuple[int, 
                 written = int(done[0]) if token and done[1] == token else 0
             else:
                 faults.reached("postgres-sink-commit")
+                (found,) = conn.execute(sql.SQL(
+                    "SELECT count(*) FROM {} s WHERE s._ds_output = %(output)s AND s._ds_batch = %(batch)s AND "
+                    "(s._ds_part, s._ds_attempt) IN (SELECT * FROM unnest(%(parts)s::int[], %(attempts)s::text[]))")
+                    .format(_ident(target.staging)), params).fetchone()
+                want = sum(n for _, _, n in staged)
+                if found != want:
+                    raise StagingLostError(f"saveToPostgres into {target.table!r}: batch {batch_ms}: {found} staged "
+                                           f"rows of {want} found (the staging table was emptied, e.g. by a server "
+                                           "crash recovery); nothing committed")
                 written = conn.execute(_commit_sql(target), params).rowcount
                 conn.execute(sql.SQL("INSERT INTO {} (output, batch_ms, rows, token) VALUES (%s, %s, %s, %s)").format(
                     _ident(schema + COMMITS)), [target.output, batch_ms, written, token or None])
@@ -307,10 +328,17 @@ def save_to_postgres(rdd: RDD, batch_ms: int, target: PostgresTarget, guard: Cal
     if guard is not None:
         guard()
     faults.reached("sink-write")
-    staged = rdd.mapPartitionsWithIndex(stage_partition(target, batch_ms)).collect()
     policy = policy or RetryPolicy.from_env()
     token = uuid.uuid4().hex
-    written = policy.call(lambda: commit_batch(target, batch_ms, staged, epoch, token), op="commit", key=target.table,
-                          where=_safe_dsn(target.dsn))
+    for attempt in range(1, STAGE_ATTEMPTS + 1):
+        staged = rdd.mapPartitionsWithIndex(stage_partition(target, batch_ms)).collect()
+        try:
+            written = policy.call(lambda s=staged: commit_batch(target, batch_ms, s, epoch, token), op="commit",
+                                  key=target.table, where=_safe_dsn(target.dsn))
+            break
+        except StagingLostError as e:
+            if attempt == STAGE_ATTEMPTS:
+                raise
+            log.warning("%s; staging the batch again (attempt %d of %d)", e, attempt + 1, STAGE_ATTEMPTS)
     add_written(written)
     return written

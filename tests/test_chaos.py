@@ -2,10 +2,11 @@
 
 The command runs the chaos pipeline (benchmarks/chaos_app.py: Redis Streams and an ``s3://`` prefix in,
 ``updateStateByKey``, ``reduceByKeyAndWindow`` with an inverse, an event-time window, a session window,
-``saveToStore`` to Ceph and ``saveAsTextFiles`` out) through a seeded 2-minute schedule in which every
-fault kind comes once (driver SIGKILL, a kill inside an output, SIGTERM, the gateway down, a Redis server
-restart, dropped Redis connections, an executor JVM killed on ``local-cluster``, a user function that
-fails once), with its own Redis server and fault proxies (the shared services are not touched), then runs
+``saveToStore`` to Ceph, ``saveAsTextFiles``, and exactly once into a Redis stream and a PostgreSQL table
+out) through a seeded 2-minute schedule in which every fault kind comes once (driver SIGKILL, a kill inside
+an output, SIGTERM, the gateway down, a Redis server restart, dropped Redis connections, an executor JVM
+killed on ``local-cluster``, a user function that fails once, a PostgreSQL restart), with its own Redis and
+PostgreSQL servers and fault proxies (the shared services are not touched), then runs
 the same pipeline without faults over the batches the chaos run committed. The test reads the command's
 JSON: every fault was injected, every output's committed batches equal the fault-free run's batch by
 batch, and every input record is in exactly one committed batch. ``DSTREAMS_TEST_SEED`` picks another
@@ -14,6 +15,7 @@ seed (the schedule is a function of it).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -47,6 +49,9 @@ def _services() -> None:
     if shutil.which("redis-server") is None:
         service_unavailable("redis-server is not installed (the chaos run starts and restarts its own); "
                             "run `bash scripts/services.sh start redis`")
+    if shutil.which("pg_ctl") is None and not glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"):
+        service_unavailable("PostgreSQL is not installed (the chaos run starts and restarts its own cluster); "
+                            "run `bash scripts/services.sh start postgres`")
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
@@ -80,9 +85,11 @@ def test_short_chaos_schedule_commits_what_a_fault_free_run_commits(tmp_path):
     # Every kind of fault was injected as planned.
     kinds = {f["kind"] for f in doc["schedule"]}
     assert kinds == {"driver-kill", "driver-kill-in-output", "driver-term", "gateway-down", "redis-restart",
-                     "redis-drop", "executor-kill", "user-fail"}
+                     "redis-drop", "executor-kill", "user-fail", "postgres-restart"}
     not_injected = [f for f in doc["schedule"] if f["outcome"] != "injected"]
     assert not not_injected, not_injected
+    unfired = [f for f in doc["schedule"] if f["kind"] == "user-fail" and not f["detail"].get("fired")]
+    assert not unfired, unfired  # the marked batch's first attempt failed
 
     # Batch by batch, every output equals the fault-free run's; nothing lost, nothing twice.
     cmp_ = doc["comparison"]
@@ -93,6 +100,10 @@ def test_short_chaos_schedule_commits_what_a_fault_free_run_commits(tmp_path):
     assert totals["lost"] == 0 and totals["duplicated"] == 0 and totals["unexpected"] == 0, totals
     assert totals["records_seen"] == totals["expected_records"] > 0
     assert totals["final_counts_equal_input"]
+    for name in ("events", "stream", "table"):  # the exactly-once sinks too: every record once, batch by batch
+        o = totals["by_output"][name]
+        assert o["lost"] == o["duplicated"] == o["unexpected"] == 0 and o["records_seen"] == totals["expected_records"]
+    assert {"stream", "table"} <= set(cmp_["outputs"])
     assert cmp_["ok"] and doc["ok"] and rc == 0
 
     # Every restarted driver committed a batch unless the next fault ended it first (a Redis restart while it

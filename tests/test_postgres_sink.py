@@ -98,6 +98,42 @@ def test_a_kill_between_staging_and_commit_is_completed_once(sc, pg):
     assert sorted(_rows(dsn, f"SELECT word FROM {schema}.words")) == [(f"w{i}",) for i in range(6)]
 
 
+def test_staged_rows_lost_before_the_commit_are_staged_again_not_committed_short(sc, pg, monkeypatch):
+    """The staging table is unlogged: a crash recovery of the server (``pg_ctl stop -m immediate``) empties it. A
+    commit that finds fewer staged rows than the tasks staged commits nothing (no short batch, no commit record)
+    and the write stages the batch again."""
+    import psycopg
+
+    from dstreams.recovery import postgres_sink
+
+    dsn, schema = pg
+    target = resolve_target(dsn, f"{schema}.words", "append", None, ["word", "n"], "out")
+    staging = f'{schema}."{target.staging.split(".")[1]}"'
+    rdd = sc.parallelize([(f"w{i}", i) for i in range(6)], 2)
+    staged = rdd.mapPartitionsWithIndex(stage_partition(target, 1000)).collect()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"TRUNCATE {staging}")  # what the crash recovery does to an unlogged table
+    with pytest.raises(postgres_sink.StagingLostError, match="0 staged rows of 6"):
+        commit_batch(target, 1000, staged, 1)
+    assert _rows(dsn, f"SELECT count(*) FROM {schema}.words") == [(0,)]
+    assert _rows(dsn, f"SELECT count(*) FROM {schema}.dstreams_sink_commits") == [(0,)]
+
+    real_commit, calls = postgres_sink.commit_batch, []
+
+    def commit_after_a_crash(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(f"TRUNCATE {staging}")
+        return real_commit(*args, **kwargs)
+
+    monkeypatch.setattr(postgres_sink, "commit_batch", commit_after_a_crash)
+    assert save_to_postgres(rdd, 1000, target, epoch=1, policy=NO_RETRY) == 6
+    assert len(calls) == 2
+    assert sorted(_rows(dsn, f"SELECT word FROM {schema}.words")) == [(f"w{i}",) for i in range(6)]
+    assert _rows(dsn, f"SELECT batch_ms, rows FROM {schema}.dstreams_sink_commits") == [(1000, 6)]
+
+
 def test_upsert_updates_by_key_and_the_last_record_of_a_key_wins(sc, pg):
     dsn, schema = pg
     target = resolve_target(dsn, f"{schema}.words", "upsert", ["word"], ["word", "n"], "out")

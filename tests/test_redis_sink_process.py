@@ -34,6 +34,20 @@ KEYS = 2
 PER_KEY = 40
 
 
+def sink_input(redis_client, redis_prefix: str, per_key: int) -> tuple[str, set[tuple[str, str]]]:
+    """Write ``per_key`` entries into each of the ``KEYS`` input keys ``<prefix>in0..``; returns the output stream's
+    key and the input entries ``(key, id)``."""
+    keys = [f"{redis_prefix}in{i}" for i in range(KEYS)]
+    return f"{redis_prefix}out", {(k, redis_client.xadd(k, {"n": str(n)})) for k in keys for n in range(per_key)}
+
+
+def driver_env() -> dict[str, str]:
+    """The drivers' environment: this process's without fault settings, Spark on the loopback."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSTREAMS_FAULT_")}
+    env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    return env
+
+
 @pytest.fixture
 def copied_table(postgres_dsn: str, redis_prefix: str) -> Iterator[tuple[str, Callable[[], list]]]:
     """A table ``copied (src, id)`` with no key (duplicates would show) in a schema of this test's own (dropped
@@ -61,12 +75,9 @@ def _scenario(tmp_path, redis_url, redis_client, redis_prefix, fault: dict[str, 
               pg: tuple[str, ...] = ()) -> set[tuple[str, str]]:
     """Write the input, run the three drivers (the first killed by ``fault``, checked by ``after_kill()``; the second
     killed at a random moment; the third stopped once ``done()``); returns the input entries ``(key, id)``."""
-    keys = [f"{redis_prefix}in{i}" for i in range(KEYS)]
-    out_key = f"{redis_prefix}out"
-    expected = {(k, redis_client.xadd(k, {"n": str(n)})) for k in keys for n in range(PER_KEY)}
+    out_key, expected = sink_input(redis_client, redis_prefix, PER_KEY)
     ckpt, log_path = str(tmp_path / "ckpt"), str(tmp_path / "driver.log")
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("DSTREAMS_FAULT_")}
-    base_env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    base_env = driver_env()
 
     def start(**fault: str) -> subprocess.Popen:
         log = open(log_path, "ab")  # noqa: SIM115 - closed with the process
@@ -135,14 +146,11 @@ def test_a_zombie_driver_adds_nothing_to_the_stream_or_the_table(tmp_path, redis
     driver takes over and writes everything; then the first resumes: a zombie in the middle of a write. It adds
     no entry (its ids are at or below the stream's last and equal to what is there) and commits no row (its fence
     check fails), and the stream and the table hold every record once."""
-    keys = [f"{redis_prefix}in{i}" for i in range(KEYS)]
-    out_key = f"{redis_prefix}out"
-    expected = {(k, redis_client.xadd(k, {"n": str(n)})) for k in keys for n in range(PER_KEY)}
+    out_key, expected = sink_input(redis_client, redis_prefix, PER_KEY)
     table, rows = copied_table
 
     ckpt = str(tmp_path / "ckpt")
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("DSTREAMS_FAULT_")}
-    base_env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    base_env = driver_env()
 
     def start(log_path: str, **fault: str) -> subprocess.Popen:
         log = open(log_path, "ab")  # noqa: SIM115 - closed with the process
