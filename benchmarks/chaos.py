@@ -1097,7 +1097,9 @@ class ChaosRun:
         return result
 
     # ------------------------------------------------------------------------------------------ teardown
-    def teardown(self) -> None:
+    def teardown(self, keep: bool = False) -> None:
+        """Stop what the run started; delete its bucket and (without ``--workdir``) its folder unless ``--keep`` or
+        ``keep`` (a failed run keeps both: the metadata log's per-batch records say which driver fixed which input)."""
         if self.proc is not None and self.proc.poll() is None:
             self.kill_group()
             try:
@@ -1116,7 +1118,9 @@ class ChaosRun:
             self.redis.stop()
         if self.postgres is not None:
             self.postgres.destroy()
-        if not self.args.keep:
+        if self.args.keep or keep:
+            log(f"kept the bucket {self.bucket} and the work folder {self.work} for inspection")
+        else:
             try:
                 for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
                     keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
@@ -1237,7 +1241,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # noqa: BLE001 - the JSON is written
             print(f"(summary failed: {e})")
         print(f"wrote {out}", flush=True)
-        run.teardown()
+        run.teardown(keep=not doc["ok"])
     return rc
 
 
