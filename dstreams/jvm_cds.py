@@ -77,8 +77,9 @@ def _jars() -> Path:
 
 def archive_key() -> str | None:
     """What the archive depends on, hashed (None without a Java executable): the place of pyspark's jars
-    (the JVM checks its class path against the archive's), then their names and sizes, pyspark's version and
-    the Java executable."""
+    (the JVM checks its class path against the archive's), then their names, sizes and modification times (the
+    JVM refuses, silently, an archive whose jars changed: a virtualenv made again at the same place has the same
+    jars with new times), pyspark's version and the Java executable."""
     import pyspark
 
     java = java_executable()
@@ -88,7 +89,8 @@ def archive_key() -> str | None:
     place = hashlib.sha256(str(jars).encode()).hexdigest()[:8]
     h = hashlib.sha256(f"{pyspark.__version__}\n{java}:{os.stat(java).st_mtime_ns}\n".encode())
     for jar in sorted(jars.glob("*.jar")):
-        h.update(f"{jar.name}:{jar.stat().st_size}\n".encode())
+        st = jar.stat()
+        h.update(f"{jar.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
     return f"{place}-{h.hexdigest()[:16]}"
 
 

@@ -78,6 +78,20 @@ def test_each_pyspark_installation_has_its_own_archive(tmp_path, monkeypatch):
     assert here.name.split("-")[2] != elsewhere.name.split("-")[2]  # the installation's part of the name
 
 
+def test_a_virtualenv_made_again_at_the_same_place_gets_a_new_archive(tmp_path, monkeypatch):
+    """The same jars at the same place with new modification times (pip installs pyspark again into a fresh
+    virtualenv at the path of an old one): the JVM would refuse the old archive silently, so the key changes."""
+    jars = tmp_path / "pyspark" / "jars"
+    jars.mkdir(parents=True)
+    (jars / "spark-core.jar").write_bytes(b"classes")
+    monkeypatch.setattr(jvm_cds, "_jars", lambda: jars)
+    before = jvm_cds.archive_key()
+    os.utime(jars / "spark-core.jar", ns=(1, 1))
+    after = jvm_cds.archive_key()
+    assert before is not None and after is not None and before != after
+    assert before.split("-")[0] == after.split("-")[0]  # the same installation's place: the old one is replaced
+
+
 def test_a_dead_builders_half_written_archive_is_not_taken_for_a_live_one(tmp_path):
     dead = subprocess.Popen(["true"])
     dead.wait(timeout=10)
