@@ -76,14 +76,12 @@ class Journal:
         with self._lock:
             self.newest_checkpoint[node_key] = max(time_ms, self.newest_checkpoint.get(node_key, 0))
 
-    def _replay_horizon(self) -> int | None:
+    def _replay_horizon(self, completed_through: int, checkpoints: dict[str, int]) -> int | None:
         """Offsets of batches at or before this time can no longer be needed by a restart."""
         stateful = self.graph.stateful_nodes()
-        base = self.metadata.head.get("completed_through")
-        if base is None:
-            return None
+        base = completed_through
         if stateful:
-            times = [self.newest_checkpoint.get(n.key) for n in stateful]
+            times = [checkpoints.get(n.key) for n in stateful]
             if any(t is None for t in times):
                 return None  # a stream without a checkpoint replays from the first batch
             base = min(base, *[t for t in times if t is not None])
@@ -100,12 +98,12 @@ class Journal:
             if record is not None:
                 offsets[node.key] = record
 
-        def commit() -> None:
-            all_offsets = dict(self.metadata.head.get("offsets", {}))
-            all_offsets[str(time.ms)] = offsets
-            self.metadata.commit(offsets=all_offsets, sources=sources)
+        def changes(head: dict[str, Any]) -> dict[str, Any]:
+            # Read and written under the log's lock: the runner prunes the same map (batch_completed).
+            return {"offsets": {**head.get("offsets", {}), str(time.ms): offsets}, "sources": sources}
 
-        ride_out(self.outage, f"recording the input offsets of batch {time.ms}", commit, self._closed)
+        ride_out(self.outage, f"recording the input offsets of batch {time.ms}",
+                 lambda: self.metadata.update(changes), self._closed)
         try:
             self.metadata.record_batch(time.ms, offsets)
         except Exception as e:  # the audit record is not needed for recovery
@@ -118,11 +116,12 @@ class Journal:
         (pruned with the offsets), so that a replay drops them again; ``dropped_total`` counts every drop of the
         application; ``meta/dropped/<time>.json`` is the drop's audit record (kept).
         """
-        dropped = dict(self.metadata.head.get("dropped", {}))
-        dropped[str(time.ms)] = reason[:500]
-        total = int(self.metadata.head.get("dropped_total", 0)) + 1
+        def changes(head: dict[str, Any]) -> dict[str, Any]:
+            return {"dropped": {**head.get("dropped", {}), str(time.ms): reason[:500]},
+                    "dropped_total": int(head.get("dropped_total", 0)) + 1}
+
         ride_out(self.outage, f"recording the drop of batch {time.ms}",
-                 lambda: self.metadata.commit(dropped=dropped, dropped_total=total), self._closed)
+                 lambda: self.metadata.update(changes), self._closed)
         try:
             self.metadata.record_drop(time.ms, reason)
         except Exception as e:  # the audit record is not needed for recovery
@@ -131,20 +130,24 @@ class Journal:
     def batch_completed(self, time: BatchTime) -> None:
         with self._lock:
             checkpoints = dict(self.newest_checkpoint)
-        offsets = dict(self.metadata.head.get("offsets", {}))
-        drops = dict(self.metadata.head.get("dropped", {}))
-        self.metadata.head["completed_through"] = time.ms  # for the horizon below; committed just after
-        horizon = self._replay_horizon()
-        dropped: list[Any] = []
-        if horizon is not None:
-            dropped = [o for t, o in offsets.items() if int(t) <= horizon]
-            offsets = {t: o for t, o in offsets.items() if int(t) > horizon}
-            drops = {t: r for t, r in drops.items() if int(t) > horizon}
+        pruned: list[Any] = []
+
+        def changes(head: dict[str, Any]) -> dict[str, Any]:
+            # Computed from the head under the log's lock: the generator adds the offsets of new batches to
+            # the same map meanwhile (batch_generated), and a map read before its commit would drop them.
+            offsets = dict(head.get("offsets", {}))
+            drops = dict(head.get("dropped", {}))
+            horizon = self._replay_horizon(time.ms, checkpoints)
+            pruned.clear()
+            if horizon is not None:
+                pruned.extend(o for t, o in offsets.items() if int(t) <= horizon)
+                offsets = {t: o for t, o in offsets.items() if int(t) > horizon}
+                drops = {t: r for t, r in drops.items() if int(t) > horizon}
+            return {"completed_through": time.ms, "checkpoints": checkpoints, "offsets": offsets, "dropped": drops}
+
         ride_out(self.outage, f"recording the completion of batch {time.ms}",
-                 lambda: self.metadata.commit(completed_through=time.ms, checkpoints=checkpoints, offsets=offsets,
-                                              dropped=drops),
-                 self._closed)
-        for batch_offsets in dropped:  # write-ahead-log blocks no restart can need any more
+                 lambda: self.metadata.update(changes), self._closed)
+        for batch_offsets in pruned:  # write-ahead-log blocks no restart can need any more
             for o in batch_offsets.values():
                 if isinstance(o, dict) and "wal" in o:
                     try:

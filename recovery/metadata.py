@@ -28,6 +28,7 @@ import os
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from . import faults
@@ -154,11 +155,20 @@ class MetadataLog:
 
     def commit(self, **updates: Any) -> None:
         """Apply ``updates`` to the head and write it conditionally (raises FencedError)."""
+        self.update(lambda _head: updates)
+
+    def update(self, changes: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        """Apply ``changes(head)`` to the head and write it conditionally (raises FencedError).
+
+        ``changes`` is called under the log's lock with the current head and returns the fields to set: a
+        read-modify-write of a field that two threads change (the per-batch offsets: added by the generator,
+        pruned by the runner) sees the other's last commit, so neither drops what the other wrote.
+        """
         with self._lock:
             if self.fenced:
                 raise FencedError(self._fenced_message())
             new = dict(self.head)
-            new.update(updates)
+            new.update(changes(self.head))
             old, self.head = self.head, new
             try:
                 assert self._etag is not None
