@@ -109,6 +109,12 @@ class SourceNotCheckpointableError(Exception):
     graph cannot be stored in the checkpoint, and a restarted driver must rebuild it with ``setupFunc``."""
 
 
+class InputNotRecordedError(RuntimeError):
+    """A source was asked to build again a batch it (or an earlier driver) fixed, whose offsets are no longer
+    known: building it from new input would skip the input it had. Raised instead of losing data; it means
+    that the engine's plan asked for a batch it should not need (a defect to report)."""
+
+
 class SourceUnavailableError(Exception):
     """A source's server (e.g. Redis) did not answer after the client's own retries.
 

@@ -4,7 +4,12 @@ Contract of :func:`plan_resume`: given the previous head of the log, it picks fo
 stream the newest checkpoint that reads back intact (a corrupt or truncated one is skipped with a
 warning, falling back to the one before), and returns the zero time of the original run, the first
 batch to generate (the oldest restored checkpoint + one batch, so every later state is recomputed
-from its checkpoint and replayed input) and a ``prepare`` function that installs the restored RDDs,
+from its checkpoint and replayed input). A stream whose newest checkpoint is later than that (the driver
+died between two streams' checkpoints of one time; streams checkpointed at different intervals) also gets
+its newest checkpoint before the first batch read back, so that its RDDs of the batches in between are
+rebuilt from it and recorded input, never from its first batch (whose input is no longer recorded: a
+source asked for it raises :class:`~dstreams.contracts.InputNotRecordedError` rather than take new
+input). It returns a ``prepare`` function too, which installs the restored RDDs,
 the sources' replay offsets and the other nodes' per-batch records (``DStreamNode.replay_records``:
 event-time watermarks) once the graph is initialised. Batches between that first batch
 and the clock's present (pending when the old driver died, or missed while it was down) are then
@@ -70,7 +75,7 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
     completed = previous.get("completed_through")
     store = spec.open()
     restored: dict[str, int | None] = {}
-    rdds: dict[str, tuple[int, RDD]] = {}
+    rdds: dict[str, list[tuple[int, RDD]]] = {}  # per node: the checkpoints read back, oldest first
     found: dict[str, list[int]] = {}
     nodes = graph.stateful_nodes()
     candidates: dict[str, list[int]] = {}
@@ -80,7 +85,8 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
             candidates[node.key] = [t for t in candidates[node.key] if t <= completed]
     # Each node's checkpoint is read back and verified by a Spark job of its own; the jobs run at once (a
     # restart's time to its first batch: the driver-side cost of one job overlaps the others' tasks).
-    with ThreadPoolExecutor(max_workers=max(1, min(4, len(nodes))), thread_name_prefix="dstreams-restore") as pool:
+    workers = max(1, min(4, len(nodes)))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dstreams-restore") as pool:
         results = list(pool.map(lambda n: _restore_node(sc, spec, n, candidates[n.key]), nodes))
     for node, got in zip(nodes, results, strict=True):
         if got is None:
@@ -88,7 +94,26 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
             log.warning("no usable checkpoint of %s: its state is recomputed from the first batch", node.name)
         else:
             restored[node.key] = got[0]
-            rdds[node.key] = got
+            rdds[node.key] = [got]
+    if restored and all(t is not None for t in restored.values()):
+        # The streams resume from the oldest of their newest checkpoints. A stream whose newest checkpoint is
+        # later (the driver died between two streams' checkpoints of one time, or the streams checkpoint at
+        # different intervals) is rebuilt for the batches before it from its newest checkpoint before the
+        # first batch, read back too: without it, the stream's RDDs of those batches would be computed from
+        # its first batch on, from input no longer recorded.
+        before = min(t for t in restored.values() if t is not None)
+        ahead = [n for n in nodes if (restored[n.key] or 0) > before]
+        with ThreadPoolExecutor(max_workers=max(1, min(4, len(ahead))), thread_name_prefix="dstreams-restore") as pool:
+            older = list(pool.map(lambda n: _restore_node(sc, spec, n, [t for t in candidates[n.key] if t <= before]),
+                                  ahead))
+        for node, got in zip(ahead, older, strict=True):
+            if got is None:
+                log.warning("%s has no usable checkpoint at or before %d, where the other streams resume: its "
+                            "state is recomputed from the first batch", node.name, before)
+                restored[node.key] = None
+                rdds.pop(node.key, None)
+            else:
+                rdds[node.key].insert(0, got)
     if restored:
         if any(t is None for t in restored.values()):
             first = zero.ms + batch
@@ -107,8 +132,9 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
                             "original (use a file, generator or other replayable source for exactly-once)",
                             node.name)
         by_key = {n.key: n for n in graph.stateful_nodes()}
-        for key, (t, rdd) in rdds.items():
-            by_key[key].restore_from_checkpoint(BatchTime(t), rdd)
+        for key, readers in rdds.items():
+            for t, rdd in readers:
+                by_key[key].restore_from_checkpoint(BatchTime(t), rdd)
         for key, t in restored.items():
             checkpointer.resumed(by_key[key], t, found[key])
         for node in graph.inputs:

@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pyspark import RDD
 
 from .. import config
-from ..contracts import SourceNotCheckpointableError
+from ..contracts import InputNotRecordedError, SourceNotCheckpointableError
 from ..node import DStreamNode
 from ..rate import RateLimiter, rate_settings
 from ..time import BatchTime, Duration
@@ -98,6 +98,11 @@ class InputNode(DStreamNode):
         self._rate_settings_read = False
         graph.add_input(self)
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_fixed_through", None)  # what this run fixed: a restart learns it from the metadata log
+        return state
+
     @property
     def slide_duration(self) -> Duration:
         assert self.graph.batch_duration is not None
@@ -128,6 +133,7 @@ class InputNode(DStreamNode):
             self._records[time.ms] = records
         if offsets is not None:
             self._offsets[time.ms] = offsets
+            self._fixed_through = max(self._fixed_through or 0, time.ms)
         if metadata:
             self._metadata.setdefault(time.ms, {}).update(metadata)
 
@@ -147,14 +153,34 @@ class InputNode(DStreamNode):
     def replay_from(self, offsets_by_time: Mapping[int, Any]) -> None:
         """Rebuild the batches at these times (ms) from these recorded offsets (a restarted driver)."""
         self._replay = {int(t): o for t, o in offsets_by_time.items()}
+        if self._replay:
+            self._fixed_through = max(self._fixed_through or 0, *self._replay)
+
+    #: The newest batch time (ms) this source fixed offsets for, here or in an earlier driver (None: none yet).
+    _fixed_through: int | None = None
 
     def replayed_offsets(self, time: BatchTime) -> Any:
-        """The recorded offsets batch ``time`` must be rebuilt from, or None (then fix new ones).
+        """The offsets batch ``time`` must be rebuilt from, or None (then fix new ones).
 
-        Handed out until the batch is reported (:meth:`report_batch`): a ``compute`` that fails half-way
-        through a replayed batch gets the same offsets when it is called again.
+        A batch is fixed once: the offsets an earlier driver recorded for it (handed out until the batch is
+        reported by :meth:`report_batch`, so a ``compute`` that fails half-way through a replayed batch gets
+        the same offsets when it is called again), else the offsets this node reported for it (a batch built
+        again, e.g. after its RDD was forgotten, holds the same input and moves nothing). Raises
+        :class:`~dstreams.contracts.InputNotRecordedError` for a batch at or before the newest one fixed (here or
+        by an earlier driver) whose offsets are no longer known: fixing new input for it would move the source
+        past input that no batch delivers.
         """
-        return self._replay.get(time.ms)
+        replayed = self._replay.get(time.ms)
+        if replayed is None:
+            replayed = self._offsets.get(time.ms)
+        if replayed is None and self._fixed_through is not None and time.ms <= self._fixed_through:
+            raise InputNotRecordedError(
+                f"{self.name}: batch {time.ms} is needed again, but its input offsets are no longer known (the "
+                f"source has fixed batches up to {self._fixed_through}), so it cannot be rebuilt with the input "
+                "it had: fixing new input instead would skip that input for good. This is a defect of the "
+                "engine (please report it with the driver's log); nothing was consumed, and the checkpoint "
+                "location is left as it is")
+        return replayed
 
     def event_time_watermark(self, time: BatchTime) -> int | None:
         """A low watermark this source declares for event time (ms since the epoch), or None (the default).

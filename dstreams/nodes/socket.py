@@ -118,7 +118,7 @@ class SocketInputNode(InputNode):
         taken = 0  # lines to drop from the buffer once the batch is fixed
         if replayed is not None and wal is not None:
             lines = wal.read(replayed["wal"])
-            offsets = None
+            offsets = replayed
         else:
             limit = self.max_records_per_partition(time, 1)
             with self._lock:
