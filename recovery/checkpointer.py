@@ -21,7 +21,9 @@ Contract (the engine's ``dstreams.contracts.Checkpointer``):
 * Old checkpoints of a node are deleted once two newer ones are committed *and* nothing the
   engine still holds can reach them: every batch built before the next checkpoint was adopted has
   completed, and the node's RDDs between the two checkpoints have left its remember window (a
-  queued batch, or a cached partition lost with an executor, may otherwise need to re-read it).
+  queued batch, or a cached partition lost with an executor, may otherwise need to re-read it);
+  and a restart cannot need it: the next one is at or before the oldest of all nodes' newest
+  checkpoints, where a restarted driver resumes every node from (:mod:`.resume`).
 * A checkpoint at or before the one a restarted driver restored from is not written again.
 * A store outage (:func:`~dstreams.recovery.outage.is_store_outage`: the store unavailable on the driver,
   or a task failure naming it) while a checkpoint is written: the whole write (parts, fence check,
@@ -388,6 +390,11 @@ class StoreCheckpointer:
         if len(times) <= KEEP_NEWER + 1 or self._completed_ms is None:
             return False
         successor = times[1]
+        # A restart resumes every stream from its newest checkpoint at or before the oldest of the streams'
+        # newest ones (recovery.resume): that one stays until a newer one is at or before it too.
+        common = min((ts[-1] for ts in self.committed.values() if ts), default=None)
+        if common is not None and successor > common:
+            return False
         built = self._built_through.get((node_key, successor))
         if built is None or self._completed_ms < built:
             return False

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: How many committed checkpoint times of each stream the journal keeps in mind (for the replay horizon).
+CHECKPOINT_HISTORY = 8
+
 
 class Journal:
     """The scheduler's ``BatchJournal`` over ``metadata`` (see the module docstring).
@@ -51,6 +54,8 @@ class Journal:
         self.metadata = metadata
         self.graph = graph
         self.newest_checkpoint: dict[str, int] = dict(metadata.head.get("checkpoints", {}))
+        #: Each stream's committed checkpoint times known to this driver (the newest few), oldest first.
+        self._checkpoint_times: dict[str, list[int]] = {k: [int(t)] for k, t in self.newest_checkpoint.items()}
         self._lock = threading.Lock()
         self.outage: OutagePolicy = outage if outage is not None else StoreOutagePolicy()
         self._closed = threading.Event()
@@ -75,16 +80,35 @@ class Journal:
     def checkpoint_committed(self, node_key: str, time_ms: int) -> None:
         with self._lock:
             self.newest_checkpoint[node_key] = max(time_ms, self.newest_checkpoint.get(node_key, 0))
+            times = self._checkpoint_times.setdefault(node_key, [])
+            if time_ms not in times:
+                times.append(time_ms)
+                times.sort()
+                del times[:-CHECKPOINT_HISTORY]
 
-    def _replay_horizon(self, completed_through: int, checkpoints: dict[str, int]) -> int | None:
-        """Offsets of batches at or before this time can no longer be needed by a restart."""
+    def _replay_horizon(self, completed_through: int, checkpoints: dict[str, list[int]]) -> int | None:
+        """Offsets of batches at or before this time can no longer be needed by a restart.
+
+        A restart resumes every stateful stream from its newest checkpoint at or before the oldest of the
+        streams' newest ones (:mod:`.resume`), and replays input from there. ``checkpoints``: each stream's
+        committed checkpoint times known to this driver, oldest first.
+        """
         stateful = self.graph.stateful_nodes()
         base = completed_through
         if stateful:
-            times = [checkpoints.get(n.key) for n in stateful]
-            if any(t is None for t in times):
+            if any(not checkpoints.get(n.key) for n in stateful):
                 return None  # a stream without a checkpoint replays from the first batch
-            base = min(base, *[t for t in times if t is not None])
+            common = min(checkpoints[n.key][-1] for n in stateful)
+            for n in stateful:
+                before = [t for t in checkpoints[n.key] if t <= common]
+                if before:
+                    base = min(base, before[-1])
+                elif n.checkpoint_interval is not None:
+                    # Its checkpoints before are not known to this driver (restarted since): the previous one of
+                    # its interval is at or after this.
+                    base = min(base, common - n.checkpoint_interval.ms)
+                else:
+                    return None
         remember = self.graph.max_input_remember()
         batch = self.graph.batch_duration.ms if self.graph.batch_duration else 0
         return base - (remember.ms if remember else 0) - 2 * batch
@@ -130,6 +154,7 @@ class Journal:
     def batch_completed(self, time: BatchTime) -> None:
         with self._lock:
             checkpoints = dict(self.newest_checkpoint)
+            history = {k: list(v) for k, v in self._checkpoint_times.items()}
         pruned: list[Any] = []
 
         def changes(head: dict[str, Any]) -> dict[str, Any]:
@@ -137,7 +162,7 @@ class Journal:
             # the same map meanwhile (batch_generated), and a map read before its commit would drop them.
             offsets = dict(head.get("offsets", {}))
             drops = dict(head.get("dropped", {}))
-            horizon = self._replay_horizon(time.ms, checkpoints)
+            horizon = self._replay_horizon(time.ms, history)
             pruned.clear()
             if horizon is not None:
                 pruned.extend(o for t, o in offsets.items() if int(t) <= horizon)

@@ -290,3 +290,34 @@ def test_write_ahead_logs_of_two_drivers_never_replace_each_others_blocks():
     assert again == recorded and recorded.startswith("wal/socket-0/000000000003000.")
     assert owner.read(recorded) == ["owner a", "owner b"]
     assert len(store.list("wal/")) == 2
+
+
+class _OtherStubNode(_StubNode):
+    key = "002-Stub"
+    name = "stub#2"
+
+
+def test_a_checkpoint_a_restart_resumes_from_is_kept_while_another_stream_lags(sc, tmp_path):
+    """Streams checkpointed at different intervals (or one whose write failed): a restart resumes every stream
+    from its newest checkpoint at or before the oldest of their newest ones, so each stream keeps that one,
+    however many newer ones it has."""
+    url = str(tmp_path / "cp")
+    fast, slow = _StubNode(), _OtherStubNode()
+    ckpt = StoreCheckpointer(sc, StoreSpec(url), _RecordingEvents())
+    ckpt._write(slow, 2000, sc.parallelize([0], 1))
+    ckpt.adopted(slow, from_user_time(2), 2000)
+    for t in range(1000, 9000, 1000):
+        ckpt._write(fast, t, sc.parallelize([t], 1))
+        ckpt.adopted(fast, from_user_time(t / 1000), t)
+        ckpt.batch_completed(from_user_time(t / 1000))
+    ckpt.flush(60)
+    store = open_store(url)
+    assert sorted(list_checkpoints(store, fast.key)) == [2000, 3000, 4000, 5000, 6000, 7000, 8000]
+    ckpt._write(slow, 6000, sc.parallelize([0], 1))  # the slow stream catches up: 6 s is where a restart resumes
+    ckpt.adopted(slow, from_user_time(6), 6000)
+    ckpt.batch_completed(from_user_time(8))
+    ckpt.flush(60)
+    ckpt.close()
+    assert ckpt.errors == [], ckpt.errors
+    assert sorted(list_checkpoints(store, fast.key)) == [6000, 7000, 8000]
+    assert sorted(list_checkpoints(store, slow.key)) == [2000, 6000]

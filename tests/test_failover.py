@@ -271,7 +271,7 @@ def test_a_store_down_longer_than_the_outage_bound_stops_the_driver_with_the_err
 # ----------------------------------------------------------------- checkpoints of different times
 
 
-def _files_app(sc, ckpt: str, inp: str, out: str, clock: ManualClock) -> StreamingContext:
+def _files_app(sc, ckpt: str, inp: str, out: str, clock: ManualClock, window_interval: str = "2s") -> StreamingContext:
     """Two checkpointed streams over a file source whose batch ``k`` holds file ``k - 1`` (one file per batch,
     files written ahead): input taken again from new files would show in the outputs."""
     ssc = StreamingContext(sc, 1, clock=clock)
@@ -280,7 +280,7 @@ def _files_app(sc, ckpt: str, inp: str, out: str, clock: ManualClock) -> Streami
     counts = words.runningReduce(operator.add).checkpoint("2s")
     counts.saveAsTextFiles(os.path.join(out, "counts"))
     win = words.reduceByKeyAndWindow(operator.add, operator.sub, "3s", "1s", filterFunc=lambda kv: kv[1] > 0)
-    win.checkpoint("2s").saveAsTextFiles(os.path.join(out, "window"))
+    win.checkpoint(window_interval).saveAsTextFiles(os.path.join(out, "window"))
     words.map(lambda kv: kv[0]).saveAsTextFiles(os.path.join(out, "events"))
     return ssc
 
@@ -292,15 +292,18 @@ def _write_files(folder: str, n: int) -> None:
             f.write("".join(f"f{i}-{j} w{(i * 3 + j) % 5}\n".split()[0] + "\n" for j in range(3)))
 
 
-def test_a_restart_after_a_checkpoint_of_one_stream_only_replays_the_recorded_input(sc, tmp_path):
-    """The driver dies after the checkpoint of one stateful stream at t committed and before the other's did
-    (the randomized fault schedule's ``checkpoint-write`` kill): the restart resumes from the older one; the
-    stream restored at t must not rebuild its state from the first batch with input taken anew (which moved
-    every source 20 batches ahead in that run: their input was lost)."""
+@pytest.mark.parametrize("case", ["one-manifest-missing", "different-intervals"])
+def test_a_restart_where_the_streams_newest_checkpoints_differ_replays_the_recorded_input(sc, tmp_path, case):
+    """``one-manifest-missing``: the driver died after the checkpoint of one stateful stream at t committed and
+    before the other's did (the randomized fault schedule's ``checkpoint-write`` kill); ``different-intervals``:
+    the streams checkpoint every 2 s and every 3 s. The restart resumes from the older newest checkpoint; the
+    stream restored at a later one must not rebuild its state from the first batch with input taken anew (which
+    moved every source 20 batches ahead in the schedule's run: their input was lost)."""
+    interval = "3s" if case == "different-intervals" else "2s"
     batches = 24
     ref_in, ref_out = str(tmp_path / "ref-in"), str(tmp_path / "ref-out")
     clock = ManualClock()
-    ref = _files_app(sc, str(tmp_path / "ref-ckpt"), ref_in, ref_out, clock)
+    ref = _files_app(sc, str(tmp_path / "ref-ckpt"), ref_in, ref_out, clock, interval)
     os.makedirs(ref_in)
     ref.start()
     _write_files(ref_in, 60)  # after the start: a new file source ignores the files it finds at its start
@@ -318,7 +321,7 @@ def test_a_restart_after_a_checkpoint_of_one_stream_only_replays_the_recorded_in
 
     ckpt, inp, out = str(tmp_path / "ckpt"), str(tmp_path / "in"), str(tmp_path / "out")
     clock = ManualClock()
-    first = _files_app(sc, ckpt, inp, out, clock)
+    first = _files_app(sc, ckpt, inp, out, clock, interval)
     os.makedirs(inp)
     first.start()
     _write_files(inp, 60)
@@ -333,15 +336,20 @@ def test_a_restart_after_a_checkpoint_of_one_stream_only_replays_the_recorded_in
     finally:
         first.stop(stopSparkContext=False)
     store = open_store(ckpt)
-    assert list_checkpoints(store, counts_key)[0] == list_checkpoints(store, window_key)[0] == 20_000
-    # The driver died between the two manifests of 20 s: the window's checkpoint at 20 s has parts only.
-    store.delete(f"checkpoints/{window_key}/{20_000:015d}/MANIFEST.json")
+    assert list_checkpoints(store, counts_key)[0] == 20_000
+    if case == "one-manifest-missing":
+        assert list_checkpoints(store, window_key)[0] == 20_000
+        # The driver died between the two manifests of 20 s: the window's checkpoint at 20 s has parts only.
+        store.delete(f"checkpoints/{window_key}/{20_000:015d}/MANIFEST.json")
+    else:
+        assert list_checkpoints(store, window_key)[0] == 18_000
     clock2 = ManualClock(20_000)
-    second = StreamingContext.getOrCreate(ckpt, lambda: _files_app(sc, ckpt, inp, out, clock2), clock=clock2)
+    second = StreamingContext.getOrCreate(ckpt, lambda: _files_app(sc, ckpt, inp, out, clock2, interval),
+                                          clock=clock2)
     try:
         second.start()
         t = second.startTime.ms
-        assert t == 19_000  # the window's checkpoint at 18 s is the newest both streams have
+        assert t == 19_000  # resumed after the window's checkpoint at 18 s
         clock2.set_time(batches * 1000)
         while t <= batches * 1000:
             second.awaitBatch(t, 120)

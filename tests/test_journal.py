@@ -111,3 +111,54 @@ def test_drops_recorded_while_batches_complete_are_kept(tmp_path):
     head = MetadataLog.read(open_store(str(tmp_path / "cp")))
     assert head is not None
     assert head["dropped"] == {"1000": "boom", "2000": "again"} and head["dropped_total"] == 2
+
+
+class _Stateful:
+    def __init__(self, key: str, interval_ms: int) -> None:
+        self.key = key
+        self.checkpoint_interval = Duration(interval_ms)
+
+    def batch_record(self, time: BatchTime) -> None:
+        return None
+
+
+def test_offsets_are_kept_back_to_each_streams_checkpoint_where_a_restart_resumes(tmp_path):
+    """Streams checkpointed at different intervals: a restart resumes each from its newest checkpoint at or
+    before the oldest of their newest ones (recovery.resume) and replays input from there, so the offsets
+    after that point stay recorded."""
+    journal, _ = _journal(tmp_path)
+    fast, slow = _Stateful("010-Fast", 3000), _Stateful("011-Slow", 5000)
+    graph = journal.graph
+    graph.nodes += [fast, slow]
+    graph.stateful_nodes = lambda: [fast, slow]  # type: ignore[method-assign]
+    for t in range(1000, 21000, 1000):
+        journal.batch_generated(BatchTime(t))
+        if t % 3000 == 0:
+            journal.checkpoint_committed(fast.key, t)
+        if t % 5000 == 0 and t <= 10000:  # the slow stream's checkpoint of 15 s failed, 20 s is not written yet
+            journal.checkpoint_committed(slow.key, t)
+        journal.batch_completed(BatchTime(t))
+    head = MetadataLog.read(open_store(str(tmp_path / "cp")))
+    assert head is not None
+    # resume points: the slow stream at 10 s, the fast one at 9 s (its newest at or before 10 s);
+    # horizon 9 s - 1 s (remember) - 2 batches = 6 s
+    assert min(int(t) for t in head["offsets"]) == 7000
+
+
+def test_after_a_restart_the_horizon_assumes_the_previous_checkpoint_of_each_interval(tmp_path):
+    metadata = MetadataLog(open_store(str(tmp_path / "cp")), "journal-test", ["graph"], 1000)
+    metadata.take_over(zero_ms=0)
+    metadata.commit(checkpoints={"010-Fast": 12000, "011-Slow": 10000})  # what the previous driver recorded
+    graph = _Graph()
+    fast, slow = _Stateful("010-Fast", 4000), _Stateful("011-Slow", 5000)
+    graph.nodes += [fast, slow]
+    graph.stateful_nodes = lambda: [fast, slow]  # type: ignore[method-assign]
+    journal = Journal(metadata, graph)  # type: ignore[arg-type]
+    for t in range(1000, 14000, 1000):
+        journal.batch_generated(BatchTime(t))
+    journal.batch_completed(BatchTime(13000))
+    head = MetadataLog.read(open_store(str(tmp_path / "cp")))
+    assert head is not None
+    # the fast stream's checkpoint at or before 10 s is not known to this driver: at 10 - 4 = 6 s or later;
+    # horizon 6 s - 1 s - 2 s = 3 s
+    assert min(int(t) for t in head["offsets"]) == 4000
