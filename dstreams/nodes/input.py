@@ -177,9 +177,10 @@ class InputNode(DStreamNode):
             raise InputNotRecordedError(
                 f"{self.name}: batch {time.ms} is needed again, but its input offsets are no longer known (the "
                 f"source has fixed batches up to {self._fixed_through}), so it cannot be rebuilt with the input "
-                "it had: fixing new input instead would skip that input for good. This is a defect of the "
-                "engine (please report it with the driver's log); nothing was consumed, and the checkpoint "
-                "location is left as it is")
+                "it had: fixing new input instead would skip that input for good. Nothing was consumed. "
+                "DStream.slice() reaches back only as far as the stream remembers (StreamingContext.remember()); "
+                "from a window or a restart this is a defect of the engine: please report it with the driver's "
+                "log (the checkpoint location is left as it is)")
         return replayed
 
     def event_time_watermark(self, time: BatchTime) -> int | None:
