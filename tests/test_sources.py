@@ -218,3 +218,33 @@ def test_a_backlog_of_small_files_is_read_in_few_tasks(sc, tmp_path):
         ssc.stop(stopSparkContext=False)
     partitions, lines = got[0]
     assert partitions <= max(1, sc.defaultParallelism) and sorted(lines) == sorted(f"line-{i}" for i in range(12))
+
+
+def test_a_batch_sliced_again_is_rebuilt_from_its_files_and_an_old_one_takes_nothing_new(sc, tmp_path):
+    """A source builds a batch it fixed again only from the offsets it had: ``slice()`` within the remember
+    window returns the same files; past it, :class:`InputNotRecordedError` (never new files, which no batch
+    would then deliver)."""
+    from dstreams.contracts import InputNotRecordedError
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    ssc, clock = _start(sc)
+    got: dict[str, list] = {}
+    lines = ssc.textFileStream(str(folder), maxFilesPerBatch=1)
+    lines.foreachRDD(collector(got, "lines"))
+    ssc.remember(3)
+    ssc.start()
+    try:
+        for i in range(12):
+            (folder / f"f{i:02d}.txt").write_text(f"x{i}\n")
+        for i in range(6):
+            _step(ssc, clock, i)
+        start = ssc.startTime.ms
+        recent = [r.collect() for r in lines.slice((start + 4000) / 1000, (start + 5000) / 1000)]
+        assert recent == [["x4"], ["x5"]]
+        with pytest.raises(InputNotRecordedError, match="slice"):
+            lines.slice(start / 1000, (start + 1000) / 1000)  # forgotten: older than the remember window
+        _step(ssc, clock, 6)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert got["lines"] == [[f"x{i}"] for i in range(7)]
