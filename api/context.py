@@ -39,7 +39,7 @@ from dstreams.recovery.checkpointer import StoreCheckpointer
 from dstreams.recovery.graph_store import StoredGraph, load_graph, read_graph
 from dstreams.recovery.metadata import MetadataLog
 from dstreams.recovery.runtime import CheckpointInUseError, DriverRuntime, RuntimeSettings
-from dstreams.recovery.store import is_store_url
+from dstreams.recovery.store import is_store_url, local_path
 from dstreams.recovery.storespec import StoreSpec
 from dstreams.scheduler import JobScheduler
 from dstreams.sparkconf import create_spark_context, speculation_available, tune_running_context
@@ -256,9 +256,10 @@ class StreamingContext:
                 "processes: use a local folder or an s3:// URL"
             )
         self._check_not_started("set the checkpoint directory")
-        if not is_store_url(directory):
+        local = local_path(directory)
+        if local is not None:
             # As Spark's StreamingContext.checkpoint (fs.mkdirs): a local folder exists once it is set.
-            os.makedirs(directory[len("file://"):] if directory.startswith("file://") else directory, exist_ok=True)
+            os.makedirs(local, exist_ok=True)
         self._checkpoint_dir = directory
         self._store_options = dict(storeOptions)
 
@@ -614,8 +615,10 @@ class StreamingContext:
 
 def _stored_graph(path: str, store_options: dict[str, Any]) -> StoredGraph | None:
     """The graph stored at the checkpoint location ``path``, or None (no checkpoint there, or none stored)."""
-    if not is_store_url(path) and not os.path.isdir(path[len("file://"):] if path.startswith("file://") else path):
-        return None
+    if not is_store_url(path):
+        local = local_path(path)
+        if local is None or not os.path.isdir(local):
+            return None
     store = StoreSpec(path, dict(store_options)).open()
     if MetadataLog.read(store) is None:
         return None

@@ -54,7 +54,7 @@ from .journal import Journal
 from .metadata import MetadataLog
 from .outage import StoreOutagePolicy
 from .resume import ResumePlan, plan_resume
-from .store import is_store_url
+from .store import local_path
 from .storespec import StoreSpec
 
 log = logging.getLogger(__name__)
@@ -178,7 +178,9 @@ def _checkpoint_location(settings: RuntimeSettings) -> tuple[StoreSpec, str | No
         temp_dir = tempfile.mkdtemp(prefix="dstreams-checkpoint-")
         directory = temp_dir
         log.info("no checkpoint directory set: stateful streams checkpoint into %s (removed at stop)", directory)
-    elif not is_store_url(directory) and "://" not in directory:
-        os.makedirs(directory, exist_ok=True)
-        directory = os.path.abspath(directory)
+    else:
+        local = local_path(directory)
+        if local is not None:
+            os.makedirs(local, exist_ok=True)
+            directory = os.path.abspath(local)
     return StoreSpec(directory, dict(settings.store_options)), temp_dir
