@@ -25,7 +25,7 @@ from pyspark import RDD, SparkConf, SparkContext, StorageLevel
 from dstreams import config, jvm, jvm_cds
 from dstreams.clock import Clock, SystemClock
 from dstreams.executors import ensure_executors_can_import
-from dstreams.graph import DStreamGraph
+from dstreams.graph import DStreamGraph, not_started_message
 from dstreams.jvm_signals import JvmSignalForwarder, forward_signals
 from dstreams.listener import BatchInfo, ListenerBus
 from dstreams.nodes.files import FileInputNode
@@ -161,10 +161,7 @@ class StreamingContext:
 
     def _check_not_started(self, what: str) -> None:
         if self._state == self.ACTIVE:
-            raise StreamingContextStateError(
-                f"cannot {what} after the StreamingContext has started: define every input, transformation "
-                "and output operation before ssc.start()"
-            )
+            raise StreamingContextStateError(not_started_message(what))
         if self._state == self.STOPPED:
             raise StreamingContextStateError(
                 f"cannot {what}: this StreamingContext has been stopped; create a new one"
@@ -277,8 +274,7 @@ class StreamingContext:
     # ------------------------------------------------------------------ sources
     def _check_can_add_input(self) -> None:
         self._check_not_started("add an input stream")
-        if self._graph.batch_duration is None:
-            raise ValueError("the batch duration is not set: pass it to StreamingContext(sc, batchDuration)")
+        self._graph.require_batch_duration()
 
     def queueStream(self, rdds: Iterable[RDD | Iterable[Any]], oneAtATime: bool = True,
                     default: RDD | Iterable[Any] | None = None) -> DStream:

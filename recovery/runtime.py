@@ -44,7 +44,7 @@ from dstreams.contracts import Fence, NoFence
 from dstreams.events import EventLoop
 from dstreams.graph import DStreamGraph
 from dstreams.listener import ListenerBus
-from dstreams.scheduler import JobScheduler
+from dstreams.scheduler import JobScheduler, first_batch_time
 from dstreams.time import BatchTime
 
 from . import faults
@@ -99,12 +99,12 @@ class DriverRuntime:
         ``graph_refs`` maps objects a user function may capture (the StreamingContext) to the names they
         are stored under in the checkpointed graph.
         """
-        assert graph.batch_duration is not None
+        batch = graph.require_batch_duration()
         store_graph = settings.checkpoint_dir is not None and config.get(config.CHECKPOINT_GRAPH, sc.getConf())
         stored_graph = serialize_graph(graph, sc.getConf(), graph_refs or {}) if store_graph else None
         spec, temp_dir = _checkpoint_location(settings)
         events = EventLoop("dstreams-generator")
-        first = _first_batch_time(clock, graph.batch_duration.ms)
+        first = first_batch_time(clock, batch)
         metadata: MetadataLog | None = None
         journal: Journal | None = None
         previous: dict[str, Any] | None = None
@@ -118,9 +118,8 @@ class DriverRuntime:
                     f"the checkpoint location {settings.checkpoint_dir} already holds the metadata log of a previous "
                     "run: resume it with StreamingContext.getOrCreate(path, setupFunc), or use an empty location"
                 )
-            batch_ms = graph.batch_duration.ms
-            metadata = MetadataLog(store, sc.appName, graph.fingerprint(), batch_ms)
-            previous = metadata.take_over(zero_ms=first.ms - batch_ms)
+            metadata = MetadataLog(store, sc.appName, graph.fingerprint(), batch.ms)
+            previous = metadata.take_over(zero_ms=first.ms - batch.ms)
             if stored_graph is not None:
                 write_graph(store, stored_graph)
             journal = Journal(metadata, graph, outage=outage)
@@ -165,10 +164,6 @@ def _on_failure(mode: str, settings: RuntimeSettings) -> str:
     if mode != "auto":
         return mode
     return "stop" if settings.checkpoint_dir is not None else "dropInput"
-
-
-def _first_batch_time(clock: Clock, batch_ms: int) -> BatchTime:
-    return BatchTime((clock.time_ms() // batch_ms + 1) * batch_ms)
 
 
 def _checkpoint_location(settings: RuntimeSettings) -> tuple[StoreSpec, str | None]:
