@@ -4,24 +4,23 @@
 at stop; nothing else in the code base creates these objects or sets one on another. Wiring, in
 construction order (every dependency goes in through a constructor):
 
-1. the checkpoint location (:class:`StoreSpec`): the folder or ``s3://`` URL given to
+1. with a checkpoint location, the **graph** is serialized first (a user function that cannot be
+   serialized fails the start before anything is written); it is stored once this driver owns the
+   location (:mod:`.graph_store`), so ``getOrCreate`` can restore it without calling ``setupFunc``;
+2. the checkpoint location (:class:`StoreSpec`): the folder or ``s3://`` URL given to
    ``ssc.checkpoint()``, else a temporary folder removed at stop;
-2. with a checkpoint location: the **metadata log** (:class:`MetadataLog`), which takes the next
-   epoch (fencing) and returns the previous head if a driver ran here before; the **journal**
-   (:class:`Journal`) that writes it as batches are generated and completed; the **write-ahead
-   log** of sources that cannot replay;
 3. the scheduler's **event loop** (:class:`EventLoop`), the one thread that changes graph state;
-4. the **checkpointer** (:class:`StoreCheckpointer`), which posts committed checkpoints to that
+4. the **first batch time** (:func:`~dstreams.scheduler.first_batch_time`), the zero time of a fresh start;
+5. one :class:`StoreOutagePolicy` (how long to wait for an unavailable store), given to the journal, the
+   checkpointer and the scheduler: one outage bound for the whole driver;
+6. with a checkpoint location: the **metadata log** (:class:`MetadataLog`), which takes the next
+   epoch (fencing) and returns the previous head if a driver ran here before; then the stored graph
+   is written; the **journal** (:class:`Journal`) that writes the log as batches are generated and
+   completed; the **write-ahead log** of sources that cannot replay;
+7. the **checkpointer** (:class:`StoreCheckpointer`), which posts committed checkpoints to the event
    loop and checks the fence before each commit;
-5. the **scheduler** (:class:`JobScheduler`) with all of the above and the fault-injection hook;
-6. the **resume plan** (:func:`plan_resume`) when the metadata log had a previous head.
-
-With a checkpoint location, the graph itself is serialized first (a user function that cannot be
-serialized fails the start before anything is written) and stored once this driver owns the location
-(:mod:`.graph_store`), so ``getOrCreate`` can restore it without calling ``setupFunc``.
-
-One :class:`StoreOutagePolicy` (how long to wait for an unavailable store) is built first and given to
-the journal, the checkpointer and the scheduler: one outage bound for the whole driver.
+8. the **scheduler** (:class:`JobScheduler`) with all of the above and the fault-injection hook;
+9. the **resume plan** (:func:`plan_resume`) when the metadata log had a previous head.
 
 Sinks reach the fence and the checkpoint store's options through :meth:`DriverRuntime.check_owner`
 and :attr:`RuntimeSettings`.
