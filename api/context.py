@@ -102,7 +102,7 @@ class StreamingContext:
         if concurrentBatches is None:
             concurrentBatches = int(sparkContext.getConf().get("spark.streaming.concurrentJobs", "1"))
         self._concurrent = concurrentBatches
-        self._bus = ListenerBus()
+        self._bus = ListenerBus(config.get(config.LISTENER_BUS_CAPACITY, sparkContext.getConf()))
         self._runtime: DriverRuntime | None = None
         self._stopped_by_failure = False
         self._status: StatusServer | None = None
