@@ -10,7 +10,8 @@ construction order (every dependency goes in through a constructor):
 2. the checkpoint location (:class:`StoreSpec`): the folder or ``s3://`` URL given to
    ``ssc.checkpoint()``, else a temporary folder removed at stop;
 3. the scheduler's **event loop** (:class:`EventLoop`), the one thread that changes graph state;
-4. the **first batch time** (:func:`~dstreams.scheduler.first_batch_time`), the zero time of a fresh start;
+4. the **first batch time** of a fresh start (:func:`~dstreams.scheduler.first_batch_time`; the zero time
+   recorded in the metadata log is one batch interval earlier);
 5. one :class:`StoreOutagePolicy` (how long to wait for an unavailable store), given to the journal, the
    checkpointer and the scheduler: one outage bound for the whole driver;
 6. with a checkpoint location: the **metadata log** (:class:`MetadataLog`), which takes the next
