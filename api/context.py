@@ -25,7 +25,7 @@ from pyspark import RDD, SparkConf, SparkContext, StorageLevel
 from dstreams import config, jvm, jvm_cds
 from dstreams.clock import Clock, SystemClock
 from dstreams.executors import ensure_executors_can_import
-from dstreams.graph import DStreamGraph
+from dstreams.graph import DStreamGraph, not_started_message
 from dstreams.jvm_signals import JvmSignalForwarder, forward_signals
 from dstreams.listener import BatchInfo, ListenerBus
 from dstreams.nodes.files import FileInputNode
@@ -39,7 +39,7 @@ from dstreams.recovery.checkpointer import StoreCheckpointer
 from dstreams.recovery.graph_store import StoredGraph, load_graph, read_graph
 from dstreams.recovery.metadata import MetadataLog
 from dstreams.recovery.runtime import CheckpointInUseError, DriverRuntime, RuntimeSettings
-from dstreams.recovery.store import is_store_url
+from dstreams.recovery.store import is_store_url, local_path
 from dstreams.recovery.storespec import StoreSpec
 from dstreams.scheduler import JobScheduler
 from dstreams.sparkconf import create_spark_context, speculation_available, tune_running_context
@@ -102,7 +102,7 @@ class StreamingContext:
         if concurrentBatches is None:
             concurrentBatches = int(sparkContext.getConf().get("spark.streaming.concurrentJobs", "1"))
         self._concurrent = concurrentBatches
-        self._bus = ListenerBus()
+        self._bus = ListenerBus(config.get(config.LISTENER_BUS_CAPACITY, sparkContext.getConf()))
         self._runtime: DriverRuntime | None = None
         self._stopped_by_failure = False
         self._status: StatusServer | None = None
@@ -161,10 +161,7 @@ class StreamingContext:
 
     def _check_not_started(self, what: str) -> None:
         if self._state == self.ACTIVE:
-            raise StreamingContextStateError(
-                f"cannot {what} after the StreamingContext has started: define every input, transformation "
-                "and output operation before ssc.start()"
-            )
+            raise StreamingContextStateError(not_started_message(what))
         if self._state == self.STOPPED:
             raise StreamingContextStateError(
                 f"cannot {what}: this StreamingContext has been stopped; create a new one"
@@ -256,9 +253,10 @@ class StreamingContext:
                 "processes: use a local folder or an s3:// URL"
             )
         self._check_not_started("set the checkpoint directory")
-        if not is_store_url(directory):
+        local = local_path(directory)
+        if local is not None:
             # As Spark's StreamingContext.checkpoint (fs.mkdirs): a local folder exists once it is set.
-            os.makedirs(directory[len("file://"):] if directory.startswith("file://") else directory, exist_ok=True)
+            os.makedirs(local, exist_ok=True)
         self._checkpoint_dir = directory
         self._store_options = dict(storeOptions)
 
@@ -276,8 +274,7 @@ class StreamingContext:
     # ------------------------------------------------------------------ sources
     def _check_can_add_input(self) -> None:
         self._check_not_started("add an input stream")
-        if self._graph.batch_duration is None:
-            raise ValueError("the batch duration is not set: pass it to StreamingContext(sc, batchDuration)")
+        self._graph.require_batch_duration()
 
     def queueStream(self, rdds: Iterable[RDD | Iterable[Any]], oneAtATime: bool = True,
                     default: RDD | Iterable[Any] | None = None) -> DStream:
@@ -614,8 +611,10 @@ class StreamingContext:
 
 def _stored_graph(path: str, store_options: dict[str, Any]) -> StoredGraph | None:
     """The graph stored at the checkpoint location ``path``, or None (no checkpoint there, or none stored)."""
-    if not is_store_url(path) and not os.path.isdir(path[len("file://"):] if path.startswith("file://") else path):
-        return None
+    if not is_store_url(path):
+        local = local_path(path)
+        if local is None or not os.path.isdir(local):
+            return None
     store = StoreSpec(path, dict(store_options)).open()
     if MetadataLog.read(store) is None:
         return None

@@ -13,9 +13,11 @@ Contract:
   has no conf at hand). Executors (Python workers) have no SparkConf: they read the environment only, so a
   setting they use (:data:`STORE_RETRY_SECONDS`) is given to them with ``spark.executorEnv.<VARIABLE>``
   (local executors inherit the driver's environment).
-* :data:`SETTINGS` lists every setting; :data:`TEST_ONLY` the fault-injection variables that stay
-  environment-only (read by ``dstreams.recovery.faults``). :func:`markdown_table` renders both as the
-  README's configuration table (``python -m dstreams.config`` prints it).
+* :data:`SETTINGS` lists every setting; :data:`ENVIRONMENT_ONLY` and :data:`INTERNAL` dstreams' variables
+  without a conf key; :data:`STANDARD` the variables of Spark, PySpark, Java, AWS and XDG that the library
+  reads; :data:`TEST_ONLY` the fault-injection variables that stay environment-only (read by
+  ``dstreams.recovery.faults``). :func:`markdown_table` renders them all as the README's configuration table
+  (``python -m dstreams.config`` prints it).
 
 This module imports the standard library only: executors import it, and it knows neither the api nor
 recovery.
@@ -145,6 +147,14 @@ def _rate_or_unlimited(raw: str) -> float | None:
     """A rate in records per second; ``0`` (or a negative number, as Spark takes it) is no limit."""
     value = _finite(raw)
     return value if value > 0 else None
+
+
+def _at_least_one(raw: str) -> int:
+    """A whole number >= 1."""
+    value = int(raw.strip())
+    if value < 1:
+        raise ValueError(raw)
+    return value
 
 
 def _count_or_unlimited(raw: str) -> int | None:
@@ -333,6 +343,19 @@ FILES_MAX_FILES_PER_BATCH = Setting(
         "The streams' `maxFilesPerBatch` argument overrides it.",
 )
 
+LISTENER_BUS_CAPACITY = Setting(
+    key="spark.dstreams.listenerBus.capacity",
+    spark_key="spark.scheduler.listenerbus.eventqueue.capacity",
+    env="DSTREAMS_LISTENER_BUS_CAPACITY",
+    default=10000,
+    parse=_at_least_one,
+    accepts="a whole number >= 1",
+    example="20000",
+    doc="How many events may wait for the streaming listeners (`addStreamingListener`, the status page, the "
+        "progress line); when they fall that far behind, new events are dropped, counted and reported in a warning "
+        "at most once a minute. Read when the StreamingContext is created.",
+)
+
 UI_ENABLED = Setting(
     key="spark.dstreams.ui.enabled",
     env="DSTREAMS_UI_ENABLED",
@@ -498,7 +521,8 @@ SETTINGS: tuple[Setting, ...] = (JVM_MODE, CLASS_DATA_SHARING, CHECKPOINT_GRAPH,
                                  SPARK_LOCAL_DIR, SOURCE_MAX_RATE_PER_PARTITION, RECEIVER_MAX_RATE,
                                  FILES_MAX_FILES_PER_BATCH, BACKPRESSURE_ENABLED, BACKPRESSURE_INITIAL_RATE,
                                  BACKPRESSURE_PID_PROPORTIONAL, BACKPRESSURE_PID_INTEGRAL, BACKPRESSURE_PID_DERIVED,
-                                 BACKPRESSURE_PID_MIN_RATE, UI_ENABLED, UI_PORT, UI_SHOW_PROGRESS,
+                                 BACKPRESSURE_PID_MIN_RATE, LISTENER_BUS_CAPACITY, UI_ENABLED, UI_PORT,
+                                 UI_SHOW_PROGRESS,
                                  STOP_ON_SIGNAL,
                                  GRACEFUL_STOP_TIMEOUT, BATCH_MAX_ATTEMPTS, BATCH_ON_FAILURE)
 
@@ -590,13 +614,43 @@ INTERNAL: tuple[EnvVar, ...] = (
 )
 
 
+#: Other tools' environment variables (Spark, PySpark, Java, AWS, XDG) that dstreams reads too.
+STANDARD: tuple[EnvVar, ...] = (
+    EnvVar("SPARK_LOCAL_IP", "", "Spark's bind address; the status server binds to it too (else all addresses). "
+           "`StreamingContext.local` and `create_spark_context` set it to `127.0.0.1` when it is unset."),
+    EnvVar("SPARK_PUBLIC_DNS", "", "Spark's public host name: the host of the status server's URL (`ssc.uiWebUrl`), "
+           "as in Spark's UI."),
+    EnvVar("PYSPARK_PYTHON", "", "PySpark's worker interpreter. When unset, dstreams' conf (`tuned_conf`) sets "
+           "`spark.pyspark.python` to this interpreter and exports it here (outside `spark-submit`); in local mode "
+           "dstreams' worker daemon is used only when the workers run this interpreter."),
+    EnvVar("PYSPARK_GATEWAY_PORT", "", "Set by `spark-submit`: the driver JVM already runs, so dstreams reads its "
+           "`spark.*` properties as the user's conf and neither maps a class-data-sharing archive nor exports "
+           "`PYSPARK_PYTHON`."),
+    EnvVar("JAVA_HOME", "", "The Java that Spark's launcher runs (else `java` on `PATH`): the class-data-sharing "
+           "archive is built and looked up for it."),
+    EnvVar("XDG_CACHE_HOME", "", "The default parent of `DSTREAMS_CACHE_DIR` (`$XDG_CACHE_HOME/dstreams`, else "
+           "`~/.cache/dstreams`)."),
+    EnvVar("AWS_ENDPOINT_URL_S3", "", "The S3-compatible endpoint of `s3://` locations when `storeOptions` name no "
+           "`endpoint_url` (boto3's variable; it wins over `AWS_ENDPOINT_URL`). Credentials and region come from "
+           "boto3's own chain (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_DEFAULT_REGION`, ...)."),
+    EnvVar("AWS_ENDPOINT_URL", "", "The endpoint of `s3://` locations when neither `storeOptions` nor "
+           "`AWS_ENDPOINT_URL_S3` name one (boto3's variable)."),
+    EnvVar("SPARK_EXECUTOR_ID", "", "Set by Spark on some executors: the executor a Python task runs on, for the "
+           "test-only `DSTREAMS_FAULT_SLOW_EXECUTOR` (else the executor JVM's `--executor-id`)."),
+    EnvVar("SPARK_LOG_URL_STDERR", "", "Set by standalone workers: its `executorId=` names the executor when "
+           "nothing else does (for `DSTREAMS_FAULT_SLOW_EXECUTOR`)."),
+    EnvVar("SPARK_LOG_URL_STDOUT", "", "As `SPARK_LOG_URL_STDERR`, read after it."),
+)
+
+
 def markdown_table() -> str:
-    """The README's configuration table: every setting, then the test-only variables."""
+    """The README's configuration table: every setting, the environment-only and internal variables, the
+    other tools' variables dstreams reads, then the test-only variables."""
     rows = ["| Spark conf key | environment variable | default | what it does |", "| --- | --- | --- | --- |"]
     for s in SETTINGS:
         doc = s.doc if s.spark_key is None else f"{s.doc} Spark's key `{s.spark_key}` counts when this one is unset."
         rows.append(f"| `{s.key}` | `{s.env}` | {_default_text(s.default)} | {doc} |")
-    for v in (*ENVIRONMENT_ONLY, *INTERNAL, *TEST_ONLY):
+    for v in (*ENVIRONMENT_ONLY, *INTERNAL, *STANDARD, *TEST_ONLY):
         rows.append(f"| (none) | `{v.env}` | {_default_text(v.default or None)} | {v.doc} |")
     return "\n".join(rows)
 

@@ -17,7 +17,6 @@ checkpoint location runs with a checkpointer writing to a temporary folder, no j
 * :class:`WriteAheadLog`: where sources that cannot replay (a socket) write a block before using it.
 * :class:`OutagePolicy`: which errors mean the store is unavailable, and how long to wait for it.
 * :class:`ObjectStoreLocation`: an object store prefix a file source lists and its tasks read.
-* :class:`EventPoster`: how a thread other than the event loop's asks for a change of graph state.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ from pyspark import RDD
 from .time import BatchTime
 
 if TYPE_CHECKING:
-    from .events import Event
     from .node import DStreamNode
 
 #: Called with a point name ("mid-batch", ...) where tests may inject a fault; a no-op in production.
@@ -98,10 +96,6 @@ class ObjectStoreLocation(Protocol):
     url: str
 
     def open(self) -> ObjectStore: ...
-
-
-class EventPoster(Protocol):
-    def post(self, event: Event) -> None: ...
 
 
 class SourceNotCheckpointableError(Exception):

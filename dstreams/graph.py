@@ -64,6 +64,14 @@ class GraphFrozenError(RuntimeError):
     """Raised when streams or outputs are added after the context has started."""
 
 
+def not_started_message(action: str) -> str:
+    """Why ``action`` (``"add an input stream"``, ``"call remember()"``...) is refused once the context has
+    started: the one wording of that rule, raised by the graph (:class:`GraphFrozenError`) and by the
+    ``StreamingContext`` (its lifecycle state)."""
+    return (f"cannot {action} after the StreamingContext has started: define every input, transformation "
+            "and output operation before ssc.start()")
+
+
 class DStreamGraph:
     """Holds the nodes of one StreamingContext."""
 
@@ -126,10 +134,7 @@ class DStreamGraph:
     # ------------------------------------------------------------------ building
     def _check_open(self, what: str) -> None:
         if self.started:
-            raise GraphFrozenError(
-                f"cannot add {what} after the StreamingContext has started: define every input, "
-                "transformation and output operation before ssc.start()"
-            )
+            raise GraphFrozenError(not_started_message(f"add {what}"))
 
     def add_input(self, node: InputNode) -> None:
         with self.lock:
@@ -145,9 +150,15 @@ class DStreamGraph:
         self.remember_duration = duration
 
     # ------------------------------------------------------------------ running
-    def validate(self) -> None:
+    def require_batch_duration(self) -> Duration:
+        """The batch duration; a ``ValueError`` that names the fix when it is not set (an input stream and
+        ``start()`` need it)."""
         if self.batch_duration is None:
             raise ValueError("the batch duration is not set: pass it to StreamingContext(sc, batchDuration)")
+        return self.batch_duration
+
+    def validate(self) -> None:
+        self.require_batch_duration()
         if not self.outputs:
             raise ValueError(
                 "no output operations registered, so nothing to execute: add one such as pprint(), "

@@ -42,13 +42,14 @@ Listener exceptions are logged and never stop the stream.
 Delivery is asynchronous, as in Spark's ``LiveListenerBus``: the engine posts events to the
 :class:`ListenerBus`, which queues them and returns at once, and one daemon thread
 (``dstreams-listener-bus``) delivers them in posting order. A slow listener therefore never delays
-batches, but it sees events late. The queue is bounded (10000 events by default): when listeners
-fall that far behind, new events are dropped, counted (``ListenerBus.dropped``) and reported in a
-warning at most once a minute. ``ListenerBus.wait_until_empty(timeout_s)`` waits until the events
-posted so far are delivered. Because an event is handled after the engine moved on, each event
-holds a snapshot of its :class:`BatchInfo`/:class:`OutputOperationInfo`, taken when the event was
-created (a "batch submitted" event never shows the processing times filled in later), as PySpark's
-events hold their own immutable copies.
+batches, but it sees events late. The queue is bounded (``spark.dstreams.listenerBus.capacity``, 10000
+events by default): when listeners fall that far behind, new events are dropped, counted
+(``ListenerBus.dropped``) and reported in a warning at most once a minute.
+``ListenerBus.wait_until_empty(timeout_s)`` waits until the events posted so far are delivered. Because
+an event is handled after the engine moved on, each event holds a snapshot of its
+:class:`BatchInfo`/:class:`OutputOperationInfo`, taken when the event was created (a "batch submitted"
+event never shows the processing times filled in later), as PySpark's events hold their own immutable
+copies.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from . import config
 from .time import BatchTime
 
 log = logging.getLogger(__name__)
@@ -572,7 +574,8 @@ class ListenerBus:
     """
 
     THREAD_NAME = "dstreams-listener-bus"
-    DEFAULT_CAPACITY = 10000
+    #: ``spark.dstreams.listenerBus.capacity``'s default (:data:`dstreams.config.LISTENER_BUS_CAPACITY`).
+    DEFAULT_CAPACITY: int = config.LISTENER_BUS_CAPACITY.default
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         if capacity < 1:
@@ -710,7 +713,7 @@ class ListenerBus:
             "dropped %d events from the listener bus since %s (%d in total): the streaming listeners "
             "are too slow to keep up with the events and the queue of %d events is full; make the "
             "listener callbacks faster (hand slow work to another thread) or raise the capacity "
-            "(ListenerBus(capacity=...))",
+            "(spark.dstreams.listenerBus.capacity)",
             count, since, self.dropped, self.capacity,
         )
 

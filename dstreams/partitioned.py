@@ -374,16 +374,6 @@ def fold(func: Callable[[Any, Any], Any], pairs: Iterable[Any], acc: dict[Any, A
     return acc
 
 
-def reduce_pairs(func: Callable[[Any, Any], Any], pairs: Iterable[tuple[Any, Any]],
-                 acc: dict[Any, Any] | None = None) -> dict[Any, Any]:
-    """Fold ``pairs`` into ``acc`` (a new dict by default) by key with ``func``, in order; returns ``acc``.
-
-    A key seen for the first time keeps its value as is; later values are ``func(previous, value)``
-    (:func:`fold`).
-    """
-    return fold(func, pairs, acc, "reduce")
-
-
 def combiner(func: Callable[[Any, Any], Any], op: str) -> Callable[[Iterable[Any]], Iterable[tuple[Any, Any]]]:
     """The map-side combine of :func:`pre_reduce`: a partition's pairs reduced by key with ``func``,
     in input order (:func:`fold`); a record that is not a pair fails with the error of

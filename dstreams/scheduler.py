@@ -54,7 +54,7 @@ from .listener import (
     StreamingListenerStreamingStarted,
 )
 from .nodes.event_time import event_time_metrics
-from .time import BatchTime
+from .time import BatchTime, Duration
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,13 @@ class BatchFailedError(RuntimeError):
 
 class BatchNotDoneError(RuntimeError):
     """Waiting for a batch that will not complete: the context stopped on an error first (``__cause__``)."""
+
+
+def first_batch_time(clock: Clock, batch: Duration) -> BatchTime:
+    """The first batch of a fresh start: the next multiple of ``batch`` after the clock's current time (Spark's
+    ``RecurringTimer.getStartTime``). The one place that computes it: the composition root records it in the
+    metadata log (its zero time) and the scheduler starts from it."""
+    return BatchTime((clock.time_ms() // batch.ms + 1) * batch.ms)
 
 
 def last_line(text: str) -> str:
@@ -198,12 +205,6 @@ class JobScheduler:
         self._runners: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ lifecycle
-    def first_batch_time(self) -> BatchTime:
-        """The next batch boundary after the clock's current time."""
-        batch = self.graph.batch_duration
-        assert batch is not None
-        return BatchTime((self.clock.time_ms() // batch.ms + 1) * batch.ms)
-
     def start(self, first_batch: BatchTime | None = None, zero_time: BatchTime | None = None,
               prepare: Callable[[], None] | None = None, dropped: set[int] | None = None) -> BatchTime:
         """Initialise the graph at ``zero_time`` and generate from ``first_batch`` on.
@@ -217,7 +218,7 @@ class JobScheduler:
         batch = self.graph.batch_duration
         assert batch is not None
         if first_batch is None:
-            first_batch = self.first_batch_time()
+            first_batch = first_batch_time(self.clock, batch)
         self.start_time = first_batch
         services = GraphServices(self.checkpointer, self.wal)
         # A source whose server is down at start (Redis restarting) is waited for as in a batch, within the

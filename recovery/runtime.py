@@ -4,24 +4,24 @@
 at stop; nothing else in the code base creates these objects or sets one on another. Wiring, in
 construction order (every dependency goes in through a constructor):
 
-1. the checkpoint location (:class:`StoreSpec`): the folder or ``s3://`` URL given to
+1. with a checkpoint location, the **graph** is serialized first (a user function that cannot be
+   serialized fails the start before anything is written); it is stored once this driver owns the
+   location (:mod:`.graph_store`), so ``getOrCreate`` can restore it without calling ``setupFunc``;
+2. the checkpoint location (:class:`StoreSpec`): the folder or ``s3://`` URL given to
    ``ssc.checkpoint()``, else a temporary folder removed at stop;
-2. with a checkpoint location: the **metadata log** (:class:`MetadataLog`), which takes the next
-   epoch (fencing) and returns the previous head if a driver ran here before; the **journal**
-   (:class:`Journal`) that writes it as batches are generated and completed; the **write-ahead
-   log** of sources that cannot replay;
 3. the scheduler's **event loop** (:class:`EventLoop`), the one thread that changes graph state;
-4. the **checkpointer** (:class:`StoreCheckpointer`), which posts committed checkpoints to that
+4. the **first batch time** of a fresh start (:func:`~dstreams.scheduler.first_batch_time`; the zero time
+   recorded in the metadata log is one batch interval earlier);
+5. one :class:`StoreOutagePolicy` (how long to wait for an unavailable store), given to the journal, the
+   checkpointer and the scheduler: one outage bound for the whole driver;
+6. with a checkpoint location: the **metadata log** (:class:`MetadataLog`), which takes the next
+   epoch (fencing) and returns the previous head if a driver ran here before; then the stored graph
+   is written; the **journal** (:class:`Journal`) that writes the log as batches are generated and
+   completed; the **write-ahead log** of sources that cannot replay;
+7. the **checkpointer** (:class:`StoreCheckpointer`), which posts committed checkpoints to the event
    loop and checks the fence before each commit;
-5. the **scheduler** (:class:`JobScheduler`) with all of the above and the fault-injection hook;
-6. the **resume plan** (:func:`plan_resume`) when the metadata log had a previous head.
-
-With a checkpoint location, the graph itself is serialized first (a user function that cannot be
-serialized fails the start before anything is written) and stored once this driver owns the location
-(:mod:`.graph_store`), so ``getOrCreate`` can restore it without calling ``setupFunc``.
-
-One :class:`StoreOutagePolicy` (how long to wait for an unavailable store) is built first and given to
-the journal, the checkpointer and the scheduler: one outage bound for the whole driver.
+8. the **scheduler** (:class:`JobScheduler`) with all of the above and the fault-injection hook;
+9. the **resume plan** (:func:`plan_resume`) when the metadata log had a previous head.
 
 Sinks reach the fence and the checkpoint store's options through :meth:`DriverRuntime.check_owner`
 and :attr:`RuntimeSettings`.
@@ -44,7 +44,7 @@ from dstreams.contracts import Fence, NoFence
 from dstreams.events import EventLoop
 from dstreams.graph import DStreamGraph
 from dstreams.listener import ListenerBus
-from dstreams.scheduler import JobScheduler
+from dstreams.scheduler import JobScheduler, first_batch_time
 from dstreams.time import BatchTime
 
 from . import faults
@@ -54,7 +54,7 @@ from .journal import Journal
 from .metadata import MetadataLog
 from .outage import StoreOutagePolicy
 from .resume import ResumePlan, plan_resume
-from .store import is_store_url
+from .store import local_path
 from .storespec import StoreSpec
 
 log = logging.getLogger(__name__)
@@ -99,12 +99,12 @@ class DriverRuntime:
         ``graph_refs`` maps objects a user function may capture (the StreamingContext) to the names they
         are stored under in the checkpointed graph.
         """
-        assert graph.batch_duration is not None
+        batch = graph.require_batch_duration()
         store_graph = settings.checkpoint_dir is not None and config.get(config.CHECKPOINT_GRAPH, sc.getConf())
         stored_graph = serialize_graph(graph, sc.getConf(), graph_refs or {}) if store_graph else None
         spec, temp_dir = _checkpoint_location(settings)
         events = EventLoop("dstreams-generator")
-        first = _first_batch_time(clock, graph.batch_duration.ms)
+        first = first_batch_time(clock, batch)
         metadata: MetadataLog | None = None
         journal: Journal | None = None
         previous: dict[str, Any] | None = None
@@ -118,9 +118,8 @@ class DriverRuntime:
                     f"the checkpoint location {settings.checkpoint_dir} already holds the metadata log of a previous "
                     "run: resume it with StreamingContext.getOrCreate(path, setupFunc), or use an empty location"
                 )
-            batch_ms = graph.batch_duration.ms
-            metadata = MetadataLog(store, sc.appName, graph.fingerprint(), batch_ms)
-            previous = metadata.take_over(zero_ms=first.ms - batch_ms)
+            metadata = MetadataLog(store, sc.appName, graph.fingerprint(), batch.ms)
+            previous = metadata.take_over(zero_ms=first.ms - batch.ms)
             if stored_graph is not None:
                 write_graph(store, stored_graph)
             journal = Journal(metadata, graph, outage=outage)
@@ -167,10 +166,6 @@ def _on_failure(mode: str, settings: RuntimeSettings) -> str:
     return "stop" if settings.checkpoint_dir is not None else "dropInput"
 
 
-def _first_batch_time(clock: Clock, batch_ms: int) -> BatchTime:
-    return BatchTime((clock.time_ms() // batch_ms + 1) * batch_ms)
-
-
 def _checkpoint_location(settings: RuntimeSettings) -> tuple[StoreSpec, str | None]:
     directory = settings.checkpoint_dir
     temp_dir: str | None = None
@@ -178,7 +173,9 @@ def _checkpoint_location(settings: RuntimeSettings) -> tuple[StoreSpec, str | No
         temp_dir = tempfile.mkdtemp(prefix="dstreams-checkpoint-")
         directory = temp_dir
         log.info("no checkpoint directory set: stateful streams checkpoint into %s (removed at stop)", directory)
-    elif not is_store_url(directory) and "://" not in directory:
-        os.makedirs(directory, exist_ok=True)
-        directory = os.path.abspath(directory)
+    else:
+        local = local_path(directory)
+        if local is not None:
+            os.makedirs(local, exist_ok=True)
+            directory = os.path.abspath(local)
     return StoreSpec(directory, dict(settings.store_options)), temp_dir

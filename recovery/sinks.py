@@ -79,7 +79,7 @@ from pyspark import RDD
 from dstreams.output_records import add_written
 
 from . import faults
-from .store import is_store_url
+from .store import is_store_url, local_path
 from .storespec import StoreSpec
 
 SUCCESS = "_SUCCESS"
@@ -92,8 +92,8 @@ def save_text_exactly_once(rdd: RDD, path: str, guard: Callable[[], None] | None
     called before anything is written or removed, and before the commit (see the module docstring)."""
     if is_store_url(path):
         return save_to_store_exactly_once(rdd, path, guard, store_options, "text")
-    local = path[len("file://"):] if path.startswith("file://") else path
-    if "://" in local:
+    local = local_path(path)
+    if local is None:
         return _save_hadoop(rdd, path, guard)
     if _committed(local):
         add_written(0)

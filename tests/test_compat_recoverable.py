@@ -21,12 +21,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from datetime import datetime
 from pathlib import Path
 
 import pyspark
 import pytest
+
+from .process_support import kill_group, tail, wait_for
 
 EXAMPLE = Path(pyspark.__file__).parent / "examples/src/main/python/streaming/recoverable_network_wordcount.py"
 PYSPARK_IMPORT = "from pyspark.streaming import StreamingContext"
@@ -126,33 +127,6 @@ def _start(args: list[str], env: dict[str, str], log_path: Path, cwd: Path) -> s
                                 cwd=str(cwd), start_new_session=True)
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    """SIGKILL the driver's process group (the driver and its JVM), wait for it to be gone."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=30)
-    deadline = time.monotonic() + 30  # best effort: the JVM leaves the group once it is reaped
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-
-
-def _tail(path: Path, n: int = 6000) -> str:
-    try:
-        return path.read_text(errors="replace")[-n:]
-    except OSError:
-        return ""
-
-
 def _lines(path: Path) -> list[str]:
     try:
         return path.read_text().splitlines()
@@ -164,19 +138,6 @@ def _parse(line: str) -> tuple[datetime, dict[str, int]]:
     m = COUNTS.match(line)
     assert m, f"not a counts line: {line!r}"
     return datetime.fromisoformat(m["time"]), dict(ast.literal_eval(m["counts"]))
-
-
-def _wait(cond, what: str, proc: subprocess.Popen, log_path: Path, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        if proc.poll() is not None:
-            if cond():
-                return
-            raise AssertionError(f"driver exited ({proc.returncode}) while waiting for {what}\n{_tail(log_path)}")
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{_tail(log_path)}")
 
 
 def test_pyspark_recoverable_wordcount_resumes_after_sigkill(tmp_path):
@@ -193,10 +154,11 @@ def test_pyspark_recoverable_wordcount_resumes_after_sigkill(tmp_path):
                 lines = [ln for ln in _lines(output) if COUNTS.match(ln)]  # a line being written may not match
                 return len(lines) >= 3 and any("x" in _parse(ln)[1] for ln in lines)
 
-            _wait(counted_before, "3 counts lines (some with data) from the first run", first, log1)
+            wait_for(counted_before, WAIT_S, "3 counts lines (some with data) from the first run", first, log1,
+                     step=0.3)
         finally:
-            _kill(first)
-        assert first.returncode == -signal.SIGKILL, _tail(log1)
+            kill_group(first)
+        assert first.returncode == -signal.SIGKILL, tail(log1)
         before = _lines(output)
         before_text = output.read_text()
 
@@ -208,9 +170,10 @@ def test_pyspark_recoverable_wordcount_resumes_after_sigkill(tmp_path):
                 new = lines[len(before):] if lines[:len(before)] == before else lines
                 return sum(1 for ln in new if COUNTS.match(ln) and "z" in _parse(ln)[1]) >= 3
 
-            _wait(counted_after, "3 more counts lines (with z) after the restart", second, log2)
+            wait_for(counted_after, WAIT_S, "3 more counts lines (with z) after the restart", second, log2,
+                     step=0.3)
         finally:
-            _kill(second)
+            kill_group(second)
     finally:
         server.stop()
 

@@ -23,6 +23,9 @@ def test_defaults_when_nothing_is_set():
     assert config.get(config.STORE_OUTAGE_SECONDS, None, NO_ENV) == 900.0
     assert config.get(config.SPARK_LOG_LEVEL, None, NO_ENV) == "WARN"
     assert config.get(config.SPARK_LOCAL_DIR, None, NO_ENV) is None
+    assert config.get(config.LISTENER_BUS_CAPACITY, None, NO_ENV) == 10000
+    assert config.get(config.LISTENER_BUS_CAPACITY, {"spark.scheduler.listenerbus.eventqueue.capacity": "500"},
+                      NO_ENV) == 500  # Spark's own key counts when dstreams' is unset
 
 
 def test_the_conf_key_comes_first_then_the_environment_then_the_default():
@@ -129,6 +132,34 @@ def test_every_dstreams_variable_the_library_reads_is_in_the_table():
     assert not unknown, f"DSTREAMS_* variables missing from dstreams/config.py: {unknown}"
     faults = set(re.findall(r"\bDSTREAMS_FAULT_[A-Z0-9_]*[A-Z0-9]\b", (ROOT / "recovery" / "faults.py").read_text()))
     assert faults == {v.env for v in config.TEST_ONLY}
+
+
+#: How the library reads a variable: ``os.environ.get("X")``, ``os.environ["X"]``, ``"X" in os.environ``,
+#: ``os.environ.setdefault("X", ...)``, ``os.getenv("X")``, or a module constant ``..._ENV = "X"`` (or a tuple).
+_READS = (
+    re.compile(r'os\.environ(?:\.get|\.setdefault)?\(\s*"([A-Z][A-Z0-9_]*)"'),
+    re.compile(r'os\.environ\[\s*"([A-Z][A-Z0-9_]*)"\s*\]'),
+    re.compile(r'"([A-Z][A-Z0-9_]*)"\s+(?:not\s+)?in\s+os\.environ'),
+    re.compile(r'getenv\(\s*"([A-Z][A-Z0-9_]*)"'),
+)
+_ENV_CONSTANT = re.compile(r"^_?[A-Z0-9_]*ENV[A-Z0-9_]*\s*=\s*(.+)$", re.MULTILINE)
+
+
+def test_every_environment_variable_the_library_reads_is_in_the_table():
+    """Not only dstreams' own: Spark's, AWS's, XDG's... too (a user must find every variable that changes what the
+    library does in the README's table)."""
+    listed = {s.env for s in config.SETTINGS} | {v.env for v in (*config.ENVIRONMENT_ONLY, *config.INTERNAL,
+                                                                *config.STANDARD, *config.TEST_ONLY)}
+    found: dict[str, str] = {}
+    for path in _library_sources():
+        text = path.read_text()
+        names = [n for pattern in _READS for n in pattern.findall(text)]
+        names += [n for value in _ENV_CONSTANT.findall(text) for n in re.findall(r'"([A-Z][A-Z0-9_]*)"', value)]
+        for name in names:
+            found.setdefault(name, path.relative_to(ROOT).as_posix())
+    assert {"AWS_ENDPOINT_URL_S3", "SPARK_LOCAL_IP", "XDG_CACHE_HOME", "DSTREAMS_WORKER_PRELOAD"} <= set(found)
+    unknown = {name: where for name, where in found.items() if name not in listed}
+    assert not unknown, f"environment variables read by the library but missing from dstreams/config.py: {unknown}"
 
 
 def test_the_module_imports_the_standard_library_only():

@@ -38,20 +38,14 @@ from collections import Counter
 import pytest
 
 from .event_time_app import BATCH, GAP, LATENESS, OUTPUTS, SLIDE, WINDOW, parse
-from .test_compat_recoverable import _kill as _stop_group  # SIGKILL the process group, wait until it is gone
+from .process_support import committed_batches, kill_group, tail, wait_for
 from .test_event_time_windows import GAP as MODEL_GAP
 from .test_event_time_windows import model_run
-from .test_redis_process import _committed, _wait
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
 APP = os.path.join(os.path.dirname(__file__), "event_time_app.py")
 FLUSH_KEY = "zz-flush"
-
-
-def _tail(log_path: str) -> str:
-    with open(log_path, errors="replace") as f:
-        return f.read()[-4000:]
 
 
 class Producer(threading.Thread):
@@ -132,7 +126,7 @@ def test_event_time_outputs_are_exactly_once_across_two_kills(tmp_path):
         print(f"{time.monotonic() - began:6.1f} s  {what}, {batches()} batches committed", flush=True)
 
     def batches(name: str = "input") -> int:
-        return len(_committed(out, name))
+        return len(committed_batches(out, name))
 
     def kill(proc: subprocess.Popen, point: str, n: int) -> None:
         """The driver dies at ``point``: by the fault hook on its ``n``-th pass (the driver was started with
@@ -140,16 +134,16 @@ def test_event_time_outputs_are_exactly_once_across_two_kills(tmp_path):
         ``n`` more committed batches."""
         if point == "test":
             target = batches() + n
-            _wait(lambda: batches() >= target, 180, f"{target} committed batches", proc, log_path)
+            wait_for(lambda: batches() >= target, 180, f"{target} committed batches", proc, log_path)
             time.sleep(rng.uniform(0, BATCH))
-            _stop_group(proc)
+            kill_group(proc)
             return
         try:
             proc.wait(timeout=180)
         except subprocess.TimeoutExpired:
-            raise TimeoutError(f"the driver did not reach {point} within 180 s\n{_tail(log_path)}") from None
+            raise TimeoutError(f"the driver did not reach {point} within 180 s\n{tail(log_path, 4000)}") from None
         finally:
-            _stop_group(proc)
+            kill_group(proc)
         with open(log_path, errors="replace") as f:
             own = f.read().rsplit("---- driver start", 1)[-1]  # this driver's part of the log
         assert proc.returncode == -signal.SIGKILL, own[-4000:]
@@ -167,7 +161,7 @@ def test_event_time_outputs_are_exactly_once_across_two_kills(tmp_path):
     proc = started(*kills[0])
     try:
         # Files present when the first driver starts are ignored (new files only): produce once it runs.
-        _wait(lambda: batches() >= 1, 180, "the first committed batch", proc, log_path)
+        wait_for(lambda: batches() >= 1, 180, "the first committed batch", proc, log_path)
         producer.start()
         phase("first batch; producing")
         kill(proc, *kills[0])
@@ -177,7 +171,7 @@ def test_event_time_outputs_are_exactly_once_across_two_kills(tmp_path):
         phase(f"killed at {kills[1]}")
         proc = start()
         target = batches() + 1
-        _wait(lambda: batches() >= target, 180, "a batch after the last restart", proc, log_path)
+        wait_for(lambda: batches() >= target, 180, "a batch after the last restart", proc, log_path)
         producer.stopped.set()
         producer.join(10)
         assert not producer.is_alive() and producer.error is None, producer.error
@@ -186,23 +180,23 @@ def test_event_time_outputs_are_exactly_once_across_two_kills(tmp_path):
         flush_line = producer.lines[-1]
 
         def flush_batch() -> int | None:
-            return next((t for t, lines in _committed(out, "input").items() if flush_line in lines), None)
+            return next((t for t, lines in committed_batches(out, "input").items() if flush_line in lines), None)
 
-        _wait(lambda: flush_batch() is not None, 180, "the flush record", proc, log_path)
+        wait_for(lambda: flush_batch() is not None, 180, "the flush record", proc, log_path)
         # Its watermark (of the next batch) closes every window and session but the flush record's own.
         last = flush_batch() + BATCH * 1000
-        _wait(lambda: all(last in _committed(out, name) for name in OUTPUTS), 180,
+        wait_for(lambda: all(last in committed_batches(out, name) for name in OUTPUTS), 180,
               f"every output of batch {last}", proc, log_path)
         phase("every window and session closed")
     finally:
         producer.stopped.set()
-        _stop_group(proc)
+        kill_group(proc)
     with open(os.path.join(ckpt, "meta", "head.json")) as f:
         head = json.load(f)
     assert head["epoch"] == 3, head["epoch"]  # three drivers, each took over the checkpoint
     zero = head["zero_ms"]
     times = list(range(zero + BATCH * 1000, last + 1, BATCH * 1000))
-    got = {name: _committed(out, name) for name in OUTPUTS}
+    got = {name: committed_batches(out, name) for name in OUTPUTS}
     for name in OUTPUTS:
         missing = [t for t in times if t not in got[name]]
         assert not missing, f"{name}: batches not committed: {missing}"

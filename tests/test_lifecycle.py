@@ -8,6 +8,7 @@ import operator
 import pytest
 
 from dstreams import ManualClock, StreamingContext, StreamingContextStateError, StreamingListener
+from dstreams.graph import GraphFrozenError
 
 from .support import run_manual
 
@@ -45,10 +46,21 @@ def test_adding_streams_after_start_is_refused(sc):
             s.map(lambda x: x)
         with pytest.raises(StreamingContextStateError, match="before ssc.start"):
             s.pprint()
-        with pytest.raises(StreamingContextStateError):
+        with pytest.raises(StreamingContextStateError, match="cannot add an input stream after .* before ssc.start"):
             ssc.queueStream([[2]])
+        # The graph refuses in the same words (one message for both checks).
+        with pytest.raises(GraphFrozenError, match="cannot add an output operation after .* before ssc.start"):
+            ssc._graph.add_output(s._node)
     finally:
         ssc.stop(stopSparkContext=False)
+
+
+def test_an_input_without_a_batch_duration_is_refused_as_start_is(sc):
+    ssc = StreamingContext(sc)
+    with pytest.raises(ValueError, match="batch duration is not set"):
+        ssc.queueStream([[1]])
+    with pytest.raises(ValueError, match="batch duration is not set"):
+        ssc._graph.validate()
 
 
 def test_start_without_outputs_is_a_clear_error(sc):

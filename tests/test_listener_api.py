@@ -256,3 +256,14 @@ def test_snake_case_attributes_stay_in_milliseconds():
     described = StreamInputInfo(3, 0, {"Description": "files: a, b", "files": ["a", "b"]})
     assert described.metadataDescription() == "files: a, b"
     assert described.metadata() == JavaMap({"Description": "files: a, b", "files": ["a", "b"]})
+
+
+def test_the_bus_capacity_is_a_setting(sc, monkeypatch):
+    """``spark.dstreams.listenerBus.capacity`` (here through its environment variable: the shared SparkContext's
+    conf is fixed) sizes the context's listener bus; the default is ListenerBus's."""
+    assert StreamingContext(sc, 1)._bus.capacity == 10000
+    monkeypatch.setenv("DSTREAMS_LISTENER_BUS_CAPACITY", "7")
+    assert StreamingContext(sc, 1)._bus.capacity == 7
+    monkeypatch.setenv("DSTREAMS_LISTENER_BUS_CAPACITY", "0")
+    with pytest.raises(ValueError, match="DSTREAMS_LISTENER_BUS_CAPACITY='0' is not a whole number >= 1"):
+        StreamingContext(sc, 1)

@@ -152,7 +152,7 @@ def test_full_queue_drops_counts_and_warns_once(caplog):
         assert len(warnings) == 1  # rate limited: one warning per minute
         msg = warnings[0].getMessage()
         assert "dropped 1 events from the listener bus since" in msg
-        assert "too slow" in msg and "capacity" in msg
+        assert "too slow" in msg and "raise the capacity (spark.dstreams.listenerBus.capacity)" in msg
         blocker.release.set()
         assert b.wait_until_empty(WAIT)
         assert [e for _, e in rec.events] == [0, 1, 2, 3]

@@ -14,13 +14,11 @@ the final counts equal what was fed. radosgw is started again in ``finally`` wha
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -29,23 +27,33 @@ from collections import Counter
 
 import pytest
 
+from .process_support import (
+    BATCH_MS,
+    BATCH_S,
+    CATCHUP_APP,
+    Feeder,
+    Outputs,
+    assert_exactly_once,
+    driver_env,
+    metrics,
+    rss_mb,
+    s3_client,
+    stop_driver,
+    tail,
+    wait_for_driver,
+)
 from .support import RGW_ENDPOINT, service_unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.s3]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-APP = os.path.join(ROOT, "benchmarks", "catchup_app.py")
 SERVICES = os.path.join(ROOT, "scripts", "services.sh")
 RGW_PID_FILE = os.path.join(ROOT, ".ceph", "cluster", "run", "client.rgw.a.pid")
 DEFAULT_RGW = "http://127.0.0.1:7480"
 
-# The batch interval: 1 s (issue 12); DSTREAMS_OUTAGE_TEST_BATCH_S overrides it (experiments on a slow machine).
-BATCH_S = float(os.environ.get("DSTREAMS_OUTAGE_TEST_BATCH_S", "1"))
-BATCH_MS = round(BATCH_S * 1000)
+# The batch interval (BATCH_S, tests/process_support.py): 1 s (issue 12); DSTREAMS_OUTAGE_TEST_BATCH_S overrides it
+# (experiments on a slow machine).
 OUTAGE_S = float(os.environ.get("DSTREAMS_OUTAGE_TEST_OUTAGE_S", "60"))  # 60 s (issue 12); overridable for experiments
-FEED_EVERY_S = 0.5
-LINES_PER_OBJECT = 3
-WORDS = 7  # each line is "line-<n> w<n % WORDS>"
 STEADY_RUN = 5  # consecutive batches within the bounds below that make a steady state
 # Back to steady state within this long after the gateway answers again. Measured on this 2-core machine:
 # 20 s when it was quiet (a 66 s backlog drained at ~4x real time), 76 s while a benchmark loaded both
@@ -57,22 +65,12 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _client():
-    boto3 = pytest.importorskip("boto3")
-    from botocore.config import Config
-
-    return boto3.client("s3", endpoint_url=RGW_ENDPOINT, aws_access_key_id="AKTEST", aws_secret_access_key="SKTEST",
-                        region_name="us-east-1",
-                        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1},
-                                      connect_timeout=2, read_timeout=10))
-
-
 @pytest.fixture(scope="module")
 def rgw_bucket():
     if RGW_ENDPOINT.rstrip("/") != DEFAULT_RGW:
         pytest.skip(f"DSTREAMS_TEST_RGW_ENDPOINT={RGW_ENDPOINT}: this test stops and restarts the project's own "
                     "radosgw (scripts/services.sh), not an external one")
-    client = _client()
+    client = s3_client()
     bucket = f"outage-{uuid.uuid4().hex[:8]}"
     try:
         client.create_bucket(Bucket=bucket)
@@ -164,125 +162,7 @@ def _ensure_rgw() -> None:
         _start_rgw()
 
 
-# ---------------------------------------------------------------- the feeder
-
-
-class Feeder(threading.Thread):
-    """Puts ``in/obj-NNNNNN.txt`` with LINES_PER_OBJECT unique lines every FEED_EVERY_S while enabled.
-
-    A put that fails is tried again (same key, same bytes: idempotent) until it succeeds; its lines are
-    recorded as fed only then. ``pause()`` returns once no put is in flight.
-    """
-
-    def __init__(self, client, bucket: str, prefix: str) -> None:
-        super().__init__(name="outage-feeder", daemon=True)
-        self.client, self.bucket, self.prefix = client, bucket, prefix
-        self.fed: list[str] = []
-        self.objects = 0
-        self.put_errors = 0
-        self._enabled = threading.Event()
-        self._done = threading.Event()
-        self._lock = threading.Lock()
-        self._n = 0
-
-    def resume(self) -> None:
-        self._enabled.set()
-
-    def pause(self) -> None:
-        self._enabled.clear()
-        with self._lock:  # waits for a put in flight
-            pass
-
-    def finish(self) -> None:
-        self.pause()
-        self._done.set()
-        self.join(timeout=30)
-        assert not self.is_alive(), "the feeder did not stop"
-
-    def _put_one(self) -> None:
-        lines = [f"line-{self._n + i} w{(self._n + i) % WORDS}" for i in range(LINES_PER_OBJECT)]
-        key = f"{self.prefix}/in/obj-{self.objects:06d}.txt"
-        body = ("\n".join(lines) + "\n").encode()
-        while not self._done.is_set():
-            try:
-                self.client.put_object(Bucket=self.bucket, Key=key, Body=body)
-                break
-            except Exception:  # noqa: BLE001 - retried with the same key and bytes
-                self.put_errors += 1
-                time.sleep(0.5)
-        else:
-            return
-        self.fed.extend(lines)
-        self.objects += 1
-        self._n += LINES_PER_OBJECT
-
-    def run(self) -> None:
-        while not self._done.is_set():
-            if not self._enabled.wait(0.1):
-                continue
-            with self._lock:
-                if not self._enabled.is_set():
-                    continue
-                self._put_one()
-            time.sleep(FEED_EVERY_S)
-
-
-# ---------------------------------------------------------------- the driver and its metrics
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
-               AWS_ENDPOINT_URL_S3=RGW_ENDPOINT, AWS_ACCESS_KEY_ID="AKTEST", AWS_SECRET_ACCESS_KEY="SKTEST",
-               AWS_DEFAULT_REGION="us-east-1", DSTREAMS_STORE_RETRY_SECONDS="5",
-               DSTREAMS_STORE_OUTAGE_SECONDS="900", PYTHONUNBUFFERED="1")
-    for k in ("DSTREAMS_FAULT_KILL", "DSTREAMS_FAULT_KILL_AFTER", "AWS_ENDPOINT_URL", "AWS_PROFILE"):
-        env.pop(k, None)
-    return env
-
-
-def _tail(log_path: str, n: int = 6000) -> str:
-    try:
-        return open(log_path, errors="replace").read()[-n:]
-    except OSError:
-        return ""
-
-
-def _stop_driver(proc: subprocess.Popen) -> None:
-    """SIGTERM (the app stops its context and exits), then the whole process group if it lingers."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the JVM and Python workers too, if any is left
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def _rss_mb(pid: int) -> int | None:
-    try:
-        for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) // 1024
-    except OSError:
-        pass
-    return None
-
-
-def _metrics(path: str) -> list[dict]:
-    """Completed batches, in completion order."""
-    try:
-        text = open(path).read()
-    except OSError:
-        return []
-    rows = [json.loads(line) for line in text.splitlines() if line.strip().endswith("}")]
-    return sorted(rows, key=lambda r: (r["end_ms"] or 0, r["batch_ms"]))
+# ---------------------------------------------------------------- the driver's metrics
 
 
 def _on_time(row: dict) -> bool:
@@ -306,91 +186,13 @@ def _steady_from(rows: list[dict], after_ms: int, ok) -> dict | None:
     return None
 
 
-def _wait(cond, timeout: float, what: str, proc: subprocess.Popen, log_path: str, step: float = 0.5):
-    """Poll ``cond`` until it returns a true value (returned); fail if the driver exits or after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if proc.poll() is not None:
-            raise AssertionError(f"driver exited ({proc.returncode}) while waiting for {what}\n{_tail(log_path)}")
-        if time.monotonic() > deadline:
-            metrics = os.path.join(os.path.dirname(log_path), "metrics.jsonl")
-            recent = "\n".join(json.dumps(r) for r in _metrics(metrics)[-8:])
-            raise TimeoutError(f"timed out after {timeout} s waiting for {what}; driver RSS {_rss_mb(proc.pid)} MB; "
-                               f"last batches:\n{recent}\ndriver log:\n{_tail(log_path)}")
-        time.sleep(step)
-
-
-# ---------------------------------------------------------------- committed outputs
-
-
-class Outputs:
-    """Committed (``_SUCCESS``) output folders under ``<prefix>/out/``, each read once (they are immutable)."""
-
-    def __init__(self, client, bucket: str, prefix: str) -> None:
-        self.client, self.bucket, self.root = client, bucket, f"{prefix}/out/"
-        self.read: dict[tuple[str, int], list[str]] = {}
-
-    def _keys(self) -> list[str]:
-        keys: list[str] = []
-        token = None
-        while True:
-            kw = {"Bucket": self.bucket, "Prefix": self.root, "MaxKeys": 1000}
-            if token:
-                kw["ContinuationToken"] = token
-            page = self.client.list_objects_v2(**kw)
-            keys += [o["Key"] for o in page.get("Contents", [])]
-            if not page.get("IsTruncated"):
-                return keys
-            token = page["NextContinuationToken"]
-
-    def refresh(self) -> dict[tuple[str, int], list[str]]:
-        keys = self._keys()
-        folders: dict[str, list[str]] = {}
-        for k in keys:
-            folder, _, leaf = k[len(self.root):].partition("/")
-            folders.setdefault(folder, []).append(leaf)
-        for folder, leaves in folders.items():
-            name, _, ms = folder.rpartition("-")
-            if "_SUCCESS" not in leaves or (name, int(ms)) in self.read:
-                continue
-            lines: list[str] = []
-            for leaf in sorted(leaves):
-                if leaf.startswith("part-"):
-                    body = self.client.get_object(Bucket=self.bucket, Key=f"{self.root}{folder}/{leaf}")["Body"].read()
-                    lines += [x for x in body.decode().splitlines() if x]
-            self.read[(name, int(ms))] = lines
-        return self.read
-
-    def times(self, name: str) -> list[int]:
-        return sorted(t for n, t in self.read if n == name)
-
-
-def assert_exactly_once(outputs: Outputs, fed: list[str], through_ms: int) -> None:
-    """Every fed line in exactly one committed ``lines`` batch and nothing else; no batch time up to
-    ``through_ms`` without a committed ``lines`` and ``counts`` output; the final counts equal what was fed."""
-    lines = Counter(x for (n, _), ls in outputs.read.items() if n == "lines" for x in ls)
-    duplicated = {x: c for x, c in lines.items() if c > 1}
-    assert not duplicated, f"lines in more than one committed batch: {sorted(duplicated)[:20]}"
-    assert set(lines) == set(fed), (f"missing: {sorted(set(fed) - set(lines))[:20]}, "
-                                    f"unexpected: {sorted(set(lines) - set(fed))[:20]}")
-    for name in ("lines", "counts"):
-        times = [t for t in outputs.times(name) if t <= through_ms]
-        gaps = sorted(set(range(times[0], through_ms + 1, BATCH_MS)) - set(times))
-        assert not gaps, f"{name}: batches without a committed output: {gaps[:20]}"
-    final = outputs.read[("counts", max(outputs.times("counts")))]
-    assert dict(ast.literal_eval(x) for x in final) == dict(Counter(w for line in fed for w in line.split()))
-
-
 # ---------------------------------------------------------------- the test
 
 
 @pytest.mark.timeout(1500)
 def test_gateway_down_60s_mid_stream_driver_rides_it_out_exactly_once(tmp_path, rgw_bucket):
     t_test = time.monotonic()
-    client = _client()
+    client = s3_client()
     prefix = f"run-{uuid.uuid4().hex[:6]}"
     base = f"s3://{rgw_bucket}/{prefix}"
     log_path, metrics_path = str(tmp_path / "driver.log"), str(tmp_path / "metrics.jsonl")
@@ -400,15 +202,15 @@ def test_gateway_down_60s_mid_stream_driver_rides_it_out_exactly_once(tmp_path, 
     report: dict[str, object] = {}
     try:
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen([sys.executable, APP, base, metrics_path, "--batch-seconds", str(BATCH_S)],
-                                    env=_env(), stdout=log,
+            proc = subprocess.Popen([sys.executable, CATCHUP_APP, base, metrics_path, "--batch-seconds", str(BATCH_S)],
+                                    env=driver_env(), stdout=log,
                                     stderr=subprocess.STDOUT, cwd=str(tmp_path), start_new_session=True)
-        _wait(lambda: "STARTED" in _tail(log_path, 10**7), 240, "the driver to start", proc, log_path)
+        wait_for_driver(lambda: "STARTED" in tail(log_path, 10**7), 240, "the driver to start", proc, log_path)
         feeder.start()
         feeder.resume()
 
         def steady_before() -> bool:
-            rows = _metrics(metrics_path)
+            rows = metrics(metrics_path)
             if len(rows) < 15 or feeder.objects < 10:
                 return False
             if not all(_on_time(r) and _on_the_clock(r) and not r["failed"] for r in rows[-STEADY_RUN:]):
@@ -416,9 +218,9 @@ def test_gateway_down_60s_mid_stream_driver_rides_it_out_exactly_once(tmp_path, 
             outputs.refresh()  # (a file stream's batches do not count their records: look at the output)
             return any(ls for (n, _), ls in outputs.read.items() if n == "lines")
 
-        _wait(steady_before, 300, "batches to flow steadily before the outage", proc, log_path)
-        before = _metrics(metrics_path)
-        report["driver_rss_mb_before_outage"] = _rss_mb(proc.pid)
+        wait_for_driver(steady_before, 300, "batches to flow steadily before the outage", proc, log_path)
+        before = metrics(metrics_path)
+        report["driver_rss_mb_before_outage"] = rss_mb(proc.pid)
         report["processing_delay_before_ms"] = sorted(r["processing_ms"] for r in before[-STEADY_RUN:])
 
         # ---- the outage: gateway down for OUTAGE_S
@@ -428,10 +230,10 @@ def test_gateway_down_60s_mid_stream_driver_rides_it_out_exactly_once(tmp_path, 
         t_down_ms = _now_ms()
         fed_before_outage = len(feeder.fed)
         while time.monotonic() - t_down < OUTAGE_S:
-            assert proc.poll() is None, f"the driver exited during the outage ({proc.returncode})\n{_tail(log_path)}"
+            assert proc.poll() is None, f"the driver exited during the outage ({proc.returncode})\n{tail(log_path)}"
             assert not _http_up(), "the gateway answered during the outage (someone restarted it)"
             time.sleep(0.5)
-        completed_during = [r for r in _metrics(metrics_path) if (r["end_ms"] or 0) > t_down_ms + 10_000]
+        completed_during = [r for r in metrics(metrics_path) if (r["end_ms"] or 0) > t_down_ms + 10_000]
         t_restart = time.monotonic()
         _start_rgw()
         deadline = time.monotonic() + 60
@@ -444,18 +246,19 @@ def test_gateway_down_60s_mid_stream_driver_rides_it_out_exactly_once(tmp_path, 
         feeder.resume()
 
         # ---- the driver did not exit, and goes on
-        assert proc.poll() is None, f"the driver exited after the outage ({proc.returncode})\n{_tail(log_path)}"
-        _wait(lambda: len([r for r in _metrics(metrics_path) if (r["end_ms"] or 0) > t_back_ms]) >= 3, 180,
+        assert proc.poll() is None, f"the driver exited after the outage ({proc.returncode})\n{tail(log_path)}"
+        wait_for_driver(lambda: len([r for r in metrics(metrics_path) if (r["end_ms"] or 0) > t_back_ms]) >= 3, 180,
               "batches completing after the gateway is back", proc, log_path)
 
         # ---- back to steady state (measured)
         def steady_after():
-            rows = _metrics(metrics_path)
+            rows = metrics(metrics_path)
             by_sched = _steady_from(rows, t_back_ms, _on_time)
             by_clock = _steady_from(rows, t_back_ms, lambda r: _on_time(r) and _on_the_clock(r))
             return (rows, by_sched, by_clock) if by_sched and by_clock else None
 
-        rows, by_sched, by_clock = _wait(steady_after, 600, "steady state after the outage", proc, log_path, 1.0)
+        rows, by_sched, by_clock = wait_for_driver(steady_after, 600, "steady state after the outage", proc, log_path,
+                                                   1.0)
         after = [r for r in rows if (r["end_ms"] or 0) > t_back_ms]
         report["recovery_s_scheduling_delay"] = round((by_sched["end_ms"] - t_back_ms) / 1000, 1)
         report["recovery_s_on_the_clock"] = round((by_clock["end_ms"] - t_back_ms) / 1000, 1)
@@ -465,7 +268,7 @@ def test_gateway_down_60s_mid_stream_driver_rides_it_out_exactly_once(tmp_path, 
         report["max_scheduling_delay_ms_after"] = max(r["scheduling_delay_ms"] or 0 for r in after)
         report["max_start_lag_ms_after"] = max((r["start_ms"] or 0) - r["batch_ms"] for r in after)
         report["failed_batches"] = sum(1 for r in rows if r["failed"])
-        report["driver_rss_mb_steady_after"] = _rss_mb(proc.pid)
+        report["driver_rss_mb_steady_after"] = rss_mb(proc.pid)
 
         # ---- drain: stop feeding, wait until every fed line is in a committed output
         time.sleep(5)
@@ -478,22 +281,22 @@ def test_gateway_down_60s_mid_stream_driver_rides_it_out_exactly_once(tmp_path, 
             seen = Counter(x for (n, _), ls in read.items() if n == "lines" for x in ls)
             return all(seen[x] for x in fed)
 
-        _wait(drained, 180, "every fed line in a committed output", proc, log_path, 2.0)
+        wait_for_driver(drained, 180, "every fed line in a committed output", proc, log_path, 2.0)
         last_lines = max(t for t in outputs.times("lines") if outputs.read[("lines", t)])
 
         def counts_through_last_input() -> bool:
             outputs.refresh()
             return max(outputs.times("counts"), default=0) >= last_lines
 
-        _wait(counts_through_last_input, 60, "the counts of the last batch with input", proc, log_path, 1.0)
-        assert proc.poll() is None, f"the driver exited ({proc.returncode})\n{_tail(log_path)}"
+        wait_for_driver(counts_through_last_input, 60, "the counts of the last batch with input", proc, log_path, 1.0)
+        assert proc.poll() is None, f"the driver exited ({proc.returncode})\n{tail(log_path)}"
         report["driver_alive_to_the_end"] = True
     finally:
         print("OUTAGE REPORT (so far) " + json.dumps(report), flush=True)
         if feeder.is_alive():
             feeder.finish()
         if proc is not None:
-            _stop_driver(proc)
+            stop_driver(proc)
         _ensure_rgw()
 
     text = open(log_path, errors="replace").read()

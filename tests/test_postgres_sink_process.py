@@ -39,8 +39,8 @@ from pathlib import Path
 
 import pytest
 
+from .process_support import stop_process, wait_for
 from .support import service_unavailable
-from .test_redis_process import _stop, _wait
 from .test_redis_sink_process import KEYS, driver_env, sink_input
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.redis]
@@ -107,7 +107,7 @@ def test_postgres_restarts_inside_the_commit_and_a_kill_while_it_is_down_write_e
     proc = start(DSTREAMS_FAULT_PAUSE="postgres-sink-commit", DSTREAMS_FAULT_PAUSE_AFTER="2")
     try:
         # 1. stopped inside the commit of batch 2: the server goes down under the open transaction
-        _wait(lambda: logged("SIGSTOP at postgres-sink-commit #2") == 1, 240, "the driver to stop in its commit",
+        wait_for(lambda: logged("SIGSTOP at postgres-sink-commit #2") == 1, 240, "the driver to stop in its commit",
               proc, log_path)
         assert count_rows() == 20, "batch 1 committed, batch 2 inside its commit"
         server.stop("immediate")
@@ -117,19 +117,19 @@ def test_postgres_restarts_inside_the_commit_and_a_kill_while_it_is_down_write_e
             assert proc.poll() is None, log_tail()
             time.sleep(0.1)
         server.start()
-        _wait(lambda: count_rows() >= 60, 180, "batches 2 and 3 committed after the restart", proc, log_path)
+        wait_for(lambda: count_rows() >= 60, 180, "batches 2 and 3 committed after the restart", proc, log_path)
 
         # 2. the server stopped while batches are committed, the driver killed with SIGKILL while it is down
         time.sleep(rng.uniform(0, 1))  # a random moment within a batch
         server.stop("fast")
         time.sleep(rng.uniform(0.2, 1.5))
-        _stop(proc, signal.SIGKILL)
+        stop_process(proc, signal.SIGKILL)
         assert proc.returncode in (-signal.SIGKILL, 1), log_tail()  # 1: its batch's retries ran out first
         server.start()
         killed_at = count_rows()
         assert 60 <= killed_at < len(expected), killed_at
         proc = start()
-        _wait(lambda: logged("STARTED") == 2, 180, "the second driver to start", proc, log_path)
+        wait_for(lambda: logged("STARTED") == 2, 180, "the second driver to start", proc, log_path)
 
         # 3. three more restarts of the server at random moments; a driver stopped by a batch's error is restarted
         def supervise() -> None:
@@ -159,7 +159,7 @@ def test_postgres_restarts_inside_the_commit_and_a_kill_while_it_is_down_write_e
             server.start()
         wait_supervised(lambda: count_rows() >= len(expected) and redis_client.xlen(out_key) >= len(expected), 300,
                         "every row and entry")
-        _stop(proc, signal.SIGTERM)
+        stop_process(proc, signal.SIGTERM)
         assert proc.returncode == 0, log_tail()
     finally:
         if proc.poll() is None and proc.returncode is None:
@@ -167,7 +167,7 @@ def test_postgres_restarts_inside_the_commit_and_a_kill_while_it_is_down_write_e
                 proc.send_signal(signal.SIGCONT)  # a driver still stopped at the fault point cannot exit otherwise
             except ProcessLookupError:
                 pass
-        _stop(proc, signal.SIGKILL)
+        stop_process(proc, signal.SIGKILL)
 
     got = rows()
     assert not [x for x, n in Counter(got).items() if n > 1], "duplicate rows"

@@ -184,8 +184,6 @@ def test_a_started_context_shows_the_line_and_ends_it_when_stopped(sc, capsys, m
     monkeypatch.setenv(config.UI_SHOW_PROGRESS.env, "true")
     clock = ManualClock()
     ssc = StreamingContext(sc, 1, clock=clock)
-    if not hasattr(ssc, "_progress"):
-        pytest.skip("the progress line's hook is not in api/context.py yet")
     ssc.generatorStream(2, 2).map(lambda w: (w, 1)).reduceByKey(operator.add).foreachRDD(lambda rdd: rdd.count())
     ssc.start()
     try:

@@ -22,52 +22,12 @@ from collections import Counter
 
 import pytest
 
+from .process_support import committed_batches, stop_process, wait_for
+
 pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.redis]
 
 APP = os.path.join(os.path.dirname(__file__), "redis_app.py")
 KEYS = 4
-
-
-def _committed(out: str, name: str) -> dict[int, list[str]]:
-    """Committed batches (``_SUCCESS``) of output ``name``: batch ms -> lines."""
-    result: dict[int, list[str]] = {}
-    if not os.path.isdir(out):
-        return result
-    for folder in os.listdir(out):
-        base, _, t = folder.rpartition("-")
-        path = os.path.join(out, folder)
-        if base != name or not os.path.exists(os.path.join(path, "_SUCCESS")):
-            continue
-        lines: list[str] = []
-        for part in sorted(os.listdir(path)):
-            if part.startswith("part-"):
-                with open(os.path.join(path, part)) as f:
-                    lines += f.read().splitlines()
-        result[int(t)] = lines
-    return result
-
-
-def _wait(cond, timeout: float, what: str, proc: subprocess.Popen, log_path: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"driver exited ({proc.returncode}) while waiting for {what}\n"
-                                 f"{open(log_path, errors='replace').read()[-4000:]}")
-        time.sleep(0.2)
-    raise TimeoutError(f"timed out after {timeout} s waiting for {what}\n"
-                       f"{open(log_path, errors='replace').read()[-4000:]}")
-
-
-def _stop(proc: subprocess.Popen, sig: int) -> None:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-    try:
-        proc.wait(timeout=90)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=30)
 
 
 class Producer(threading.Thread):
@@ -111,13 +71,14 @@ def test_driver_killed_three_times_reads_every_entry_exactly_once(tmp_path, redi
     try:
         producer.start()
         for _kill in range(3):
-            target = len(_committed(out, "entries")) + rng.randint(2, 5)
-            _wait(lambda t=target: len(_committed(out, "entries")) >= t, 180, f"{target} committed batches",
+            target = len(committed_batches(out, "entries")) + rng.randint(2, 5)
+            wait_for(lambda t=target: len(committed_batches(out, "entries")) >= t, 180, f"{target} committed batches",
                   proc, log_path)
             time.sleep(rng.uniform(0, 1))  # a random moment within a batch
-            _stop(proc, signal.SIGKILL)
+            stop_process(proc, signal.SIGKILL)
             proc = start()
-        _wait(lambda: len(_committed(out, "entries")) >= 3, 180, "batches after the last restart", proc, log_path)
+        wait_for(lambda: len(committed_batches(out, "entries")) >= 3, 180, "batches after the last restart", proc,
+                 log_path)
         producer.stopped.set()
         producer.join(10)
         assert producer.error is None, producer.error
@@ -125,21 +86,21 @@ def test_driver_killed_three_times_reads_every_entry_exactly_once(tmp_path, redi
             f"{k} {e[0]}" for k in keys for e in redis_client.xrange(k, count=1)}
 
         def all_read() -> bool:
-            return sum(len(v) for v in _committed(out, "entries").values()) >= len(expected)
+            return sum(len(v) for v in committed_batches(out, "entries").values()) >= len(expected)
 
-        _wait(all_read, 180, f"all {len(expected)} entries committed", proc, log_path)
+        wait_for(all_read, 180, f"all {len(expected)} entries committed", proc, log_path)
         time.sleep(2.5)  # the next batches commit the counts of the last entries (and nothing new)
-        _stop(proc, signal.SIGTERM)
+        stop_process(proc, signal.SIGTERM)
         assert proc.returncode == 0, open(log_path, errors="replace").read()[-4000:]
     finally:
         producer.stopped.set()
-        _stop(proc, signal.SIGKILL)
-    entries = _committed(out, "entries")
+        stop_process(proc, signal.SIGKILL)
+    entries = committed_batches(out, "entries")
     lines = [line for t in sorted(entries) for line in entries[t]]
     duplicates = [x for x, n in Counter(lines).items() if n > 1]
     assert not duplicates, duplicates[:10]
     assert set(lines) == expected
-    counts = _committed(out, "counts")
+    counts = committed_batches(out, "counts")
     times = sorted(counts)
     assert times == list(range(times[0], times[-1] + 1000, 1000)), "no batch time is missing"
     # A batch interrupted after its first output (a kill, or a graceful stop that timed out under load) is

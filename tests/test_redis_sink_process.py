@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from .test_redis_process import _stop, _wait
+from .process_support import stop_process, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.redis]
 
@@ -94,16 +94,16 @@ def _scenario(tmp_path, redis_url, redis_client, redis_prefix, fault: dict[str, 
         assert proc.wait(timeout=240) == -signal.SIGKILL, open(log_path, errors="replace").read()[-4000:]
         after_kill()
         proc = start()
-        _wait(lambda: redis_client.xlen(out_key) > 40, 180, "more entries after the first restart", proc, log_path)
+        wait_for(lambda: redis_client.xlen(out_key) > 40, 180, "more entries after the first restart", proc, log_path)
         time.sleep(rng.uniform(0, 1))  # a random moment within a batch
-        _stop(proc, signal.SIGKILL)
+        stop_process(proc, signal.SIGKILL)
         proc = start()
-        _wait(lambda: started() == 3, 180, "the third driver to start", proc, log_path)
-        _wait(lambda: redis_client.xlen(out_key) >= len(expected) and done(), 180, "all entries", proc, log_path)
-        _stop(proc, signal.SIGTERM)
+        wait_for(lambda: started() == 3, 180, "the third driver to start", proc, log_path)
+        wait_for(lambda: redis_client.xlen(out_key) >= len(expected) and done(), 180, "all entries", proc, log_path)
+        stop_process(proc, signal.SIGTERM)
         assert proc.returncode == 0, open(log_path, errors="replace").read()[-4000:]
     finally:
-        _stop(proc, signal.SIGKILL)
+        stop_process(proc, signal.SIGKILL)
     entries = redis_client.xrange(out_key)
     copied = [(f["src"], f["id"]) for _, f in entries]
     assert not [x for x, n in Counter(copied).items() if n > 1], "duplicates"
@@ -167,9 +167,9 @@ def test_a_zombie_driver_adds_nothing_to_the_stream_or_the_table(tmp_path, redis
     zombie = start(zlog, DSTREAMS_FAULT_PAUSE="sink-write", DSTREAMS_FAULT_PAUSE_AFTER="3")
     owner = None
     try:
-        _wait(lambda: logged(zlog, "SIGSTOP at sink-write #3"), 240, "the zombie to stop in its sink", zombie, zlog)
+        wait_for(lambda: logged(zlog, "SIGSTOP at sink-write #3"), 240, "the zombie to stop in its sink", zombie, zlog)
         owner = start(nlog)
-        _wait(lambda: redis_client.xlen(out_key) >= len(expected) and len(rows()) >= len(expected), 240,
+        wait_for(lambda: redis_client.xlen(out_key) >= len(expected) and len(rows()) >= len(expected), 240,
               "the new owner to write everything", owner, nlog)
         before_stream, before_rows = redis_client.xrange(out_key), sorted(rows())
         zombie.send_signal(signal.SIGCONT)
@@ -179,12 +179,12 @@ def test_a_zombie_driver_adds_nothing_to_the_stream_or_the_table(tmp_path, redis
             pytest.fail("the zombie did not stop after it resumed:\n" + open(zlog, errors="replace").read()[-4000:])
         assert redis_client.xrange(out_key) == before_stream and sorted(rows()) == before_rows
         assert logged(zlog, "Fenced"), open(zlog, errors="replace").read()[-4000:]
-        _stop(owner, signal.SIGTERM)
+        stop_process(owner, signal.SIGTERM)
         assert owner.returncode == 0, open(nlog, errors="replace").read()[-4000:]
     finally:
-        _stop(zombie, signal.SIGKILL)
+        stop_process(zombie, signal.SIGKILL)
         if owner is not None:
-            _stop(owner, signal.SIGKILL)
+            stop_process(owner, signal.SIGKILL)
     copied = [(f["src"], f["id"]) for _, f in redis_client.xrange(out_key)]
     for written in (copied, rows()):
         assert not [x for x, n in Counter(written).items() if n > 1], "duplicates"

@@ -30,20 +30,20 @@ from collections import Counter
 
 import pytest
 
-from .support import RGW_ENDPOINT, service_unavailable
-from .test_outage_process import (
-    APP,
+from .process_support import (
     BATCH_MS,
+    CATCHUP_APP,
     Feeder,
     Outputs,
-    _client,
-    _env,
-    _metrics,
-    _stop_driver,
-    _tail,
-    _wait,
     assert_exactly_once,
+    driver_env,
+    metrics,
+    s3_client,
+    stop_driver,
+    tail,
+    wait_for_driver,
 )
+from .support import RGW_ENDPOINT, service_unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.s3, pytest.mark.ceph]
 
@@ -52,7 +52,7 @@ EXIT_TIMEOUT_S = 120  # a graceful stop waits for the generated batches (10 inte
 
 @pytest.fixture(scope="module")
 def signal_bucket():
-    client = _client()
+    client = s3_client()
     bucket = f"signal-{uuid.uuid4().hex[:8]}"
     try:
         client.create_bucket(Bucket=bucket)
@@ -72,19 +72,19 @@ def _command(launcher: str) -> list[str]:
 
 def _start(launcher: str, base: str, metrics_path: str, log_path: str, cwd: str) -> subprocess.Popen:
     with open(log_path, "ab") as log:
-        return subprocess.Popen([*_command(launcher), APP, base, metrics_path, "--engine-signals"], env=_env(),
-                                stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
+        return subprocess.Popen([*_command(launcher), CATCHUP_APP, base, metrics_path, "--engine-signals"],
+                                env=driver_env(), stdout=log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
 
 
 def _driver_pid(log_path: str) -> int:
     """The Python driver's process id, from its ``STARTED pid N`` line (the JVM's child under spark-submit)."""
-    found = re.findall(r"STARTED pid (\d+)", _tail(log_path, 10**7))
-    assert found, _tail(log_path)
+    found = re.findall(r"STARTED pid (\d+)", tail(log_path, 10**7))
+    assert found, tail(log_path)
     return int(found[-1])
 
 
 def _completed_by(metrics_path: str, pid: int) -> list[dict]:
-    return [r for r in _metrics(metrics_path) if r["pid"] == pid and not r["failed"]]
+    return [r for r in metrics(metrics_path) if r["pid"] == pid and not r["failed"]]
 
 
 def _folders(client, bucket: str, prefix: str) -> dict[str, set[str]]:
@@ -107,13 +107,13 @@ def _sigterm_and_wait(proc: subprocess.Popen, log_path: str, group: bool = False
     try:
         return proc.wait(timeout=EXIT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise AssertionError(f"the driver did not exit {EXIT_TIMEOUT_S} s after SIGTERM\n{_tail(log_path)}") from None
+        raise AssertionError(f"the driver did not exit {EXIT_TIMEOUT_S} s after SIGTERM\n{tail(log_path)}") from None
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("launcher", ["python", "spark-submit"])
 def test_sigterm_mid_stream_stops_gracefully_and_a_restart_resumes_exactly_once(tmp_path, signal_bucket, launcher):
-    client = _client()
+    client = s3_client()
     prefix = f"run-{uuid.uuid4().hex[:6]}"
     base = f"s3://{signal_bucket}/{prefix}"
     metrics_path = str(tmp_path / "metrics.jsonl")
@@ -125,14 +125,14 @@ def test_sigterm_mid_stream_stops_gracefully_and_a_restart_resumes_exactly_once(
         # ---- first driver: batches flow, then SIGTERM while the feeder keeps putting objects
         first = _start(launcher, base, metrics_path, logs[0], str(tmp_path))
         procs.append(first)
-        _wait(lambda: "STARTED" in _tail(logs[0], 10**7), 240, "the driver to start", first, logs[0])
+        wait_for_driver(lambda: "STARTED" in tail(logs[0], 10**7), 240, "the driver to start", first, logs[0])
         feeder.start()
         feeder.resume()
         first_pid = _driver_pid(logs[0])
-        _wait(lambda: len(_completed_by(metrics_path, first_pid)) >= 6 and feeder.objects >= 6, 240,
+        wait_for_driver(lambda: len(_completed_by(metrics_path, first_pid)) >= 6 and feeder.objects >= 6, 240,
               "batches with input", first, logs[0])
         code = _sigterm_and_wait(first, logs[0])
-        text = _tail(logs[0], 10**7)
+        text = tail(logs[0], 10**7)
         assert code == 0, f"exit code {code} after SIGTERM\n{text[-6000:]}"
         assert "SIGTERM received: stopping the stream" in text and "TERMINATED" in text, text[-6000:]
         assert "Traceback" not in text, text[-6000:]
@@ -154,10 +154,10 @@ def test_sigterm_mid_stream_stops_gracefully_and_a_restart_resumes_exactly_once(
         time.sleep(3)
         second = _start(launcher, base, metrics_path, logs[1], str(tmp_path))
         procs.append(second)
-        _wait(lambda: "STARTED" in _tail(logs[1], 10**7), 240, "the second driver to start", second, logs[1])
-        assert "restored the stream graph from the checkpoint" in _tail(logs[1], 10**7)
+        wait_for_driver(lambda: "STARTED" in tail(logs[1], 10**7), 240, "the second driver to start", second, logs[1])
+        assert "restored the stream graph from the checkpoint" in tail(logs[1], 10**7)
         second_pid = _driver_pid(logs[1])
-        _wait(lambda: len(_completed_by(metrics_path, second_pid)) >= 4, 240, "batches of the second driver",
+        wait_for_driver(lambda: len(_completed_by(metrics_path, second_pid)) >= 4, 240, "batches of the second driver",
               second, logs[1])
         # The second driver starts after the newest state checkpoint (every 2 batches): it redoes at most the
         # batch after it to rebuild the state (its committed outputs are kept, not written again), and skips none.
@@ -173,12 +173,12 @@ def test_sigterm_mid_stream_stops_gracefully_and_a_restart_resumes_exactly_once(
             seen = Counter(x for (n, _), ls in read.items() if n == "lines" for x in ls)
             return all(seen[x] for x in fed)
 
-        _wait(drained, 180, "every fed line in a committed output", second, logs[1], 2.0)
+        wait_for_driver(drained, 180, "every fed line in a committed output", second, logs[1], 2.0)
         last_lines = max(t for t in outputs.times("lines") if outputs.read[("lines", t)])
-        _wait(lambda: outputs.refresh() and max(outputs.times("counts"), default=0) >= last_lines, 60,
+        wait_for_driver(lambda: outputs.refresh() and max(outputs.times("counts"), default=0) >= last_lines, 60,
               "the counts of the last batch with input", second, logs[1], 1.0)
         code = _sigterm_and_wait(second, logs[1], group=True)
-        text = _tail(logs[1], 10**7)
+        text = tail(logs[1], 10**7)
         assert code == 0, f"exit code {code} after SIGTERM to the process group\n{text[-6000:]}"
         assert "the same signal, sent to the process group and forwarded by the JVM" in text, text[-6000:]
         assert "Traceback" not in text, text[-6000:]
@@ -186,7 +186,7 @@ def test_sigterm_mid_stream_stops_gracefully_and_a_restart_resumes_exactly_once(
         if feeder.is_alive():
             feeder.finish()
         for proc in procs:
-            _stop_driver(proc)
+            stop_driver(proc)
 
     # ---- exactly once across the stop and the restart
     outputs.refresh()

@@ -42,3 +42,13 @@ def test_batch_time_grid():
     assert (BatchTime(5000) - BatchTime(2000)) == Duration(3000)
     assert Duration(3000).is_multiple_of(Duration(1000))
     assert not Duration(3000).is_multiple_of(Duration(2000))
+
+
+def test_the_first_batch_is_the_next_boundary_after_the_clock():
+    from dstreams.clock import ManualClock
+    from dstreams.scheduler import first_batch_time
+
+    assert first_batch_time(ManualClock(0), Duration(1000)) == BatchTime(1000)
+    assert first_batch_time(ManualClock(999), Duration(1000)) == BatchTime(1000)
+    assert first_batch_time(ManualClock(1000), Duration(1000)) == BatchTime(2000)
+    assert first_batch_time(ManualClock(1250), Duration(500)) == BatchTime(1500)

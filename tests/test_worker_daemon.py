@@ -96,23 +96,34 @@ def test_preload_imports_and_warms_the_named_modules(tmp_path, monkeypatch, caps
     assert "could not preload no_such_module_here: ModuleNotFoundError" in capsys.readouterr().err
 
 
-def test_request_preload_only_for_dstreams_worker_daemons(sc):
-    from dstreams.worker_daemon import PRELOAD_ENV, request_preload
+class _Context:
+    """What ``request_preload`` uses of a SparkContext: its conf and its Python workers' environment."""
 
-    saved = sc.environment.get(PRELOAD_ENV)
-    try:
-        ours = sc.getConf().get("spark.python.daemon.module") == "dstreams.worker_daemon"
-        assert request_preload(sc, "dstreams.recovery.store.s3") is ours
-        assert request_preload(sc, "dstreams.recovery.store.s3") is ours  # not added twice
-        if ours:
-            assert sc.environment[PRELOAD_ENV].split(",").count("dstreams.recovery.store.s3") == 1
-        else:
-            assert PRELOAD_ENV not in sc.environment
-    finally:
-        if saved is None:
-            sc.environment.pop(PRELOAD_ENV, None)
-        else:
-            sc.environment[PRELOAD_ENV] = saved
+    def __init__(self, daemon_module: str | None) -> None:
+        self._conf = {} if daemon_module is None else {"spark.python.daemon.module": daemon_module}
+        self.environment: dict[str, str] = {}
+
+    def getConf(self) -> dict[str, str]:  # SparkContext's name
+        return self._conf
+
+
+def test_request_preload_adds_the_module_once_for_dstreams_worker_daemons():
+    from dstreams.worker_daemon import DAEMON_MODULE, PRELOAD_ENV, request_preload
+
+    sc = _Context(DAEMON_MODULE)
+    assert request_preload(sc, "dstreams.recovery.store.s3") is True
+    assert request_preload(sc, "dstreams.recovery.store.s3") is True  # not added twice
+    assert request_preload(sc, "json") is True
+    assert sc.environment == {PRELOAD_ENV: "dstreams.recovery.store.s3,json"}
+
+
+@pytest.mark.parametrize("daemon_module", [None, "pyspark.daemon"])
+def test_request_preload_leaves_other_worker_daemons_alone(daemon_module):
+    from dstreams.worker_daemon import request_preload
+
+    sc = _Context(daemon_module)
+    assert request_preload(sc, "dstreams.recovery.store.s3") is False
+    assert sc.environment == {}
 
 
 def test_the_s3_store_warms_a_worker_without_touching_the_network():

@@ -484,11 +484,9 @@ class RedisStreamsInputNode(InputNode):
         if self.max_rate_per_partition is not None:
             seconds = self.slide_duration.ms / 1000.0
             limits.append(max(1, int(self.max_rate_per_partition * seconds)))
-        engine = getattr(self, "max_records_per_partition", None)  # the engine's rate control, when offered
-        if callable(engine):
-            n = engine(time, len(self.keys))
-            if n is not None:
-                limits.append(max(1, int(n)))
+        n = self.max_records_per_partition(time, len(self.keys))  # the input contract's rate control
+        if n is not None:
+            limits.append(max(1, int(n)))
         return min(limits) if limits else None
 
     def _check_trimmed(self, key: str, after: str, info: dict[str, Any], added: dict[str, int]) -> None:

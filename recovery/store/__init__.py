@@ -44,6 +44,7 @@ __all__ = [
     "TransientStoreError",
     "content_etag",
     "is_store_url",
+    "local_path",
     "open_store",
     "validate_key",
 ]
@@ -59,6 +60,20 @@ def is_store_url(location: str | os.PathLike[str] | None) -> bool:
     The one place that decides it: checkpoints, file sources and sinks all ask here.
     """
     return location is not None and urlsplit(os.fspath(location)).scheme.lower() in STORE_SCHEMES
+
+
+def local_path(location: str | os.PathLike[str]) -> str | None:
+    """The local path that ``location`` names, or None when it is a URL of anything else.
+
+    A plain path is returned as it is and a ``file://`` URL without its scheme (``file:///data/x`` ->
+    ``/data/x``); an ``s3://``, ``memory://``, ``hdfs://`` (any other ``scheme://``) location is not local.
+    The one place that decides it: checkpoint locations and the text sink ask here (with
+    :func:`is_store_url` for object stores).
+    """
+    text = os.fspath(location)
+    if text.startswith("file://"):
+        return text[len("file://"):]
+    return None if "://" in text else text
 
 
 def _root_from_path(path: str, url: str) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dstreams.recovery.store import StoreConfigError, open_store
+from dstreams.recovery.store import StoreConfigError, is_store_url, local_path, open_store
 from dstreams.recovery.store.local import LocalStore
 from dstreams.recovery.store.memory import MemoryStore, clear_named
 from dstreams.recovery.store.s3 import S3Store
@@ -24,6 +24,15 @@ def test_plain_paths_and_file_urls_open_local_folders(tmp_path: Path) -> None:
     assert by_url.get("a/b") == b"1" and by_str.list() == ["a/b"]
     assert by_url.url == (tmp_path / "ckpt").as_uri()
     assert (tmp_path / "ckpt" / "a" / "b").read_bytes() == b"1"
+
+
+def test_local_path_is_the_folder_of_plain_paths_and_file_urls_only(tmp_path: Path) -> None:
+    assert local_path(tmp_path / "ckpt") == str(tmp_path / "ckpt")
+    assert local_path("relative/ckpt") == "relative/ckpt"
+    assert local_path(f"file://{tmp_path}/ckpt") == f"{tmp_path}/ckpt"
+    for url in ("s3://bucket/prefix", "s3a://bucket", "memory://name/p", "hdfs://nn:8020/ckpt"):
+        assert local_path(url) is None, url
+    assert is_store_url("s3://bucket/prefix") and not is_store_url(tmp_path)
 
 
 def test_relative_path_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
