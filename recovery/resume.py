@@ -67,6 +67,17 @@ def _restore_node(sc: SparkContext, spec: StoreSpec, node: DStreamNode,
     return None
 
 
+def _read_back(sc: SparkContext, spec: StoreSpec, nodes: list[DStreamNode],
+               candidates: Callable[[DStreamNode], list[int]]) -> list[tuple[int, RDD] | None]:
+    """Each node's newest intact checkpoint among ``candidates(node)``, read back and verified by a Spark job of
+    its own; the jobs run at once (a restart's time to its first batch: the driver-side cost of one job overlaps
+    the others' tasks)."""
+    if not nodes:
+        return []
+    with ThreadPoolExecutor(max_workers=min(4, len(nodes)), thread_name_prefix="dstreams-restore") as pool:
+        return list(pool.map(lambda n: _restore_node(sc, spec, n, candidates(n)), nodes))
+
+
 def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous: dict[str, Any],
                 checkpointer: Checkpointer) -> ResumePlan:
     assert graph.batch_duration is not None
@@ -83,11 +94,7 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
         candidates[node.key] = found[node.key] = list_checkpoints(store, node.key)
         if completed is not None:
             candidates[node.key] = [t for t in candidates[node.key] if t <= completed]
-    # Each node's checkpoint is read back and verified by a Spark job of its own; the jobs run at once (a
-    # restart's time to its first batch: the driver-side cost of one job overlaps the others' tasks).
-    workers = max(1, min(4, len(nodes)))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dstreams-restore") as pool:
-        results = list(pool.map(lambda n: _restore_node(sc, spec, n, candidates[n.key]), nodes))
+    results = _read_back(sc, spec, nodes, lambda n: candidates[n.key])
     for node, got in zip(nodes, results, strict=True):
         if got is None:
             restored[node.key] = None
@@ -103,9 +110,7 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
         # its first batch on, from input no longer recorded.
         before = min(t for t in restored.values() if t is not None)
         ahead = [n for n in nodes if (restored[n.key] or 0) > before]
-        with ThreadPoolExecutor(max_workers=max(1, min(4, len(ahead))), thread_name_prefix="dstreams-restore") as pool:
-            older = list(pool.map(lambda n: _restore_node(sc, spec, n, [t for t in candidates[n.key] if t <= before]),
-                                  ahead))
+        older = _read_back(sc, spec, ahead, lambda n: [t for t in candidates[n.key] if t <= before])
         for node, got in zip(ahead, older, strict=True):
             if got is None:
                 log.warning("%s has no usable checkpoint at or before %d, where the other streams resume: its "

@@ -5,7 +5,8 @@
 # with its own configuration and data under .redis/ (append-only file on, kept across restarts).
 # A PostgreSQL server (Debian's postgresql) on 127.0.0.1:5440 (DSTREAMS_TEST_POSTGRES_PORT): the project's own
 # cluster under .postgres/data (initdb, trust authentication on loopback, user and database `dstreams`), run by
-# pg_ctl as the `postgres` system user when this script runs as root (root cannot run postgres).
+# pg_ctl as the `postgres` system user when this script runs as root (root cannot run postgres; when that user
+# cannot enter the checkout, e.g. one under a `mktemp -d` folder, the cluster lives in /tmp/dstreams-postgres-<hash>).
 # usage: scripts/services.sh start|stop|status|restart [ceph|moto|redis|postgres|chromium ...]
 # With no service named, start/stop/status act on all of them; `restart redis` stops and starts Redis only.
 # `chromium` is not a server: Debian's chromium and chromium-driver (apt-get), which the status page's
@@ -44,7 +45,22 @@ REDIS_PORT="${DSTREAMS_TEST_REDIS_PORT:-6390}"
 REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
 REDIS_PACKAGES="redis-server redis-tools"
 REDIS_FAILURE=""                    # why Redis did not start, set by start_redis
+# others_can_enter DIR: every folder from DIR up to / lets other users through (o+x), as the `postgres` system
+# user needs when root runs the cluster (a checkout under a `mktemp -d` folder, mode 0700, does not).
+others_can_enter() {
+  local p="$1" mode
+  while [ "$p" != "/" ] && [ -n "$p" ]; do
+    mode=$(stat -c %A "$p" 2>/dev/null) || return 1
+    case "${mode:9:1}" in x|t) ;; *) return 1 ;; esac
+    p=$(dirname "$p")
+  done
+}
 PG_BASE="$ROOT/.postgres"
+if [ "$(id -u)" = 0 ] && ! others_can_enter "$ROOT"; then
+  # The postgres user cannot reach the checkout: the cluster lives in a folder of its own under /tmp, one per
+  # checkout (the same path for start, stop and status).
+  PG_BASE="/tmp/dstreams-postgres-$(printf %s "$ROOT" | md5sum | cut -c1-12)"
+fi
 PG_DATA="$PG_BASE/data"
 PG_LOG="$PG_BASE/postgres.log"
 PG_PORT="${DSTREAMS_TEST_POSTGRES_PORT:-5440}"

@@ -18,6 +18,12 @@ from .recovery_app import build, read_outputs
 
 def _run(ssc: StreamingContext, clock: ManualClock, until_ms: int, flush: bool = True) -> None:
     ssc.start()
+    _drive(ssc, clock, until_ms, flush)
+
+
+def _drive(ssc: StreamingContext, clock: ManualClock, until_ms: int, flush: bool = True) -> None:
+    """Move the clock of a started context to ``until_ms`` and wait for every batch up to it, each without a
+    failed output (and, with ``flush``, its checkpoints written)."""
     t = ssc.startTime.ms
     clock.set_time(max(clock.time_ms(), until_ms))
     while t <= until_ms:
@@ -308,11 +314,7 @@ def test_a_restart_where_the_streams_newest_checkpoints_differ_replays_the_recor
     ref.start()
     _write_files(ref_in, 60)  # after the start: a new file source ignores the files it finds at its start
     try:
-        t = ref.startTime.ms
-        clock.set_time(batches * 1000)
-        while t <= batches * 1000:
-            ref.awaitBatch(t, 120)
-            t += 1000
+        _drive(ref, clock, batches * 1000, flush=False)
     finally:
         ref.stop(stopSparkContext=False)
     expected = read_outputs(ref_out)
@@ -326,12 +328,7 @@ def test_a_restart_where_the_streams_newest_checkpoints_differ_replays_the_recor
     first.start()
     _write_files(inp, 60)
     try:
-        t = first.startTime.ms
-        clock.set_time(20_000)
-        while t <= 20_000:
-            first.awaitBatch(t, 120)
-            first._checkpointer.flush(60)
-            t += 1000
+        _drive(first, clock, 20_000)
         counts_key, window_key = (n.key for n in first._graph.stateful_nodes())
     finally:
         first.stop(stopSparkContext=False)
@@ -348,12 +345,8 @@ def test_a_restart_where_the_streams_newest_checkpoints_differ_replays_the_recor
                                           clock=clock2)
     try:
         second.start()
-        t = second.startTime.ms
-        assert t == 19_000  # resumed after the window's checkpoint at 18 s
-        clock2.set_time(batches * 1000)
-        while t <= batches * 1000:
-            second.awaitBatch(t, 120)
-            t += 1000
+        assert second.startTime.ms == 19_000  # resumed after the window's checkpoint at 18 s
+        _drive(second, clock2, batches * 1000, flush=False)
     finally:
         second.stop(stopSparkContext=False)
     got = read_outputs(out)
