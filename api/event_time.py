@@ -3,9 +3,10 @@
 A :class:`TimedDStream` is a ``DStream`` whose records carry an event time the user does not see: its
 ``map``, ``flatMap``, ``filter``, ``mapValues``, ``flatMapValues`` and ``union`` (with another timed
 stream) keep each record's event time, and the event-time operators (``reduceByKeyAndEventWindow``,
-``reduceByEventWindow``, ``lateRecords``) read it. Every other ``DStream`` method works on the plain
-records and returns an ordinary ``DStream``, whose records no longer carry an event time but whose
-**watermark** still flows downstream (a window over ``timed.reduceByKey(...)`` is not possible, a
+``reduceByEventWindow``, ``sessionWindow``, ``lateRecords``) read it; the window and session streams are
+:class:`EventWindowView` s, with the ``lateRecords()`` of what each dropped. Every other ``DStream``
+method works on the plain records and returns an ordinary ``DStream``, whose records no longer carry an
+event time but whose **watermark** still flows downstream (a window over ``timed.reduceByKey(...)`` is not possible, a
 ``watermarks()`` of it is). The engine side is :mod:`dstreams.nodes.event_time`.
 """
 
@@ -47,6 +48,27 @@ class StateView(DStream):
         self._state.checkpoint_interval = parse_duration(interval, "checkpoint interval")
         self.is_checkpointed = True
         return self
+
+
+class EventWindowView(StateView):
+    """The stream of an event-time window or session operator, with :meth:`lateRecords`, what it dropped."""
+
+    def __init__(self, state: DStreamNode, view: Callable[[Iterator[Any]], Iterator[Any]], label: str,
+                 ssc: StreamingContext, late: Callable[[], DStreamNode]) -> None:
+        super().__init__(state, view, label, ssc)
+        self._late = late
+
+    def lateRecords(self) -> DStream:
+        """Per batch, the records this operator dropped from at least one of their windows because that window
+        had closed (its end at or below the batch's watermark): ``(record, eventTime, missedWindows)`` with
+        ``record`` the operator's input record (``(key, value)``; the value for ``reduceByEventWindow``),
+        ``eventTime`` in seconds since the epoch and ``missedWindows`` the ``(start, end)`` windows it missed,
+        in time order. One record per late record, not per missed window: a record of a sliding window can
+        miss some windows and still count in the others (it is listed with the ones it missed only), and a
+        count of this stream is the number of records that lost data. For ``sessionWindow`` the record missed
+        the session it would have opened, ``[(eventTime, eventTime + gap)]``, and counted nowhere."""
+        self._check_open()
+        return DStream(self._late(), self._ssc)
 
 
 class TimedDStream(DStream):
@@ -110,10 +132,14 @@ class TimedDStream(DStream):
         multiple of ``slideDuration`` (default: ``windowDuration``, tumbling) since the epoch;
         ``windowDuration`` must be a multiple of ``slideDuration``. Output records:
         ``((key, (start, end)), value)``, ``start``/``end`` in seconds since the epoch (the unit of event
-        times). ``emit="final"``: each window once, in the batch whose watermark passes its end (its final
-        value); ``emit="updates"``: each window in every batch that brings it records (a first value as soon
-        as it has data, then corrections as late records arrive), until the watermark passes its end (the
-        allowed lateness is in the watermark). ``invFunc`` (``emit="final"``) makes sliding windows
+        times). A window is **open** in batch ``t`` while its end is above the batch's watermark ``W(t)``: a
+        record of batch ``t`` counts in each of its windows that is open, also when its event time is behind
+        the watermark, and is late only for the windows that closed (``lateRecords()`` of the returned stream
+        lists it with them). ``emit="final"``: each window once, in the batch whose watermark reaches its end
+        (``end <= W(t)``), with the records of the batches before (its final value); ``emit="updates"``: each
+        window in every batch that brings it records (a first value as soon as it has data, then
+        corrections), until the watermark reaches its end (the allowed lateness is in the watermark).
+        ``invFunc`` (``emit="final"``) makes sliding windows
         incremental: the next window is the previous one, ``invFunc`` the pane that left, ``func`` the pane
         that entered. The state is per key, hash-partitioned into ``numPartitions`` and checkpointed like
         ``updateStateByKey``'s; it holds only windows the watermark has not passed.
@@ -124,14 +150,16 @@ class TimedDStream(DStream):
                       slideDuration: DurationLike | None, invFunc: Callable[[Any, Any], Any] | None, emit: str,
                       numPartitions: int | None, keyed: bool) -> DStream:
         self._check_open()
-        from dstreams.nodes.event_window import EventWindowNode, emitted_windows
+        from dstreams.nodes.event_window import EventWindowNode, WindowLateRecordsNode, emitted_windows
         from dstreams.partitioned import hash_partitioner
 
         w = parse_duration(windowDuration, "windowDuration")
         s = self._duration(slideDuration, "slideDuration") or w
         part = hash_partitioner(self._default_partitions(numPartitions))
         node = EventWindowNode(self._timed.graph, self._timed, func, invFunc, w, s, emit, part)
-        return StateView(node, emitted_windows(w.ms, s.ms, keyed=keyed), "eventWindows", self._ssc)
+        timed = self._timed
+        return EventWindowView(node, emitted_windows(w.ms, s.ms, keyed=keyed), "eventWindows", self._ssc,
+                               lambda: WindowLateRecordsNode(timed.graph, timed, w, s, keyed))
 
     def reduceByEventWindow(self, reduceFunc: Callable[[Any, Any], Any], windowDuration: DurationLike,
                             slideDuration: DurationLike | None = None,
@@ -148,27 +176,36 @@ class TimedDStream(DStream):
         """Per key, sessions of activity separated by at least ``gap`` of event time without a record.
 
         Records are ``(key, value)`` pairs. A session runs from its first record's event time to its last
-        one's plus ``gap``; a record that arrives late (inside the allowed lateness) extends a session or
-        merges the two it bridges. Each session is emitted once, in the batch whose watermark passes its end
-        (``last event + gap``): ``((key, (start, end)), aggregate(values))``, ``values`` in event-time order,
-        bounds in seconds since the epoch (``aggregate`` defaults to the list itself). The open sessions are
-        per-key state, hash-partitioned into ``numPartitions`` and checkpointed.
+        one's plus ``gap``. Each session is emitted once, in the batch whose watermark reaches its end
+        (``last event + gap <= W(t)``), with the records of the batches before: ``((key, (start, end)),
+        aggregate(values))``, ``values`` in event-time order (ties in arrival order), bounds in seconds since
+        the epoch (``aggregate`` defaults to the list itself). A record that arrives after others (also one
+        behind the watermark) joins the open session it falls in, extends one, or merges the two it bridges;
+        it is late only when the session it would belong to has closed (it is not within ``gap`` of an open
+        session and its own ``eventTime + gap`` is at or below the watermark): then it is dropped and listed
+        by ``lateRecords()`` of the returned stream. The open sessions are per-key state, hash-partitioned
+        into ``numPartitions`` and checkpointed.
         """
         self._check_open()
-        from dstreams.nodes.event_window import SessionWindowNode, emitted_sessions
+        from dstreams.nodes.event_window import SessionWindowNode, emitted_sessions, late_session_records
         from dstreams.partitioned import hash_partitioner
 
         g = parse_duration(gap, "gap")
         part = hash_partitioner(self._default_partitions(numPartitions))
         node = SessionWindowNode(self._timed.graph, self._timed, g, aggregate if aggregate is not None else list,
                                  part)
-        return StateView(node, emitted_sessions, "sessions", self._ssc)
+        late = late_session_records(g.ms)
+        return EventWindowView(node, emitted_sessions, "sessions", self._ssc,
+                               lambda: TransformedNode(node.graph, [node],
+                                                       lambda rdds, t: rdds[0].mapPartitions(late), "sessionLate"))
 
     # ------------------------------------------------------------------ late records
     def lateRecords(self) -> DStream:
-        """The records that arrived late (event time below the watermark of their batch), as they were
-        before ``withEventTime``; they are dropped from this stream and counted in the batch metrics
-        either way (``BatchInfo.event_time``)."""
+        """The records behind the watermark of their batch (event time below it), as they were before
+        ``withEventTime``; counted in the batch metrics (``BatchInfo.event_time``'s ``lateRecords``). By default
+        they stay in this stream and the event-time windows and sessions count them in the windows still open
+        (their own ``lateRecords()`` list what each dropped); with ``withEventTime(..., dropLate=True)`` they
+        are dropped from this stream."""
         self._check_open()
         if self._event is None:
             raise ValueError("lateRecords() needs the stream of one withEventTime: call it on each stream "

@@ -379,17 +379,22 @@ class DStream:
         return self._derive(node).mapValues(lambda entry: entry[0])
 
     # ------------------------------------------------------------------ event time
-    def withEventTime(self, extract: Callable[[Any], Any], allowedLateness: DurationLike = 0) -> DStream:
+    def withEventTime(self, extract: Callable[[Any], Any], allowedLateness: DurationLike = 0,
+                      dropLate: bool = False) -> DStream:
         """This stream with an event time per record and a low watermark (README, "Event time").
 
         ``extract(record)`` returns the record's event time: seconds since the epoch (int or float, as
         ``time.time()``) or a ``datetime`` (naive: UTC). The watermark in force for batch ``t`` is the
         maximum event time of the batches before ``t`` minus ``allowedLateness`` (a duration: ``"30s"``),
-        capped by what the sources upstream declare, and never goes back; records of batch ``t`` below it
-        are late: dropped, counted in the batch metrics (``BatchInfo.event_time``) and available from
-        ``lateRecords()``. The returned stream's ``map``/``flatMap``/``filter``/``mapValues``/
-        ``flatMapValues``/``union`` keep the event time for the event-time operators
-        (``reduceByKeyAndEventWindow``, ``reduceByEventWindow``); its other methods see the plain records.
+        capped by what the sources upstream declare, and never goes back. Records of batch ``t`` below it
+        are behind the watermark: counted in the batch metrics (``BatchInfo.event_time``) and available from
+        ``lateRecords()``. By default they stay in the stream and each event-time window or session counts
+        them in its windows still open (a record is late only for the windows that closed, as in Flink and
+        Structured Streaming); ``dropLate=True`` drops them here, so that no operator downstream sees them
+        (for ``track`` or ``updateStateByKey`` on the records, which have no windows). The returned stream's
+        ``map``/``flatMap``/``filter``/``mapValues``/``flatMapValues``/``union`` keep the event time for the
+        event-time operators (``reduceByKeyAndEventWindow``, ``reduceByEventWindow``, ``sessionWindow``); its
+        other methods see the plain records.
         The watermark of each batch is recorded in the metadata log, so a restarted driver
         (``getOrCreate``) replays every batch with the watermark it had.
         """
@@ -399,7 +404,7 @@ class DStream:
         from .event_time import TimedDStream
 
         lateness = parse_duration(allowedLateness, "allowedLateness", allow_zero=True)
-        node = EventTimeNode(self._node.graph, self._node, extract, lateness)
+        node = EventTimeNode(self._node.graph, self._node, extract, lateness, bool(dropLate))
         return TimedDStream(node, node, self._ssc)
 
     def watermarks(self) -> DStream:

@@ -8,7 +8,9 @@
 * ``windows-<ms>``: ``reduceByKeyAndEventWindow(add, WINDOW, SLIDE, invFunc=sub, emit="final")`` of
   ``(key, value)``, its state checkpointed every 2 batches;
 * ``sessions-<ms>``: ``sessionWindow(GAP, aggregate=sum)`` of ``(key, value)``, checkpointed every 2 batches;
-* ``late-<ms>``: ``lateRecords()``, the parsed ``(ts, key, value)`` records that arrived too late.
+* ``late-<ms>``: ``lateRecords()``, the parsed ``(ts, key, value)`` records behind the watermark;
+* ``windowlate-<ms>`` and ``sessionlate-<ms>``: the windows' and the sessions' ``lateRecords()``, what each
+  dropped (a record late for some of its windows counts in the others).
 
 Checkpoints in the local folder ``CHECKPOINT``; resumes with ``StreamingContext.getOrCreate``.
 """
@@ -21,7 +23,7 @@ import sys
 
 #: The batch interval and the event-time settings, in seconds (the test's model uses the same).
 BATCH, LATENESS, WINDOW, SLIDE, GAP = 2, 4, 6, 2, 3
-OUTPUTS = ("input", "windows", "sessions", "late")
+OUTPUTS = ("input", "windows", "sessions", "late", "windowlate", "sessionlate")
 
 
 def parse(line: str) -> tuple[int, str, int]:
@@ -47,6 +49,8 @@ def build(sc, inbox: str, checkpoint: str, out: str):
     sessions = pairs.sessionWindow(GAP, aggregate=sum, numPartitions=2)
     sessions.checkpoint(2 * BATCH).saveAsTextFiles(os.path.join(out, "sessions"))
     timed.lateRecords().saveAsTextFiles(os.path.join(out, "late"))
+    windows.lateRecords().saveAsTextFiles(os.path.join(out, "windowlate"))
+    sessions.lateRecords().saveAsTextFiles(os.path.join(out, "sessionlate"))
     return ssc
 
 

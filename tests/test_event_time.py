@@ -12,6 +12,8 @@ import operator
 import os
 from typing import Any
 
+import pytest
+
 from dstreams import ManualClock, StreamingContext
 from dstreams.recovery.metadata import MetadataLog
 from dstreams.recovery.store import open_store
@@ -49,10 +51,14 @@ A = [[(10, "a1"), (12, "a2")], [(20, "a3")], [(15, "late?"), (8, "late")], [], [
 B = [[(5, "b1")], [(6, "b2")], [(30, "b3")], [(31, "b4")], [], []]
 
 
-def test_watermark_is_monotone_from_earlier_batches_and_late_records_are_dropped_and_counted(sc):
+@pytest.mark.parametrize("drop_late", [False, True], ids=["default", "dropLate"])
+def test_watermark_is_monotone_from_earlier_batches_and_late_records_are_counted(sc, drop_late):
+    """Records behind the watermark are counted and listed by lateRecords(); they stay in the timed stream (for
+    the windows still open, tests/test_event_time_windows.py) unless withEventTime(..., dropLate=True)."""
     clock = ManualClock()
     ssc = StreamingContext(sc, 1, clock=clock)
-    timed = ssc.queueStream([sc.parallelize(b, 2) for b in A]).withEventTime(ts_of, allowedLateness="5s")
+    timed = ssc.queueStream([sc.parallelize(b, 2) for b in A]).withEventTime(ts_of, allowedLateness="5s",
+                                                                            dropLate=drop_late)
     marks: dict[int, Any] = {}
     kept: dict[int, Any] = {}
     late: dict[int, Any] = {}
@@ -65,8 +71,9 @@ def test_watermark_is_monotone_from_earlier_batches_and_late_records_are_dropped
         ssc.stop(stopSparkContext=False)
     # max event time before batch i, minus 5 s: -, 7, 15, 15 (20 is the max), 15, 35
     assert [marks[i * 1000] for i in range(1, 7)] == [[None], [7], [15], [15], [15], [35]]
-    assert kept[3000] == ["late?"] and late[3000] == [(8, "late")]
-    assert kept[6000] == [] and late[6000] == [(25, "late2")]
+    assert late[3000] == [(8, "late")] and late[6000] == [(25, "late2")]
+    assert kept[3000] == (["late?"] if drop_late else ["late", "late?"])
+    assert kept[6000] == ([] if drop_late else ["late2"])
     metrics = [next(iter(i.event_time.values())) for i in infos]
     assert [m["lateRecords"] for m in metrics] == [0, 0, 1, 0, 0, 1]
     assert [m["watermarkMs"] for m in metrics] == [None, 7000, 15000, 15000, 15000, 35000]

@@ -82,8 +82,8 @@ def window_entries(it: Iterator[Any]) -> Iterator[tuple[int, int]]:
 
 def session_entries(it: Iterator[Any]) -> Iterator[tuple[int, int]]:
     """Per state record of ``sessionWindow``: (1 key, open sessions)."""
-    for _, (sessions, _emitted) in it:
-        yield 1, len(sessions)
+    for _, st in it:  # (open sessions, emitted, late records)
+        yield 1, len(st[0])
 
 
 def track_entries(it: Iterator[Any]) -> Iterator[tuple[int, int]]:

@@ -15,11 +15,12 @@ restart the producer stops and writes one record far ahead in event time, which 
 session. Then:
 
 * every produced line is in exactly one committed ``input`` batch (the source is exactly-once);
-* each batch's windows, sessions and late records are what the pure-Python model of the README's rules
+* each batch's windows, sessions and late records (behind the watermark, and what the windows and the sessions
+  each dropped) are what the pure-Python model of the README's rules
   (``model_run`` of tests/test_event_time_windows.py) gives for the batches as they were committed: the
   batch composition is up to timing, the results are a function of it;
-* model-free: every accepted record is in exactly one session and in ``WINDOW / SLIDE`` windows, and
-  accepted + late is everything produced.
+* model-free: every record's value is in exactly one session or listed as late for sessions, and in each of
+  its ``WINDOW / SLIDE`` windows or listed as late for that window.
 """
 
 from __future__ import annotations
@@ -222,14 +223,19 @@ def test_event_time_outputs_are_exactly_once_across_two_kills(tmp_path):
         assert _values(got["windows"][t]) == want["final"][i], f"windows of batch {t} (#{i})"
         assert _values(got["sessions"][t]) == want["sessions"][i], f"sessions of batch {t} (#{i})"
         assert _values(got["late"][t]) == want["late"][i], f"late records of batch {t} (#{i})"
+        assert _values(got["windowlate"][t]) == want["window_late"][i], f"window late records of batch {t} (#{i})"
+        assert _values(got["sessionlate"][t]) == want["session_late"][i], f"session late records of {t} (#{i})"
 
-    # Model-free: every record counted once, as late or in one session and in WINDOW / SLIDE windows.
+    # Model-free: every value counted once: in one session or as late for sessions; in each of its WINDOW / SLIDE
+    # windows or as late for that window.
     records = [r for batch in inputs for r in batch]
     late = [r for t in times for r in _values(got["late"][t])]
     sessions = [s for t in times for s in _values(got["sessions"][t])]
     windows = [w for t in times for w in _values(got["windows"][t])]
-    accepted = sum(v for _, k, v in records if k != FLUSH_KEY) - sum(v for _, _, v in late)
-    assert sum(v for _, v in sessions) == accepted
-    assert sum(v for _, v in windows) == accepted * (WINDOW // SLIDE)
+    session_late = [r for t in times for r in _values(got["sessionlate"][t])]
+    window_late = [r for t in times for r in _values(got["windowlate"][t])]
+    total = sum(v for _, k, v in records if k != FLUSH_KEY)
+    assert sum(v for _, v in sessions) == total - sum(kv[1] for kv, _, _ in session_late)
+    assert sum(v for _, v in windows) == total * (WINDOW // SLIDE) - sum(kv[1] * len(m) for kv, _, m in window_late)
     assert len({s[0] for s in sessions}) == len(sessions) and len({w[0] for w in windows}) == len(windows)
     assert late and len(sessions) >= 5 and len(windows) >= 20, (len(late), len(sessions), len(windows))

@@ -15,8 +15,13 @@ from the data of the batches **before** ``t``::
 
 where the source caps are what the input nodes upstream of ``E`` declare through
 :meth:`~dstreams.nodes.input.InputNode.event_time_watermark` (None: no cap). ``W`` never goes back.
-A record of batch ``t`` whose event time is below ``W(t)`` is **late**: ``E`` drops it from its
-stream, counts it, and the late-records side stream (:class:`LateRecordsNode`) holds it. A stream
+A record of batch ``t`` whose event time is below ``W(t)`` is **behind the watermark**: ``E`` counts
+it (``lateRecords`` in the batch metrics) and the side stream :class:`LateRecordsNode` holds it. By
+default ``E`` keeps it in its stream: lateness is decided per window by the operators downstream (a
+record counts in each of its event-time windows or sessions that is still open and is late only for
+those that closed, :mod:`dstreams.nodes.event_window`), as in Flink and Structured Streaming. With
+``drop_late`` (``withEventTime(..., dropLate=True)``) ``E`` drops it from its stream instead, so that
+no operator downstream (``track``, ``updateStateByKey`` on the plain records) sees it. A stream
 derived from several event-time streams (a union, a join, ``transformWith``) has the **minimum** of
 their watermarks (MillWheel's combination across inputs): :func:`watermark_at`.
 
@@ -132,11 +137,12 @@ class _StatsParam(AccumulatorParam):
         return value1
 
 
-def _tag_partition(extract: Callable[[Any], Any], watermark: int | None, keep_late: bool, time_ms: int,
+def _tag_partition(extract: Callable[[Any], Any], watermark: int | None, keep: str, time_ms: int,
                    acc: Accumulator | None) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
-    """Partition function: ``(event_ms, x)`` for the records at or above ``watermark`` (or, with
-    ``keep_late``, the late records ``x`` as they are); reports the partition's statistics to ``acc`` once
-    the partition has been read to its end."""
+    """Partition function over the records ``x`` of a partition, by ``keep``: ``"all"``: ``(event_ms, x)``
+    for every record; ``"on-time"``: for the records at or above ``watermark``; ``"late"``: the records
+    below it, ``x`` as they are. Reports the partition's statistics to ``acc`` once the partition has been
+    read to its end."""
 
     def run(index: int, it: Iterator[Any]) -> Iterator[Any]:
         n = late = 0
@@ -146,12 +152,14 @@ def _tag_partition(extract: Callable[[Any], Any], watermark: int | None, keep_la
             n += 1
             if watermark is not None and ts < watermark:
                 late += 1
-                if keep_late:
+                if keep == "late":
                     yield x
+                elif keep == "all":
+                    yield (ts, x)
                 continue
             if top is None or ts > top:
                 top = ts
-            if not keep_late:
+            if keep != "late":
                 yield (ts, x)
         if acc is not None:
             acc.add({time_ms: {index: (top, n, late)}})
@@ -175,14 +183,14 @@ def _stats_partition(extract: Callable[[Any], Any], watermark: int | None
 
     def run(index: int, it: Iterator[Any]) -> Iterable[tuple[int, PartitionStats]]:
         report = _LastReport()
-        for _ in _tag_partition(extract, watermark, False, 0, report)(index, it):  # type: ignore[arg-type]
+        for _ in _tag_partition(extract, watermark, "on-time", 0, report)(index, it):  # type: ignore[arg-type]
             pass
         return [(index, report.value[0][index])]
 
     return run
 
 
-class _OneParentNode(DStreamNode):
+class OneParentNode(DStreamNode):
     """A node over one parent with the parent's slide, named ``<label>#<id>``."""
 
     label = "node"
@@ -204,18 +212,19 @@ class _OneParentNode(DStreamNode):
         return [self.parent]
 
 
-class EventTimeNode(_OneParentNode):
+class EventTimeNode(OneParentNode):
     """``withEventTime(extract, allowedLateness)``: see the module docstring."""
 
     label = "withEventTime"
 
     def __init__(self, graph: DStreamGraph, parent: DStreamNode, extract: Callable[[Any], Any],
-                 lateness: Duration) -> None:
+                 lateness: Duration, drop_late: bool = False) -> None:
         super().__init__(graph, parent)
         if lateness.ms < 0:
             raise ValueError(f"allowedLateness must not be negative, got {lateness}")
         self.extract = extract
         self.lateness = lateness
+        self.drop_late = drop_late
         self._records: dict[int, WatermarkRecord] = {}
         self._replay: dict[int, WatermarkRecord] = {}
         self._acc: Accumulator | None = None
@@ -226,7 +235,7 @@ class EventTimeNode(_OneParentNode):
         return state
 
     def describe_params(self) -> list[str]:
-        return [f"lateness={self.lateness.ms}"]
+        return [f"lateness={self.lateness.ms}", *(["dropLate"] if self.drop_late else [])]
 
     # ----------------------------------------------------------------- the per-batch record
     def _accumulator(self) -> Accumulator:
@@ -314,7 +323,8 @@ class EventTimeNode(_OneParentNode):
         if rdd is None:
             return None
         return rdd.mapPartitionsWithIndex(
-            _tag_partition(self.extract, rec.watermark_ms, False, time.ms, self._accumulator()))
+            _tag_partition(self.extract, rec.watermark_ms, "on-time" if self.drop_late else "all", time.ms,
+                           self._accumulator()))
 
     def clear_metadata(self, time: BatchTime) -> None:
         super().clear_metadata(time)
@@ -329,9 +339,9 @@ class EventTimeNode(_OneParentNode):
                 value.pop(t, None)
 
 
-class LateRecordsNode(_OneParentNode):
-    """``lateRecords()``: the records of an :class:`EventTimeNode`'s parent that arrived late (event time
-    below the watermark of their batch), as they were."""
+class LateRecordsNode(OneParentNode):
+    """``lateRecords()`` of an event-time stream: the records of an :class:`EventTimeNode`'s parent that are
+    behind the watermark of their batch (event time below it), as they were."""
 
     label = "lateRecords"
     parent: EventTimeNode
@@ -342,10 +352,10 @@ class LateRecordsNode(_OneParentNode):
         rdd = source.parent.get_or_compute(time)
         if rdd is None:
             return None
-        return rdd.mapPartitionsWithIndex(_tag_partition(source.extract, rec.watermark_ms, True, time.ms, None))
+        return rdd.mapPartitionsWithIndex(_tag_partition(source.extract, rec.watermark_ms, "late", time.ms, None))
 
 
-class WatermarkNode(_OneParentNode):
+class WatermarkNode(OneParentNode):
     """``watermarks()``: one record per batch, the low watermark in force for that batch (seconds since the
     epoch, or None before there is one)."""
 

@@ -46,7 +46,7 @@ from .. import jvm
 from ..node import DStreamNode
 from ..partitioned import pre_group_ordered, require_pair
 from ..time import BatchTime, Duration
-from .event_time import previous_watermark_at, seconds, watermark_at
+from .event_time import OneParentNode, previous_watermark_at, seconds, watermark_at
 from .state import Merge, StateNode
 
 if TYPE_CHECKING:
@@ -153,13 +153,20 @@ def final_step(func: Callable[[Any, Any], Any], inv: Callable[[Any, Any], Any] |
 
     def step(old: dict[int, Any], carry: Any, new: dict[int, Any]) -> tuple[dict[int, Any], Any, list]:
         panes = dict(old)
-        for p in sorted(new):
+        emitted: list[tuple[int, Any]] = []
+        if jmax is not None:  # first the windows W(t) closes, from the records of the batches before t
+            panes, carry, emitted = _emit_closed(panes, carry)
+        for p in sorted(new):  # then the batch's records, in the windows still open
+            if jmax is not None and p <= jmax:
+                continue  # every window of pane p has closed: late for all of them
             v = new[p]
             _add(func, panes, p, v)
             if carry is not None and carry[0] < p < carry[0] + n:
                 carry = (carry[0], func(carry[1], v), carry[2], carry[3])
-        if jmax is None:
-            return panes, carry, []
+        return panes, carry, emitted
+
+    def _emit_closed(panes: dict[int, Any], carry: Any) -> tuple[dict[int, Any], Any, list[tuple[int, Any]]]:
+        assert jmax is not None
         low = None if jprev is None else jprev + 1
         candidates = sorted({j for p in panes for j in range(p - n + 1 if low is None else max(p - n + 1, low),
                                                            min(p, jmax) + 1)})
@@ -193,8 +200,8 @@ def updates_step(func: Callable[[Any, Any], Any], n: int, jmax: int | None) -> S
     def step(old: dict[int, Any], carry: Any, new: dict[int, Any]) -> tuple[dict[int, Any], Any, list]:
         windows = dict(old)
         changed: set[int] = set()
-        for p in sorted(new):
-            for j in range(p - n + 1, p + 1):
+        for p in sorted(new):  # the batch's records count in their windows still open (j > jmax)
+            for j in range(p - n + 1 if jmax is None else max(p - n + 1, jmax + 1), p + 1):
                 _add(func, windows, j, new[p])
                 changed.add(j)
         emitted = [(j, windows[j]) for j in sorted(changed)]
@@ -222,14 +229,17 @@ class SessionWindowNode(StateNode):
     """``sessionWindow(gap, aggregate)``: per key, sessions of records closer than ``gap`` in event time.
 
     A session holds the records of one key whose event times, sorted, are each less than ``gap`` after the
-    previous one; its bounds are ``(first event time, last event time + gap)``. A record that arrives later
-    (inside the allowed lateness) joins the session it falls in, extends one, or **merges** the two sessions
-    it bridges. A session is emitted once, in the batch whose watermark passes its end (``last + gap``): no
-    record can change it any more (a record at or above the watermark is at least ``gap`` after its last
-    record). Emitted records: ``((key, (start, end)), aggregate(values))``, the values in event-time order
-    (ties in arrival order), bounds in seconds since the epoch. State: per key, the open sessions' records
-    ``(event_ms, value)``, hash-partitioned and checkpointed like every state stream; a key is dropped once
-    it has no open session.
+    previous one; its bounds are ``(first event time, last event time + gap)``. A session is **open** in
+    batch ``t`` while its end is above the watermark ``W(t)``. Batch ``t`` first closes the sessions whose
+    end is at or below ``W(t)`` and emits them once, with the records of the batches before ``t``; then its
+    records join the open sessions: a record joins the session it falls in, extends one, or **merges** the
+    two it bridges, also when it is behind the watermark. A record whose session (alone, or with other
+    records of the batch) would end at or below ``W(t)`` is **late**: it missed a session that closed and is
+    dropped (:func:`late_session_records`). Emitted records: ``((key, (start, end)), aggregate(values))``,
+    the values in event-time order (ties in arrival order), bounds in seconds since the epoch. State: per
+    key, the open sessions' records ``(event_ms, value)``, hash-partitioned and checkpointed like every state
+    stream; a key is dropped once it has no open session. Records of this node:
+    ``(key, (open sessions, emitted, late records))``.
     """
 
     merges_every_batch = True
@@ -262,19 +272,23 @@ class SessionWindowNode(StateNode):
             new = dict(segments[1])
             out = []
             for k in [*state, *(k for k in new if k not in state)]:
-                events = state.get(k, [])
-                if k in new:  # re-cut the open sessions with the new records (merging those they bridge)
-                    events = sorted([*(e for session in events for e in session), *new[k]], key=lambda e: e[0])
-                    events = _sessions(events, gap)
-                kept, emitted = [], []
-                for session in events:
+                kept, emitted, late = [], [], []
+                for session in state.get(k, []):  # first the sessions W(t) closes, as the batches before left them
                     end = session[-1][0] + gap
                     if wm is not None and end <= wm:
                         emitted.append((session[0][0], end, aggregate([e[1] for e in session])))
                     else:
                         kept.append(session)
-                if kept or emitted:
-                    out.append((k, (kept, emitted)))
+                if k in new:  # re-cut the open sessions with the new records (merging those they bridge)
+                    events = sorted([*(e for session in kept for e in session), *new[k]], key=lambda e: e[0])
+                    kept = []
+                    for session in _sessions(events, gap):
+                        if wm is not None and session[-1][0] + gap <= wm:
+                            late.extend(session)  # the batch's records alone, in a session closed already
+                        else:
+                            kept.append(session)
+                if kept or emitted or late:
+                    out.append((k, (kept, emitted, late)))
             return out
 
         return merge
@@ -296,3 +310,63 @@ def emitted_sessions(it: Iterator[Any]) -> Iterator[Any]:
     for k, st in it:
         for start, end, value in st[1]:
             yield (k, (seconds(start), seconds(end))), value
+
+
+def late_session_records(gap_ms: int) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """Partition function: ``((key, value), event time, [(event time, event time + gap)])`` for each record
+    a batch's sessions dropped as late (the session it alone would have opened had closed already), times in
+    seconds since the epoch."""
+
+    def run(it: Iterator[Any]) -> Iterator[Any]:
+        for k, st in it:
+            for ts, v in (st[2] if len(st) > 2 else ()):
+                yield (k, v), seconds(ts), [(seconds(ts), seconds(ts + gap_ms))]
+
+    return run
+
+
+def late_window_records(window_ms: int, slide_ms: int, jmax: int | None, keyed: bool
+                        ) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """Partition function over a batch's ``(event_ms, (key, value))`` records: for each record with a window
+    closed through index ``jmax`` (None: none closed), ``(record, event time, [(start, end), ...])``: ``record``
+    is ``(key, value)`` (``value`` when not ``keyed``), the windows it missed in time order, times in seconds
+    since the epoch."""
+    n = window_ms // slide_ms
+
+    def run(it: Iterator[Any]) -> Iterator[Any]:
+        if jmax is None:
+            return
+        for ts, kv in it:
+            p = ts // slide_ms
+            missed = range(p - n + 1, min(p, jmax) + 1)
+            if missed:
+                yield (kv if keyed else kv[1], seconds(ts),
+                       [(seconds(j * slide_ms), seconds(j * slide_ms + window_ms)) for j in missed])
+
+    return run
+
+
+class WindowLateRecordsNode(OneParentNode):
+    """``lateRecords()`` of an event-time window stream: per batch, the records of the window operator's input
+    that missed at least one of their windows (it had closed: its end at or below the batch's watermark),
+    with the windows they missed (:func:`late_window_records`). A pure function of the batch's records and
+    its recorded watermark, so a replayed batch reports the same records."""
+
+    label = "windowLateRecords"
+
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode, window: Duration, slide: Duration,
+                 keyed: bool) -> None:
+        super().__init__(graph, parent)
+        self.window = window
+        self.slide = slide
+        self.keyed = keyed
+
+    def describe_params(self) -> list[str]:
+        return [f"window={self.window.ms}", f"eventSlide={self.slide.ms}", "keyed" if self.keyed else "unkeyed"]
+
+    def compute(self, time: BatchTime) -> RDD | None:
+        rdd = self.parent.get_or_compute(time)
+        jmax = _closed_through(watermark_at(self, time), self.window.ms, self.slide.ms)
+        if rdd is None:
+            return None
+        return rdd.mapPartitions(late_window_records(self.window.ms, self.slide.ms, jmax, self.keyed))
