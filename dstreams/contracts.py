@@ -148,3 +148,7 @@ class NoFence:
 
 def no_fault(point: str) -> None:
     """The production fault hook: does nothing."""
+
+#: The graph fingerprint's format: 2 added the parameters of the sources that change which records a batch
+#: holds (a folder source's directory and record length, the generator's partitions, records and seed).
+FINGERPRINT_FORMAT = 2

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .contracts import Checkpointer, WriteAheadLog
+from .contracts import FINGERPRINT_FORMAT, Checkpointer, WriteAheadLog
 from .time import BatchTime, Duration
 
 if TYPE_CHECKING:
@@ -123,12 +123,13 @@ class DStreamGraph:
             self.nodes.append(node)
             return f"{len(self.nodes) - 1:03d}-{type(node).__name__}"
 
-    def fingerprint(self) -> list[str]:
-        """A description of the topology that a restarted driver must reproduce exactly."""
+    def fingerprint(self, fmt: int = FINGERPRINT_FORMAT) -> list[str]:
+        """A description of the topology that a restarted driver must reproduce exactly, in fingerprint format
+        ``fmt`` (:data:`~dstreams.contracts.FINGERPRINT_FORMAT`; older ones to compare with older checkpoints)."""
         out = []
         for n in self.nodes:
             deps = ",".join(d.key for d in n.dependencies)
-            out.append(f"{n.key}[{n.describe()}]<-({deps})")
+            out.append(f"{n.key}[{n.describe(fmt)}]<-({deps})")
         return out
 
     # ------------------------------------------------------------------ building

@@ -14,8 +14,9 @@ driver and executor memory flat.
 
 A node also owns its **recovery contract**; the recovery layer calls only these members:
 
-* ``describe_params()`` – the parameters that define the topology, for the graph fingerprint that a
-  restarted driver must reproduce (each subclass names its own);
+* ``describe_params()`` (and ``later_params()``, those added in a later fingerprint format) – the
+  parameters that define the topology and change results, for the graph fingerprint that a restarted
+  driver must reproduce (each subclass names its own);
 * ``must_checkpoint`` and ``checkpoint_partitioner`` – whether the node's RDDs form a state chain that
   is checkpointed, and the partitioner a checkpoint reader must keep (None: not hash-partitioned);
 * ``restore_from_checkpoint(time, reader)`` – a restarted driver installs the RDD reading the node's
@@ -40,6 +41,7 @@ from pyspark import RDD, StorageLevel
 from pyspark.rdd import Partitioner
 
 from . import jvm
+from .contracts import FINGERPRINT_FORMAT
 from .time import BatchTime, Duration
 
 if TYPE_CHECKING:
@@ -101,13 +103,21 @@ class DStreamNode:
     def name(self) -> str:
         return f"{type(self).__name__}#{self.id}"
 
-    def describe(self) -> str:
-        """The node's parameters that define the topology (for the graph fingerprint)."""
-        return " ".join([f"slide={self.slide_duration.ms}", *self.describe_params()])
+    def describe(self, fmt: int = FINGERPRINT_FORMAT) -> str:
+        """The node's parameters that define the topology and its results, as fingerprint format ``fmt`` names
+        them (a restarted driver compares its graph with a checkpoint's in the format the checkpoint was
+        written with: :data:`FINGERPRINT_FORMAT`)."""
+        later = [p for f, params in sorted(self.later_params().items()) if f <= fmt for p in params]
+        return " ".join([f"slide={self.slide_duration.ms}", *self.describe_params(), *later])
 
     def describe_params(self) -> list[str]:
         """Topology parameters beyond the slide (``window=30000``, ``partitions=4``...); subclasses add theirs."""
         return []
+
+    def later_params(self) -> dict[int, list[str]]:
+        """Parameters that change results and joined the fingerprint after format 1, by the format that added
+        them (a checkpoint of an older format is compared without them)."""
+        return {}
 
     def batch_record(self, time: BatchTime) -> Any:
         """What this node fixed for batch ``time`` that a replay must reuse (JSON-able), or None.

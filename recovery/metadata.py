@@ -28,8 +28,10 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from dstreams.contracts import FINGERPRINT_FORMAT
 
 from . import faults
 from .store import PreconditionFailed, Store
@@ -63,10 +65,15 @@ def describe_graph_change(old: list[str], new: list[str]) -> str:
 class MetadataLog:
     """The head object plus per-batch records; see the module docstring."""
 
-    def __init__(self, store: Store, app_name: str, fingerprint: list[str], batch_ms: int) -> None:
+    def __init__(self, store: Store, app_name: str, fingerprint: list[str], batch_ms: int,
+                 older_fingerprints: Mapping[int, list[str]] | None = None) -> None:
+        """``fingerprint``: the graph's, in :data:`~dstreams.contracts.FINGERPRINT_FORMAT`;
+        ``older_fingerprints``: the same graph in older formats (by format), to compare with a checkpoint
+        written by an older dstreams (missing: compared with ``fingerprint``)."""
         self.store = store
         self.app_name = app_name
         self.fingerprint = fingerprint
+        self.older_fingerprints = dict(older_fingerprints or {})
         self.batch_ms = batch_ms
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.head: dict[str, Any] = {}
@@ -108,6 +115,7 @@ class MetadataLog:
                     "format": FORMAT,
                     "app": self.app_name,
                     "fingerprint": self.fingerprint,
+                    "fingerprint_format": FINGERPRINT_FORMAT,
                     "batch_ms": self.batch_ms,
                     "zero_ms": zero_ms,
                     "epoch": 1,
@@ -136,18 +144,33 @@ class MetadataLog:
                     f"the checkpoint was written with a batch duration of {previous.get('batch_ms')} ms; "
                     f"this context uses {self.batch_ms} ms"
                 )
-            if previous.get("fingerprint") != self.fingerprint:
+            mine = self._fingerprint_as(int(previous.get("fingerprint_format", 1)))
+            if previous.get("fingerprint") != mine:
                 raise GraphChangedError(
                     "the stream graph built by setupFunc differs from the one in the checkpoint at "
-                    f"{self.store.url}:\n" + describe_graph_change(previous.get("fingerprint", []), self.fingerprint)
+                    f"{self.store.url}:\n" + describe_graph_change(previous.get("fingerprint", []), mine)
                     + "\nrestore the original graph, or start from an empty checkpoint location"
                 )
-            self.head = dict(previous, epoch=int(previous["epoch"]) + 1, owner=self.owner)
+            # A checkpoint of an older fingerprint format that matches is upgraded: later restarts compare all.
+            self.head = dict(previous, epoch=int(previous["epoch"]) + 1, owner=self.owner,
+                             fingerprint=self.fingerprint, fingerprint_format=FINGERPRINT_FORMAT)
             try:
                 self._etag = self.store.put_if_match(HEAD, self._encode(), etag)
             except PreconditionFailed:
                 raise FencedError("another driver took over this checkpoint location at the same moment") from None
             return previous
+
+    def _fingerprint_as(self, fmt: int) -> list[str]:
+        """This graph's fingerprint in the format a checkpoint was written with (the compatibility rule: a
+        checkpoint written before a parameter joined the fingerprint is compared without it)."""
+        if fmt > FINGERPRINT_FORMAT:
+            raise GraphChangedError(
+                f"the checkpoint at {self.store.url} was written by a newer dstreams (graph fingerprint format "
+                f"{fmt}; this one knows {FINGERPRINT_FORMAT}): run that version, or start from an empty "
+                "checkpoint location")
+        if fmt == FINGERPRINT_FORMAT:
+            return self.fingerprint
+        return self.older_fingerprints.get(fmt, self.fingerprint)
 
     # ------------------------------------------------------------------ committing
     def _encode(self) -> bytes:

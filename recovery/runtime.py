@@ -40,7 +40,7 @@ from pyspark import SparkContext
 
 from dstreams import config
 from dstreams.clock import Clock
-from dstreams.contracts import Fence, NoFence
+from dstreams.contracts import FINGERPRINT_FORMAT, Fence, NoFence
 from dstreams.events import EventLoop
 from dstreams.graph import DStreamGraph
 from dstreams.listener import ListenerBus
@@ -118,7 +118,8 @@ class DriverRuntime:
                     f"the checkpoint location {settings.checkpoint_dir} already holds the metadata log of a previous "
                     "run: resume it with StreamingContext.getOrCreate(path, setupFunc), or use an empty location"
                 )
-            metadata = MetadataLog(store, sc.appName, graph.fingerprint(), batch.ms)
+            metadata = MetadataLog(store, sc.appName, graph.fingerprint(), batch.ms,
+                                   {f: graph.fingerprint(f) for f in range(1, FINGERPRINT_FORMAT)})
             previous = metadata.take_over(zero_ms=first.ms - batch.ms)
             if stored_graph is not None:
                 write_graph(store, stored_graph)

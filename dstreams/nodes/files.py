@@ -121,6 +121,9 @@ class FileInputNode(InputNode):
         self._spec = store
         self._init_files_rate()
 
+    def later_params(self) -> dict[int, list[str]]:
+        return {2: [f"dir={self.directory}", f"recordLength={self.record_length}"]}
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         if "_taken" not in state:  # a graph checkpointed before file backpressure existed
