@@ -60,13 +60,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pyspark import RDD, SparkContext
 from pyspark.rdd import Partitioner
 
-from dstreams.contracts import Fence, NoFence, NoOutageRetry, OutagePolicy
+from dstreams.contracts import FaultHook, Fence, NoFence, NoOutageRetry, OutagePolicy, no_fault
 from dstreams.events import CheckpointCommitted, Event
 from dstreams.partitioned import partition_aligned_rdd
 from dstreams.records import consume
 from dstreams.time import BatchTime
 
-from . import faults
 from .codec import CorruptCheckpointError, decode_partition, encode_partition
 from .outage import ride_out
 from .storespec import StoreSpec
@@ -175,7 +174,8 @@ class StoreCheckpointer:
     """
 
     def __init__(self, sc: SparkContext, spec: StoreSpec, events: CommitEvents, fence: Fence | None = None, *,
-                 outage: OutagePolicy | None = None) -> None:
+                 outage: OutagePolicy | None = None, fault_hook: FaultHook = no_fault) -> None:
+        self.fault_hook = fault_hook
         self.sc = sc
         self.spec = spec
         self.store = spec.open()
@@ -359,7 +359,7 @@ class StoreCheckpointer:
             "partitioned": partitioner is not None,
             "parts": parts,
         }
-        faults.reached("checkpoint-write")
+        self.fault_hook("checkpoint-write")
         self.fence.check_owner()
         self.store.put(f"{prefix}/{MANIFEST}", json.dumps(manifest, sort_keys=True).encode())
         log.debug("checkpoint of %s at %d committed (%d parts)", node.name, t, len(parts))

@@ -65,14 +65,6 @@ class Journal:
         """The outage bound of the journal's policy, in seconds (0 for a policy without one: no waiting)."""
         return self.outage.outage_seconds if isinstance(self.outage, StoreOutagePolicy) else 0.0
 
-    @outage_seconds.setter
-    def outage_seconds(self, seconds: float) -> None:
-        """Change the bound of the journal's :class:`StoreOutagePolicy`, which the driver's scheduler and
-        checkpointer share (one bound per driver; tests shorten it)."""
-        if not isinstance(self.outage, StoreOutagePolicy):
-            raise TypeError(f"the journal's outage policy {type(self.outage).__name__} has no bound to set")
-        self.outage.outage_seconds = float(seconds)
-
     def close(self) -> None:
         """Stop waiting for an unavailable store: a commit waiting for it raises its last error at once."""
         self._closed.set()

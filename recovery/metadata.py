@@ -31,9 +31,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dstreams.contracts import FINGERPRINT_FORMAT
+from dstreams.contracts import FINGERPRINT_FORMAT, FaultHook, no_fault
 
-from . import faults
 from .store import PreconditionFailed, Store
 
 HEAD = "meta/head.json"
@@ -66,10 +65,13 @@ class MetadataLog:
     """The head object plus per-batch records; see the module docstring."""
 
     def __init__(self, store: Store, app_name: str, fingerprint: list[str], batch_ms: int,
-                 older_fingerprints: Mapping[int, list[str]] | None = None) -> None:
+                 older_fingerprints: Mapping[int, list[str]] | None = None, *,
+                 fault_hook: FaultHook = no_fault) -> None:
         """``fingerprint``: the graph's, in :data:`~dstreams.contracts.FINGERPRINT_FORMAT`;
         ``older_fingerprints``: the same graph in older formats (by format), to compare with a checkpoint
-        written by an older dstreams (missing: compared with ``fingerprint``)."""
+        written by an older dstreams (missing: compared with ``fingerprint``); ``fault_hook``: called at the
+        fault point ``after-metadata-commit`` (tests; the runtime passes :func:`recovery.faults.reached`)."""
+        self.fault_hook = fault_hook
         self.store = store
         self.app_name = app_name
         self.fingerprint = fingerprint
@@ -196,7 +198,7 @@ class MetadataLog:
             try:
                 assert self._etag is not None
                 self._etag = self.store.put_if_match(HEAD, self._encode(), self._etag)
-                faults.reached("after-metadata-commit")
+                self.fault_hook("after-metadata-commit")
             except PreconditionFailed:
                 self.head = old
                 self.fenced = True

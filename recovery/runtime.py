@@ -52,7 +52,7 @@ from .checkpointer import StoreCheckpointer, StoreWriteAheadLog
 from .graph_store import serialize_graph, write_graph
 from .journal import Journal
 from .metadata import MetadataLog
-from .outage import StoreOutagePolicy
+from .outage import StoreOutagePolicy, outage_seconds_from_env
 from .resume import ResumePlan, plan_resume
 from .store import local_path
 from .storespec import StoreSpec
@@ -110,7 +110,7 @@ class DriverRuntime:
         previous: dict[str, Any] | None = None
         wal: StoreWriteAheadLog | None = None
         fence: Fence = NoFence()
-        outage = StoreOutagePolicy()
+        outage = StoreOutagePolicy(outage_seconds_from_env(sc.getConf()))  # this context's conf, not the active one
         if settings.checkpoint_dir is not None:
             store = spec.open()
             if MetadataLog.read(store) is not None and not settings.resume:
@@ -119,14 +119,15 @@ class DriverRuntime:
                     "run: resume it with StreamingContext.getOrCreate(path, setupFunc), or use an empty location"
                 )
             metadata = MetadataLog(store, sc.appName, graph.fingerprint(), batch.ms,
-                                   {f: graph.fingerprint(f) for f in range(1, FINGERPRINT_FORMAT)})
+                                   {f: graph.fingerprint(f) for f in range(1, FINGERPRINT_FORMAT)},
+                                   fault_hook=faults.reached)
             previous = metadata.take_over(zero_ms=first.ms - batch.ms)
             if stored_graph is not None:
                 write_graph(store, stored_graph)
             journal = Journal(metadata, graph, outage=outage)
             wal = StoreWriteAheadLog(store)
             fence = metadata
-        checkpointer = StoreCheckpointer(sc, spec, events, fence, outage=outage)
+        checkpointer = StoreCheckpointer(sc, spec, events, fence, outage=outage, fault_hook=faults.reached)
         scheduler = JobScheduler(graph, clock, bus, checkpointer, events,
                                  concurrent_batches=settings.concurrent_batches, journal=journal, wal=wal,
                                  fault_hook=faults.reached, outage=outage,

@@ -253,15 +253,16 @@ def test_batches_wait_for_a_store_that_is_down_for_a_while_and_lose_nothing(sc, 
     assert read_outputs(out) == expected
 
 
-def test_a_store_down_longer_than_the_outage_bound_stops_the_driver_with_the_error(sc, tmp_path):
+def test_a_store_down_longer_than_the_outage_bound_stops_the_driver_with_the_error(sc, tmp_path, monkeypatch):
     from dstreams.recovery.store.errors import StoreUnavailableError
 
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
     clock = ManualClock()
+    monkeypatch.setenv("DSTREAMS_STORE_OUTAGE_SECONDS", "1.5")  # read once, when the context starts
     ssc = build(sc, ckpt, out, clock)
     try:
         _run(ssc, clock, 2000)
-        ssc._scheduler.journal.outage_seconds = 1.5
+        assert ssc._scheduler.journal.outage_seconds == 1.5
         outage = _Outage(ssc._metadata.store)
         ssc._metadata.store = outage
         outage.down.set()
