@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time as _time
 from collections.abc import Callable, Iterable, Sequence
@@ -22,11 +21,9 @@ from typing import Any, ClassVar
 
 from pyspark import RDD, SparkConf, SparkContext, StorageLevel
 
-from dstreams import config, jvm, jvm_cds
+from dstreams import config, jvm_cds
 from dstreams.clock import Clock, SystemClock
-from dstreams.executors import ensure_executors_can_import
 from dstreams.graph import DStreamGraph, not_started_message
-from dstreams.jvm_signals import JvmSignalForwarder, forward_signals
 from dstreams.listener import BatchInfo, ListenerBus
 from dstreams.nodes.files import FileInputNode
 from dstreams.nodes.generator import GeneratorInputNode, RecordFunc
@@ -42,14 +39,12 @@ from dstreams.recovery.runtime import CheckpointInUseError, DriverRuntime, Runti
 from dstreams.recovery.store import is_store_url, local_path
 from dstreams.recovery.storespec import StoreSpec
 from dstreams.scheduler import JobScheduler
-from dstreams.sparkconf import create_spark_context, speculation_available, tune_running_context
+from dstreams.sparkconf import create_spark_context, tune_running_context
 from dstreams.time import BatchTime, Duration, DurationLike, parse_duration, to_datetime
-from dstreams.worker_daemon import request_preload
 
+from .driver import DriverSetup, StartedDriver
 from .functions import positional_arity
-from .progress import ProgressLine
 from .shutdown import SignalStop
-from .status import StatusServer, StatusSources
 from .stream import DStream
 
 log = logging.getLogger(__name__)
@@ -103,15 +98,12 @@ class StreamingContext:
             concurrentBatches = int(sparkContext.getConf().get("spark.streaming.concurrentJobs", "1"))
         self._concurrent = concurrentBatches
         self._bus = ListenerBus(config.get(config.LISTENER_BUS_CAPACITY, sparkContext.getConf()))
-        self._runtime: DriverRuntime | None = None
+        #: Everything a started context runs (api/driver.py); None before start().
+        self._driver: StartedDriver | None = None
         self._stopped_by_failure = False
-        self._status: StatusServer | None = None
-        self._progress: ProgressLine | None = None
         self._state = self.INITIALIZED
         self._lock = threading.RLock()
         self._stopped = threading.Event()
-        #: The SIGTERM/SIGINT handlers installed by ``start()`` (None: none taken over).
-        self._signals: SignalStop | None = None
         #: Whether the main thread called ``awaitTermination*`` (then a signal's stop lets it return).
         self._main_awaited = False
         self._checkpoint_dir: str | None = None
@@ -119,6 +111,14 @@ class StreamingContext:
         self._resume = False
 
     # The runtime's parts, for tests and tools (None before start()).
+    @property
+    def _runtime(self) -> DriverRuntime | None:
+        return self._driver.runtime if self._driver is not None else None
+
+    @property
+    def _signals(self) -> SignalStop | None:
+        return self._driver.signals if self._driver is not None else None
+
     @property
     def _scheduler(self) -> JobScheduler | None:
         return self._runtime.scheduler if self._runtime is not None else None
@@ -391,16 +391,6 @@ class StreamingContext:
         return DStream(TransformedNode(self._graph, [d._node for d in dstreams], apply, "transform"), self)
 
     # ------------------------------------------------------------------ lifecycle
-    def _log_speculation(self) -> None:
-        conf = self._sc.getConf()
-        master = conf.get("spark.master", "") or ""
-        if not speculation_available(conf):
-            log.info("speculative execution of stragglers is unavailable with master %s (Spark never "
-                     "speculates in local mode); run on a cluster master for it", master)
-        elif conf.get("spark.speculation", "false") != "true":
-            log.warning("speculative execution is off on %s: slow tasks (stragglers) delay whole batches; "
-                        "set spark.speculation=true (dstreams.sparkconf.tuned_conf does)", master)
-
     def _on_graph_thread(self, func: Callable[[], Any]) -> Any:
         """Run ``func`` (which reads or builds node RDDs) on the scheduler's event loop once started."""
         runtime = self._runtime
@@ -435,36 +425,25 @@ class StreamingContext:
                         "only one StreamingContext may be active in a process: stop the active one first"
                     )
                 self._graph.validate()
-                status_settings = StatusServer.settings(self._sc.getConf())
-                progress_stream = ProgressLine.settings(self._sc.getConf())
-                if is_store_url(self._checkpoint_dir):
-                    request_preload(self._sc, "dstreams.recovery.store.s3")
-                ensure_executors_can_import(self._sc)
-                settings = RuntimeSettings(self._checkpoint_dir, dict(self._store_options), self._resume,
-                                           self._concurrent)
+                setup = DriverSetup(self._sc, self._graph, self._clock, self._bus,
+                                    RuntimeSettings(self._checkpoint_dir, dict(self._store_options), self._resume,
+                                                    self._concurrent),
+                                    {id(self): "ssc"}, self, self.getState)
+                driver = StartedDriver(setup)  # a bad setting raises here: the context stays INITIALIZED
+                self._driver = driver  # before the first batch: sinks read the fence through it
                 try:
-                    runtime = DriverRuntime.build(self._sc, self._graph, self._clock, self._bus, settings,
-                                                  graph_refs={id(self): "ssc"})
-                except CheckpointInUseError as e:
-                    raise StreamingContextStateError(str(e)) from None
-                self._runtime = runtime
-                try:
-                    self._log_speculation()
-                    jvm.prepare(self._sc)
-                    self._status = StatusServer.start(StatusSources(self._sc, self._graph, runtime, self._clock,
-                                                                    self._bus, self._checkpoint_dir, self.getState),
-                                                      status_settings)
-                    batch = self._graph.batch_duration
-                    self._progress = ProgressLine.start(self._bus, progress_stream, self.uiWebUrl,
-                                                        batch.ms if batch else None)
-                    runtime.start()
-                except BaseException:
-                    self._abandon_start(runtime)
+                    driver.start()
+                except BaseException as e:
+                    # As Spark's StreamingContext.start: a failed start leaves the context STOPPED (the driver
+                    # closed what it had started; the SparkContext keeps running, a new context can start).
+                    self._state = self.STOPPED
+                    self._bus.stop(timeout_s=10.0)
+                    self._stopped.set()
+                    if isinstance(e, CheckpointInUseError):
+                        raise StreamingContextStateError(str(e)) from None
                     raise
                 self._state = self.ACTIVE
                 StreamingContext._activeContext = self
-            self._signals = SignalStop.install(self, config.get(config.STOP_ON_SIGNAL, self._sc.getConf()),
-                                               self._forward_jvm_signals)
 
     def stop(self, stopSparkContext: bool = True, stopGraceFully: bool = False) -> None:
         """Stop the stream (graceful: after the queued batches ran) and, by default, the SparkContext."""
@@ -476,43 +455,18 @@ class StreamingContext:
                 return
             was_active = self._state == self.ACTIVE
             self._state = self.STOPPED
-        signals, self._signals = self._signals, None
-        if signals is not None:
-            signals.uninstall()
         try:
-            if was_active and self._runtime is not None:
-                timeout = self._graceful_stop_timeout()
-                try:
-                    self._runtime.stop(graceful=stopGraceFully, timeout_s=timeout)
-                finally:
-                    self._graph.stop()
+            driver = self._driver
+            if was_active and driver is not None:
+                driver.close(graceful=stopGraceFully, timeout_s=self._graceful_stop_timeout())
         finally:
             with StreamingContext._class_lock:
                 if StreamingContext._activeContext is self:
                     StreamingContext._activeContext = None
-            self._close_status()
             self._bus.stop(timeout_s=10.0)
             self._stopped.set()
             if stopSparkContext:
                 self._sc.stop()
-
-    def _abandon_start(self, runtime: DriverRuntime) -> None:
-        """A ``start()`` that failed half-way: stop what it started (status server, progress line, the
-        scheduler's threads, the checkpointer, the sources, the listener bus) so nothing outlives it, and mark
-        the context STOPPED, as Spark's ``StreamingContext.start`` does; a new context can be started (the
-        SparkContext keeps running)."""
-        self._state = self.STOPPED
-        self._close_status()
-        try:
-            runtime.stop(graceful=False, timeout_s=10.0)
-        except Exception:
-            log.warning("cleaning up after a failed start()", exc_info=True)
-        try:
-            self._graph.stop()
-        except Exception:
-            log.warning("stopping the sources after a failed start()", exc_info=True)
-        self._bus.stop(timeout_s=10.0)
-        self._stopped.set()
 
     def _stop_after_failure(self) -> None:
         """The scheduler stopped on an error (a batch failed for good, this driver was fenced, the store stayed
@@ -534,26 +488,15 @@ class StreamingContext:
         batch = self._graph.batch_duration
         return max(10.0, 10 * batch.seconds) if batch else 10.0
 
-    def _forward_jvm_signals(self, signums: Sequence[int]) -> JvmSignalForwarder | None:
-        """Have the driver's JVM send ``signums`` on to this process instead of acting on them."""
-        return forward_signals(self._sc._jvm, self._sc._jsc, [signal.Signals(s).name[3:] for s in signums])
-
     def _main_thread_awaited(self) -> bool:
         return self._main_awaited
-
-    def _close_status(self) -> None:
-        status, self._status = self._status, None
-        if status is not None:
-            status.close()
-        progress, self._progress = self._progress, None
-        if progress is not None:
-            progress.close()
 
     @property
     def uiWebUrl(self) -> str | None:
         """The URL of this context's status server (its page, ``/api``, ``/metrics``) while it is active; None
         when ``spark.dstreams.ui.enabled`` is off or no port was free. ``sparkContext.uiWebUrl`` is Spark's."""
-        status = self._status
+        driver = self._driver
+        status = driver.status if driver is not None else None
         return status.url if status is not None else None
 
     def awaitTermination(self, timeout: float | None = None) -> None:

@@ -79,11 +79,12 @@ class ProgressLine(StreamingListener):
     :param min_interval_s: minimum seconds between two updates (0: every batch).
     :param width: the line's maximum width; default: the terminal's width (a non-terminal: no limit).
     :param monotonic: the clock for ``min_interval_s`` (tests inject one).
+    :param bus: the listener bus it is registered on (:meth:`start` registers it), left by :meth:`close`.
     """
 
     def __init__(self, stream: TextIO, *, status_url: str | None = None, batch_interval_ms: int | None = None,
                  min_interval_s: float = MIN_INTERVAL_S, width: int | None = None,
-                 monotonic: Callable[[], float] = _time.monotonic) -> None:
+                 monotonic: Callable[[], float] = _time.monotonic, bus: ListenerBus | None = None) -> None:
         self.stream = stream
         self.status_url = status_url
         self.batch_interval_ms = batch_interval_ms
@@ -92,7 +93,7 @@ class ProgressLine(StreamingListener):
         self._width = width
         self._monotonic = monotonic
         self._lock = threading.Lock()
-        self._bus: ListenerBus | None = None
+        self._bus = bus  # the bus it listens on (close() leaves it); None: registered by its caller, if at all
         self._submitted = 0
         self._completed = 0
         self._failed = 0
@@ -119,8 +120,7 @@ class ProgressLine(StreamingListener):
         ``stream`` is None (off). Call it before the first batch; :meth:`close` it when the context stops."""
         if stream is None:
             return None
-        line = cls(stream, status_url=status_url, batch_interval_ms=batch_interval_ms)
-        line._bus = bus
+        line = cls(stream, status_url=status_url, batch_interval_ms=batch_interval_ms, bus=bus)
         bus.add(line)
         return line
 

@@ -91,17 +91,29 @@ class DriverRuntime:
         self.plan = plan
         self._temp_dir = temp_dir
 
-    @classmethod
-    def build(cls, sc: SparkContext, graph: DStreamGraph, clock: Clock, bus: ListenerBus,
-              settings: RuntimeSettings, graph_refs: dict[int, str] | None = None) -> DriverRuntime:
-        """Wire the runtime; with a checkpoint location, take over its metadata log (and plan a resume).
+    @staticmethod
+    def serialized_graph(sc: SparkContext, graph: DStreamGraph, settings: RuntimeSettings,
+                         graph_refs: dict[int, str] | None = None) -> bytes | None:
+        """The graph as it will be stored in the checkpoint location (None: not stored), serialized now: a user
+        function that cannot be serialized raises ``GraphNotSerializableError`` before anything runs.
 
         ``graph_refs`` maps objects a user function may capture (the StreamingContext) to the names they
-        are stored under in the checkpointed graph.
+        are stored under in the checkpointed graph."""
+        store_graph = settings.checkpoint_dir is not None and config.get(config.CHECKPOINT_GRAPH, sc.getConf())
+        return serialize_graph(graph, sc.getConf(), graph_refs or {}) if store_graph else None
+
+    @classmethod
+    def build(cls, sc: SparkContext, graph: DStreamGraph, clock: Clock, bus: ListenerBus,
+              settings: RuntimeSettings, graph_refs: dict[int, str] | None = None, *,
+              stored_graph: bytes | None = None) -> DriverRuntime:
+        """Wire the runtime; with a checkpoint location, take over its metadata log (and plan a resume).
+
+        ``stored_graph``: what :meth:`serialized_graph` returned, written to the location once it is taken
+        over (computed here from ``graph_refs`` when not given).
         """
         batch = graph.require_batch_duration()
-        store_graph = settings.checkpoint_dir is not None and config.get(config.CHECKPOINT_GRAPH, sc.getConf())
-        stored_graph = serialize_graph(graph, sc.getConf(), graph_refs or {}) if store_graph else None
+        if stored_graph is None:
+            stored_graph = cls.serialized_graph(sc, graph, settings, graph_refs)
         spec, temp_dir = _checkpoint_location(settings)
         events = EventLoop("dstreams-generator")
         first = first_batch_time(clock, batch)
