@@ -19,13 +19,14 @@ it) or ``"processing"`` (processing time: fires when the batch time reaches it).
   watermark ``W(t)`` (see :mod:`dstreams.nodes.event_time`; never while there is no watermark, e.g. without
   ``withEventTime`` upstream), a processing-time timer whose time is at or below ``t``. They fire in this
   order: the event-time ones by (time, tag), then the processing-time ones by (time, tag) (the two clocks are
-  not compared: event-time timers first, as the watermark is the batch's input). Each calls
+  not compared with each other; event-time first, as with the one timer per kind before). Each calls
   ``on_timer(key, state, Timer(kind, time, tag))`` (``time`` in seconds, as set), which returns the new
   state or a :class:`TrackUpdate`. The due timers are taken when the firing starts: a timer fires at most
   once per batch and is removed before its callback runs; a timer that a callback of this batch sets,
-  replaces (even to the same or an earlier time) or deletes does not fire in this batch: a due one that
-  was not removed fires in the next batch at the earliest. A state of None (from any function) drops the
-  key with all its timers (the timers still due in the batch do not fire); so does ``timeout``.
+  replaces (even to the same or an earlier time) or deletes does not fire in this batch: one set or
+  replaced fires in a later batch at the earliest (the next one if it is due), one deleted never. A state
+  of None (from any function) drops the key with all its timers (the timers still due in the batch do not
+  fire); so does ``timeout``.
 * Timers are part of the key's state: hash-partitioned, checkpointed with it, and fired by a pure function of
   the state, the batch's events, ``W(t)`` (recorded in the metadata log) and ``t``, so a replayed batch fires
   exactly the timers the original did and a timer fires exactly once in the committed output across a
@@ -68,7 +69,7 @@ DEFAULT_TAGS = {EVENT: "event", PROCESSING: "processing"}
 #: A key's timers: tag -> (kind, time in ms).
 TimerTable = dict[str, tuple[str, int]]
 #: A change of a key's timers: (tag, (kind, time ms)) sets or replaces, (tag, None) deletes.
-TimerChange = tuple[str, "tuple[str, int] | None"]
+TimerChange = tuple[str, tuple[str, int] | None]
 
 def _time_ms(value: Any, what: str) -> int:
     """A timer time as integer ms: ``value`` is seconds since the epoch (int or float) or a ``datetime``."""
