@@ -351,14 +351,18 @@ class DStream:
         (None drops it) and dropped after ``timeout`` with no event. Emits ``(key, state)`` for the
         live keys every batch.
 
-        ``timers=on_timer`` adds per-key timers (MillWheel's): ``init``/``update``/``on_timer`` may return
-        ``dstreams.TrackUpdate(state, eventTime=..., processingTime=..., emit=[...])`` to set the key's
-        event-time timer (fires in the batch whose watermark reaches it; needs ``withEventTime`` upstream)
-        or processing-time timer (fires in the first batch at or after it) and to emit records;
-        ``on_timer(key, state, dstreams.Timer(kind, time))`` returns the new state (None drops the key) or
-        a ``TrackUpdate``. The returned stream's ``emitted()`` holds the emitted records. Timers are
+        ``timers=on_timer`` adds per-key timers (MillWheel's, Flink's), any number per key, each named by a
+        tag: ``init``/``update``/``on_timer`` may return ``dstreams.TrackUpdate(state, timers={tag:
+        dstreams.Timer(kind, time) or None}, emit=[...])`` to set, replace (a ``Timer``) or delete (None) the
+        timer of each tag and to emit records. An event-time timer (``kind="event"``) fires in the batch whose
+        watermark reaches it (needs ``withEventTime`` upstream), a processing-time one (``"processing"``) in the
+        first batch at or after it; per key and batch, event-time timers first, each kind in (time, tag) order.
+        ``on_timer(key, state, dstreams.Timer(kind, time, tag))`` returns the new state (None drops the key
+        and its timers) or a ``TrackUpdate``; a timer a callback sets, replaces or deletes does not fire in
+        that batch. ``TrackUpdate(eventTime=t, processingTime=t)`` sets the timers of tags ``"event"`` and
+        ``"processing"``. The returned stream's ``emitted()`` holds the emitted records. Timers are
         checkpointed with the state and fire exactly once across a driver failover
-        (:mod:`dstreams.nodes.timers`).
+        (:mod:`dstreams.nodes.timers` has the whole rule).
 
         ``emit="updated"`` (the ``mapWithState``-style variant) emits ``(key, state)`` only for the keys
         that received events or fired a timer in the batch (and are still alive), instead of every live key.

@@ -88,8 +88,8 @@ def session_entries(it: Iterator[Any]) -> Iterator[tuple[int, int]]:
 
 def track_entries(it: Iterator[Any]) -> Iterator[tuple[int, int]]:
     """Per state record of ``track``: (1 key, armed timers)."""
-    for _, (_s, _last, et, pt, _emitted, _alive, _touched) in it:
-        yield 1, (et is not None) + (pt is not None)
+    for _, (_s, _last, timers, _emitted, _alive, _touched) in it:
+        yield 1, len(timers)
 
 
 def count(rdd: Any, entries: Any) -> tuple[int, int]:

@@ -21,6 +21,11 @@ session. Then:
   batch composition is up to timing, the results are a function of it;
 * model-free: every record's value is in exactly one session or listed as late for sessions, and in each of
   its ``WINDOW / SLIDE`` windows or listed as late for that window.
+
+The ``timers`` output (``track`` with many event-time and processing-time timers per key, set, replaced and
+deleted by tag: :func:`~tests.event_time_app.timers_fired`) is checked the same way: batch by batch against
+:func:`timers_model`, the README's timer rule over the committed batches and their recorded watermarks, and
+model-free: each timer fired exactly once, and every bucket of the ``k`` keys once, with its sum.
 """
 
 from __future__ import annotations
@@ -35,9 +40,11 @@ import sys
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 
+from . import event_time_app as app
 from .event_time_app import BATCH, GAP, LATENESS, OUTPUTS, SLIDE, WINDOW, parse
 from .process_support import committed_batches, kill_group, tail, wait_for
 from .test_event_time_windows import GAP as MODEL_GAP
@@ -189,6 +196,7 @@ def test_event_time_outputs_are_exactly_once_across_two_kills(tmp_path):
         wait_for(lambda: all(last in committed_batches(out, name) for name in OUTPUTS), 180,
               f"every output of batch {last}", proc, log_path)
         phase("every window and session closed")
+        wait_for(lambda: last in committed_batches(out, "timers"), 180, f"the timers of batch {last}", proc, log_path)
     finally:
         producer.stopped.set()
         kill_group(proc)
@@ -206,6 +214,8 @@ def test_event_time_outputs_are_exactly_once_across_two_kills(tmp_path):
     read = [line for t in times for line in got["input"][t]]
     assert not [x for x, n in Counter(read).items() if n > 1], "lines read twice"
     assert sorted(read) == sorted(producer.lines)
+
+    check_timers(out, ckpt, times, [[parse(line) for line in got["input"][t]] for t in times])
 
     # The operators: what the model gives for these batches, batch by batch; and the watermark recorded for
     # each batch in its audit record (meta/batches/<time>.json) is the rule's: the maximum event time of the
@@ -239,3 +249,87 @@ def test_event_time_outputs_are_exactly_once_across_two_kills(tmp_path):
     assert sum(v for _, v in windows) == total * (WINDOW // SLIDE) - sum(kv[1] * len(m) for kv, _, m in window_late)
     assert len({s[0] for s in sessions}) == len(sessions) and len({w[0] for w in windows}) == len(windows)
     assert late and len(sessions) >= 5 and len(windows) >= 20, (len(late), len(sessions), len(windows))
+
+
+# ---------------------------------------------------------------------- timers
+def timers_model(inputs: list[list[tuple[int, str, int]]], times: list[int], marks: list[int | None],
+                 ) -> dict[int, list[tuple]]:
+    """The records the timers output must hold per batch time, by the README's rule ("Timers in ``track``"):
+    batch ``t`` applies its events of the ``k`` keys (init/update; the app's functions do not depend on their
+    order), then fires the key's due timers (event-time ones at or below the batch's recorded watermark, then
+    processing-time ones at or below ``t``; each kind by (time, tag)), taken when the firing starts: one that a
+    callback of the batch set, replaced or deleted (here: the object in the table is no longer the one taken)
+    does not fire. A state of None drops the key and its timers."""
+    from dstreams import Timer, TrackUpdate
+
+    rank = {"event": 0, "processing": 1}
+    keys: dict[str, tuple[Any, dict[str, Timer]]] = {}  # key -> (state, tag -> Timer as set)
+    want: dict[int, list[tuple]] = {}
+
+    def apply(result: Any, table: dict[str, Timer], emitted: list[tuple]) -> Any:
+        if not isinstance(result, TrackUpdate):
+            return result
+        assert result.eventTime is None and result.processingTime is None  # the app names every timer
+        emitted.extend(result.emit)
+        for tag, timer in (result.timers or {}).items():
+            if timer is None:
+                table.pop(tag, None)
+            else:
+                table[tag] = timer
+        return result.state
+
+    for t, batch, wm in zip(times, inputs, marks, strict=True):
+        events: dict[str, list[tuple[int, int]]] = {}
+        for ts, k, v in sorted(r for r in batch if app.timer_keys(r)):
+            assert wm is None or ts * 1000 >= wm, f"batch {t}: {k}'s record at {ts} s is behind the watermark {wm}"
+            events.setdefault(k, []).append((ts, v))
+        emitted: list[tuple] = []
+        for k in sorted(set(keys) | set(events)):
+            state, table = keys.pop(k, (None, {}))
+            for ev in events.get(k, []):
+                result = app.timers_init(k, ev) if state is None else app.timers_update(k, state, ev)
+                state = apply(result, table, emitted)
+                if state is None:
+                    table = {}
+            limit = {"event": wm, "processing": t}  # a timer is due at or below its kind's limit
+            due = sorted((rank[timer.kind], round(timer.time * 1000), tag, timer) for tag, timer in table.items()
+                         if limit[timer.kind] is not None and round(timer.time * 1000) <= limit[timer.kind])
+            for _, ms, tag, timer in due:
+                if state is None:
+                    break
+                if table.get(tag) is not timer:
+                    continue  # deleted or replaced by an earlier callback of this batch
+                del table[tag]
+                fired = Timer(timer.kind, ms // 1000 if ms % 1000 == 0 else ms / 1000, tag)
+                state = apply(app.timers_fired(k, state, fired), table, emitted)
+            if state is not None:
+                keys[k] = (state, table)
+        want[t] = sorted(emitted)
+    return want
+
+
+def check_timers(out: str, ckpt: str, times: list[int], inputs: list[list[tuple[int, str, int]]]) -> None:
+    """The timers output: what :func:`timers_model` gives for the committed batches, batch by batch; and,
+    model-free, each timer fired once and every bucket of the ``k`` keys' records once, with its sum."""
+    got = committed_batches(out, "timers")
+    missing = [t for t in times if t not in got]
+    assert not missing, f"timers: batches not committed: {missing}"
+    marks = []
+    for t in times:
+        with open(os.path.join(ckpt, "meta", "batches", f"{t:015d}.json")) as f:
+            (mark,) = [v for k, v in json.load(f)["offsets"].items() if k.endswith("EventTimeNode")]
+        marks.append(mark["wm"])
+    want = timers_model(inputs, times, marks)
+    for i, t in enumerate(times, start=1):
+        assert _values(got[t]) == want[t], f"timers of batch {t} (#{i})"
+
+    fired = [r for t in times for r in _values(got[t])]
+    once = Counter((key, tag, time) for key, _, _, tag, time, _ in fired)
+    assert [x for x, n in once.items() if n > 1] == [], "timers fired twice"
+    sums: Counter = Counter()
+    for ts, k, v in (r for batch in inputs for r in batch if app.timer_keys(r)):
+        sums[(k, f"b{ts // app.BUCKET}")] += v
+    buckets = {(key, tag): value for key, _, kind, tag, _, value in fired if tag.startswith("b")}
+    assert buckets == dict(sums), "each bucket of the k keys once, with the sum of its values"
+    tags = Counter(tag[0] for _, _, _, tag, _, _ in fired)
+    assert tags["i"] == len({k for k, _ in sums}) and tags["p"] >= 5, tags  # every key idle at the end

@@ -1,19 +1,32 @@
-"""Timers in ``track`` (MillWheel's ``SetTimer``/``ProcessTimer``): per key, on event time or processing time.
+"""Timers in ``track`` (MillWheel's ``SetTimer``/``ProcessTimer``, Flink's timer service): many per key, by tag.
 
 Contract of :class:`TimerTrackNode` (``track(init, update, timeout, timers=on_timer)``). It keeps ``track``'s
 contract (``init(key, event)``, ``update(key, state, event)``, None drops the key, ``timeout`` drops a key
-without events) and adds, per key, at most one **event-time timer** and one **processing-time timer**:
+without events) and adds, per key, any number of **timers**, each named by a **tag** (a ``str``, unique per
+key across both kinds) and of one of two kinds: ``"event"`` (event time: fires when the watermark reaches
+it) or ``"processing"`` (processing time: fires when the batch time reaches it).
 
 * ``init``/``update``/``on_timer`` may return a :class:`TrackUpdate` instead of a plain state:
-  ``TrackUpdate(state, eventTime=..., processingTime=..., emit=[...])`` sets (replaces) the key's timer of
-  that kind (a field left None keeps the current one) and emits records to the stream's ``emitted()``.
-* In batch ``t``, after the batch's events are applied, each key's event-time timer whose time is at or
-  below the watermark ``W(t)`` (see :mod:`dstreams.nodes.event_time`) fires, and so does each
-  processing-time timer whose time is at or below the batch time ``t``: ``on_timer(key, state, timer)``
-  (``timer`` a :class:`Timer`) returns the new state (None drops the key and its timers) or a
-  :class:`TrackUpdate`. A timer fires once (it is cleared before ``on_timer`` runs; re-arming it for a
-  time that is already due fires it in the next batch). Event-time timers need event time upstream
-  (``withEventTime``); without it they never fire.
+  ``TrackUpdate(state, timers={tag: Timer(kind, time) or None, ...}, emit=[...])`` sets (or replaces: one
+  timer per tag) the timer of each tag mapped to a :class:`Timer` and deletes the timer of each tag mapped
+  to None (deleting a tag without a timer does nothing); tags it does not name keep their timers. ``time``
+  is seconds since the epoch (int or float) or a ``datetime`` (naive: UTC), kept as integer milliseconds
+  (rounded). ``eventTime=t`` and ``processingTime=t`` are short for ``timers={"event": Timer("event", t)}``
+  and ``timers={"processing": Timer("processing", t)}`` (the one timer of each kind of the first version).
+  ``emit`` adds records to the stream's ``emitted()``. A plain state keeps every timer.
+* **Firing.** In batch ``t``, first the batch's events are applied (timers they set that are already due
+  fire in this batch), then the key's **due** timers fire: an event-time timer whose time is at or below the
+  watermark ``W(t)`` (see :mod:`dstreams.nodes.event_time`; never while there is no watermark, e.g. without
+  ``withEventTime`` upstream), a processing-time timer whose time is at or below ``t``. They fire in this
+  order: the event-time ones by (time, tag), then the processing-time ones by (time, tag) (the two clocks are
+  not compared with each other; event-time first, as with the one timer per kind before). Each calls
+  ``on_timer(key, state, Timer(kind, time, tag))`` (``time`` in seconds, as set), which returns the new
+  state or a :class:`TrackUpdate`. The due timers are taken when the firing starts: a timer fires at most
+  once per batch and is removed before its callback runs; a timer that a callback of this batch sets,
+  replaces (even to the same or an earlier time) or deletes does not fire in this batch: one set or
+  replaced fires in a later batch at the earliest (the next one if it is due), one deleted never. A state
+  of None (from any function) drops the key with all its timers (the timers still due in the batch do not
+  fire); so does ``timeout``.
 * Timers are part of the key's state: hash-partitioned, checkpointed with it, and fired by a pure function of
   the state, the batch's events, ``W(t)`` (recorded in the metadata log) and ``t``, so a replayed batch fires
   exactly the timers the original did and a timer fires exactly once in the committed output across a
@@ -22,14 +35,18 @@ without events) and adds, per key, at most one **event-time timer** and one **pr
 ``track(..., emit="updated")`` (with or without timers) is the ``mapWithState``-style variant: its stream
 holds, each batch, only the keys that received events or fired a timer in it (and are still alive).
 
-Records of this node: ``(key, (state, last_event_ms, event_timer_ms, processing_timer_ms, emitted, alive,
-touched))``; the public streams read ``(key, state)`` of the live (and touched) keys and the ``emitted``
-records.
+Records of this node: ``(key, (state, last_event_ms, timers, emitted, alive, touched))`` with ``timers`` a
+dict ``tag -> (kind, time_ms)``; the public streams read ``(key, state)`` of the live (and touched) keys and
+the ``emitted`` records. A checkpoint of the one-timer layout ``(state, last_event_ms, event_timer_ms,
+processing_timer_ms, emitted, alive, touched)`` is converted when read (:func:`upgrade_entry`); both layouts
+end with ``emitted, alive, touched``, which is what the public streams read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import datetime as _dt
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,35 +54,117 @@ from pyspark.rdd import Partitioner
 
 from ..node import DStreamNode
 from ..time import BatchTime, Duration
-from .event_time import event_ms, seconds, watermark_at
+from .event_time import seconds, watermark_at
 from .state import Merge, TrackNode
 
 if TYPE_CHECKING:
     from ..graph import DStreamGraph
+
+EVENT, PROCESSING = "event", "processing"
+#: The firing order of the kinds (event-time timers first).
+KINDS = (EVENT, PROCESSING)
+#: The tags of ``TrackUpdate(eventTime=...)`` and ``TrackUpdate(processingTime=...)``.
+DEFAULT_TAGS = {EVENT: "event", PROCESSING: "processing"}
+
+#: A key's timers: tag -> (kind, time in ms).
+TimerTable = dict[str, tuple[str, int]]
+#: A change of a key's timers: (tag, (kind, time ms)) sets or replaces, (tag, None) deletes.
+TimerChange = tuple[str, tuple[str, int] | None]
+
+def _time_ms(value: Any, what: str) -> int:
+    """A timer time as integer ms: ``value`` is seconds since the epoch (int or float) or a ``datetime``."""
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=_dt.timezone.utc)
+        return round(value.timestamp() * 1000)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be seconds since the epoch (int or float) or a datetime, got {value!r:.100} "
+                        f"({type(value).__name__}): e.g. Timer('event', ts + 60) for a minute of event time after "
+                        "an event's time ts")
+    if not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number of seconds since the epoch, got {value!r}")
+    return round(value * 1000)
+
+
+def _check_tag(tag: Any) -> str:
+    if not isinstance(tag, str):
+        raise TypeError(f"a timer's tag must be a str, got {tag!r:.100} ({type(tag).__name__}): name timers with "
+                        "strings, e.g. f'window-{start}'")
+    return tag
+
+
+@dataclass(frozen=True)
+class Timer:
+    """A timer: ``kind`` is ``"event"`` (event time) or ``"processing"`` (processing time), ``time`` seconds since
+    the epoch (int or float) or a ``datetime`` (naive: UTC), ``tag`` its name (a ``str``).
+
+    To set one, map its tag to it in ``TrackUpdate(timers={tag: Timer(kind, time)})`` (``tag`` may be left
+    None there, or must equal the key). The timer ``on_timer`` receives carries its tag and its time in seconds
+    (an int when whole), as set, rounded to ms. Invalid values raise ``TypeError``/``ValueError`` when the
+    timer is built.
+    """
+
+    kind: str
+    time: Any
+    tag: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"a timer's kind must be 'event' or 'processing', got {self.kind!r:.100}: "
+                             "Timer('event', t) fires when the watermark reaches t, Timer('processing', t) "
+                             "when the batch time does")
+        _time_ms(self.time, f"the time of a {self.kind}-time timer")
+        if self.tag is not None:
+            _check_tag(self.tag)
 
 
 @dataclass(frozen=True)
 class TrackUpdate:
     """What ``init``/``update``/``on_timer`` may return instead of a plain state (see the module docstring).
 
-    ``state``: the key's new state (None drops the key); ``eventTime``/``processingTime``: set the key's timer
-    of that kind (seconds since the epoch or a ``datetime``; None keeps the current one); ``emit``: records
-    for the stream's ``emitted()``.
+    ``state``: the key's new state (None drops the key and its timers); ``timers``: a mapping ``tag -> Timer``
+    (set or replace the timer of that tag) or ``tag -> None`` (delete it); ``eventTime``/``processingTime``:
+    set the timer of tag ``"event"``/``"processing"`` (seconds since the epoch or a ``datetime``; None: no
+    change); ``emit``: records for the stream's ``emitted()``. Invalid values raise ``TypeError``/
+    ``ValueError`` when the update is built.
     """
 
     state: Any
     eventTime: Any = None  # noqa: N815 - the fluent API's camelCase
     processingTime: Any = None  # noqa: N815
     emit: Sequence[Any] = field(default_factory=tuple)
+    timers: Mapping[str, Timer | None] | None = None
+    #: The timer changes, validated, in ms (computed from the fields above).
+    changes: tuple[TimerChange, ...] = field(init=False, repr=False, compare=False)
 
-
-@dataclass(frozen=True)
-class Timer:
-    """A timer that fires: ``kind`` is ``"event"`` or ``"processing"``, ``time`` its time in seconds since the
-    epoch (what it was set to)."""
-
-    kind: str
-    time: int | float
+    def __post_init__(self) -> None:
+        changes: list[TimerChange] = []
+        for kind, value in ((EVENT, self.eventTime), (PROCESSING, self.processingTime)):
+            if value is not None:
+                changes.append((DEFAULT_TAGS[kind], (kind, _time_ms(value, f"TrackUpdate's {kind}Time="))))
+        if self.timers is not None:
+            if not isinstance(self.timers, Mapping):
+                raise TypeError(f"TrackUpdate's timers= must be a dict tag -> Timer(kind, time) (set or replace) "
+                                f"or None (delete), got {type(self.timers).__name__}: e.g. timers={{'flush': "
+                                f"Timer('event', end), 'idle': None}}")
+            named = {tag for tag, _ in changes}
+            for tag, timer in self.timers.items():
+                _check_tag(tag)
+                if tag in named:
+                    kind = EVENT if tag == DEFAULT_TAGS[EVENT] else PROCESSING
+                    raise ValueError(f"TrackUpdate sets the timer of tag {tag!r} twice: by {kind}Time= and by "
+                                     f"timers[{tag!r}]; use one of them")
+                if timer is None:
+                    changes.append((tag, None))
+                    continue
+                if not isinstance(timer, Timer):
+                    raise TypeError(f"timers[{tag!r}] must be a Timer(kind, time) (set or replace) or None "
+                                    f"(delete), got {timer!r:.100} ({type(timer).__name__})")
+                if timer.tag is not None and timer.tag != tag:
+                    raise ValueError(f"timers[{tag!r}] has tag {timer.tag!r}: the key of timers= is the tag; "
+                                     f"leave Timer's tag out there (or equal to {tag!r})")
+                changes.append((tag, (timer.kind, _time_ms(timer.time, f"the time of timers[{tag!r}]"))))
+        object.__setattr__(self, "changes", tuple(changes))
 
 
 class TimerTrackNode(TrackNode):
@@ -87,67 +186,108 @@ class TimerTrackNode(TrackNode):
         now, timeout, wm = time.ms, self.timeout.ms, watermark_at(self, time)
 
         def merge(segments: list[list[Any]]) -> Iterable[Any]:
-            state = dict(segments[0])
-            new = dict(segments[1])
-            out = []
-            for k in [*state, *(k for k in new if k not in state)]:
-                entry = state.get(k)
-                s, last, et, pt = entry[:4] if entry is not None and entry[5] else (None, None, None, None)
-                emitted: list[Any] = []
-                for ev in new.get(k, ()):
-                    r = init(k, ev) if s is None else update(k, s, ev)
-                    s, et, pt = _apply(r, et, pt, emitted)
-                    last = now
-                    if s is None:
-                        et = pt = None
-                if s is not None and now - last >= timeout:
-                    s = et = pt = None  # timed out (track's contract)
-                touched = k in new
-                if s is not None and et is not None and wm is not None and et <= wm:
-                    fired, et, touched = et, None, True
-                    s, et, pt = _apply(_fire(on_timer, k, s, Timer("event", seconds(fired))), et, pt, emitted)
-                if s is not None and pt is not None and pt <= now:
-                    fired, pt, touched = pt, None, True
-                    s, et, pt = _apply(_fire(on_timer, k, s, Timer("processing", seconds(fired))), et, pt, emitted)
-                if s is None:
-                    et = pt = None
-                if s is not None or emitted:
-                    out.append((k, (s, last, et, pt, emitted, s is not None, touched)))
-            return out
+            return track_batch(segments[0], segments[1], init=init, update=update, on_timer=on_timer, now_ms=now,
+                               timeout_ms=timeout, watermark_ms=wm)
 
         return merge
 
 
+def upgrade_entry(entry: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``entry`` in the current layout (see the module docstring); one of the one-timer layout converted."""
+    if len(entry) != 7:
+        return entry
+    s, last, et, pt, emitted, alive, touched = entry
+    timers: TimerTable = {}
+    if et is not None:
+        timers[DEFAULT_TAGS[EVENT]] = (EVENT, et)
+    if pt is not None:
+        timers[DEFAULT_TAGS[PROCESSING]] = (PROCESSING, pt)
+    return (s, last, timers, emitted, alive, touched)
+
+
+def track_batch(previous: Iterable[tuple[Any, tuple[Any, ...]]], events: Iterable[tuple[Any, Iterable[Any]]], *,
+                init: Callable[[Any, Any], Any], update: Callable[[Any, Any, Any], Any],
+                on_timer: Callable[[Any, Any, Timer], Any] | None, now_ms: int, timeout_ms: int,
+                watermark_ms: int | None) -> list[tuple[Any, tuple[Any, ...]]]:
+    """One batch of a partition (the merge of :class:`TimerTrackNode`): the entries of ``previous`` (either
+    layout) with the batch's ``(key, events)`` applied and the due timers fired (the rule of the module
+    docstring), at batch time ``now_ms`` with the watermark ``watermark_ms``. A pure function of its input."""
+    state = dict(previous)
+    new = dict(events)
+    out = []
+    for k in [*state, *(k for k in new if k not in state)]:
+        entry = state.get(k)
+        if entry is not None:
+            entry = upgrade_entry(entry)
+        if entry is not None and entry[4]:
+            s, last, timers = entry[0], entry[1], dict(entry[2])
+        else:
+            s, last, timers = None, None, {}
+        emitted: list[Any] = []
+        for ev in new.get(k, ()):
+            s = _apply(init(k, ev) if s is None else update(k, s, ev), timers, emitted, None)
+            last = now_ms
+            if s is None:
+                timers.clear()
+        if s is not None and now_ms - last >= timeout_ms:
+            s = None  # timed out (track's contract)
+            timers.clear()
+        touched = k in new
+        if s is not None and timers:
+            due = sorted((KINDS.index(kind), ms, tag) for tag, (kind, ms) in timers.items()
+                         if kind == EVENT and watermark_ms is not None and ms <= watermark_ms
+                         or kind == PROCESSING and ms <= now_ms)
+            changed: set[str] = set()  # tags set, replaced or deleted by this batch's callbacks
+            for rank, ms, tag in due:
+                if tag in changed:
+                    continue
+                del timers[tag]
+                touched = True
+                s = _apply(_fire(on_timer, k, s, Timer(KINDS[rank], seconds(ms), tag)), timers, emitted, changed)
+                if s is None:
+                    timers.clear()
+                    break
+        if s is not None or emitted:
+            out.append((k, (s, last, timers, emitted, s is not None, touched)))
+    return out
+
+
 def _fire(on_timer: Callable[[Any, Any, Timer], Any] | None, key: Any, state: Any, timer: Timer) -> Any:
     if on_timer is None:
-        raise ValueError(f"a {timer.kind}-time timer of key {key!r:.100} fired, but track() has no timers= callback: "
-                         "pass timers=on_timer, or do not set timers in init/update")
+        raise ValueError(f"the {timer.kind}-time timer {timer.tag!r} of key {key!r:.100} fired, but track() has no "
+                         "timers= callback: pass timers=on_timer, or do not set timers in init/update")
     return on_timer(key, state, timer)
 
 
-def _apply(result: Any, et: int | None, pt: int | None, emitted: list[Any]) -> tuple[Any, int | None, int | None]:
-    """The state and timers after a user function returned ``result`` (a state or a :class:`TrackUpdate`)."""
+def _apply(result: Any, timers: TimerTable, emitted: list[Any], changed: set[str] | None) -> Any:
+    """The state after a user function returned ``result`` (a state or a :class:`TrackUpdate`); applies the
+    update's timer changes to ``timers`` (noting their tags in ``changed``) and its records to ``emitted``."""
     if not isinstance(result, TrackUpdate):
-        return result, et, pt
+        return result
     emitted.extend(result.emit)
-    if result.eventTime is not None:
-        et = event_ms(result.eventTime)
-    if result.processingTime is not None:
-        pt = event_ms(result.processingTime)
-    return result.state, et, pt
+    for tag, timer in result.changes:
+        if timer is None:
+            timers.pop(tag, None)
+        else:
+            timers[tag] = timer
+        if changed is not None:
+            changed.add(tag)
+    return result.state
 
 
+# The public streams read the last three fields, ``emitted, alive, touched``: the same in both layouts, so a
+# restored checkpoint of the one-timer layout reads without a conversion.
 def live_states(it: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
     """Partition function: ``(key, state)`` of the live keys."""
-    return ((k, e[0]) for k, e in it if e[5])
+    return ((k, e[0]) for k, e in it if e[-2])
 
 
 def updated_states(it: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
     """Partition function: ``(key, state)`` of the live keys that had events or fired timers in the batch."""
-    return ((k, e[0]) for k, e in it if e[5] and e[6])
+    return ((k, e[0]) for k, e in it if e[-2] and e[-1])
 
 
 def emitted_records(it: Iterator[Any]) -> Iterator[Any]:
     """Partition function: the records the batch's functions emitted."""
     for _, e in it:
-        yield from e[4]
+        yield from e[-3]
