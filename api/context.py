@@ -22,11 +22,9 @@ from typing import Any, ClassVar
 
 from pyspark import RDD, SparkConf, SparkContext, StorageLevel
 
-from dstreams import config, jvm, jvm_cds
+from dstreams import config
 from dstreams.clock import Clock, SystemClock
-from dstreams.executors import ensure_executors_can_import
 from dstreams.graph import DStreamGraph, not_started_message
-from dstreams.jvm_signals import JvmSignalForwarder, forward_signals
 from dstreams.listener import BatchInfo, ListenerBus
 from dstreams.nodes.files import FileInputNode
 from dstreams.nodes.generator import GeneratorInputNode, RecordFunc
@@ -42,9 +40,12 @@ from dstreams.recovery.runtime import CheckpointInUseError, DriverRuntime, Runti
 from dstreams.recovery.store import is_store_url, local_path
 from dstreams.recovery.storespec import StoreSpec
 from dstreams.scheduler import JobScheduler
-from dstreams.sparkconf import create_spark_context, speculation_available, tune_running_context
+from dstreams.spark import jvm, jvm_cds
+from dstreams.spark.executors import ensure_executors_can_import
+from dstreams.spark.jvm_signals import JvmSignalForwarder, forward_signals
+from dstreams.spark.sparkconf import create_spark_context, speculation_available, tune_running_context
+from dstreams.spark.worker_daemon import request_preload
 from dstreams.time import BatchTime, Duration, DurationLike, parse_duration, to_datetime
-from dstreams.worker_daemon import request_preload
 
 from .functions import positional_arity
 from .progress import ProgressLine

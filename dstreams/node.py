@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pyspark import RDD, StorageLevel
 from pyspark.rdd import Partitioner
 
-from . import jvm
 from .contracts import FINGERPRINT_FORMAT
+from .spark import jvm
 from .time import BatchTime, Duration
 
 if TYPE_CHECKING:

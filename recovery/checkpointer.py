@@ -62,8 +62,8 @@ from pyspark.rdd import Partitioner
 
 from dstreams.contracts import Fence, NoFence, NoOutageRetry, OutagePolicy
 from dstreams.events import CheckpointCommitted, Event
-from dstreams.partitioned import partition_aligned_rdd
 from dstreams.records import consume
+from dstreams.spark.partitioned import partition_aligned_rdd
 from dstreams.time import BatchTime
 
 from . import faults

@@ -145,7 +145,7 @@ def test_the_rule_checker_sees_a_violation(tmp_path):
 
 
 def test_importing_an_engine_module_loads_no_api_or_recovery():
-    code = ("import sys, dstreams.partitioned, dstreams.nodes.state, dstreams.records\n"
+    code = ("import sys, dstreams.spark.partitioned, dstreams.nodes.state, dstreams.records\n"
             "bad = sorted(m for m in sys.modules if m.startswith(('dstreams.api', 'dstreams.recovery'))"
             " or m.split('.')[0] in ('boto3', 'tenacity', 'botocore'))\n"
             "print(','.join(bad))\n")

@@ -54,8 +54,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pyspark import RDD
 from pyspark.accumulators import Accumulator, AccumulatorParam
 
-from .. import jvm
 from ..node import DStreamNode
+from ..spark import jvm
 from ..time import BatchTime, Duration
 from .input import InputNode
 

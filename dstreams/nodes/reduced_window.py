@@ -1,7 +1,7 @@
 """``reduceByKeyAndWindow`` as its own operator, with or without an inverse function.
 
 Contract: the parent is the per-batch combined stream (one RDD per batch, hash-partitioned and
-cached; :func:`dstreams.partitioned.pre_combine`: a key once per map partition, not yet merged, so the
+cached; :func:`dstreams.spark.partitioned.pre_combine`: a key once per map partition, not yet merged, so the
 batch costs no Python stage after its shuffle). The RDD at ``t`` holds, per key, the reduce of the
 parent's values over ``(t - window, t]``; each batch is reduced on its own first (one segment per batch
 in the merge), then the batches are combined, oldest first.
@@ -26,7 +26,7 @@ from pyspark import RDD, StorageLevel
 from pyspark.rdd import Partitioner
 
 from ..node import DStreamNode
-from ..partitioned import fold, segmented_merge
+from ..spark.partitioned import fold, segmented_merge
 from ..time import BatchTime, Duration
 from .windowed import check_window
 

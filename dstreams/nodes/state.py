@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pyspark import RDD, StorageLevel
 from pyspark.rdd import Partitioner
 
-from .. import jvm
 from ..node import DStreamNode
-from ..partitioned import ensure_partitioned, fold, pre_combine, pre_group_ordered, segmented_merge
+from ..spark import jvm
+from ..spark.partitioned import ensure_partitioned, fold, pre_combine, pre_group_ordered, segmented_merge
 from ..time import BatchTime, Duration
 
 if TYPE_CHECKING:

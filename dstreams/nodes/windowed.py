@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from pyspark import RDD, StorageLevel
 
 from ..node import DStreamNode
-from ..partitioned import union_rdds
+from ..spark.partitioned import union_rdds
 from ..time import BatchTime, Duration
 
 if TYPE_CHECKING:
