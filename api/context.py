@@ -25,7 +25,8 @@ from pyspark import RDD, SparkConf, SparkContext, StorageLevel
 from dstreams import config
 from dstreams.clock import Clock, SystemClock
 from dstreams.graph import DStreamGraph, not_started_message
-from dstreams.listener import BatchInfo, ListenerBus
+from dstreams.listener import BatchInfo
+from dstreams.listener_bus import ListenerBus
 from dstreams.nodes.files import FileInputNode
 from dstreams.nodes.generator import GeneratorInputNode, RecordFunc
 from dstreams.nodes.input import QueueInputNode
