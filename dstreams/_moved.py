@@ -28,6 +28,8 @@ MOVED: dict[str, str] = {
     **{f"dstreams.{m}": f"dstreams.spark.{m}" for m in (
         "arrow", "executors", "jvm", "jvm_cds", "jvm_compiled", "jvm_signals", "partitioned", "sparkconf",
         "worker_daemon")},
+    # The demo is an application of the library, no part of the engine; old checkpoints name its outputs.
+    "dstreams.demo": "dstreams.examples.demo",
 }
 
 
