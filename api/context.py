@@ -21,10 +21,11 @@ from typing import Any, ClassVar
 
 from pyspark import RDD, SparkConf, SparkContext, StorageLevel
 
-from dstreams import config, jvm_cds
+from dstreams import config
 from dstreams.clock import Clock, SystemClock
 from dstreams.graph import DStreamGraph, not_started_message
-from dstreams.listener import BatchInfo, ListenerBus
+from dstreams.listener import BatchInfo
+from dstreams.listener_bus import ListenerBus
 from dstreams.nodes.files import FileInputNode
 from dstreams.nodes.generator import GeneratorInputNode, RecordFunc
 from dstreams.nodes.input import QueueInputNode
@@ -39,7 +40,8 @@ from dstreams.recovery.runtime import CheckpointInUseError, DriverRuntime, Runti
 from dstreams.recovery.store import is_store_url, local_path
 from dstreams.recovery.storespec import StoreSpec
 from dstreams.scheduler import JobScheduler
-from dstreams.sparkconf import create_spark_context, tune_running_context
+from dstreams.spark import jvm_cds
+from dstreams.spark.sparkconf import create_spark_context, tune_running_context
 from dstreams.time import BatchTime, Duration, DurationLike, parse_duration, to_datetime
 
 from .driver import DriverSetup, StartedDriver

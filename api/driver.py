@@ -6,10 +6,10 @@ context stays INITIALIZED, as after Spark's validation). :meth:`StartedDriver.st
 order, and owns from then on:
 
 1. the executors' preparation: a preload request for the S3 store module (an ``s3://`` checkpoint location)
-   and the check that the executors can import dstreams (``dstreams.executors``);
+   and the check that the executors can import dstreams (``dstreams.spark.executors``);
 2. the :class:`~dstreams.recovery.runtime.DriverRuntime` (metadata log and fencing, journal, checkpointer,
    scheduler, event loop, resume plan; ``DriverRuntime.build`` wires those);
-3. the JVM's preparation for short batches (``dstreams.jvm.prepare``) and the speculation note in the log;
+3. the JVM's preparation for short batches (``dstreams.spark.jvm.prepare``) and the speculation note in the log;
 4. the status server (page, ``/api``, ``/metrics``; ``spark.dstreams.ui.enabled``) and the progress line;
 5. the runtime's start (the first batch is generated from here on);
 6. the SIGTERM/SIGINT handlers (``spark.dstreams.stopOnSignal``), with the JVM forwarding those signals.
@@ -34,16 +34,17 @@ from typing import Any
 
 from pyspark import SparkContext
 
-from dstreams import config, jvm
+from dstreams import config
 from dstreams.clock import Clock
-from dstreams.executors import ensure_executors_can_import
 from dstreams.graph import DStreamGraph
-from dstreams.jvm_signals import JvmSignalForwarder, forward_signals
-from dstreams.listener import ListenerBus
+from dstreams.listener_bus import ListenerBus
 from dstreams.recovery.runtime import DriverRuntime, RuntimeSettings
 from dstreams.recovery.store import is_store_url
-from dstreams.sparkconf import speculation_available
-from dstreams.worker_daemon import request_preload
+from dstreams.spark import jvm
+from dstreams.spark.executors import ensure_executors_can_import
+from dstreams.spark.jvm_signals import JvmSignalForwarder, forward_signals
+from dstreams.spark.sparkconf import speculation_available
+from dstreams.spark.worker_daemon import request_preload
 
 from .progress import ProgressLine
 from .shutdown import SignalStop, Stoppable

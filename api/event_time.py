@@ -151,7 +151,7 @@ class TimedDStream(DStream):
                       numPartitions: int | None, keyed: bool) -> DStream:
         self._check_open()
         from dstreams.nodes.event_window import EventWindowNode, WindowLateRecordsNode, emitted_windows
-        from dstreams.partitioned import hash_partitioner
+        from dstreams.spark.partitioned import hash_partitioner
 
         w = parse_duration(windowDuration, "windowDuration")
         s = self._duration(slideDuration, "slideDuration") or w
@@ -188,7 +188,7 @@ class TimedDStream(DStream):
         """
         self._check_open()
         from dstreams.nodes.event_window import SessionWindowNode, emitted_sessions, late_session_records
-        from dstreams.partitioned import hash_partitioner
+        from dstreams.spark.partitioned import hash_partitioner
 
         g = parse_duration(gap, "gap")
         part = hash_partitioner(self._default_partitions(numPartitions))

@@ -34,7 +34,8 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from dstreams import config
-from dstreams.listener import BatchInfo, ListenerBus, StreamingListener
+from dstreams.listener import BatchInfo, StreamingListener
+from dstreams.listener_bus import ListenerBus
 
 #: Minimum seconds between two rewrites of the line.
 MIN_INTERVAL_S = 0.2

@@ -19,7 +19,7 @@ Contract:
 * A second signal while the stop runs exits at once with code 128 + the signal number (``os._exit``:
   the batch in flight is redone on restart).
 * The driver's JVM does not act on the signals taken over: ``install`` asks it (``forward``, see
-  :mod:`dstreams.jvm_signals`) to send them on to this process instead of stopping the SparkContext
+  :mod:`dstreams.spark.jvm_signals`) to send them on to this process instead of stopping the SparkContext
   under the graceful stop (a signal to the whole process group, or to the ``spark-submit`` JVM alone).
   A group signal then arrives twice, milliseconds apart: while the JVM forwards, one repeat of the first
   signal within :data:`DUPLICATE_WINDOW_S` of it is the same signal, not a second one.
@@ -58,7 +58,7 @@ class Stoppable(Protocol):
 
 
 class Forwarding(Protocol):
-    """The JVM's forwarding of signals to this process (:class:`dstreams.jvm_signals.JvmSignalForwarder`)."""
+    """The JVM's forwarding of signals to this process (:class:`dstreams.spark.jvm_signals.JvmSignalForwarder`)."""
 
     names: list[str]
 

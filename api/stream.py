@@ -18,8 +18,6 @@ from typing import TYPE_CHECKING, Any
 from pyspark import RDD, StorageLevel
 from pyspark.resultiterable import ResultIterable
 
-from dstreams.arrow import DEFAULT_BATCH_SIZE as DEFAULT_ARROW_BATCH_SIZE
-from dstreams.arrow import arrow_batches_func
 from dstreams.node import DStreamNode
 from dstreams.nodes.output import OutputNode
 from dstreams.nodes.reduced_window import ReducedWindowNode
@@ -27,7 +25,6 @@ from dstreams.nodes.state import RunningReduceNode, TrackNode, UpdateStateNode
 from dstreams.nodes.transformed import TransformedNode, require_same_slide
 from dstreams.nodes.union import UnionNode
 from dstreams.nodes.windowed import WindowedNode
-from dstreams.partitioned import checked_pairs, count_values, hash_partitioner, pre_combine, pre_reduce
 from dstreams.records import (
     PartitionFunc,
     filter_records,
@@ -38,6 +35,9 @@ from dstreams.records import (
 )
 from dstreams.recovery.redis_sink import DEFAULT_CHUNK_SIZE as DEFAULT_REDIS_CHUNK_SIZE
 from dstreams.recovery.sinks import save_text_exactly_once, save_to_store_exactly_once, sink_store_options
+from dstreams.spark.arrow import DEFAULT_BATCH_SIZE as DEFAULT_ARROW_BATCH_SIZE
+from dstreams.spark.arrow import arrow_batches_func
+from dstreams.spark.partitioned import checked_pairs, count_values, hash_partitioner, pre_combine, pre_reduce
 from dstreams.time import BatchTime, DurationLike, from_user_time, parse_duration, to_datetime
 
 from .functions import positional_arity
@@ -208,7 +208,7 @@ class DStream:
     def reduceByKey(self, func: Callable[[Any, Any], Any], numPartitions: int | None = None) -> DStream:
         """Per key, the reduce of the batch's values with ``func`` (associative and commutative), in
         ``numPartitions`` hash partitions: a map-side combine, one shuffle, a merge (:func:`pre_reduce`;
-        ``operator.add``, ``max`` and ``min`` run inlined, :func:`dstreams.partitioned.fold`). The pairs of a
+        ``operator.add``, ``max`` and ``min`` run inlined, :func:`dstreams.spark.partitioned.fold`). The pairs of a
         partition are combined in memory (no spill to disk, unlike PySpark's ``combineByKey``)."""
         part = hash_partitioner(self._default_partitions(numPartitions))
         return self._rdd_op("reduceByKey", lambda rdd: pre_reduce(rdd, func, part, "reduceByKey"))

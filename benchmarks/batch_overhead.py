@@ -1,4 +1,4 @@
-"""Per-batch overhead of a trivial PySpark job: Spark defaults vs ``dstreams.sparkconf.tuned_conf``.
+"""Per-batch overhead of a trivial PySpark job: Spark defaults vs ``dstreams.spark.sparkconf.tuned_conf``.
 
 Run from the repository root::
 
@@ -40,7 +40,7 @@ def _conf_for(config: str, master: str, also: dict[str, str]):
             .setAppName("batch_overhead-defaults")
             .set("spark.pyspark.python", sys.executable)
         )
-    from dstreams.sparkconf import tuned_conf
+    from dstreams.spark.sparkconf import tuned_conf
 
     conf = tuned_conf(master, f"batch_overhead-{config}")
     if config == "tuned+":

@@ -60,7 +60,7 @@ def _stages(sc: Any) -> list[dict[str, Any]]:
 def measure(workload: str, rate: int, batches: int, skip: int) -> dict[str, Any]:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from dstreams import StreamingContext
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     workloads.WINDOW_S = 5.0
     sc = create_spark_context("local[2]", "bench-batch-timeline")

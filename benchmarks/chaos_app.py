@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = json.load(f)
 
     from dstreams import ManualClock, StreamingContext
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     sc = create_spark_context(args.master, "dstreams-chaos", spark_conf(cfg))
     print(f"APP {sc.applicationId}", flush=True)

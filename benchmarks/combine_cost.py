@@ -12,8 +12,8 @@ hashing them is part of a real combine's cost) or ``int`` keys; values all ``1``
 ``countByValue``'s) or ints in ``[1, 100)`` (already-reduced counts, as the post-shuffle merge and a
 window's panes see). Candidates:
 
-* ``dict``: :func:`dstreams.partitioned.combiner` with ``operator.add``, the engine's fold
-  (:func:`dstreams.partitioned.fold`: ``+`` inlined, the key read with ``acc[k]`` in a ``try`` until many
+* ``dict``: :func:`dstreams.spark.partitioned.combiner` with ``operator.add``, the engine's fold
+  (:func:`dstreams.spark.partitioned.fold`: ``+`` inlined, the key read with ``acc[k]`` in a ``try`` until many
   keys are new, then ``k in acc``);
 * ``before``: the engine's combine before that fold (``dict.get`` with a sentinel, ``operator.add``
   called for a repeated key);
@@ -85,7 +85,7 @@ def _fold_inline(acc: dict[Any, Any], chunk: list[Any]) -> None:
 
 def _fold_checked(acc: dict[Any, Any], chunk: list[Any]) -> None:
     """Fold any chunk, checking each record as the engine's combiner does (its error for a non-pair)."""
-    from dstreams.partitioned import require_pair
+    from dstreams.spark.partitioned import require_pair
 
     get = acc.get
     missing = _MISSING
@@ -98,7 +98,7 @@ def _fold_checked(acc: dict[Any, Any], chunk: list[Any]) -> None:
 def before_add(it: Iterable[Any]) -> Iterable[tuple[Any, Any]]:
     """The engine's combine before issue 16's fold (kept as the reference): ``dict.get`` with a sentinel
     and a call of ``operator.add`` for a repeated key, one check per record."""
-    from dstreams.partitioned import require_pair
+    from dstreams.spark.partitioned import require_pair
 
     func = operator.add
     acc: dict[Any, Any] = {}
@@ -197,7 +197,7 @@ def same_result(out: list[tuple[Any, Any]], expected: list[tuple[Any, Any]], ord
 
 
 def candidates() -> dict[str, Combine]:
-    from dstreams.partitioned import combiner
+    from dstreams.spark.partitioned import combiner
 
     return {"dict": combiner(operator.add, "combine_cost"), "before": before_add, "inline": inline_add,
             "count": count_add, "arrow": arrow_add}

@@ -1,5 +1,5 @@
 """How long a dstreams driver takes from process start to its first completed batch, with and without the
-driver JVM's class-data-sharing archive (``python -m dstreams.jvm_cds``).
+driver JVM's class-data-sharing archive (``python -m dstreams.spark.jvm_cds``).
 
 ``python -m benchmarks.driver_start [--rounds 5]``: builds the archive if missing, then runs ``rounds``
 pairs of fresh driver processes, alternating (archive off, archive on) so both see the same machine load.
@@ -25,7 +25,7 @@ DRIVER = """
 import json, operator, time
 t0 = time.monotonic()
 from dstreams import StreamingContext
-from dstreams.sparkconf import create_spark_context
+from dstreams.spark.sparkconf import create_spark_context
 sc = create_spark_context("local[2]", "driver-start")
 t1 = time.monotonic()
 ssc = StreamingContext(sc, 0.5)
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
-    from dstreams import jvm_cds
+    from dstreams.spark import jvm_cds
 
     archive = jvm_cds.build()
     rows: dict[str, list[dict[str, float]]] = {"off": [], "auto": []}

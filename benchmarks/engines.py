@@ -13,7 +13,7 @@ Engines:
 * ``dstreams``: ``ssc.generatorStream`` (records made in the executors) and the workload's ``build``;
   metrics from ``ssc.batchInfos()``. ``dstreams-user``: the same on a SparkContext built as a
   ``pyspark.streaming`` script builds it (``SparkContext(master, app)``, then ``StreamingContext(sc, n)``,
-  which applies what it can of dstreams' tuning: see ``dstreams.sparkconf.tune_running_context``).
+  which applies what it can of dstreams' tuning: see ``dstreams.spark.sparkconf.tune_running_context``).
   ``dstreams-arrow``: the same lines made as Arrow record batches
   (``recordFunc=text_record_batches``) and the workload's ``build_arrow`` (``mapArrowBatches``).
 * ``pyspark.streaming``: ``queueStream`` of lazily generated RDDs (the same record function runs in the

@@ -40,7 +40,7 @@ Contract:
 * **Rate search** (``benchmarks.run.search``, the rule of ``benchmarks.run.judge``): 1 s latency target
   (500 ms batches), one search per engine and window configuration, warm-up until a window's state is
   full (``window + lateness + disorder`` of event time). Each engine runs in its own process on
-  ``create_spark_context("local[2]", ...)`` (``dstreams.sparkconf.tuned_conf``); Structured Streaming with
+  ``create_spark_context("local[2]", ...)`` (``dstreams.spark.sparkconf.tuned_conf``); Structured Streaming with
   ``spark.sql.shuffle.partitions = 2`` as in the other benchmarks.
 
 Writes ``benchmarks/results/event_time.json`` and prints the table.
@@ -429,7 +429,7 @@ def cross_check(sc: Any) -> dict[str, Any]:
 def child(role: str, mode_name: str) -> int:
     """One process: ``check`` (the cross-check) or an engine's searches over every configuration."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     sc = create_spark_context("local[2]", f"bench-event-time-{role}")
     sc.setLogLevel("ERROR")

@@ -129,7 +129,7 @@ def _pyspark_trial(sc: Any, interval_ms: int, plan: Plan) -> tuple[list[Sample],
 
 def child(engine: str, intervals: list[int], warmup: int, measure: int) -> dict[str, Any]:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     sc = create_spark_context("local[2]", f"bench-floor-{engine}")
     sc.setLogLevel("ERROR")

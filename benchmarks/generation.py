@@ -5,7 +5,7 @@ wordcount, topk; per-record and Arrow paths) runs on a tiny generator stream (``
 partition, 2 partitions) at 500 ms batches under a manual clock, one batch at a time, for
 ``--batches`` batches, the next batch ``--settle`` seconds after the previous one completed (as in a
 stream whose tiny batches leave the driver idle until the next interval; 0 = back to back). Each
-runs once per JVM construction mode of :mod:`dstreams.jvm`, one after the other: ``compiled`` (the
+runs once per JVM construction mode of :mod:`dstreams.spark.jvm`, one after the other: ``compiled`` (the
 default: a JVM class compiled at start-up builds each RDD in one round trip) and ``off`` (PySpark's own
 calls, ``spark.dstreams.jvm.mode=off`` / ``DSTREAMS_LEAN_JVM=0``). After the 30 s
 window has filled, it records per batch:
@@ -86,7 +86,8 @@ def _p95(xs: list[float]) -> float:
 
 def measure(sc: Any, name: str, arrow: bool, batches: int, records: int, sites: bool, settle: float,
             mode: str) -> dict[str, Any]:
-    from dstreams import ManualClock, StreamingContext, jvm
+    from dstreams import ManualClock, StreamingContext
+    from dstreams.spark import jvm
 
     jvm.set_mode(mode)
 
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
 
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     sc = create_spark_context("local[2]", "dstreams-generation-benchmark")
     rows = []

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import psycopg
 
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     schema = f"bench_{uuid.uuid4().hex[:8]}"
     table = f"{schema}.words"

@@ -10,10 +10,10 @@ prefixes of the pipeline a map task runs, each prefix streamed to the end withou
 
 1. ``generate``: :func:`dstreams.nodes.generator.text_records` alone;
 2. ``+ flatMap(word_pairs)``: the user's function through :func:`dstreams.records.flat_map_records`;
-3. ``+ map-side combine``: the engine's per-batch reduce by key (:func:`dstreams.partitioned.combiner`,
+3. ``+ map-side combine``: the engine's per-batch reduce by key (:func:`dstreams.spark.partitioned.combiner`,
    as ``pre_reduce`` runs it, with ``operator.add``);
 4. ``+ shuffle bucketing``: the combined pairs bucketed and pickled per target partition
-   (:func:`dstreams.jvm._bucket_pairs`, 2 partitions);
+   (:func:`dstreams.spark.jvm._bucket_pairs`, 2 partitions);
 
 and, next to them, step 3 with the combine the engine had before issue 16's fold
 (:func:`benchmarks.combine_cost.before_add`). The repetitions run the steps round-robin.
@@ -51,10 +51,10 @@ def measure(lines: int, repeat: int) -> dict[str, Any]:
     from pyspark.rdd import portable_hash
     from pyspark.serializers import CPickleSerializer
 
-    from dstreams.jvm import _bucket_pairs
     from dstreams.nodes.generator import text_records
-    from dstreams.partitioned import combiner
     from dstreams.records import flat_map_records
+    from dstreams.spark.jvm import _bucket_pairs
+    from dstreams.spark.partitioned import combiner
 
     from .combine_cost import before_add
     from .workloads import SEED, word_pairs

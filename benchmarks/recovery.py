@@ -140,7 +140,7 @@ def run_executor_loss(sc: Any, interval_s: int, batches: int, kill_after: int, r
 
 
 def executor_loss(args: argparse.Namespace, work: str) -> list[dict[str, Any]]:
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     local_dir = os.path.join(work, "spark-local")
     os.makedirs(local_dir, exist_ok=True)

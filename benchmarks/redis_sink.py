@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
                                  os.environ.get("DSTREAMS_TEST_REDIS_URL", "redis://127.0.0.1:6390/0"), argv)
 
     from dstreams.nodes.redis_streams import client
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     sc = create_spark_context("local[2]", "redis-sink-bench", None)
     results: dict[str, Any] = {}

@@ -454,7 +454,7 @@ def data_plan(wl: Workload, target_ms: float, mode: Mode, margin_batches: int, s
 def child_main(spec: dict[str, Any]) -> int:
     """One search in this process with its own SparkContext; prints :data:`MARKER` + the search's JSON."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     settings = QUICK_SETTINGS if spec["settings"] == "quick" else FULL_SETTINGS
     wl = WORKLOADS[spec["workload"]]

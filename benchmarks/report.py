@@ -213,7 +213,7 @@ def generation_table() -> list[str]:
            f"{doc['records_per_partition']} lines per partition, {doc['settle_s']} s idle between batches; "
            "medians after the window filled. *Build*: the engine making the batch's RDDs and jobs; *engine*: "
            "build + clean-up + processing time outside the output operations; modes of the engine's JVM "
-           "construction (`dstreams/jvm.py`): *compiled* (default) builds each RDD with one call to a JVM class "
+           "construction (`dstreams/spark/jvm.py`): *compiled* (default) builds each RDD with one call to a JVM class "
            "compiled at start-up, *PySpark* through PySpark's API (`spark.dstreams.jvm.mode=off`, "
            "`DSTREAMS_LEAN_JVM=0`); the modes run one after the other in one process.", ""]
     out.append("| workload | path | build ms, compiled / PySpark | engine ms, compiled / PySpark "

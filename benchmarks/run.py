@@ -12,7 +12,7 @@ Contract:
   (down to :data:`MIN_RATE`), then bisects geometrically between the best sustainable and the lowest
   failing rate until they are within ``plan.precision`` or the trial budget is spent.
 * :func:`child_main` runs every target of one (engine, workload) pair in one process with one
-  SparkContext (``dstreams.sparkconf.tuned_conf``, the same for every engine; for the engines of
+  SparkContext (``dstreams.spark.sparkconf.tuned_conf``, the same for every engine; for the engines of
   ``UNTUNED_ENGINES`` a plain ``SparkContext("local[2]", app)``, as a ``pyspark.streaming`` script makes
   it) and prints one JSON line.
 """
@@ -245,7 +245,7 @@ def search(engine: str, wl: Workload, target_ms: float, mode: Mode, sc: Any, mem
 
 def child_main(engine: str, workload: str, targets: list[float], mode_name: str) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     mode = QUICK if mode_name == "quick" else FULL
     if engine in UNTUNED_ENGINES:

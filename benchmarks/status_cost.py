@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.batches <= args.warmup:
         parser.error("--batches must be larger than --warmup")
 
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     sc = create_spark_context("local[2]", "dstreams-status-cost")
     runs: list[dict[str, Any]] = []

@@ -48,7 +48,7 @@ def _stage_spans(sc: Any) -> list[tuple[float, float]]:
 def child(engine: str, windows: list[float], interval_s: float, rate: int, measure: int) -> dict[str, Any]:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     import benchmarks.workloads as wl_mod
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     sc = create_spark_context("local[2]", f"bench-window-cost-{engine}")
     sc.setLogLevel("ERROR")

@@ -511,7 +511,7 @@ CLASS_DATA_SHARING = Setting(
     accepts="auto or off",
     example="off",
     doc="`auto`: a driver JVM that dstreams' conf starts (`tuned_conf`, `StreamingContext.local`, "
-        "`create_spark_context`) maps the class-data-sharing archive that `python -m dstreams.jvm_cds` built "
+        "`create_spark_context`) maps the class-data-sharing archive that `python -m dstreams.spark.jvm_cds` built "
         "for this Java and pyspark, when there is one (a driver starts about a third faster); `off`: never. "
         "The archive lives in `DSTREAMS_CACHE_DIR` (default `~/.cache/dstreams`).",
 )
@@ -603,8 +603,9 @@ def _default_text(value: Any) -> str:
 
 #: Settings read from the environment only (they are needed where no SparkConf exists).
 ENVIRONMENT_ONLY: tuple[EnvVar, ...] = (
-    EnvVar("DSTREAMS_CACHE_DIR", "", "Where `python -m dstreams.jvm_cds` puts the driver JVM's class-data-sharing "
-           "archive and where drivers look for it (default `$XDG_CACHE_HOME/dstreams`, else `~/.cache/dstreams`)."),
+    EnvVar("DSTREAMS_CACHE_DIR", "", "Where `python -m dstreams.spark.jvm_cds` puts the driver JVM's "
+           "class-data-sharing archive and where drivers look for it (default `$XDG_CACHE_HOME/dstreams`, "
+           "else `~/.cache/dstreams`)."),
 )
 
 #: Environment variables dstreams sets for its own processes (not user settings), listed for completeness.

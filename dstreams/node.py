@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pyspark import RDD, StorageLevel
 from pyspark.rdd import Partitioner
 
-from . import jvm
 from .contracts import FINGERPRINT_FORMAT
+from .spark import jvm
 from .time import BatchTime, Duration
 
 if TYPE_CHECKING:
@@ -345,3 +345,32 @@ class DStreamNode:
         self.generated[time.ms] = rdd
         self._persisted_by_engine.add(time.ms)
         self._reader_times.discard(time.ms)
+
+
+class OneParentNode(DStreamNode):
+    """A node computed from one parent stream: the properties every such node shares.
+
+    Contract: :attr:`parent` is the stream the node reads; :attr:`dependencies` is ``[parent]``; the slide is
+    the parent's (a window overrides :attr:`slide_duration` with its own); the name is ``<label>#<id>`` when
+    ``label`` is set (a class attribute, or an instance attribute set by ``__init__``), else the base class's
+    ``<ClassName>#<id>``.
+    """
+
+    #: The operator's name in :attr:`name` (None: the class's name).
+    label: str | None = None
+
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode) -> None:
+        super().__init__(graph)
+        self.parent = parent
+
+    @property
+    def name(self) -> str:
+        return f"{self.label}#{self.id}" if self.label else super().name
+
+    @property
+    def slide_duration(self) -> Duration:
+        return self.parent.slide_duration
+
+    @property
+    def dependencies(self) -> list[DStreamNode]:
+        return [self.parent]

@@ -44,7 +44,6 @@ from .events import BatchCompleted, BatchDropped, CheckpointCommitted, Event, Ev
 from .graph import DStreamGraph, GraphServices, Job, WriteAheadLog
 from .listener import (
     BatchInfo,
-    ListenerBus,
     OutputOperationInfo,
     StreamingListenerBatchCompleted,
     StreamingListenerBatchStarted,
@@ -53,6 +52,7 @@ from .listener import (
     StreamingListenerOutputOperationStarted,
     StreamingListenerStreamingStarted,
 )
+from .listener_bus import ListenerBus
 from .nodes.event_time import event_time_metrics
 from .time import BatchTime, Duration
 

@@ -62,8 +62,8 @@ from pyspark.rdd import Partitioner
 
 from dstreams.contracts import FaultHook, Fence, NoFence, NoOutageRetry, OutagePolicy, no_fault
 from dstreams.events import CheckpointCommitted, Event
-from dstreams.partitioned import partition_aligned_rdd
 from dstreams.records import consume
+from dstreams.spark.partitioned import partition_aligned_rdd
 from dstreams.time import BatchTime
 
 from .codec import CorruptCheckpointError, decode_partition, encode_partition

@@ -43,7 +43,7 @@ from dstreams.clock import Clock
 from dstreams.contracts import FINGERPRINT_FORMAT, Fence, NoFence
 from dstreams.events import EventLoop
 from dstreams.graph import DStreamGraph
-from dstreams.listener import ListenerBus
+from dstreams.listener_bus import ListenerBus
 from dstreams.scheduler import JobScheduler, first_batch_time
 from dstreams.time import BatchTime
 

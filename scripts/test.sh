@@ -17,7 +17,7 @@ if [ -f scripts/services.sh ]; then bash scripts/services.sh start; fi
 "$VENV_PY" -m ruff check .
 # The driver JVM's class-data-sharing archive: every driver the tests start maps it (each starts ~3 s sooner);
 # a build that fails is reported by tests/test_jvm_cds.py, which builds it again.
-"$VENV_PY" -m dstreams.jvm_cds || echo "WARNING: no class-data-sharing archive (tests/test_jvm_cds.py says why)" >&2
+"$VENV_PY" -m dstreams.spark.jvm_cds || echo "WARNING: no class-data-sharing archive (tests/test_jvm_cds.py says why)" >&2
 set +e
 "$VENV_PY" -m pytest -q -ra "$@"
 rc=$?

@@ -170,7 +170,7 @@ def _write_service_summary(terminalreporter, config: pytest.Config, service: _Se
 
 @pytest.fixture(scope="session")
 def sc():
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     local_dir = tempfile.mkdtemp(prefix="dstreams-spark-local-", dir=os.environ.get("DSTREAMS_TEST_TMP"))
     conf = {

@@ -123,7 +123,7 @@ def build_timers(timed: Any, out: str) -> None:
 
 def main(inbox: str, checkpoint: str, out: str) -> None:
     from dstreams import StreamingContext
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     sc = create_spark_context("local[2]", "dstreams-event-time-app",
                               {"spark.default.parallelism": "2", "spark.dstreams.ui.enabled": "false"})

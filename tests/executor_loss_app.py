@@ -165,7 +165,7 @@ class ExecutorMonitor(threading.Thread):
 
 def main(argv: list[str] | None = None) -> int:
     from dstreams.recovery import faults
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out_dir")

@@ -50,7 +50,7 @@ def read_outputs(out: str) -> dict[str, list[str]]:
 
 
 if __name__ == "__main__":  # driver process for the kill tests: python recovery_app.py CKPT OUT
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     ckpt, out = sys.argv[1], sys.argv[2]
     sc = create_spark_context("local[2]", "dstreams-failover")

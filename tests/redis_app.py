@@ -37,7 +37,7 @@ def run_driver(app_name: str, checkpoint: str, setup) -> int:
     """Run ``getOrCreate(checkpoint, setup(sc))`` on ``local[2]`` until SIGTERM (a graceful stop, 0) or the stream
     fails (1); prints ``STARTED`` once started and ``EXIT <rc>`` at the end."""
     from dstreams import StreamingContext
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -193,7 +193,7 @@ def _run_apps(args: argparse.Namespace, out: str, short_tmp: str, status: dict[s
               save_status: Callable[[], None]) -> None:
     """Run the applications of ``args.apps`` one after the other (module doc), recording into ``status``."""
     from dstreams.recovery import faults
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     for app in [a for a in args.apps.split(",") if a]:
         speculation = app == "speculation"

@@ -48,7 +48,7 @@ def test_map_arrow_batches_chunks_in_order_and_converts_back(sc):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from dstreams.arrow import arrow_batches_func
+    from dstreams.spark.arrow import arrow_batches_func
 
     seen: list[int] = []
 
@@ -86,7 +86,7 @@ def test_map_arrow_batches_takes_arrow_records_as_they_are(sc):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from dstreams.arrow import arrow_batches_func
+    from dstreams.spark.arrow import arrow_batches_func
 
     b1 = pa.RecordBatch.from_arrays([pa.array([1, 2, 3])], names=["value"])
     t2 = pa.table({"value": [4, 5]})

@@ -1,7 +1,7 @@
 """``spark-submit``: the submitted master and ``--conf`` values reach dstreams' tuned conf (docs/cluster.md).
 
 Under ``spark-submit`` the driver JVM runs before Python starts, with the user's ``--master`` and
-``--conf`` as system properties. ``dstreams.sparkconf.tuned_conf`` must read them (a SparkConf made
+``--conf`` as system properties. ``dstreams.spark.sparkconf.tuned_conf`` must read them (a SparkConf made
 before PySpark connects to that JVM cannot), so that the master is the submitted one, dstreams'
 speculation defaults apply on a non-local master, and the user's ``--conf`` wins over those defaults.
 No SparkContext is started: the script only builds the conf.
@@ -18,7 +18,7 @@ import pytest
 
 SCRIPT = """
 import json
-from dstreams.sparkconf import tuned_conf
+from dstreams.spark.sparkconf import tuned_conf
 conf = tuned_conf("local[*]", "submitted")
 keys = ["spark.master", "spark.app.name", "spark.speculation", "spark.speculation.multiplier",
         "spark.speculation.quantile", "spark.locality.wait"]

@@ -10,13 +10,13 @@ import zipfile
 
 import pytest
 
-from dstreams import executors
+from dstreams.spark import executors
 
 
 def test_package_zip_holds_the_importable_layout(tmp_path):
     path = executors.package_zip(str(tmp_path))
     names = set(zipfile.ZipFile(path).namelist())
-    for required in ("dstreams/__init__.py", "dstreams/partitioned.py", "dstreams/nodes/state.py",
+    for required in ("dstreams/__init__.py", "dstreams/spark/partitioned.py", "dstreams/nodes/state.py",
                      "dstreams/api/context.py", "dstreams/recovery/store/__init__.py"):
         assert required in names
     assert not any("__pycache__" in n or not n.endswith(".py") for n in names)
@@ -33,7 +33,7 @@ _SCRIPT = textwrap.dedent("""
     import sys
     from pyspark import SparkConf, SparkContext
     from dstreams import StreamingContext
-    from dstreams.executors import ExecutorEnvironmentError
+    from dstreams.spark.executors import ExecutorEnvironmentError
     conf = SparkConf().setMaster("local[1]").setAppName("probe").set("spark.pyspark.python", sys.argv[1])
     sc = SparkContext(conf=conf)
     ssc = StreamingContext(sc, 1)

@@ -1,6 +1,6 @@
 """The combine candidates of ``benchmarks/combine_cost.py`` against the engine's dict fold.
 
-The engine keeps its dict fold (``dstreams.partitioned.combiner``): measured, neither pyarrow's hash
+The engine keeps its dict fold (``dstreams.spark.partitioned.combiner``): measured, neither pyarrow's hash
 group-by nor the chunked dict variants were faster on WordCount-like data (benchmarks/README.md,
 "The map-side combine"). These tests keep the candidates exact, so that the measurement compares equal
 results and a candidate could replace the fold without changing any answer: the same pairs, value types
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks import combine_cost
-from dstreams.partitioned import combiner
+from dstreams.spark.partitioned import combiner
 
 
 class Word(str):

@@ -1,4 +1,4 @@
-"""The engine's reduce by key (``dstreams.partitioned.fold``) and its fast paths give the plain loop's answer.
+"""The engine's reduce by key (``dstreams.spark.partitioned.fold``) and its fast paths give the plain loop's answer.
 
 ``fold`` inlines the reduce functions it recognises (``operator.add``, the built-ins ``max`` and ``min``),
 reads a key with a plain ``acc[k]`` in a ``try`` until many keys turn out to be new and then switches to
@@ -23,8 +23,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dstreams import ManualClock, StreamingContext, partitioned
-from dstreams.partitioned import combiner, count_values, fold, recognised, require_pair
+from dstreams import ManualClock, StreamingContext
+from dstreams.spark import partitioned
+from dstreams.spark.partitioned import combiner, count_values, fold, recognised, require_pair
 
 
 class Word(str):

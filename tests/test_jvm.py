@@ -1,4 +1,4 @@
-"""The lean JVM construction (dstreams.jvm) builds what PySpark's own calls build."""
+"""The lean JVM construction (dstreams.spark.jvm) builds what PySpark's own calls build."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from py4j.protocol import Py4JError
 from pyspark import StorageLevel
 from pyspark.rdd import portable_hash
 
-from dstreams import jvm
-from dstreams.partitioned import hash_partitioner, union_rdds
+from dstreams.spark import jvm
+from dstreams.spark.partitioned import hash_partitioner, union_rdds
 
 
 def _partitions(rdd) -> list[list]:
@@ -172,7 +172,7 @@ def test_a_builder_that_cannot_be_compiled_falls_back_to_pyspark_with_one_warnin
     monkeypatch.setattr(jvm, "compile_builder", no_janino)
     broken = jvm.Bridge(sc, "compiled")
     monkeypatch.setitem(jvm._bridges, id(sc), broken)
-    with caplog.at_level("WARNING", logger="dstreams.jvm"):
+    with caplog.at_level("WARNING", logger="dstreams.spark.jvm"):
         assert broken.builder() is None
         assert jvm.mode(sc) == "compiled"  # the setting; the builder is what is missing
         pairs = sc.parallelize([("a", 1), ("b", 2), ("a", 3)], 2).map(lambda kv: kv)
@@ -199,7 +199,7 @@ def test_a_builder_compiled_again_in_the_same_jvm_works(sc):
     """A second SparkContext in one Python process (a notebook's ``sc.stop()`` then ``SparkContext()``) builds
     its builder in the same JVM: Py4J caches reflected methods by class name, so a second class of the same
     name would be called through the first one's methods ("object is not an instance of declaring class")."""
-    from dstreams.jvm_compiled import compile_builder
+    from dstreams.spark.jvm_compiled import compile_builder
 
     rdd = sc.parallelize([1, 2, 3], 3)._jrdd
     first = compile_builder(sc._jvm, sc._jsc)

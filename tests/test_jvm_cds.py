@@ -1,4 +1,4 @@
-"""The driver JVM's class-data-sharing archive (dstreams/jvm_cds.py): built once, mapped by the drivers dstreams'
+"""The driver JVM's class-data-sharing archive (dstreams/spark/jvm_cds.py): built once, mapped by the drivers dstreams'
 conf starts, left alone where the user chose JVM options of their own, never where the JVM already runs."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pyspark import SparkConf
 
-from dstreams import jvm_cds
+from dstreams.spark import jvm_cds
 
 
 def test_the_archive_option_is_added_to_the_users_options_unless_they_chose_cds():
@@ -40,7 +40,7 @@ def test_no_archive_for_a_jvm_that_already_runs_or_when_turned_off(sc, tmp_path,
 DRIVER = """
 import sys
 from pyspark import SparkConf
-from dstreams.sparkconf import create_spark_context
+from dstreams.spark.sparkconf import create_spark_context
 conf = SparkConf().set("spark.driver.extraJavaOptions", "-Xlog:class+load=info:file=" + sys.argv[1])
 sc = create_spark_context("local[1]", "cds-test", conf)
 assert sc.parallelize(range(10), 2).map(lambda x: x * 2).sum() == 90

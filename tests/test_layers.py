@@ -1,10 +1,26 @@
 """The layering rule of docs/architecture.md, enforced on the imports.
 
-* engine modules (``dstreams/``, ``dstreams/nodes/``) import neither ``dstreams.api`` nor ``dstreams.recovery``;
+* engine modules (``dstreams/``: the streaming model and its Spark plumbing ``dstreams/spark/``) import neither
+  ``dstreams.api`` nor ``dstreams.recovery``;
 * ``recovery/`` does not import ``dstreams.api``;
+* **the streaming model reaches the Spark plumbing through a named interface only**: modules of ``dstreams/``
+  (outside ``dstreams/spark/``), ``dstreams/nodes/`` and ``recovery/`` import of ``dstreams.spark`` only
+  :data:`SPARK_INTERFACE` (``dstreams.spark.partitioned``: partitioning and the shuffle/combine data path;
+  ``dstreams.spark.jvm``: the JVM fast path). The rest of ``dstreams/spark/`` (the SparkConf, the JVM's
+  class-data sharing and compiled classes, the worker daemon, the executor check, the Arrow functions) is
+  for ``api/``, the layer that starts Spark and owns the user-facing operators;
+* the plumbing does not import the streaming model: ``dstreams/spark/`` imports of the rest of the project
+  only the leaf modules :data:`PLUMBING_MAY_IMPORT` (the settings table, the per-record partition functions),
+  and its ``__init__`` imports nothing (the worker daemon runs as ``python -m`` before it cleans ``sys.path``);
+* the library imports modules by their names now, never by an old name kept for users (``dstreams._moved``);
 * no import cycles among the project's modules (module-level imports);
 * importing an engine module (what an executor does when it unpickles one) loads neither the api nor the
   recovery layer, nor boto3 or tenacity.
+
+Why this rule and not "the model imports nothing of Spark": the operators compute RDDs, so the model needs
+Spark's data path (partitioners, shuffles, the one-round-trip JVM builds); what it must not know is how Spark
+is configured, started and served (conf, JVM archives and classes, workers, executors). ``dstreams/examples/``
+(``examples/``) holds applications: they may import any layer.
 
 Imports under ``if TYPE_CHECKING:`` are type annotations only and do not count.
 """
@@ -12,15 +28,22 @@ Imports under ``if TYPE_CHECKING:`` are type annotations only and do not count.
 from __future__ import annotations
 
 import ast
+import importlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = {"dstreams": "dstreams", "api": "dstreams.api", "recovery": "dstreams.recovery"}
-#: The demo is an application of the library (the README's first command), not part of the engine.
-APPLICATIONS = {"dstreams.demo"}
+FOLDERS = {"dstreams": "dstreams", "api": "dstreams.api", "recovery": "dstreams.recovery",
+           "examples": "dstreams.examples"}
+#: Applications of the library (the demo: the README's first command), not part of it.
+APPLICATIONS = "dstreams.examples"
+#: The Spark plumbing's package and the modules of it the streaming model and recovery may import.
+SPARK = "dstreams.spark"
+SPARK_INTERFACE = {SPARK, f"{SPARK}.partitioned", f"{SPARK}.jvm"}
+#: What the plumbing may import of the rest of the project (leaf modules that import nothing of it).
+PLUMBING_MAY_IMPORT = {"dstreams", "dstreams.config", "dstreams.records"}
 #: ``from dstreams import X`` resolves X lazily to these modules (dstreams/__init__.py).
 FACADE = {"StreamingContext": "dstreams.api.context", "StreamingContextStateError": "dstreams.api.context",
           "DStream": "dstreams.api.stream"}
@@ -42,8 +65,9 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(module: str, path: Path, top_level_only: bool) -> set[str]:
-    """Project modules imported by ``module`` (resolving relative imports and the facade's names)."""
+def _imports(module: str, path: Path, top_level_only: bool, known_only: bool = True) -> set[str]:
+    """Project modules imported by ``module`` (resolving relative imports and the facade's names); with
+    ``known_only=False`` every imported name, also of modules that are not files of the project."""
     tree = ast.parse(path.read_text(), str(path))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
@@ -81,14 +105,20 @@ def _imports(module: str, path: Path, top_level_only: bool) -> set[str]:
                     visit(stmts, nested or is_def and not isinstance(node, ast.ClassDef))
 
     visit(tree.body, False)
+    if not known_only:
+        return found
     modules = _modules()
     return {m for m in found if m in modules}
 
 
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 def _layer(module: str) -> str:
-    if module.startswith("dstreams.api"):
+    if _in(module, "dstreams.api"):
         return "api"
-    if module.startswith("dstreams.recovery"):
+    if _in(module, "dstreams.recovery"):
         return "recovery"
     return "engine"
 
@@ -98,7 +128,7 @@ def test_layers_import_only_downwards():
     assert len(modules) > 30, "the module list looks wrong"
     violations = []
     for module, path in modules.items():
-        if module in APPLICATIONS or module == "dstreams":
+        if _in(module, APPLICATIONS) or module == "dstreams":
             continue
         layer = _layer(module)
         for imported in _imports(module, path, top_level_only=False):
@@ -108,6 +138,68 @@ def test_layers_import_only_downwards():
             if layer == "recovery" and target == "api":
                 violations.append(f"{module} (recovery) imports {imported} (api)")
     assert not violations, "layering rule broken (see docs/architecture.md):\n" + "\n".join(violations)
+
+
+def test_the_model_uses_the_spark_plumbing_through_its_interface_only():
+    modules = _modules()
+    violations = []
+    for module, path in modules.items():
+        if _in(module, SPARK) or _in(module, APPLICATIONS) or _layer(module) == "api":
+            continue
+        for imported in _imports(module, path, top_level_only=False):
+            if _in(imported, SPARK) and imported not in SPARK_INTERFACE:
+                violations.append(f"{module} imports {imported}, not one of {sorted(SPARK_INTERFACE)}")
+    assert not violations, "the Spark plumbing's interface (see docs/architecture.md):\n" + "\n".join(violations)
+
+
+def test_the_spark_plumbing_does_not_import_the_streaming_model():
+    modules = _modules()
+    plumbing = {m: p for m, p in modules.items() if _in(m, SPARK)}
+    assert {f"{SPARK}.jvm", f"{SPARK}.sparkconf", f"{SPARK}.worker_daemon"} <= set(plumbing)
+    violations = [f"{module} imports {imported}" for module, path in plumbing.items()
+                  for imported in _imports(module, path, top_level_only=False)
+                  if not _in(imported, SPARK) and imported not in PLUMBING_MAY_IMPORT]
+    assert not violations, "dstreams/spark/ imports the streaming model:\n" + "\n".join(violations)
+    init = ast.parse((ROOT / "dstreams" / "spark" / "__init__.py").read_text())
+    assert not [n for n in ast.walk(init) if isinstance(n, (ast.Import, ast.ImportFrom))], \
+        "dstreams/spark/__init__.py must import nothing (the worker daemon imports it before cleaning sys.path)"
+
+
+def test_the_library_imports_moved_modules_by_their_new_names():
+    from dstreams._moved import MOVED
+
+    violations = [f"{module} imports {imported} (now {MOVED[imported]})"
+                  for module, path in _modules().items()
+                  for imported in _imports(module, path, top_level_only=False, known_only=False)
+                  if imported in MOVED]
+    assert not violations, "\n".join(violations)
+
+
+def test_the_old_names_are_the_moved_modules():
+    """``dstreams._moved``: ``from dstreams.sparkconf import tuned_conf`` (the README's import before the move)
+    and the names a stored graph refers to give the very objects at the new place."""
+    import pickle
+
+    from dstreams._moved import MOVED
+
+    for old, new in MOVED.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old
+    from dstreams.spark import partitioned, sparkconf
+    from dstreams.sparkconf import tuned_conf
+
+    assert tuned_conf is sparkconf.tuned_conf
+    # What pickle wrote for dstreams.partitioned.fold before the move (protocol 4: module and name).
+    old_reference = b"\x80\x04\x8c\x14dstreams.partitioned\x94\x8c\x04fold\x94\x93\x94."
+    assert pickle.loads(old_reference) is partitioned.fold
+
+
+def test_the_old_module_names_still_run_with_python_m():
+    """``python -m dstreams.jvm_cds`` (and ``-m dstreams.worker_daemon``, as Spark runs the daemon) run the
+    module at its new place under its own name."""
+    out = subprocess.run([sys.executable, "-m", "dstreams.jvm_cds", "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "python -m dstreams.spark.jvm_cds" in out.stdout
 
 
 def test_no_import_cycles():
@@ -145,7 +237,7 @@ def test_the_rule_checker_sees_a_violation(tmp_path):
 
 
 def test_importing_an_engine_module_loads_no_api_or_recovery():
-    code = ("import sys, dstreams.partitioned, dstreams.nodes.state, dstreams.records\n"
+    code = ("import sys, dstreams.spark.partitioned, dstreams.nodes.state, dstreams.records\n"
             "bad = sorted(m for m in sys.modules if m.startswith(('dstreams.api', 'dstreams.recovery'))"
             " or m.split('.')[0] in ('boto3', 'tenacity', 'botocore'))\n"
             "print(','.join(bad))\n")

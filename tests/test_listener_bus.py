@@ -1,4 +1,4 @@
-"""The asynchronous listener bus (``dstreams.listener.ListenerBus``) and its event snapshots; no Spark.
+"""The asynchronous listener bus (``dstreams.listener_bus.ListenerBus``) and its event snapshots; no Spark.
 
 Every wait has a timeout; nothing sleeps to wait for the bus thread.
 """
@@ -13,7 +13,6 @@ import pytest
 
 from dstreams.listener import (
     BatchInfo,
-    ListenerBus,
     OutputOperationInfo,
     StreamingListener,
     StreamingListenerBatchCompleted,
@@ -23,6 +22,7 @@ from dstreams.listener import (
     StreamingListenerOutputOperationStarted,
     StreamingListenerStreamingStarted,
 )
+from dstreams.listener_bus import ListenerBus
 
 WAIT = 10.0  # generous upper bound for anything that should happen promptly
 
@@ -111,7 +111,7 @@ def test_raising_listener_does_not_stop_delivery(bus, caplog):
     rec = Recorder()
     bus.add(Broken())
     bus.add(rec)
-    with caplog.at_level(logging.ERROR, logger="dstreams.listener"):
+    with caplog.at_level(logging.ERROR, logger="dstreams.listener_bus"):
         for i in range(3):
             bus.post("onBatchSubmitted", i)
         assert bus.wait_until_empty(WAIT)
@@ -141,7 +141,7 @@ def test_full_queue_drops_counts_and_warns_once(caplog):
     try:
         b.post("onBatchSubmitted", 0)  # taken by the thread, blocks in the listener
         assert blocker.entered.wait(WAIT)
-        with caplog.at_level(logging.WARNING, logger="dstreams.listener"):
+        with caplog.at_level(logging.WARNING, logger="dstreams.listener_bus"):
             for i in range(1, 4):  # fills the queue (capacity 3)
                 b.post("onBatchSubmitted", i)
             assert b.dropped == 0
@@ -231,7 +231,7 @@ def test_stop_drains_the_queue_and_then_post_is_a_no_op(caplog):
     b.stop(timeout_s=WAIT)
     assert [e for _, e in rec.events] == list(range(50))
     assert not b._thread.is_alive()
-    with caplog.at_level(logging.DEBUG, logger="dstreams.listener"):
+    with caplog.at_level(logging.DEBUG, logger="dstreams.listener_bus"):
         b.post("onBatchSubmitted", 99)  # dropped silently
     assert [e for _, e in rec.events] == list(range(50))
     assert b.dropped == 0
@@ -252,7 +252,7 @@ def test_stop_is_bounded_by_its_timeout(caplog):
         assert blocker.entered.wait(WAIT)
         for i in range(1, 5):
             b.post("onBatchSubmitted", i)
-        with caplog.at_level(logging.WARNING, logger="dstreams.listener"):
+        with caplog.at_level(logging.WARNING, logger="dstreams.listener_bus"):
             started = time.monotonic()
             b.stop(timeout_s=0.2)
             assert time.monotonic() - started < WAIT / 2

@@ -15,11 +15,11 @@ from dstreams import ManualClock, StreamingContext, config
 from dstreams.api.progress import ProgressLine, format_duration
 from dstreams.listener import (
     BatchInfo,
-    ListenerBus,
     OutputOperationInfo,
     StreamingListenerBatchCompleted,
     StreamingListenerBatchSubmitted,
 )
+from dstreams.listener_bus import ListenerBus
 
 WAIT_S = 30
 

@@ -10,7 +10,7 @@ which carries all the operators under test at once:
 * ``track(init, update, timeout)`` against a model that creates, updates, drops (``None``) and
   times out keys;
 * ``updateStateByKey`` against a model with order-sensitive state, explicit drops and idle drops;
-* the reduces the engine recognises and inlines (``dstreams.partitioned.fold``) and its C counting:
+* the reduces the engine recognises and inlines (``dstreams.spark.partitioned.fold``) and its C counting:
   per-batch ``reduceByKey(min)`` and ``countByValue()``, ``reduceByKeyAndWindow(max, None, w, s)`` and
   ``countByValueAndWindow(w, s)``, against plain per-key ``min``/``max``/counts of the batch or window.
 

@@ -181,7 +181,7 @@ def test_the_jvm_forwards_sigterm_to_the_driver_instead_of_shutting_down(sc):
     import os
     import subprocess
 
-    from dstreams.jvm_signals import forward_signals
+    from dstreams.spark.jvm_signals import forward_signals
 
     stand_in = subprocess.Popen(["sleep", "60"])
     forwarder = None

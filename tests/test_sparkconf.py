@@ -1,4 +1,4 @@
-"""dstreams.sparkconf (tuned SparkConf) and dstreams.worker_daemon (sys.path clean-up): behaviour only."""
+"""dstreams.spark.sparkconf (tuned SparkConf) and dstreams.worker_daemon (sys.path clean-up): behaviour only."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from pyspark import SparkConf, SparkContext
 
-from dstreams import sparkconf
-from dstreams.sparkconf import LOW_LATENCY_DEFAULTS, create_spark_context, tuned_conf
-from dstreams.worker_daemon import redundant_archives, strip_redundant_archives
+from dstreams.spark import sparkconf
+from dstreams.spark.sparkconf import LOW_LATENCY_DEFAULTS, create_spark_context, tuned_conf
+from dstreams.spark.worker_daemon import redundant_archives, strip_redundant_archives
 
 DAEMON = "spark.python.daemon.module"
 UDS = "spark.python.unix.domain.socket.enabled"
@@ -137,12 +137,12 @@ def test_reused_untuned_context_is_returned_tuned_with_one_hint(monkeypatch, cap
     fake = _FakeContext({"spark.master": "spark://127.0.0.1:7077", "spark.app.name": "users"})
     monkeypatch.setattr(SparkContext, "_active_spark_context", fake)
     monkeypatch.setattr(sparkconf, "_warned_contexts", set())
-    with caplog.at_level(logging.WARNING, logger="dstreams.sparkconf"):
+    with caplog.at_level(logging.WARNING, logger="dstreams.spark.sparkconf"):
         assert create_spark_context("local[4]") is fake
         assert create_spark_context("local[4]") is fake
-    lines = [r.getMessage() for r in caplog.records if r.name == "dstreams.sparkconf"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "dstreams.spark.sparkconf"]
     assert len(lines) == 1, lines  # said once per context
-    assert f"--conf {UDS}=true" in lines[0] and "dstreams.sparkconf.tuned_conf" in lines[0]
+    assert f"--conf {UDS}=true" in lines[0] and "dstreams.spark.sparkconf.tuned_conf" in lines[0]
     assert fake._conf.get("spark.locality.wait") == "0"  # the driver reads it per task set: applied
     assert fake._conf.get(UDS) is None  # the executors read it at their start: only named
 
@@ -151,9 +151,9 @@ def test_reused_tuned_context_logs_nothing(monkeypatch, caplog):
     fake = _FakeContext(dict(tuned_conf("local[2]").getAll()))
     monkeypatch.setattr(SparkContext, "_active_spark_context", fake)
     monkeypatch.setattr(sparkconf, "_warned_contexts", set())
-    with caplog.at_level(logging.INFO, logger="dstreams.sparkconf"):
+    with caplog.at_level(logging.INFO, logger="dstreams.spark.sparkconf"):
         assert create_spark_context() is fake
-    assert not [r for r in caplog.records if r.name == "dstreams.sparkconf"]
+    assert not [r for r in caplog.records if r.name == "dstreams.spark.sparkconf"]
 
 
 # ------------------------------------------------------------------------------- worker_daemon path clean-up
@@ -253,7 +253,7 @@ def test_pyspark_imported_from_the_zip_before_the_clean_up_is_reimported_from_th
         import importlib, json, sys
         import pyspark  # from pyspark.zip, as PYTHONPATH puts it first
         assert ".zip" in pyspark.__file__, pyspark.__file__
-        from dstreams import worker_daemon as w
+        from dstreams.spark import worker_daemon as w
         w._forget_modules_from(w.strip_redundant_archives(sys.path, sys.path_importer_cache))
         import pyspark.daemon
         importlib.invalidate_caches()
@@ -279,7 +279,7 @@ _E2E = textwrap.dedent(
     """
     import json, os, sys
     from pyspark import SparkContext
-    from dstreams.sparkconf import tuned_conf
+    from dstreams.spark.sparkconf import tuned_conf
 
     sc = SparkContext(conf=tuned_conf("local[1]", "test_sparkconf"))
     sc.setLogLevel("ERROR")
@@ -318,7 +318,8 @@ def test_tuned_context_runs_python_jobs_through_the_worker_daemon(tmp_path):
 
     assert [r["x"] for r in result["out"]] == [0, 1]
     for r in result["out"]:
-        assert r["argv0"].endswith(os.path.join("dstreams", "worker_daemon.py")), r["argv0"]
+        # Spark runs ``-m dstreams.worker_daemon`` (the old name, dstreams._moved), i.e. the module at its new place
+        assert r["argv0"].endswith(os.path.join("dstreams", "spark", "worker_daemon.py")), r["argv0"]
         assert not any(os.path.basename(e) == "pyspark.zip" for e in r["path"]), r["path"]
         assert not any(os.path.basename(e).startswith("py4j-") for e in r["path"]), r["path"]
         assert ".zip" not in r["pyspark"], r["pyspark"]
@@ -328,7 +329,7 @@ def test_tuned_context_runs_python_jobs_through_the_worker_daemon(tmp_path):
 
 
 def test_speculation_defaults_follow_the_paper_off_local_masters():
-    from dstreams.sparkconf import tuned_conf
+    from dstreams.spark.sparkconf import tuned_conf
 
     local = tuned_conf("local[2]", "t")
     assert local.get("spark.speculation") is None
@@ -354,7 +355,7 @@ def test_tuned_conf_exports_the_worker_interpreter_pyspark_reads_from_the_enviro
 
 
 def test_unix_sockets_move_out_of_a_java_tmpdir_too_long_for_a_socket_path():
-    from dstreams.sparkconf import MAX_SOCKET_DIR, UDS_DIR_KEY, tuned_conf
+    from dstreams.spark.sparkconf import MAX_SOCKET_DIR, UDS_DIR_KEY, tuned_conf
 
     long_dir = "/tmp/" + "d" * MAX_SOCKET_DIR
     conf = tuned_conf("local[2]", "t", {"spark.driver.extraJavaOptions": f"-Xss4m -Djava.io.tmpdir={long_dir}"})
@@ -373,7 +374,7 @@ _LONG_TMPDIR = textwrap.dedent(
     """
     import sys
     from pyspark import SparkContext
-    from dstreams.sparkconf import tuned_conf
+    from dstreams.spark.sparkconf import tuned_conf
 
     conf = {"spark.driver.extraJavaOptions": "-Djava.io.tmpdir=" + sys.argv[1]}
     sc = SparkContext(conf=tuned_conf("local[1]", "test_sparkconf_long_tmpdir", conf))

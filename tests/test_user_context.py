@@ -16,8 +16,9 @@ import textwrap
 import pytest
 from pyspark import SparkConf
 
-from dstreams import StreamingContext, sparkconf
-from dstreams.sparkconf import (
+from dstreams import StreamingContext
+from dstreams.spark import sparkconf
+from dstreams.spark.sparkconf import (
     DAEMON_MODULE_KEY,
     MAX_SOCKET_DIR,
     UDS_DIR_KEY,
@@ -27,7 +28,7 @@ from dstreams.sparkconf import (
 )
 
 LOCALITY = "spark.locality.wait"
-LOGGER = "dstreams.sparkconf"
+LOGGER = "dstreams.spark.sparkconf"
 
 
 def _conf(master: str, **keys: str) -> SparkConf:
@@ -137,8 +138,8 @@ _APP = textwrap.dedent(
     records = []
     handler = logging.Handler()
     handler.emit = lambda r: records.append((r.levelname, r.getMessage()))
-    logging.getLogger("dstreams.sparkconf").addHandler(handler)
-    logging.getLogger("dstreams.sparkconf").setLevel(logging.INFO)
+    logging.getLogger("dstreams.spark.sparkconf").addHandler(handler)
+    logging.getLogger("dstreams.spark.sparkconf").setLevel(logging.INFO)
 
     def daemons(sc):
         jvm_pid = sc._jvm.ProcessHandle.current().pid()

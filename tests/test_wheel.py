@@ -215,10 +215,10 @@ def test_a_redis_and_postgres_pipeline_runs_from_the_wheel(installed: Installed,
 
 @pytest.mark.timeout(300)
 def test_the_demo_runs_from_the_wheel(installed: Installed) -> None:
-    """``python -m dstreams.demo`` (the main job) for 4 s of batches, from the folder outside the checkout."""
+    """``python -m dstreams.examples.demo`` (the main job) for 4 s of batches, from the folder outside the checkout."""
     t = time.monotonic()
     env = {**installed.env, "DSTREAMS_UI_PORT": "0"}
-    proc = _run([installed.python, "-m", "dstreams.demo", "--seconds", "4", "--rate", "1000", "--master", "local[2]"],
-                timeout=240, cwd=installed.work, env=env)
+    proc = _run([installed.python, "-m", "dstreams.examples.demo", "--seconds", "4", "--rate", "1000",
+                 "--master", "local[2]"], timeout=240, cwd=installed.work, env=env)
     assert "running count" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-4000:]
     print(f"wheel demo: {time.monotonic() - t:.1f} s")

@@ -19,11 +19,11 @@ import time
 
 import pytest
 
-from dstreams.worker_daemon import PEER_CLOSED, quiet_broken_pipe
+from dstreams.spark.worker_daemon import PEER_CLOSED, quiet_broken_pipe
 
 DAEMON = """
 import pyspark.daemon
-from dstreams.worker_daemon import quiet_broken_pipe
+from dstreams.spark.worker_daemon import quiet_broken_pipe
 
 def broken(sock, authenticated):
     raise BrokenPipeError("the JVM closed the socket")
@@ -86,7 +86,7 @@ def test_preload_imports_and_warms_the_named_modules(tmp_path, monkeypatch, caps
     (tmp_path / "warm_me.py").write_text("warmed = []\ndef warm_worker():\n    warmed.append(1)\n")
     (tmp_path / "plain_mod.py").write_text("x = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    from dstreams.worker_daemon import preload
+    from dstreams.spark.worker_daemon import preload
 
     preload("warm_me, plain_mod,,no_such_module_here")
     import plain_mod
@@ -108,7 +108,7 @@ class _Context:
 
 
 def test_request_preload_adds_the_module_once_for_dstreams_worker_daemons():
-    from dstreams.worker_daemon import DAEMON_MODULE, PRELOAD_ENV, request_preload
+    from dstreams.spark.worker_daemon import DAEMON_MODULE, PRELOAD_ENV, request_preload
 
     sc = _Context(DAEMON_MODULE)
     assert request_preload(sc, "dstreams.recovery.store.s3") is True
@@ -119,7 +119,7 @@ def test_request_preload_adds_the_module_once_for_dstreams_worker_daemons():
 
 @pytest.mark.parametrize("daemon_module", [None, "pyspark.daemon"])
 def test_request_preload_leaves_other_worker_daemons_alone(daemon_module):
-    from dstreams.worker_daemon import request_preload
+    from dstreams.spark.worker_daemon import request_preload
 
     sc = _Context(daemon_module)
     assert request_preload(sc, "dstreams.recovery.store.s3") is False

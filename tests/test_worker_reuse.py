@@ -11,10 +11,10 @@ import os
 import time
 
 from dstreams import ManualClock, StreamingContext
-from dstreams.partitioned import partition_aligned_rdd
 from dstreams.recovery.checkpointer import reader_rdd
 from dstreams.recovery.codec import encode_partition
 from dstreams.recovery.storespec import StoreSpec
+from dstreams.spark.partitioned import partition_aligned_rdd
 
 
 def _exited(pid: int) -> bool:

@@ -59,7 +59,7 @@ class _Report(StreamingListener):
 
 
 if __name__ == "__main__":
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     ckpt, out = sys.argv[1], sys.argv[2]
     sc = create_spark_context("local[2]", "dstreams-zombie-sink")

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dstreams.clock import Clock
-from dstreams.listener import BatchInfo, ListenerBus, StreamingListener
+from dstreams.listener import BatchInfo, StreamingListener
+from dstreams.listener_bus import ListenerBus
 from dstreams.node import DStreamNode
 from dstreams.nodes.event_time import EventTimeNode, timed_ancestors
 from dstreams.nodes.input import InputNode

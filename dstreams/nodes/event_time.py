@@ -54,8 +54,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pyspark import RDD
 from pyspark.accumulators import Accumulator, AccumulatorParam
 
-from .. import jvm
-from ..node import DStreamNode
+from ..node import DStreamNode, OneParentNode
+from ..spark import jvm
 from ..time import BatchTime, Duration
 from .input import InputNode
 
@@ -188,28 +188,6 @@ def _stats_partition(extract: Callable[[Any], Any], watermark: int | None
         return [(index, report.value[0][index])]
 
     return run
-
-
-class OneParentNode(DStreamNode):
-    """A node over one parent with the parent's slide, named ``<label>#<id>``."""
-
-    label = "node"
-
-    def __init__(self, graph: DStreamGraph, parent: DStreamNode) -> None:
-        super().__init__(graph)
-        self.parent = parent
-
-    @property
-    def name(self) -> str:
-        return f"{self.label}#{self.id}"
-
-    @property
-    def slide_duration(self) -> Duration:
-        return self.parent.slide_duration
-
-    @property
-    def dependencies(self) -> list[DStreamNode]:
-        return [self.parent]
 
 
 class EventTimeNode(OneParentNode):

@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING, Any
 from pyspark import RDD
 from pyspark.rdd import Partitioner
 
-from .. import jvm
-from ..node import DStreamNode
-from ..partitioned import pre_group_ordered, require_pair
+from ..node import DStreamNode, OneParentNode
+from ..spark import jvm
+from ..spark.partitioned import pre_group_ordered, require_pair
 from ..time import BatchTime, Duration
-from .event_time import OneParentNode, previous_watermark_at, seconds, watermark_at
+from .event_time import previous_watermark_at, seconds, watermark_at
 from .state import Merge, StateNode
 
 if TYPE_CHECKING:

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from pyspark import RDD
 
 from ..graph import Job
-from ..node import DStreamNode
-from ..time import BatchTime, Duration
+from ..node import DStreamNode, OneParentNode
+from ..time import BatchTime
 
 if TYPE_CHECKING:
     from ..graph import DStreamGraph
@@ -22,24 +22,20 @@ if TYPE_CHECKING:
 ForeachFunc = Callable[[RDD, BatchTime], None]
 
 
-class OutputNode(DStreamNode):
+class OutputNode(OneParentNode):
     def __init__(self, graph: DStreamGraph, parent: DStreamNode, func: ForeachFunc, label: str) -> None:
-        super().__init__(graph)
+        super().__init__(graph, parent)
         if parent.graph is not graph:
             raise ValueError("the stream belongs to a different StreamingContext")
-        self.parent = parent
         self.func = func
         self.label = label
         graph.add_output(self)
         self.output_id = len(graph.outputs) - 1
 
     @property
-    def slide_duration(self) -> Duration:
-        return self.parent.slide_duration
-
-    @property
-    def dependencies(self) -> list[DStreamNode]:
-        return [self.parent]
+    def name(self) -> str:
+        """``OutputNode#<id>``: ``label`` (the output operation, ``foreachRDD``...) names the node's jobs."""
+        return f"{type(self).__name__}#{self.id}"
 
     def compute(self, time: BatchTime) -> RDD | None:
         return self.parent.get_or_compute(time)

@@ -1,7 +1,7 @@
 """``reduceByKeyAndWindow`` as its own operator, with or without an inverse function.
 
 Contract: the parent is the per-batch combined stream (one RDD per batch, hash-partitioned and
-cached; :func:`dstreams.partitioned.pre_combine`: a key once per map partition, not yet merged, so the
+cached; :func:`dstreams.spark.partitioned.pre_combine`: a key once per map partition, not yet merged, so the
 batch costs no Python stage after its shuffle). The RDD at ``t`` holds, per key, the reduce of the
 parent's values over ``(t - window, t]``; each batch is reduced on its own first (one segment per batch
 in the merge), then the batches are combined, oldest first.
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from pyspark import RDD, StorageLevel
 from pyspark.rdd import Partitioner
 
-from ..node import DStreamNode
-from ..partitioned import fold, segmented_merge
+from ..node import DStreamNode, OneParentNode
+from ..spark.partitioned import fold, segmented_merge
 from ..time import BatchTime, Duration
 from .windowed import check_window
 
@@ -43,13 +43,14 @@ def _reduce_segments(func: Callable[[Any, Any], Any], segments: Iterable[list[An
     return acc
 
 
-class ReducedWindowNode(DStreamNode):
+class ReducedWindowNode(OneParentNode):
+    label = "reduceByKeyAndWindow"
+
     def __init__(self, graph: DStreamGraph, parent: DStreamNode, func: Callable[[Any, Any], Any],
                  inv_func: Callable[[Any, Any], Any] | None, window: Duration, slide: Duration,
                  partitioner: Partitioner, filter_func: Callable[[Any], bool] | None) -> None:
-        super().__init__(graph)
+        super().__init__(graph, parent)
         check_window(parent.slide_duration, window, slide)
-        self.parent = parent
         self.func = func
         self.inv_func = inv_func
         self.window = window
@@ -72,16 +73,8 @@ class ReducedWindowNode(DStreamNode):
         return [f"window={self.window.ms}", f"partitions={self.partitioner.numPartitions}", *inverse]
 
     @property
-    def name(self) -> str:
-        return f"reduceByKeyAndWindow#{self.id}"
-
-    @property
     def slide_duration(self) -> Duration:
         return self._slide
-
-    @property
-    def dependencies(self) -> list[DStreamNode]:
-        return [self.parent]
 
     @property
     def parent_remember_duration(self) -> Duration:

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pyspark import RDD, StorageLevel
 from pyspark.rdd import Partitioner
 
-from .. import jvm
-from ..node import DStreamNode
-from ..partitioned import ensure_partitioned, fold, pre_combine, pre_group_ordered, segmented_merge
+from ..node import DStreamNode, OneParentNode
+from ..spark import jvm
+from ..spark.partitioned import ensure_partitioned, fold, pre_combine, pre_group_ordered, segmented_merge
 from ..time import BatchTime, Duration
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 Merge = Callable[[list[list[Any]]], Iterable[Any]]
 
 
-class StateNode(DStreamNode):
+class StateNode(OneParentNode):
     """Base of the per-key state operators."""
 
     must_checkpoint = True
@@ -36,8 +36,7 @@ class StateNode(DStreamNode):
 
     def __init__(self, graph: DStreamGraph, parent: DStreamNode, partitioner: Partitioner,
                  initial: RDD | None = None, label: str = "state") -> None:
-        super().__init__(graph)
-        self.parent = parent
+        super().__init__(graph, parent)
         self.partitioner = partitioner
         self.initial = ensure_partitioned(initial, partitioner) if initial is not None else None
         #: The initial state's records when restored from a checkpointed graph (an RDD is not stored).
@@ -46,23 +45,11 @@ class StateNode(DStreamNode):
         self.persist(StorageLevel.MEMORY_ONLY)
 
     @property
-    def name(self) -> str:
-        return f"{self.label}#{self.id}"
-
-    @property
-    def slide_duration(self) -> Duration:
-        return self.parent.slide_duration
-
-    @property
     def checkpoint_partitioner(self) -> Partitioner:
         return self.partitioner
 
     def describe_params(self) -> list[str]:
         return [f"partitions={self.partitioner.numPartitions}"]
-
-    @property
-    def dependencies(self) -> list[DStreamNode]:
-        return [self.parent]
 
     def __getstate__(self) -> dict[str, Any]:
         """The initial state RDD is stored as its records (collected once, when the graph is checkpointed)."""

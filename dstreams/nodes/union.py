@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from pyspark import RDD
 
 from ..node import DStreamNode
-from ..partitioned import union_rdds
+from ..spark.partitioned import union_rdds
 from ..time import BatchTime, Duration
 from .transformed import require_same_slide
 

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from pyspark import RDD, StorageLevel
 
-from ..node import DStreamNode
-from ..partitioned import union_rdds
+from ..node import DStreamNode, OneParentNode
+from ..spark.partitioned import union_rdds
 from ..time import BatchTime, Duration
 
 if TYPE_CHECKING:
@@ -33,11 +33,10 @@ def check_window(parent_slide: Duration, window: Duration, slide: Duration) -> N
         )
 
 
-class WindowedNode(DStreamNode):
+class WindowedNode(OneParentNode):
     def __init__(self, graph: DStreamGraph, parent: DStreamNode, window: Duration, slide: Duration) -> None:
-        super().__init__(graph)
+        super().__init__(graph, parent)
         check_window(parent.slide_duration, window, slide)
-        self.parent = parent
         self.window = window
         self._slide = slide
         # The parent's RDDs are read by several windows: keep them cached (as Spark does).
@@ -50,10 +49,6 @@ class WindowedNode(DStreamNode):
 
     def describe_params(self) -> list[str]:
         return [f"window={self.window.ms}"]
-
-    @property
-    def dependencies(self) -> list[DStreamNode]:
-        return [self.parent]
 
     @property
     def parent_remember_duration(self) -> Duration:

@@ -24,8 +24,8 @@ from typing import Any
 from pyspark import RDD, SparkContext, StorageLevel
 from pyspark.rdd import Partitioner, portable_hash
 
+from ..records import consume
 from . import jvm
-from .records import consume
 
 
 class SegmentMarker:

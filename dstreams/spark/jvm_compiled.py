@@ -8,7 +8,7 @@ side makes one call per RDD it builds.
 The class is compiled from source by Janino (the runtime compiler Spark SQL ships for its generated
 code, on every PySpark classpath), so no jar and no JDK are needed. When that is not possible (a
 Spark without Janino, a changed constructor) :func:`compile_builder` raises and the caller
-(:meth:`dstreams.jvm.Bridge.builder`) falls back to PySpark's own calls.
+(:meth:`dstreams.spark.jvm.Bridge.builder`) falls back to PySpark's own calls.
 
 Contract of the compiled ``BatchBuilder`` (one per SparkContext):
 

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 #: What executors import when they run the engine's tasks and write checkpoints (the checkpoint and
 #: sink code runs through the store layer, which needs tenacity; pyarrow for the Arrow paths).
-PROBED_MODULES = ("dstreams.partitioned", "dstreams.records", "tenacity", "pyarrow")
+PROBED_MODULES = ("dstreams.spark.partitioned", "dstreams.records", "tenacity", "pyarrow")
 _SUBPACKAGES = ("api", "recovery")
 
 _checked: set[int] = set()

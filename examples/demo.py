@@ -1,4 +1,4 @@
-"""The main job: a streaming word count (``python -m dstreams.demo``).
+"""The main job: a streaming word count (``python -m dstreams.examples.demo``; ``bash scripts/demo.sh``).
 
 Words come from the deterministic generator source (made in the executors) or from a TCP socket. It keeps
 the running count of every word (``runningReduce``) and the count over a short sliding window (3 s by
@@ -65,7 +65,7 @@ class _BatchLines(StreamingListener):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dstreams.demo", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m dstreams.examples.demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", default="1s", help="batch interval, e.g. 500ms, 1s (default 1s)")
     p.add_argument("--seconds", type=float, default=15, help="how long to run (0: until Ctrl-C; default 15)")
@@ -150,7 +150,7 @@ def _build(args: argparse.Namespace, checkpoint: str) -> StreamingContext:
 
 if __name__ == "__main__":
     # Run the importable module's main, not this ``__main__`` copy's: the outputs' class and state must be
-    # ``dstreams.demo``'s, which a graph restored from a checkpoint refers to.
-    from dstreams.demo import main as _main
+    # ``dstreams.examples.demo``'s, which a graph restored from a checkpoint refers to.
+    from dstreams.examples.demo import main as _main
 
     sys.exit(_main())

@@ -11,7 +11,7 @@ A Python driver has a JVM beside it in two ways, and in both a stop signal can r
 A JVM's default reaction to SIGTERM/SIGINT is to run its shutdown hooks, which stop the SparkContext
 under the Python driver: a graceful stop (:mod:`dstreams.api.shutdown`) then fails with "SparkContext
 has been shutdown" and the exit code is not 0. :func:`forward_signals` installs, in the JVM, a handler
-(:data:`SOURCE`, compiled by Janino like :mod:`dstreams.jvm_compiled`) that instead sends the same
+(:data:`SOURCE`, compiled by Janino like :mod:`dstreams.spark.jvm_compiled`) that instead sends the same
 signal to the Python driver process, whose handler decides what a stop means. Contract:
 
 * only the signals named are taken over (those the Python driver's :class:`~dstreams.api.shutdown.SignalStop`

@@ -1,9 +1,9 @@
 """PySpark worker daemon that drops Spark's redundant zip/jar archives from ``sys.path``.
 
-Use it with ``spark.python.daemon.module=dstreams.worker_daemon`` (``dstreams.sparkconf`` sets it for the
-SparkContexts dstreams creates). The JVM starts it as ``python -m dstreams.worker_daemon <worker module>``;
-it cleans the path and then runs :func:`pyspark.daemon.manager`, which reads ``sys.argv[1]`` (left
-untouched) as the worker module.
+Use it with ``spark.python.daemon.module=dstreams.worker_daemon`` (``dstreams.spark.sparkconf`` sets it for the
+SparkContexts dstreams creates). The JVM starts it as ``python -m dstreams.worker_daemon <worker module>``
+(the module's old name, which runs this file: :mod:`dstreams._moved`); it cleans the path and then runs
+:func:`pyspark.daemon.manager`, which reads ``sys.argv[1]`` (left untouched) as the worker module.
 
 Why: the JVM puts ``pyspark.zip``, ``py4j-*-src.zip`` and the spark-core jar at the front of every Python
 worker's ``PYTHONPATH``. ``pyspark.worker_util.setup_spark_files`` calls ``importlib.invalidate_caches()``
@@ -205,6 +205,9 @@ class Freezer:
 
 #: Environment variable naming modules (comma-separated) the daemon imports before it forks workers.
 PRELOAD_ENV = "DSTREAMS_WORKER_PRELOAD"
+#: The name Spark runs this module by (``spark.python.daemon.module``; ``python -m dstreams.worker_daemon``): the
+#: module's name before it moved into ``dstreams.spark``, kept because users pass it to ``spark-submit`` and the
+#: worker pools are keyed by it (:mod:`dstreams._moved` runs this module under it).
 DAEMON_MODULE = "dstreams.worker_daemon"
 
 
@@ -212,7 +215,7 @@ def request_preload(sc, module: str) -> bool:  # noqa: ANN001 - a SparkContext (
     """Ask the worker daemons of ``sc`` to import ``module`` (and call its ``warm_worker()``) before forking.
 
     Forked workers then inherit what the module loaded (e.g. boto3 and the S3 model: ~250 ms of CPU
-    per worker otherwise). Only for contexts whose daemon is this module (``dstreams.sparkconf``
+    per worker otherwise). Only for contexts whose daemon is this module (``dstreams.spark.sparkconf``
     sets it); returns False otherwise. PySpark keys its worker pools by the workers' environment, so
     call it before the first Python task: a later call starts a second daemon for the new environment.
     """

@@ -26,7 +26,7 @@ the driver's environment (see :data:`dstreams.config.JVM_MODE`), resolved when a
 starts (:func:`prepare`) and kept on the context's :class:`Bridge`:
 
 * ``compiled`` (the default; ``DSTREAMS_LEAN_JVM=compiled`` or ``1``): a small JVM class compiled at
-  start-up (:mod:`dstreams.jvm_compiled`) builds each RDD in one round trip (a persisted one too, a
+  start-up (:mod:`dstreams.spark.jvm_compiled`) builds each RDD in one round trip (a persisted one too, a
   shuffle too); when it cannot be compiled, one warning, and every function here takes PySpark's own path;
 * ``off`` (``DSTREAMS_LEAN_JVM=0`` or ``off``): every function here takes PySpark's own path: a switch for
   comparing and a way out should a PySpark release change what these build.
@@ -48,7 +48,7 @@ from pyspark.core.rdd import PipelinedRDD
 from pyspark.rdd import Partitioner
 from pyspark.serializers import BatchedSerializer, CloudPickleSerializer, NoOpSerializer, pack_long
 
-from . import config
+from .. import config
 from .jvm_compiled import compile_builder
 
 #: RDDs the compiled builder unions in one call (its ``union`` has this many parameters).

@@ -12,13 +12,13 @@ Contract:
   it) in a process group of its own, waits until its JVM has exited (the JVM writes the archive as it
   exits), checks the file and moves it into place atomically. Older archives of the same pyspark
   installation are removed, and half-written ones whose builder died.
-  ``python -m dstreams.jvm_cds`` runs it (``--force`` rebuilds).
+  ``python -m dstreams.spark.jvm_cds`` runs it (``--force`` rebuilds).
 * :func:`archive_path` is the archive's place: ``$DSTREAMS_CACHE_DIR`` (default ``~/.cache/dstreams``), a
   name keyed by the place of pyspark's jars (each installation, e.g. each virtualenv, has its own archive:
   the JVM accepts an archive only with the class path it was made with), the pyspark version, its jars
   (names and sizes) and the Java executable (path and modification time), so an upgrade of either starts
   from no archive instead of a stale one.
-* :func:`apply(conf)` (called by :func:`dstreams.sparkconf.tuned_conf`) adds the archive to
+* :func:`apply(conf)` (called by :func:`dstreams.spark.sparkconf.tuned_conf`) adds the archive to
   ``spark.driver.extraJavaOptions`` when ``spark.dstreams.jvm.classDataSharing`` is ``auto`` (the
   default), the archive exists, this process is about to start its JVM (not under ``spark-submit``, no
   JVM running yet) and the user's options do not choose CDS themselves. The JVM checks the archive against
@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import config
+from .. import config
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ DUMP_DRIVER = """
 import sys
 from pyspark import SparkConf
 from dstreams import StreamingContext
-from dstreams.sparkconf import create_spark_context
+from dstreams.spark.sparkconf import create_spark_context
 conf = SparkConf().set("spark.driver.extraJavaOptions", "-XX:ArchiveClassesAtExit=" + sys.argv[1] + " " + sys.argv[2])
 conf.set("spark.dstreams.jvm.classDataSharing", "off")
 sc = create_spark_context("local[2]", "dstreams-cds-archive", conf)
@@ -218,7 +218,7 @@ def _being_built(path: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dstreams.jvm_cds",
+    p = argparse.ArgumentParser(prog="python -m dstreams.spark.jvm_cds",
                                 description="Build the driver JVM's class-data-sharing archive for this Java "
                                             "and pyspark (dstreams' drivers then start about a third faster).")
     p.add_argument("--force", action="store_true", help="rebuild an existing archive")

@@ -24,7 +24,7 @@ the measured latency. :data:`dstreams.config.SPARK_LOCAL_DIR` (``spark.dstreams.
 scratch space can be isolated (note Spark's ``SPARK_LOCAL_DIRS`` env var still overrides
 ``spark.local.dir``); :data:`dstreams.config.SPARK_LOG_LEVEL` is the log level of a context
 :func:`create_spark_context` creates. When this process is about to start its driver JVM and a
-class-data-sharing archive was built (:mod:`dstreams.jvm_cds`), the JVM maps it (a faster start).
+class-data-sharing archive was built (:mod:`dstreams.spark.jvm_cds`), the JVM maps it (a faster start).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 
 from pyspark import SparkConf, SparkContext
 
-from . import config, jvm_cds
+from .. import config
+from . import jvm_cds
 
 logger = logging.getLogger(__name__)
 
@@ -260,7 +261,7 @@ class RunningContextTuning:
                 f"when a context or its executors start, so they cannot be applied now: "
                 f"{', '.join(sorted(self.missing))}; expect slower micro-batches. Create the context with "
                 f"{self.conf_flags()} (spark-submit/pyspark flags; or set them on its SparkConf, or use "
-                f"dstreams.sparkconf.tuned_conf / StreamingContext.local)")
+                f"dstreams.spark.sparkconf.tuned_conf / StreamingContext.local)")
 
 
 def plan_running_context(
