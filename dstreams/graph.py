@@ -7,7 +7,7 @@ per output node that is valid at ``time``; ``clear_metadata(time)`` forgets old 
 the scheduler's event loop (:mod:`dstreams.events`), the only thread that changes node state once
 the context has started; the graph lock only guards the registry against concurrent definitions.
 
-What recovery reads of the graph goes through :meth:`DStreamGraph.input_offsets`,
+What recovery reads of the graph goes through :meth:`DStreamGraph.batch_records`,
 :meth:`DStreamGraph.stateful_nodes` and :meth:`DStreamGraph.fingerprint`.
 """
 
@@ -53,8 +53,9 @@ class GraphServices:
 
 
 @dataclass(frozen=True)
-class InputOffsets:
-    """What went into one batch, per input node key: its offsets and the sources' state."""
+class BatchRecords:
+    """What one batch records in the metadata log, per node key: each node's ``batch_record`` (an input's
+    offsets, an event-time stream's watermark) and ``node_state`` (a source's state)."""
 
     offsets: dict[str, Any]
     sources: dict[str, Any]
@@ -278,18 +279,19 @@ class DStreamGraph:
                 out[node.id] = n
         return out
 
-    def input_offsets(self, time: BatchTime) -> InputOffsets:
-        """The offsets of batch ``time`` of every input that records them, and the sources' state."""
+    def batch_records(self, time: BatchTime) -> BatchRecords:
+        """What batch ``time`` records, by node key: every node's ``batch_record`` and ``node_state`` (the one
+        persistence contract of ``dstreams.node``). Call on the event loop."""
         offsets: dict[str, Any] = {}
         sources: dict[str, Any] = {}
-        for node in self.inputs:
-            o = node.offsets_at(time)
+        for node in self.nodes:
+            o = node.batch_record(time)
             if o is not None:
                 offsets[node.key] = o
-            s = node.source_state()
+            s = node.node_state()
             if s is not None:
                 sources[node.key] = s
-        return InputOffsets(offsets, sources)
+        return BatchRecords(offsets, sources)
 
     def stateful_nodes(self) -> list[DStreamNode]:
         """The nodes whose state chain is checkpointed (``must_checkpoint``), in graph order."""

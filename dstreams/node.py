@@ -23,7 +23,9 @@ A node also owns its **recovery contract**; the recovery layer calls only these 
   checkpoint at ``time``; later batches build on it;
 * ``adopt_checkpoint(time, reader)`` – a checkpoint committed while running replaces the node's RDD
   at ``time`` (the lineage cut), on the event loop's thread;
-* ``batch_record(time)`` / ``replay_records(records)`` – what a node fixed on the driver while building
+* ``batch_record(time)`` / ``replay_records(records)`` and ``node_state()`` / ``restore_node_state(state)``
+  – the one persistence contract (the metadata log; input offsets and source state are the input base
+  class's default of it): ``batch_record``/``replay_records`` is what a node fixed on the driver while building
   batch ``time`` that a replay must reuse (JSON-able; an event-time stream's watermark): the journal
   writes it to the metadata log with the batch's input offsets, and a restarted driver hands the
   recorded ones back before generating. None (the default): nothing to record.
@@ -119,6 +121,12 @@ class DStreamNode:
         them (a checkpoint of an older format is compared without them)."""
         return {}
 
+    # ----------------------------------------------------------------- the persistence contract
+    # What a node records in the metadata log and restores from after a driver restart (as Spark's
+    # DStreamCheckpointData serves both state and Kafka offsets). The journal asks every node, the resume plan
+    # hands back to every node; nothing else of a node is persisted in the log. The input base class's default
+    # is its input offsets and source state (``dstreams.nodes.input``); an event-time stream records its
+    # watermark (``dstreams.nodes.event_time``).
     def batch_record(self, time: BatchTime) -> Any:
         """What this node fixed for batch ``time`` that a replay must reuse (JSON-able), or None.
 
@@ -127,7 +135,21 @@ class DStreamNode:
         return None
 
     def replay_records(self, records: dict[int, Any]) -> None:
-        """A restarted driver hands back what :meth:`batch_record` returned, by batch time (ms)."""
+        """A restarted driver hands back what :meth:`batch_record` returned, by batch time (ms), before it
+        generates a batch (only the times that recorded something; not called when none did)."""
+
+    def node_state(self) -> Any:
+        """What the node must remember across a driver restart beyond its batches' records (JSON-able; e.g. the
+        files a folder source consumed), or None. Recorded with every batch; the newest one is handed back."""
+        return None
+
+    def restore_node_state(self, state: Any) -> None:
+        """A restarted driver hands back the newest :meth:`node_state` recorded, before :meth:`replay_records`."""
+
+    def event_time_metrics(self, time: BatchTime) -> dict[str, Any] | None:
+        """What batch ``time`` saw of this node's event time, for ``BatchInfo.event_time`` (None: not an
+        event-time stream). Reads only: called on a runner thread."""
+        return None
 
     @property
     def checkpoint_partitioner(self) -> Partitioner | None:

@@ -53,7 +53,6 @@ from .listener import (
     StreamingListenerStreamingStarted,
 )
 from .listener_bus import ListenerBus
-from .nodes.event_time import event_time_metrics
 from .time import BatchTime, Duration
 
 log = logging.getLogger(__name__)
@@ -551,7 +550,8 @@ class JobScheduler:
                 b.incomplete = True  # a stop came while it waited: a restart runs it again
                 break
             info.attempts += 1
-        info.event_time = event_time_metrics(self.graph.nodes, b.time)  # reads only (event-time streams)
+        info.event_time = {n.id: m for n in self.graph.nodes  # reads only (event-time streams)
+                           if (m := n.event_time_metrics(b.time)) is not None}
         info.processing_end_time_ms = wall_ms()
 
     def _run_jobs(self, b: Batch) -> tuple[Job, BaseException] | None:

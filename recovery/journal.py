@@ -106,13 +106,8 @@ class Journal:
         return base - (remember.ms if remember else 0) - 2 * batch
 
     def batch_generated(self, time: BatchTime) -> None:
-        recorded = self.graph.input_offsets(time)
+        recorded = self.graph.batch_records(time)  # every node's record and state (the persistence contract)
         offsets, sources = dict(recorded.offsets), recorded.sources
-        # What other nodes fixed for this batch (an event-time stream's watermark), under their keys.
-        for node in self.graph.nodes:
-            record = node.batch_record(time)
-            if record is not None:
-                offsets[node.key] = record
 
         def changes(head: dict[str, Any]) -> dict[str, Any]:
             # Read and written under the log's lock: the runner prunes the same map (batch_completed).

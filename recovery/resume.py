@@ -10,8 +10,9 @@ its newest checkpoint before the first batch read back, so that its RDDs of the 
 rebuilt from it and recorded input, never from its first batch (whose input is no longer recorded: a
 source asked for it raises :class:`~dstreams.contracts.InputNotRecordedError` rather than take new
 input). It returns a ``prepare`` function too, which installs the restored RDDs,
-the sources' replay offsets and the other nodes' per-batch records (``DStreamNode.replay_records``:
-event-time watermarks) once the graph is initialised. Batches between that first batch
+every node's recorded state and per-batch records (the persistence contract of ``dstreams.node``:
+``restore_node_state``, ``replay_records``: a source's state and offsets, an event-time stream's
+watermarks) once the graph is initialised. Batches between that first batch
 and the clock's present (pending when the old driver died, or missed while it was down) are then
 generated at once; outputs of batches that had already completed are written again, which the
 exactly-once sinks turn into no-ops.
@@ -142,16 +143,12 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
                 by_key[key].restore_from_checkpoint(BatchTime(t), rdd)
         for key, t in restored.items():
             checkpointer.resumed(by_key[key], t, found[key])
-        for node in graph.inputs:
+        for node in graph.nodes:  # the persistence contract: each node's state, then its per-batch records
             if node.key in sources:
-                node.restore_source_state(sources[node.key])
-            node.replay_from({int(t): o[node.key] for t, o in offsets.items() if node.key in o})
-        inputs = {id(n) for n in graph.inputs}
-        for node in graph.nodes:  # what other nodes recorded per batch (event-time watermarks)
-            if id(node) not in inputs:
-                recorded = {int(t): o[node.key] for t, o in offsets.items() if node.key in o}
-                if recorded:
-                    node.replay_records(recorded)
+                node.restore_node_state(sources[node.key])
+            recorded = {int(t): o[node.key] for t, o in offsets.items() if node.key in o}
+            if recorded:
+                node.replay_records(recorded)
 
     log.info("resuming from batch %d (zero %d, completed through %s, checkpoints %s)",
              first, zero.ms, completed, restored)

@@ -23,16 +23,13 @@ class _Input:
 
     key = "input-1"
 
-    def offsets_at(self, time: BatchTime) -> Any:
+    def batch_record(self, time: BatchTime) -> Any:
         return {"until": time.ms}
 
-    def source_state(self) -> Any:
+    def node_state(self) -> Any:
         return {"position": self.position}
 
     position = 0
-
-    def batch_record(self, time: BatchTime) -> None:
-        return None
 
 
 class _Graph:
@@ -48,12 +45,12 @@ class _Graph:
     def max_input_remember(self) -> Duration:
         return Duration(1000)
 
-    def input_offsets(self, time: BatchTime) -> Any:
-        from dstreams.graph import InputOffsets
+    def batch_records(self, time: BatchTime) -> Any:
+        from dstreams.graph import BatchRecords
 
         node = self.inputs[0]
         node.position = time.ms
-        return InputOffsets({node.key: node.offsets_at(time)}, {node.key: node.source_state()})
+        return BatchRecords({node.key: node.batch_record(time)}, {node.key: node.node_state()})
 
 
 def _journal(tmp_path) -> tuple[Journal, MetadataLog]:

@@ -294,6 +294,23 @@ class EventTimeNode(OneParentNode):
     def replay_records(self, records: Mapping[int, Any]) -> None:
         self._replay = {int(t): WatermarkRecord.from_json(r) for t, r in records.items()}
 
+    def event_time_metrics(self, time: BatchTime) -> dict[str, Any] | None:
+        """What batch ``time`` saw: ``stream`` (its name), ``watermarkMs`` (the watermark the batch was built
+        with, None before there is one), ``lateRecords`` (behind the watermark) and ``records`` (counted by the
+        tasks of the partitions computed so far) and ``partitionsCounted``. Reads only: safe on a runner
+        thread."""
+        rec = self._records.get(time.ms)
+        if rec is None:
+            return None
+        stats = self.batch_stats(time)
+        return {
+            "stream": self.name,
+            "watermarkMs": rec.watermark_ms,
+            "lateRecords": sum(s[2] for s in stats.values()),
+            "records": sum(s[1] for s in stats.values()),
+            "partitionsCounted": len(stats),
+        }
+
     # ----------------------------------------------------------------- generation
     def compute(self, time: BatchTime) -> RDD | None:
         rec = self.record_at(time)
@@ -394,26 +411,3 @@ def watermark_at(node: DStreamNode, time: BatchTime) -> int | None:
 def previous_watermark_at(node: DStreamNode, time: BatchTime) -> int | None:
     """The watermark ``node`` had for the batch before ``time`` (what that batch was built with)."""
     return _min_all([e.record_at(time).previous_ms for e in timed_ancestors(node)])
-
-
-def event_time_metrics(nodes: Iterable[DStreamNode], time: BatchTime) -> dict[int, dict[str, Any]]:
-    """Per event-time stream id, what batch ``time`` saw: ``stream`` (its name), ``watermarkMs`` (the
-    watermark the batch was built with, None before there is one), ``lateRecords`` and ``records`` (counted
-    by the tasks of the partitions computed so far) and ``partitionsCounted``. Reads only: safe on a
-    runner thread."""
-    out: dict[int, dict[str, Any]] = {}
-    for n in nodes:
-        if not isinstance(n, EventTimeNode):
-            continue
-        rec = n._records.get(time.ms)
-        if rec is None:
-            continue
-        stats = n.batch_stats(time)
-        out[n.id] = {
-            "stream": n.name,
-            "watermarkMs": rec.watermark_ms,
-            "lateRecords": sum(s[2] for s in stats.values()),
-            "records": sum(s[1] for s in stats.values()),
-            "partitionsCounted": len(stats),
-        }
-    return out

@@ -165,10 +165,10 @@ class FileInputNode(InputNode):
         if not self._restored:
             self.seen = set(self._list())
 
-    def source_state(self) -> Any:
+    def node_state(self) -> Any:
         return {"seen": sorted(self.seen)}
 
-    def restore_source_state(self, state: Any) -> None:
+    def restore_node_state(self, state: Any) -> None:
         # After a restart, files that arrived while the driver was down are new: only the files
         # recorded as consumed are skipped.
         self.seen = set(state.get("seen", [])) if isinstance(state, dict) else set()

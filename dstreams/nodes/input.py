@@ -22,14 +22,15 @@ source is a subclass of :class:`InputNode`; its slide is the batch duration.
   arrived meanwhile: nothing skipped, nothing taken twice. A replayed batch's recorded offsets stay
   handed out (:meth:`InputNode.replayed_offsets`) until ``report_batch`` for that time, so a replay
   that fails half-way is rebuilt from the same offsets too. What a ``compute`` committed counts once the
-  scheduler has recorded the batch (``offsets_at`` and ``source_state`` in the metadata log); a driver that
-  cannot record it stops, and its restart starts from the last recorded ``source_state``, so an unrecorded
+  scheduler has recorded the batch (``offsets_at`` and ``node_state`` in the metadata log); a driver that
+  cannot record it stops, and its restart starts from the last recorded ``node_state``, so an unrecorded
   commit is never acted on. ``tests/test_source_contract.py`` checks this rule for every source kind.
-* The scheduler has the offsets of every batch written to the metadata log after ``compute`` and
-  before the batch runs (``offsets_at``); a restarted driver passes the recorded ones back through
-  :meth:`InputNode.replay_from` before generating.
-* ``source_state()`` / ``restore_source_state(state)``: what the source must remember across a
-  driver restart beyond the offsets of each batch (JSON-able; e.g. the files already consumed).
+* The node's persistence contract (``dstreams.node``) is, for an input, its offsets and its state: the
+  scheduler has the offsets of every batch written to the metadata log after ``compute`` and before the
+  batch runs (``batch_record`` is ``offsets_at``); a restarted driver passes the recorded ones back
+  (``replay_records``, which is :meth:`InputNode.replay_from`) before generating.
+* ``node_state()`` / ``restore_node_state(state)``: what the source must remember across a driver restart
+  beyond the offsets of each batch (JSON-able; e.g. the files already consumed).
 * ``replayable``: whether a batch can be rebuilt from its offsets. A source that cannot replay (a
   socket) writes each block to the write-ahead log (``self.graph.wal``) and records its key.
 
@@ -194,12 +195,14 @@ class InputNode(DStreamNode):
         """
         return None
 
-    def source_state(self) -> Any:
-        """What the source must remember across a driver restart (JSON-able), or None."""
-        return None
+    # ----------------------------------------------------------------- the persistence contract (node.py)
+    def batch_record(self, time: BatchTime) -> Any:
+        """An input's record of a batch is its offsets (:meth:`offsets_at`)."""
+        return self.offsets_at(time)
 
-    def restore_source_state(self, state: Any) -> None:
-        """Restore what :meth:`source_state` returned before the restart."""
+    def replay_records(self, records: dict[int, Any]) -> None:
+        """A restarted driver's recorded offsets: the batches are rebuilt from them (:meth:`replay_from`)."""
+        self.replay_from(records)
 
     # ----------------------------------------------------------------- rate control
     def max_records_per_partition(self, time: BatchTime, partitions: int) -> int | None:

@@ -16,7 +16,7 @@ Contract (``StreamingContext.redisStream``):
 * **Start position** (``startFrom``): ``"earliest"`` (every entry), ``"latest"`` (entries added after
   the stream starts), or a dict ``{key: id}``: the entries *after* that id, as ``XREAD`` reads (keys
   not in the dict start at the earliest). A restarted driver continues where the last generated batch
-  ended (``source_state``).
+  ended (``node_state``).
 * **Records**: ``(key, entry_id, fields)`` with ``fields`` a ``dict`` of ``str`` (UTF-8), or what
   ``decoder(key, entry_id, fields)`` returns. A decoder that raises fails the task with the key and
   entry id in the message.
@@ -469,10 +469,10 @@ class RedisStreamsInputNode(InputNode):
         if writer is not None:
             writer.stop(GROUP_WRITER_STOP_S)
 
-    def source_state(self) -> Any:
+    def node_state(self) -> Any:
         return {"positions": dict(self.positions), "added": dict(self.added)}
 
-    def restore_source_state(self, state: Any) -> None:
+    def restore_node_state(self, state: Any) -> None:
         if isinstance(state, dict) and isinstance(state.get("positions"), dict):
             self.positions = {str(k): str(v) for k, v in state["positions"].items()}
             self.added = {str(k): int(v) for k, v in (state.get("added") or {}).items()}
