@@ -45,7 +45,7 @@ from pyspark import RDD
 
 from .. import config
 from ..contracts import ObjectStoreLocation
-from ..rate import RateLimiter, rate_settings
+from ..rate import RateSettings
 from ..time import BatchTime
 from .input import InputNode
 
@@ -132,7 +132,6 @@ class FileInputNode(InputNode):
     def _init_files_rate(self) -> None:
         #: Files taken per batch time (ms), what backpressure learns from.
         self._taken: dict[int, int] = {}
-        self._files_estimator: RateLimiter | None = None
 
     def _list(self) -> list[str]:
         if self._spec is not None:
@@ -208,30 +207,25 @@ class FileInputNode(InputNode):
     # ----------------------------------------------------------------- backpressure, in files per second
     def _files_rate(self) -> float | None:
         """Backpressure's current rate in files/s, or None (off, or no estimate yet)."""
-        if self._files_estimator is None and not self._rate_settings_read:
-            self._rate_settings_read = True
-            settings = rate_settings(self.graph.sc.getConf())
-            if settings.backpressure:
-                # The minimum rate is in records/s too (Spark's default, 100, would be 100 files/s): a file
-                # source's floor is one file per batch interval instead.
-                gains = dataclasses.replace(settings.gains, min_rate=1000.0 / self.slide_duration.ms)
-                files_only = dataclasses.replace(settings, max_rate_per_partition=None, initial_rate=None,
-                                                 gains=gains)
-                self._files_estimator = RateLimiter(self.slide_duration.ms, files_only)
-        return None if self._files_estimator is None else self._files_estimator.rate()
+        limiter = self._limiter()
+        return None if limiter is None else limiter.rate()
+
+    def limiter_settings(self, settings: RateSettings) -> RateSettings | None:
+        """Backpressure only, in files per second: the record limits do not apply, and the minimum rate is in
+        records/s too (Spark's default, 100, would be 100 files/s): a file source's floor is one file per batch
+        interval instead."""
+        if not settings.backpressure:
+            return None
+        gains = dataclasses.replace(settings.gains, min_rate=1000.0 / self.slide_duration.ms)
+        return dataclasses.replace(settings, max_rate_per_partition=None, initial_rate=None, gains=gains)
+
+    def completed_units(self, info: BatchInfo) -> int | None:
+        """The files a completed batch took (what backpressure learns from)."""
+        return self._taken.get(info.batch_time_ms)
 
     def max_records_per_partition(self, time: BatchTime, partitions: int) -> int | None:
         """None: a file source's records are not counted before they are read; it limits files instead."""
         return None
-
-    def batch_completed(self, info: BatchInfo) -> None:
-        """Feed the files of a completed batch, its processing time and scheduling delay to the estimator."""
-        limiter, files = self._files_estimator, self._taken.get(info.batch_time_ms)
-        processing, scheduling = info.processing_delay_ms, info.scheduling_delay_ms
-        if (limiter is None or info.failed or files is None or processing is None or scheduling is None
-                or info.processing_end_time_ms is None):
-            return
-        limiter.batch_completed(info.processing_end_time_ms, files, processing, scheduling)
 
     def forget_before(self, time: BatchTime) -> None:
         super().forget_before(time)

@@ -69,7 +69,7 @@ from pyspark import RDD
 from .. import config
 from ..contracts import InputNotRecordedError, SourceNotCheckpointableError
 from ..node import DStreamNode
-from ..rate import RateLimiter, rate_settings
+from ..rate import RateLimiter, RateSettings, rate_settings
 from ..time import BatchTime, Duration
 
 if TYPE_CHECKING:
@@ -226,19 +226,28 @@ class InputNode(DStreamNode):
     def _limiter(self) -> RateLimiter | None:
         if self.rate_limiter is None and not self._rate_settings_read:
             self._rate_settings_read = True
-            settings = rate_settings(self.graph.sc.getConf(), self.max_rate_setting)
-            if settings.limits:
+            settings = self.limiter_settings(rate_settings(self.graph.sc.getConf(), self.max_rate_setting))
+            if settings is not None:
                 self.rate_limiter = RateLimiter(self.slide_duration.ms, settings)
         return self.rate_limiter
 
+    def limiter_settings(self, settings: RateSettings) -> RateSettings | None:
+        """The settings of this source's rate limiter, from the conf's (None: no limiter). A source whose unit
+        is not the record (a file source) adapts them."""
+        return settings if settings.limits else None
+
+    def completed_units(self, info: BatchInfo) -> int | None:
+        """What backpressure counts of a completed batch of this source: its records (None: unknown)."""
+        return info.records_per_input.get(self.id)
+
     def batch_completed(self, info: BatchInfo) -> None:
         """Batch ``info.batch_time_ms`` completed (the scheduler calls this on the event loop): with
-        backpressure, its records of this source and its delays update the estimator. A failed batch, or
-        one whose records or delays are unknown, leaves it as it is."""
+        backpressure, its records of this source (:meth:`completed_units`) and its delays update the
+        estimator. A failed batch, or one whose records or delays are unknown, leaves it as it is."""
         limiter = self.rate_limiter
         if limiter is None or limiter.estimator is None or info.failed:
             return
-        records = info.records_per_input.get(self.id)
+        records = self.completed_units(info)
         processing, scheduling = info.processing_delay_ms, info.scheduling_delay_ms
         if records is None or processing is None or scheduling is None or info.processing_end_time_ms is None:
             return
