@@ -1,9 +1,10 @@
 """The small typed interfaces the engine defines and the recovery layer implements.
 
 The engine (``dstreams/``) knows neither checkpoint stores nor the metadata log: it talks to them
-only through these Protocols, which the composition root (:mod:`dstreams.recovery.runtime`)
-fills in through constructors. Every implementation here is optional: a context without a
-checkpoint location runs with a checkpointer writing to a temporary folder, no journal, no fence.
+only through these Protocols, which the runtime's wiring (:mod:`dstreams.recovery.runtime`, called by the
+composition root :mod:`dstreams.api.driver`) fills in through constructors. Every implementation here is
+optional: a context without a checkpoint location runs with a checkpointer writing to a temporary folder,
+no journal, no fence.
 
 * :class:`Checkpointer`: a stateful node's RDD is due for a data checkpoint (``mark``); after each
   batch the checkpointer may start writing (``batch_completed``); a restarted driver tells it what
@@ -17,6 +18,8 @@ checkpoint location runs with a checkpointer writing to a temporary folder, no j
 * :class:`WriteAheadLog`: where sources that cannot replay (a socket) write a block before using it.
 * :class:`OutagePolicy`: which errors mean the store is unavailable, and how long to wait for it.
 * :class:`ObjectStoreLocation`: an object store prefix a file source lists and its tasks read.
+* :class:`CommitEvents` (the other way round): the engine's event loop as the checkpointer sees it, to post
+  a committed checkpoint and to wait until the loop has handled what was posted.
 """
 
 from __future__ import annotations
@@ -29,10 +32,19 @@ from pyspark import RDD
 from .time import BatchTime
 
 if TYPE_CHECKING:
+    from .events import Event
     from .node import DStreamNode
 
 #: Called with a point name ("mid-batch", ...) where tests may inject a fault; a no-op in production.
 FaultHook = Callable[[str], None]
+
+
+class CommitEvents(Protocol):
+    """The scheduler's event loop, as the checkpointer sees it (:class:`dstreams.events.EventLoop`)."""
+
+    def post(self, event: Event) -> None: ...
+
+    def wait_idle(self, timeout_s: float) -> bool: ...
 
 
 class Checkpointer(Protocol):

@@ -55,13 +55,13 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD, SparkContext
 from pyspark.rdd import Partitioner
 
-from dstreams.contracts import FaultHook, Fence, NoFence, NoOutageRetry, OutagePolicy, no_fault
-from dstreams.events import CheckpointCommitted, Event
+from dstreams.contracts import CommitEvents, FaultHook, Fence, NoFence, NoOutageRetry, OutagePolicy, no_fault
+from dstreams.events import CheckpointCommitted
 from dstreams.records import consume
 from dstreams.spark.partitioned import partition_aligned_rdd
 from dstreams.time import BatchTime
@@ -122,14 +122,6 @@ class CheckpointWrite:
     @property
     def committed(self) -> bool:
         return self.error is None
-
-
-class CommitEvents(Protocol):
-    """The scheduler's event loop, as the checkpointer sees it."""
-
-    def post(self, event: Event) -> None: ...
-
-    def wait_idle(self, timeout_s: float) -> bool: ...
 
 
 def _node_root(node_key: str) -> str:
