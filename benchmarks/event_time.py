@@ -441,7 +441,10 @@ def child(role: str, mode_name: str) -> int:
             memory = PeakMemory(getattr(getattr(sc._gateway, "proc", None), "pid", None)).start()
             searches = []
             try:
+                only = os.environ.get("DSTREAMS_BENCH_CONFIGS")
                 for name, (window_ms, slide_ms, data) in CONFIGS.items():
+                    if only and name not in only.split(";"):
+                        continue
                     wl = Workload(name, _unused_build, _unused_build, True)
                     found = search(role, wl, TARGET_MS, mode_for(base, window_ms, data), sc, memory,
                                    run=RUNNERS[role](window_ms, slide_ms, data), start=START_RATES[(role, name)],
@@ -502,9 +505,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="QUICK trials (fewer measured batches and trials)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per subprocess")
     p.add_argument("--skip-check", action="store_true", help="run the searches without the cross-check")
+    p.add_argument("--configs", help="only these configurations (names separated by ';'), e.g. "
+                   "'window 30 s, slide 1 s, late data'")
+    p.add_argument("--engines", help="only these engines (dstreams, ss; separated by ',')")
+    p.add_argument("--out", help="write the results here instead of benchmarks/results/event_time.json")
     args = p.parse_args(raw)
     mode = "quick" if args.quick else "full"
     from .__main__ import _machine
+
+    if args.configs:
+        unknown = [c for c in args.configs.split(";") if c not in CONFIGS]
+        if unknown:
+            p.error(f"unknown configuration(s) {unknown}: choose among {list(CONFIGS)}")
+        os.environ["DSTREAMS_BENCH_CONFIGS"] = args.configs  # read by the children
+    engines = [e for e in RUNNERS if not args.engines or e in args.engines.split(",")]
+    out = Path(args.out) if args.out else OUT
 
     doc: dict[str, Any] = {"benchmark": "event_time", "command": "python -m benchmarks.event_time " + " ".join(raw),
                            "mode": mode, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": _machine(),
@@ -519,24 +534,24 @@ def main(argv: list[str] | None = None) -> int:
         if not all(c.get("same") for c in doc["cross_check"].values() if isinstance(c, dict)):
             print(json.dumps(doc["cross_check"], indent=1))
             print("the engines' window counts differ: no rate search", file=sys.stderr)
-            _write(doc)
+            _write(doc, out)
             return 1
-    for engine in RUNNERS:
+    for engine in engines:
         print(f"== {engine}", flush=True)
         doc["runs"].append(_run_child(engine, mode, args.timeout))
     doc["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     doc["load_average_at_end"] = list(os.getloadavg())
-    _write(doc)
+    _write(doc, out)
     print(summary_lines(doc))
     return 0
 
 
-def _write(doc: dict[str, Any]) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    tmp = OUT.with_suffix(".json.tmp")
+def _write(doc: dict[str, Any], out: Path = OUT) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, OUT)
-    print(f"wrote {OUT}")
+    os.replace(tmp, out)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
