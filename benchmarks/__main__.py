@@ -11,6 +11,7 @@ Commands (run from the repository root)::
     python -m benchmarks catchup [--quick]    # time to steady state after a store outage and a driver kill
     python -m benchmarks redis [--quick]      # Grep and WordCount from Redis Streams next to the generator source
     python -m benchmarks chaos --seed N --minutes M   # randomized fault schedule, checked batch by batch
+    python -m benchmarks state [--quick]      # updateStateByKey against the keys of state (issue 23)
 
 ``run`` starts one subprocess per (engine, workload) (each with its own SparkContext, the same tuned
 conf for every engine; with ``--user-context`` each engine runs as its variant of
@@ -156,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         from .chaos import main as chaos_main
 
         return chaos_main(raw[1:])
+    if raw and raw[0] == "state":  # its own options: python -m benchmarks state --help
+        from .state import main as state_main
+
+        return state_main(raw[1:])
     if raw and raw[0] == "redis":  # its own options: python -m benchmarks redis --help
         from .redis_source import main as redis_main
 
@@ -182,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("chaos", help="a seeded schedule of driver kills, stops, store and Redis outages, executor "
                                  "kills and failing user functions; outputs checked against a fault-free run "
                                  "(python -m benchmarks chaos --help)")
+    sub.add_parser("state", help="updateStateByKey at 10K-30M keys of state, next to pyspark.streaming and "
+                                 "Structured Streaming (python -m benchmarks state --help)")
     sub.add_parser("redis", help="Grep and windowed WordCount read from Redis Streams, next to the generator "
                                  "source (python -m benchmarks redis --help)")
     args = p.parse_args(raw)
