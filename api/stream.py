@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any
 from pyspark import RDD, StorageLevel
 from pyspark.resultiterable import ResultIterable
 
+from dstreams import config
 from dstreams.node import DStreamNode
 from dstreams.nodes.output import OutputNode
 from dstreams.nodes.reduced_window import ReducedWindowNode
 from dstreams.nodes.state import RunningReduceNode, TrackNode, UpdateStateNode
+from dstreams.nodes.store_state import StateViewNode, StoreRunningReduceNode, StoreUpdateStateNode
 from dstreams.nodes.transformed import TransformedNode, require_same_slide
 from dstreams.nodes.union import UnionNode
 from dstreams.nodes.windowed import WindowedNode
@@ -44,6 +46,15 @@ from .functions import positional_arity
 
 if TYPE_CHECKING:
     from .context import StreamingContext
+
+
+def _keep_idle(update: Callable[[list[Any], Any], Any]) -> Callable[[list[Any], Any], Any]:
+    """``updateStateByKey(..., updateIdleKeys=False)`` on the RDD state: a key without new values keeps its state."""
+
+    def wrapped(values: list[Any], state: Any) -> Any:
+        return state if not values and state is not None else update(values, state)
+
+    return wrapped
 
 
 def rdd_to_file_name(prefix: str, suffix: str | None, time_ms: int) -> str:
@@ -322,25 +333,56 @@ class DStream:
 
     # ------------------------------------------------------------------ state
     def updateStateByKey(self, updateFunc: Callable[[list[Any], Any], Any], numPartitions: int | None = None,
-                         initialRDD: RDD | Iterable[tuple[Any, Any]] | None = None) -> DStream:
-        """Per key state: ``updateFunc(newValues, lastState) -> newState`` (None drops the key)."""
+                         initialRDD: RDD | Iterable[tuple[Any, Any]] | None = None,
+                         updateIdleKeys: bool = True) -> DStream:
+        """Per key state: ``updateFunc(newValues, lastState) -> newState`` (None drops the key).
+
+        As in PySpark, ``updateFunc`` runs every batch for every key of the state (``newValues`` is ``[]`` for a
+        key without new values). ``updateIdleKeys=False`` (dstreams only) runs it only for keys with new values,
+        the others keeping their state: with ``spark.dstreams.state.store=executor`` a batch then costs the keys
+        it touches, not the size of the state.
+        """
         self._check_open()
         part = hash_partitioner(self._default_partitions(numPartitions))
         if initialRDD is not None and not isinstance(initialRDD, RDD):
             initialRDD = self._sc.parallelize(list(initialRDD))
         if initialRDD is not None:
             initialRDD = initialRDD.mapPartitions(checked_pairs("updateStateByKey's initialRDD"))
-        return self._derive(UpdateStateNode(self._node.graph, self._node, updateFunc, part, initialRDD))
+        graph = self._node.graph
+        store = self._state_store()
+        if store is not None:
+            local_dir, every = store
+            node = StoreUpdateStateNode(graph, self._node, updateFunc, part, initialRDD, bool(updateIdleKeys),
+                                        local_dir, every)
+            return self._derive(StateViewNode(graph, node))
+        if not updateIdleKeys:
+            updateFunc = _keep_idle(updateFunc)
+        return self._derive(UpdateStateNode(graph, self._node, updateFunc, part, initialRDD))
 
     def runningReduce(self, func: Callable[[Any, Any], Any], numPartitions: int | None = None) -> DStream:
         """Per key, the running reduce of every value so far (the paper's ``runningReduce``).
 
-        Emits every key's current value each batch. The state stays hash-partitioned and is
-        merged with each batch without a shuffle of the state.
+        Emits every key's current value each batch. With the RDD state (the default) the state stays
+        hash-partitioned and is merged with each batch without a shuffle of the state; with
+        ``spark.dstreams.state.store=executor`` it lives in the executors' state stores and a batch reads and
+        writes only the keys it has.
         """
         self._check_open()
         part = hash_partitioner(self._default_partitions(numPartitions))
-        return self._derive(RunningReduceNode(self._node.graph, self._node, func, part))
+        graph = self._node.graph
+        store = self._state_store()
+        if store is not None:
+            local_dir, every = store
+            return self._derive(StateViewNode(graph, StoreRunningReduceNode(graph, self._node, func, part,
+                                                                           local_dir, every)))
+        return self._derive(RunningReduceNode(graph, self._node, func, part))
+
+    def _state_store(self) -> tuple[str | None, int] | None:
+        """(local folder, snapshot cadence) when ``spark.dstreams.state.store`` is ``executor``, else None."""
+        conf = self._sc.getConf()
+        if config.get(config.STATE_STORE, conf) != "executor":
+            return None
+        return config.get(config.STATE_LOCAL_DIR, conf), config.get(config.STATE_SNAPSHOT_EVERY, conf)
 
     def track(self, init: Callable[[Any, Any], Any], update: Callable[[Any, Any, Any], Any],
               timeout: DurationLike, numPartitions: int | None = None,
@@ -433,7 +475,7 @@ class DStream:
         """Checkpoint this stream's RDDs every ``interval`` (a multiple of its slide)."""
         self._check_open()
         self._node.checkpoint_interval = parse_duration(interval, "checkpoint interval")
-        if self._node.storage_level is None:
+        if self._node.storage_level is None and self._node.checkpoint_persists:
             self._node.persist(StorageLevel.MEMORY_ONLY)
         self.is_checkpointed = True
         return self

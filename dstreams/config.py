@@ -503,6 +503,52 @@ def _sharing(raw: str) -> str:
     raise ValueError(raw)
 
 
+def _state_store(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in ("rdd", "executor"):
+        raise ValueError(raw)
+    return value
+
+
+STATE_STORE = Setting(
+    key="spark.dstreams.state.store",
+    env="DSTREAMS_STATE_STORE",
+    default="rdd",
+    parse=_state_store,
+    accepts="rdd or executor",
+    example="executor",
+    doc="Where `runningReduce` and `updateStateByKey` keep their state. `rdd`: a cached RDD rebuilt every batch "
+        "(fastest for small state; a batch costs the whole state). `executor`: a versioned store per state "
+        "partition on the executor's disk (SQLite), a batch reads and writes only the keys it touches, and "
+        "checkpoints write the keys changed since the previous one (README, \"State at scale\"). Read when "
+        "the operator is defined.",
+)
+
+STATE_LOCAL_DIR = Setting(
+    key="spark.dstreams.state.localDir",
+    env="DSTREAMS_STATE_LOCAL_DIR",
+    default=None,
+    parse=_text,
+    accepts="a folder",
+    example="/var/tmp/dstreams-state",
+    doc="Folder of the executor state stores (`spark.dstreams.state.store=executor`) on every executor; default "
+        "`dstreams-state` in the system's temporary folder. Local disk: the stores are rebuilt from checkpoints "
+        "when it is lost.",
+)
+
+STATE_SNAPSHOT_EVERY = Setting(
+    key="spark.dstreams.state.snapshotEvery",
+    env="DSTREAMS_STATE_SNAPSHOT_EVERY",
+    default=10,
+    parse=_at_least_one,
+    accepts="a whole number >= 1",
+    example="5",
+    doc="With the executor state store, every how many checkpoints a stream writes its whole state (a "
+        "snapshot); the others write the keys changed since the previous checkpoint. A read-back reads the "
+        "newest snapshot and the changes after it.",
+)
+
+
 CLASS_DATA_SHARING = Setting(
     key="spark.dstreams.jvm.classDataSharing",
     env="DSTREAMS_CLASS_DATA_SHARING",
@@ -524,7 +570,8 @@ SETTINGS: tuple[Setting, ...] = (JVM_MODE, CLASS_DATA_SHARING, CHECKPOINT_GRAPH,
                                  BACKPRESSURE_PID_MIN_RATE, LISTENER_BUS_CAPACITY, UI_ENABLED, UI_PORT,
                                  UI_SHOW_PROGRESS,
                                  STOP_ON_SIGNAL,
-                                 GRACEFUL_STOP_TIMEOUT, BATCH_MAX_ATTEMPTS, BATCH_ON_FAILURE)
+                                 GRACEFUL_STOP_TIMEOUT, BATCH_MAX_ATTEMPTS, BATCH_ON_FAILURE,
+                                 STATE_STORE, STATE_LOCAL_DIR, STATE_SNAPSHOT_EVERY)
 
 #: Test-only fault injection (``dstreams.recovery.faults``): environment variables, no conf key.
 TEST_ONLY: tuple[EnvVar, ...] = (

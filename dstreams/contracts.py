@@ -48,6 +48,9 @@ class CommitEvents(Protocol):
 
 
 class Checkpointer(Protocol):
+    #: A stable identity of the checkpoint location (the same for every driver run on it).
+    location: str
+
     def mark(self, node: DStreamNode, time: BatchTime, rdd: RDD) -> None:
         """``node``'s RDD at ``time`` falls on its checkpoint interval (called while it is generated).
 

@@ -61,6 +61,9 @@ class DStreamNode:
     #: True for nodes whose RDD at ``t`` depends on their own RDD at ``t - slide`` (state chains).
     #: Such nodes get a checkpoint interval by default so that their lineage stays bounded.
     must_checkpoint: ClassVar[bool] = False
+    #: ``DStream.checkpoint(interval)`` also caches the stream (False: a store-backed state's view, whose
+    #: state is already kept by the executor state store).
+    checkpoint_persists: ClassVar[bool] = True
 
     _ids = 0
     _ids_lock = threading.Lock()
@@ -351,6 +354,11 @@ class DStreamNode:
     def _retire(self, t: int, rdd: RDD) -> None:
         if t in self._persisted_by_engine:
             self._retired.setdefault(t, []).append(rdd)
+
+    def checkpoint_export(self, time_ms: int, rdd: RDD) -> tuple[RDD, dict[str, Any]]:
+        """What the checkpoint of ``rdd`` (this node's RDD at ``time_ms``) writes, and entries to add to its
+        manifest. Default: the RDD's records, nothing added (a store-backed state writes its changes)."""
+        return rdd, {}
 
     def restore_from_checkpoint(self, time: BatchTime, reader: RDD) -> None:
         """Set this node's RDD at ``time`` to ``reader``, which reads a committed checkpoint.

@@ -64,6 +64,7 @@ from dstreams.contracts import CommitEvents, FaultHook, Fence, NoFence, NoOutage
 from dstreams.events import CheckpointCommitted
 from dstreams.records import consume
 from dstreams.spark.partitioned import partition_aligned_rdd
+from dstreams.statestore import PART_HEADER as STATE_PART_HEADER
 from dstreams.time import BatchTime
 
 from .codec import CorruptCheckpointError, decode_partition, encode_partition
@@ -150,9 +151,63 @@ def reader_rdd(sc: SparkContext, spec: StoreSpec, prefix: str, manifest: dict[st
             raise CorruptCheckpointError(f"checkpoint part {key} named by its manifest is missing") from None
         return decode_partition(data, p["sha256"], key)
 
+    if "state" in manifest:
+        return _state_reader_rdd(sc, spec, manifest, partitioner)
     if partitioner is not None and partitioner.numPartitions == n:
         return partition_aligned_rdd(sc, n, lambda i: read(i, ()))
     return sc.parallelize(range(n), n).mapPartitionsWithIndex(read)
+
+
+def _state_reader_rdd(sc: SparkContext, spec: StoreSpec, manifest: dict[str, Any],
+                      partitioner: Partitioner | None) -> RDD:
+    """The reader of a store-backed stream's checkpoint (:mod:`dstreams.nodes.store_state`): partition ``i`` is
+    the state at the checkpoint's time as (key bytes, value bytes), rebuilt from the newest snapshot part of
+    ``i`` on the checkpoint's chain and the delta parts after it. Lazy: nothing is read until iterated."""
+    node_key, n = manifest["node"], int(manifest["num_partitions"])
+    store = spec.open()
+    chain = [*manifest["state"]["chain"], int(manifest["time_ms"])]
+    manifests = [load_manifest(store, node_key, t) for t in chain[:-1]] + [manifest]
+    layers: list[tuple[str, dict[int, dict[str, Any]]]] = []
+    for m in manifests:
+        if int(m["num_partitions"]) != n:
+            raise CorruptCheckpointError(f"checkpoint of {node_key} at {m['time_ms']} has {m['num_partitions']} "
+                                         f"partitions, the chain it belongs to has {n}")
+        layers.append((checkpoint_prefix(node_key, int(m["time_ms"])), {int(p["index"]): p for p in m["parts"]}))
+
+    def read(i: int) -> Iterable[Any]:
+        parts: list[list[Any]] = []
+        for prefix, by_index in reversed(layers):  # newest first, down to the newest snapshot
+            p = by_index[i]
+            key = f"{prefix}/{p['key']}"
+            try:
+                data = spec.open().get(key)
+            except FileNotFoundError:
+                raise CorruptCheckpointError(f"checkpoint part {key} named by its manifest is missing") from None
+            records = decode_partition(data, p["sha256"], key)
+            if not records or not isinstance(records[0], tuple) or records[0][0] != STATE_PART_HEADER:
+                raise CorruptCheckpointError(f"checkpoint part {key} is not a part of a store-backed state")
+            parts.append(records)
+            if records[0][1] == "snapshot":
+                break
+        else:
+            raise CorruptCheckpointError(f"no snapshot of partition {i} of {node_key} on the chain {chain}")
+        state: dict[bytes, bytes] = {}
+        for records in reversed(parts):
+            for k, v in records[1:]:
+                if v is None:
+                    state.pop(k, None)
+                else:
+                    state[k] = v
+        yield from state.items()
+
+    if partitioner is not None and partitioner.numPartitions == n:
+        return partition_aligned_rdd(sc, n, read)
+    return sc.parallelize(range(n), n).mapPartitionsWithIndex(lambda i, it: (consume(it), read(i))[1])
+
+
+def state_chain(manifest: dict[str, Any]) -> list[int]:
+    """The checkpoint times a store-backed stream's checkpoint builds on (empty for any other)."""
+    return [int(t) for t in manifest.get("state", {}).get("chain", [])]
 
 
 class StoreCheckpointer:
@@ -170,6 +225,8 @@ class StoreCheckpointer:
         self.fault_hook = fault_hook
         self.sc = sc
         self.spec = spec
+        #: The checkpoint location's identity (stable across driver runs; names executor state stores).
+        self.location = spec.url
         self.store = spec.open()
         self.events = events
         self.fence: Fence = fence if fence is not None else NoFence()
@@ -188,6 +245,8 @@ class StoreCheckpointer:
         self.committed: dict[str, list[int]] = defaultdict(list)
         #: (node key, checkpoint time) -> newest batch of the node built before it was adopted.
         self._built_through: dict[tuple[str, int], int] = {}
+        #: (node key, checkpoint time) -> the checkpoints it builds on (a store-backed stream's deltas).
+        self._chains: dict[tuple[str, int], list[int]] = {}
         self._nodes: dict[str, DStreamNode] = {}
         self._restored: dict[str, int] = {}
         self._completed_ms: int | None = None
@@ -232,10 +291,19 @@ class StoreCheckpointer:
         join the committed ones (nothing of this run is built on them), so the deletion rule
         eventually removes them too; newer ones are written again as the batches are re-run.
         """
+        chains: dict[int, list[int]] = {}
+        for t in existing if restored_ms is not None else []:
+            if t <= restored_ms:
+                try:
+                    chains[t] = state_chain(load_manifest(self.store, node.key, t))
+                except Exception as e:  # noqa: BLE001 - unreadable: it cannot be read back either
+                    log.debug("manifest of %s at %d not read: %s", node.key, t, e)
         with self._lock:
             self._nodes[node.key] = node
             if restored_ms is None:
                 return
+            for t, chain in chains.items():
+                self._chains[(node.key, t)] = chain
             self._restored[node.key] = restored_ms
             older = {t for t in existing if t <= restored_ms}
             for t in older:
@@ -334,6 +402,7 @@ class StoreCheckpointer:
             spec.open().put(f"{prefix}/{key}", data)
             return [{"index": i, "key": key, "sha256": sha, "records": count, "bytes": len(data)}]
 
+        rdd, extra = node.checkpoint_export(t, rdd)
         self.fence.check_owner()  # before the tasks replace parts of the same checkpoint another driver wrote
         group = f"dstreams-checkpoint-{node.key}-{t}"
         self.sc.setJobGroup(group, f"checkpoint of {node.name} at {t}")
@@ -344,16 +413,19 @@ class StoreCheckpointer:
             self._job_group = None
         partitioner = node.checkpoint_partitioner
         manifest = {
-            "format": 1,
+            "format": 2 if extra else 1,
             "node": node.key,
             "time_ms": t,
             "num_partitions": len(parts),
             "partitioned": partitioner is not None,
             "parts": parts,
+            **extra,
         }
         self.fault_hook("checkpoint-write")
         self.fence.check_owner()
         self.store.put(f"{prefix}/{MANIFEST}", json.dumps(manifest, sort_keys=True).encode())
+        with self._lock:
+            self._chains[(node.key, t)] = state_chain(manifest)
         log.debug("checkpoint of %s at %d committed (%d parts)", node.name, t, len(parts))
         self.events.post(CheckpointCommitted(node, BatchTime(t), reader_rdd(self.sc, spec, prefix, manifest,
                                                                             partitioner)))
@@ -381,6 +453,8 @@ class StoreCheckpointer:
         times = self.committed[node_key]
         if len(times) <= KEEP_NEWER + 1 or self._completed_ms is None:
             return False
+        if any(times[0] in self._chains.get((node_key, t), ()) for t in times[1:]):
+            return False  # a kept checkpoint is a delta on it
         successor = times[1]
         # A restart resumes every stream from its newest checkpoint at or before the oldest of the streams'
         # newest ones (recovery.resume): that one stays until a newer one is at or before it too.
@@ -410,6 +484,7 @@ class StoreCheckpointer:
                     break
                 old = self.committed[key].pop(0)
                 self._built_through.pop((key, old), None)
+                self._chains.pop((key, old), None)
                 doomed.append((key, old))
         if doomed:
             self._submit(self._delete, doomed)
@@ -439,7 +514,7 @@ def load_manifest(store, node_key: str, time_ms: int) -> dict[str, Any]:
         manifest = json.loads(raw)
     except ValueError:
         raise CorruptCheckpointError(f"{prefix}/{MANIFEST} is not valid JSON") from None
-    if manifest.get("format") != 1 or manifest.get("node") != node_key:
+    if manifest.get("format") not in (1, 2) or manifest.get("node") != node_key:
         raise CorruptCheckpointError(f"{prefix}/{MANIFEST} is not a format-1 manifest of {node_key}")
     return manifest
 

@@ -171,6 +171,10 @@ class _StubNode:
     checkpoint_partitioner = None
     remember_duration = None
 
+    @staticmethod
+    def checkpoint_export(time_ms, rdd):
+        return rdd, {}
+
 
 def _needs_checkpoint(url: str, key: str, time_ms: int):
     """A partition function that fails unless the checkpoint ``key`` at ``time_ms`` is still in the store

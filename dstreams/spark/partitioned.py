@@ -131,11 +131,13 @@ def segmented_merge(
     sc: SparkContext,
     groups: Sequence[Sequence[RDD]],
     partitioner: Partitioner,
-    merge: Callable[[list[list[Any]]], Iterable[Any]],
+    merge: Callable[..., Iterable[Any]],
+    with_index: bool = False,
 ) -> RDD:
     """Merge groups of co-partitioned RDDs partition by partition (no shuffle).
 
-    Every RDD in ``groups`` must already be partitioned by ``partitioner``.
+    Every RDD in ``groups`` must already be partitioned by ``partitioner``. ``merge(segments)`` gets one list
+    of records per group; with ``with_index``, ``merge(partition, segments)``.
     """
     n = partitioner.numPartitions
     parts: list[RDD] = []
@@ -152,9 +154,14 @@ def segmented_merge(
     def run(it: Iterator[Any]) -> Iterable[Any]:
         return merge(split_segments(it, count))
 
+    def run_indexed(i: int, it: Iterator[Any]) -> Iterable[Any]:
+        return merge(i, split_segments(it, count))
+
     union = union_rdds(sc, parts)
     if union.partitioner != partitioner:
         raise RuntimeError("internal: partition-aware union lost its partitioner")
+    if with_index:
+        return union.mapPartitionsWithIndex(run_indexed, preservesPartitioning=True)
     return union.mapPartitions(run, preservesPartitioning=True)
 
 

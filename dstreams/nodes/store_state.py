@@ -1,0 +1,368 @@
+"""Store-backed state streams: the state lives in the executor state store (:mod:`dstreams.statestore`).
+
+Chosen with ``spark.dstreams.state.store=executor`` for ``runningReduce`` and ``updateStateByKey``. Two nodes:
+
+* :class:`StoreStateNode` (internal) owns the chain of **handle** RDDs. Partition ``p`` of the handle at
+  ``t`` applies batch ``t``'s records of partition ``p`` to the partition's store (reading and writing only the
+  keys the batch touches) and yields one record, the store version it stands for. The handle at ``t`` depends
+  narrowly on the handle before it and on the batch, shuffled once into the state's partitioner, so that
+  Spark's lineage replays missing batches in order after a lost executor, as with RDD state. Handles are
+  cached (a few bytes each). A handle whose store already holds its version, in the same driver run, applies
+  nothing (a recomputed or retried task, a speculative copy). A batch with no records keeps the previous
+  handle.
+* :class:`StateViewNode` (the public stream) reads the whole state as of each handle's version, lazily:
+  an output that reads every key costs the whole state, one that reads nothing costs nothing.
+
+Checkpoints go through the engine's checkpointer (same manifest commit, fencing and outage rule): the
+checkpoint of ``t`` writes, per partition, the keys changed since the previous committed checkpoint (a
+**delta**, with deletions) or, every ``spark.dstreams.state.snapshotEvery`` checkpoints, after a restart and
+where the store's log no longer reaches the previous checkpoint, the whole partition (a **snapshot**). Its
+manifest names the chain of checkpoints it builds on; the reader rebuilds a partition from its newest
+snapshot and the deltas after it, and the checkpointer deletes no checkpoint a kept one builds on. A
+checkpoint read back (a restart, or the lineage cut of a running stream) brings each partition's store to
+that version: kept when this driver run's store is already there or past it, rolled back through the
+store's log when an earlier run's store is past it, else reloaded from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import uuid
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from pyspark import RDD, StorageLevel
+from pyspark.rdd import Partitioner
+
+from ..node import DStreamNode, OneParentNode
+from ..spark.partitioned import (
+    ensure_partitioned,
+    fold,
+    partition_aligned_rdd,
+    pre_combine,
+    pre_group_ordered,
+    segmented_merge,
+)
+from ..statestore import PART_HEADER, PartitionStore, StateStoreError, key_bytes
+from ..time import BatchTime
+
+if TYPE_CHECKING:
+    from ..graph import DStreamGraph
+
+#: What a batch does to one partition's store: (store, the partition's batch records) -> (writes, old values).
+Updater = Callable[[PartitionStore, list[Any]], tuple[dict[bytes, bytes | None], dict[bytes, bytes]]]
+
+
+def _dumps(value: Any) -> bytes:
+    return pickle.dumps(value, 5)
+
+
+class StoreStateNode(OneParentNode):
+    """Base of the store-backed state operators (see the module docstring). Subclasses give ``prepare``
+    (the batch in the state's partitioner) and ``updater()`` (what a batch does to a partition's store)."""
+
+    must_checkpoint = True
+    #: Apply every batch, also one without records (``updateStateByKey`` calling its function for idle keys).
+    applies_every_batch = False
+
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode, partitioner: Partitioner,
+                 initial: RDD | None, label: str, local_dir: str | None, snapshot_every: int) -> None:
+        super().__init__(graph, parent)
+        self.partitioner = partitioner
+        self.initial = ensure_partitioned(initial, partitioner) if initial is not None else None
+        self._initial_records: list[Any] | None = None
+        self.label = label
+        self.local_dir = local_dir
+        self.snapshot_every = max(1, int(snapshot_every))
+        #: This driver run: a store another run wrote is trusted only once brought back to a checkpoint.
+        self._run = uuid.uuid4().hex
+        #: Committed checkpoints since the newest snapshot (oldest first): what the next delta builds on.
+        self._chain: list[int] = []
+        #: Checkpoint time -> the chain it was written on (known once exported, used when adopted).
+        self._exported: dict[int, list[int]] = {}
+        #: Checkpoint times marked and not yet adopted: the store's log must reach back to them.
+        self._marked: set[int] = set()
+        self.persist(StorageLevel.MEMORY_ONLY)
+
+    # ------------------------------------------------------------------ definition
+    @property
+    def checkpoint_partitioner(self) -> Partitioner:
+        return self.partitioner
+
+    def describe_params(self) -> list[str]:
+        return [f"partitions={self.partitioner.numPartitions}", "store=executor"]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        if self.initial is not None:
+            state["_initial_records"] = self.initial.collect()
+            state["initial"] = None
+        state.update(_chain=[], _exported={}, _marked=set())
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._run = uuid.uuid4().hex  # a restored graph is a new run
+
+    def store_id(self) -> str:
+        """The folder of this stream's stores on every executor: the same for every driver run on the same
+        checkpoint location (so a restarted driver finds its stores), distinct for two locations."""
+        checkpointer = self.graph.checkpointer
+        location = getattr(checkpointer, "location", "") if checkpointer is not None else ""
+        digest = hashlib.sha256(f"{location}\0{self.key}".encode()).hexdigest()[:20]
+        return f"{self.key}-{digest}"
+
+    # ------------------------------------------------------------------ per operator
+    def prepare(self, batch: RDD) -> RDD:
+        raise NotImplementedError
+
+    def updater(self) -> Updater:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ RDDs
+    def _initial_handle(self) -> RDD:
+        """The handle at the zero time: every partition's store holds the initial state (empty without one)."""
+        assert self.zero_time is not None
+        version, run, local_dir, store_id = self.zero_time.ms, self._run, self.local_dir, self.store_id()
+        if self.initial is None and self._initial_records is not None:
+            self.initial = ensure_partitioned(self.graph.sc.parallelize(self._initial_records), self.partitioner)
+            self._initial_records = None
+
+        def load(i: int, records: Iterable[Any]) -> list[int]:
+            store = PartitionStore.open(local_dir, store_id, i)
+            try:
+                store.ensure_base(version, run, lambda: ((key_bytes(k), _dumps(v)) for k, v in records))
+            finally:
+                store.close()
+            return [version]
+
+        if self.initial is None:
+            return partition_aligned_rdd(self.graph.sc, self.partitioner.numPartitions, lambda i: load(i, ()))
+        return segmented_merge(self.graph.sc, [[self.initial]], self.partitioner,
+                               lambda i, segments: load(i, segments[0]), with_index=True)
+
+    def _log_floor(self, t: int) -> int:
+        """Below this version the store's log may go: no checkpoint still to write, no delta's base and no RDD
+        in the remember window needs it."""
+        assert self.remember_duration is not None
+        floor = t - self.remember_duration.ms - self.slide_duration.ms
+        if self._chain:
+            floor = min(floor, self._chain[-1])
+        if self._marked:
+            floor = min(floor, min(self._marked))
+        return floor
+
+    def compute(self, time: BatchTime) -> RDD | None:
+        previous = self.get_or_compute(time - self.slide_duration)
+        if previous is None:
+            previous = self._initial_handle()
+        batch = self.parent.get_or_compute(time)
+        if batch is None and not self.applies_every_batch:
+            return previous
+        if self.checkpoint_due(time):
+            self._marked.add(time.ms)
+        t, run, local_dir, store_id = time.ms, self._run, self.local_dir, self.store_id()
+        floor, update, name = self._log_floor(time.ms), self.updater(), self.name
+
+        def apply(i: int, segments: list[list[Any]]) -> list[int]:
+            base = segments[0][0] if segments[0] else None
+            store = PartitionStore.open(local_dir, store_id, i)
+            try:
+                with store.transaction():
+                    version, owner = store.version, store.run
+                    if owner == run and version is not None and version >= t:
+                        return [t]  # applied already (a recomputed handle, a retried or speculative task)
+                    if owner != run or version != base:
+                        raise StateStoreError(
+                            f"{name}: the state store of partition {i} ({store.path}) is at version {version} of "
+                            f"run {owner}, not at {base} of this run ({run}), so batch {t} cannot be applied. "
+                            "Another driver may be writing the same checkpoint location's state, or the store's "
+                            "folder was removed while the stream ran; restart the stream from its checkpoint")
+                    writes, old = update(store, segments[1] if len(segments) > 1 else [])
+                    store.write_many(t, writes, old)
+                    store.set_version(t, run)
+                    store.prune_log(floor)
+            finally:
+                store.close()
+            return [t]
+
+        groups = [[previous], [self.prepare(batch)] if batch is not None else []]
+        return segmented_merge(self.graph.sc, groups, self.partitioner, apply, with_index=True)
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_export(self, time_ms: int, rdd: RDD) -> tuple[RDD, dict[str, Any]]:
+        """What the checkpoint of ``time_ms`` writes: a delta on the chain of committed checkpoints, or a
+        snapshot (see the module docstring), and the manifest's ``state`` entry naming the chain."""
+        chain = list(self._chain) if 0 < len(self._chain) < self.snapshot_every else []
+        self._exported[time_ms] = chain
+        base = chain[-1] if chain else None
+        local_dir, store_id = self.local_dir, self.store_id()
+
+        def export(i: int, it: Iterable[Any]) -> Iterable[Any]:
+            (version,) = list(it)
+            store = PartitionStore.open(local_dir, store_id, i)
+            try:
+                with store.reading():
+                    floor = store.log_floor
+                    if base is not None and floor is not None and floor <= base:
+                        yield (PART_HEADER, "delta")
+                        yield from store.changed_since(base, version)
+                    else:
+                        yield (PART_HEADER, "snapshot")
+                        yield from store.items_as_of(version)
+            finally:
+                store.close()
+
+        return rdd.mapPartitionsWithIndex(export), {"state": {"chain": chain}}
+
+    def adopt_checkpoint(self, time: BatchTime, reader: RDD) -> int:
+        built_through = super().adopt_checkpoint(time, reader)
+        chain = self._exported.pop(time.ms, None)
+        if chain is not None:
+            self._chain = [*chain, time.ms]
+        self._marked = {m for m in self._marked if m > time.ms}
+        self._exported = {m: c for m, c in self._exported.items() if m > time.ms}
+        return built_through
+
+    def restore_from_checkpoint(self, time: BatchTime, reader: RDD) -> None:
+        """``reader`` yields the state at ``time`` (key bytes, value bytes) per partition; the RDD installed
+        brings each partition's store to ``time`` (reading ``reader`` only when the store cannot get there on
+        its own). A restarted driver's next checkpoint is a snapshot."""
+        version, run, local_dir, store_id = time.ms, self._run, self.local_dir, self.store_id()
+
+        def restore(i: int, records: Iterable[Any]) -> list[int]:
+            store = PartitionStore.open(local_dir, store_id, i)
+            try:
+                store.ensure_base(version, run, lambda: records)
+            finally:
+                store.close()
+            return [version]
+
+        handle = reader.mapPartitionsWithIndex(restore, preservesPartitioning=True)
+        super().restore_from_checkpoint(time, handle)
+        if not self._chain or self._chain[-1] != time.ms:
+            self._chain = []
+
+    def view(self, time: BatchTime) -> RDD | None:
+        """The whole state at ``time`` as (key, value) pairs, read lazily from the stores."""
+        handle = self.get_or_compute(time)
+        if handle is None:
+            return None
+        local_dir, store_id = self.local_dir, self.store_id()
+
+        def read(i: int, it: Iterable[Any]) -> Iterable[Any]:
+            (version,) = list(it)
+            store = PartitionStore.open(local_dir, store_id, i)
+            try:
+                with store.reading():
+                    for kb, vb in store.items_as_of(version):
+                        yield pickle.loads(kb), pickle.loads(vb)
+            finally:
+                store.close()
+
+        return handle.mapPartitionsWithIndex(read, preservesPartitioning=True)
+
+
+class StoreRunningReduceNode(StoreStateNode):
+    """``runningReduce(f)`` on the executor state store: a batch reads and writes the keys it has."""
+
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode, func: Callable[[Any, Any], Any],
+                 partitioner: Partitioner, local_dir: str | None, snapshot_every: int) -> None:
+        super().__init__(graph, parent, partitioner, None, "runningReduce", local_dir, snapshot_every)
+        self.func = func
+
+    def prepare(self, batch: RDD) -> RDD:
+        return pre_combine(batch, self.func, self.partitioner, "runningReduce")
+
+    def updater(self) -> Updater:
+        func = self.func
+
+        def update(store: PartitionStore, records: list[Any]) -> tuple[dict[bytes, bytes | None], dict[bytes, bytes]]:
+            batch = fold(func, records, {}, "runningReduce")
+            keyed = {key_bytes(k): v for k, v in batch.items()}
+            old = store.get_many(keyed)
+            writes: dict[bytes, bytes | None] = {}
+            for kb, v in keyed.items():
+                o = old.get(kb)
+                writes[kb] = _dumps(func(pickle.loads(o), v) if o is not None else v)
+            return writes, old
+
+        return update
+
+
+class StoreUpdateStateNode(StoreStateNode):
+    """``updateStateByKey(updateFunc)`` on the executor state store.
+
+    With ``update_idle_keys`` (PySpark's rule, the default of the API) ``updateFunc`` runs for every key of
+    the state each batch, so a batch costs the whole state (the store only saves rebuilding the RDD);
+    without it, only keys with new values are updated and the others keep their state.
+    """
+
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode, update: Callable[[list[Any], Any], Any],
+                 partitioner: Partitioner, initial: RDD | None, update_idle_keys: bool,
+                 local_dir: str | None, snapshot_every: int) -> None:
+        super().__init__(graph, parent, partitioner, initial, "updateStateByKey", local_dir, snapshot_every)
+        self.update = update
+        self.update_idle_keys = update_idle_keys
+        self.applies_every_batch = update_idle_keys
+
+    def describe_params(self) -> list[str]:
+        return [*super().describe_params(), f"updateIdleKeys={self.update_idle_keys}"]
+
+    def prepare(self, batch: RDD) -> RDD:
+        return pre_group_ordered(batch, self.partitioner, "updateStateByKey")
+
+    def updater(self) -> Updater:
+        update, idle = self.update, self.update_idle_keys
+
+        def apply(store: PartitionStore, records: list[Any]) -> tuple[dict[bytes, bytes | None], dict[bytes, bytes]]:
+            new = {key_bytes(k): (k, vs) for k, vs in records}
+            writes: dict[bytes, bytes | None] = {}
+            if idle:
+                old = dict(store.items())
+                for kb, vb in old.items():
+                    entry = new.pop(kb, None)
+                    r = update(entry[1] if entry is not None else [], pickle.loads(vb))
+                    rb = None if r is None else _dumps(r)
+                    if rb != vb:
+                        writes[kb] = rb
+            else:
+                old = store.get_many(new)
+                for kb, vb in old.items():
+                    _, vs = new.pop(kb)
+                    r = update(vs, pickle.loads(vb))
+                    writes[kb] = None if r is None else _dumps(r)
+            for kb, (_, vs) in new.items():
+                r = update(vs, None)
+                if r is not None:
+                    writes[kb] = _dumps(r)
+            return writes, old
+
+        return apply
+
+
+class StateViewNode(OneParentNode):
+    """The public stream of a store-backed state: the whole state at each batch, read lazily."""
+
+    checkpoint_persists = False
+
+    def __init__(self, graph: DStreamGraph, parent: StoreStateNode) -> None:
+        super().__init__(graph, parent)
+        self.state = parent
+
+    @property  # type: ignore[override]
+    def checkpoint_interval(self) -> None:
+        """The view is never checkpointed: ``DStream.checkpoint(interval)`` on it sets the state's interval."""
+        return None
+
+    @checkpoint_interval.setter
+    def checkpoint_interval(self, value: Any) -> None:
+        if value is not None:
+            self.state.checkpoint_interval = value
+
+    def compute(self, time: BatchTime) -> RDD | None:
+        return self.state.view(time)
+
+
+__all__ = ["PART_HEADER", "StateViewNode", "StoreRunningReduceNode", "StoreStateNode", "StoreUpdateStateNode"]

@@ -1,0 +1,342 @@
+"""The executor state store: one versioned key-value store per state partition, on the executor's local disk.
+
+A store-backed state stream (``spark.dstreams.state.store=executor``) keeps partition ``p`` of its state in
+``<local dir>/<store id>/p-NNNNN.sqlite`` on the executor that runs the partition's tasks, so that a batch
+reads and writes only the keys it touches, instead of rebuilding the whole state as a new RDD.
+
+Why SQLite: it is in Python's standard library (no dependency beyond the project's), it is shared by every
+Python worker process of an executor (a PySpark task runs in whichever worker is free, so an in-process
+dict would be loaded once per worker and per partition), it keeps state larger than memory on disk with the
+operating system's page cache in front of it, and a transaction makes each batch's update atomic. Measured
+(25,000 random updates into 2.5M keys, one process): 0.22-0.45 s with SQLite, 0.08 s with LMDB; LMDB would
+be the next step if the project accepts a dependency (``benchmarks/README.md``, "State at scale").
+
+Contract of :class:`PartitionStore`:
+
+* Keys are compared by a canonical encoding (:func:`key_bytes`: pickle without memo), so equal ``str``,
+  ``int``, ``bytes``, tuple... keys are one key; ``1`` and ``1.0`` (equal in a dict) are two keys here.
+  Values are pickled.
+* The store holds one **version** (a batch time in ms) and the **run** that wrote it (a token of one driver
+  run: a store written by an earlier driver is trusted only after it is brought back to a checkpoint).
+  :meth:`commit` applies one batch's writes as version ``t`` in one transaction and logs each written key's
+  old value; the log lets :meth:`items_as_of` read an older version, :meth:`changed_since` list the keys a
+  delta checkpoint must write, and :meth:`rollback` return to an older version. The log is pruned below a
+  floor the driver chooses (the base of the next delta checkpoint and the remember window).
+* :meth:`ensure_base` brings the store to version ``c`` of a given run: kept if the same run is already
+  at or past ``c`` (a recomputed base never moves a store back), rolled back if an earlier run's store is
+  past ``c`` and its log reaches back to ``c``, else reloaded from ``records`` (a checkpoint's state or the
+  initial state).
+* Two tasks of one partition (speculation, a retry) serialise on the database's write lock
+  (``BEGIN IMMEDIATE``, a 10-minute busy timeout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import pickle
+import sqlite3
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+#: Rows per ``IN (...)`` lookup (below SQLite's default limit of host parameters).
+LOOKUP_CHUNK = 900
+BUSY_TIMEOUT_S = 600.0
+#: First record of every checkpoint part of a store-backed stream: ``(PART_HEADER, "snapshot" | "delta")``.
+PART_HEADER = "dstreams-state-part"
+#: Variable naming the folder of executor state stores when the driver does not pass one.
+LOCAL_DIR_ENV = "DSTREAMS_STATE_LOCAL_DIR"
+
+
+class StateStoreError(RuntimeError):
+    """The store cannot serve what a task asked (a version it no longer has, a store deleted under it)."""
+
+
+def key_bytes(key: Any) -> bytes:
+    """The canonical encoding of ``key``: equal keys of the usual types give equal bytes (no pickle memo,
+    which would encode a tuple of two equal strings differently by their identity)."""
+    t = type(key)
+    if t is str or t is int or t is bytes:
+        return pickle.dumps(key, 5)
+    buf = io.BytesIO()
+    p = pickle.Pickler(buf, 5)
+    p.fast = True  # no memo: the bytes depend on the value only
+    p.dump(key)
+    return buf.getvalue()
+
+
+def key_hash(kb: bytes) -> int:
+    """A stable 63-bit hash of a key's bytes (the row id; Python's ``hash`` is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(kb, digest_size=8).digest(), "little") >> 1
+
+
+def default_local_dir() -> str:
+    return os.environ.get(LOCAL_DIR_ENV) or os.path.join(tempfile.gettempdir(), "dstreams-state")
+
+
+def store_path(local_dir: str | None, store_id: str, partition: int) -> str:
+    root = os.path.join(local_dir or default_local_dir(), store_id)
+    os.makedirs(root, exist_ok=True)
+    return os.path.join(root, f"p-{partition:05d}.sqlite")
+
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS kv(h INTEGER PRIMARY KEY, k BLOB NOT NULL, v BLOB NOT NULL)",
+    # Keys whose hash another key already holds in kv (astronomically rare; kept correct anyway).
+    "CREATE TABLE IF NOT EXISTS kvx(k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID",
+    # Old values (NULL: absent) of the keys each version wrote: the undo log.
+    "CREATE TABLE IF NOT EXISTS log(ver INTEGER NOT NULL, k BLOB NOT NULL, old BLOB, PRIMARY KEY(ver, k)) "
+    "WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value) WITHOUT ROWID",
+)
+
+
+class PartitionStore:
+    """One partition's versioned store (see the module docstring)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        for pragma in ("journal_mode=WAL", "synchronous=OFF", "cache_size=-131072", "mmap_size=1073741824"):
+            self.db.execute(f"PRAGMA {pragma}")
+        for stmt in _SCHEMA:
+            self.db.execute(stmt)
+
+    @classmethod
+    def open(cls, local_dir: str | None, store_id: str, partition: int) -> PartitionStore:
+        return cls(store_path(local_dir, store_id, partition))
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ------------------------------------------------------------------ metadata
+    def _meta(self, name: str) -> Any:
+        row = self.db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        return None if row is None else row[0]
+
+    def _set_meta(self, name: str, value: Any) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (name, value))
+
+    @property
+    def version(self) -> int | None:
+        return self._meta("version")
+
+    @property
+    def run(self) -> str | None:
+        return self._meta("run")
+
+    @property
+    def log_floor(self) -> int | None:
+        """The oldest version the log can still go back to (None: no version)."""
+        return self._meta("log_floor")
+
+    def count(self) -> int:
+        return int(self.db.execute("SELECT (SELECT count(*) FROM kv) + (SELECT count(*) FROM kvx)").fetchone()[0])
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """One consistent version for every read inside (a writer may commit meanwhile: WAL mode)."""
+        self.db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self.db.execute("COMMIT")
+
+    # ------------------------------------------------------------------ reading
+    def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
+        """The stored value bytes of those of ``keys`` that have one."""
+        by_hash: dict[int, bytes | list[bytes]] = {}
+        for k in keys:
+            h = key_hash(k)
+            seen = by_hash.setdefault(h, k)
+            if seen is not k and seen != k:  # two keys, one hash
+                by_hash[h] = [*seen, k] if isinstance(seen, list) else [seen, k]
+        found: dict[bytes, bytes] = {}
+        missed: list[bytes] = []
+        hashes = list(by_hash)
+        for i in range(0, len(hashes), LOOKUP_CHUNK):
+            chunk = hashes[i:i + LOOKUP_CHUNK]
+            rows = self.db.execute(f"SELECT h, k, v FROM kv WHERE h IN ({','.join('?' * len(chunk))})", chunk)
+            for h, k, v in rows:
+                wanted = by_hash.pop(h)
+                for w in wanted if isinstance(wanted, list) else [wanted]:
+                    if w == k:
+                        found[k] = v
+                    else:
+                        missed.append(w)
+        for wanted in by_hash.values():  # no row with that hash in kv
+            missed.extend(wanted if isinstance(wanted, list) else [wanted])
+        if missed and self.db.execute("SELECT 1 FROM kvx LIMIT 1").fetchone():
+            for k in missed:
+                row = self.db.execute("SELECT v FROM kvx WHERE k = ?", (k,)).fetchone()
+                if row is not None:
+                    found[k] = row[0]
+        return found
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        yield from self.db.execute("SELECT k, v FROM kv")
+        yield from self.db.execute("SELECT k, v FROM kvx")
+
+    def items_as_of(self, version: int) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key bytes, value bytes) of the state at ``version`` (the current one or one the log reaches)."""
+        current = self.version
+        if current is None:
+            raise StateStoreError(f"state store {self.path} holds no version (asked for {version})")
+        if version == current:
+            yield from self.items()
+            return
+        if version > current or (self.log_floor is not None and version < self.log_floor):
+            raise StateStoreError(
+                f"state store {self.path} is at version {current} and its log reaches back to {self.log_floor}: "
+                f"it cannot serve version {version}")
+        # The oldest logged old value after ``version`` of each key is its value at ``version``.
+        before = dict(self.db.execute(
+            "SELECT k, old FROM log WHERE ver > ? AND ver <= ? ORDER BY ver DESC", (version, current)))
+        for k, v in self.items():
+            if k not in before:
+                yield k, v
+        for k, old in before.items():
+            if old is not None:
+                yield k, old
+
+    def changed_since(self, base: int, version: int) -> Iterator[tuple[bytes, bytes | None]]:
+        """The keys written in versions ``(base, version]`` with their value at ``version`` (None: deleted):
+        a delta checkpoint's records."""
+        floor = self.log_floor
+        if floor is None or base < floor:
+            raise StateStoreError(f"state store {self.path}: the log reaches back to {floor}, not to {base}")
+        keys = [k for (k,) in self.db.execute(
+            "SELECT DISTINCT k FROM log WHERE ver > ? AND ver <= ?", (base, version))]
+        current = self.version
+        at: dict[bytes, bytes | None]
+        if version == current:
+            at = dict(self.get_many(keys))
+        else:
+            at = dict(self.get_many(keys))
+            for k, old in self.db.execute(
+                    "SELECT k, old FROM log WHERE ver > ? AND ver <= ? ORDER BY ver DESC", (version, current)):
+                at[k] = old
+                if old is None:
+                    at.pop(k)
+        for k in keys:
+            yield k, at.get(k)
+
+    # ------------------------------------------------------------------ writing
+    def _write(self, kb: bytes, vb: bytes | None) -> None:
+        h = key_hash(kb)
+        row = self.db.execute("SELECT k FROM kv WHERE h = ?", (h,)).fetchone()
+        if row is not None and row[0] != kb:  # the hash belongs to another key
+            if vb is None:
+                self.db.execute("DELETE FROM kvx WHERE k = ?", (kb,))
+            else:
+                self.db.execute("INSERT OR REPLACE INTO kvx VALUES (?, ?)", (kb, vb))
+        else:
+            self.db.execute("DELETE FROM kvx WHERE k = ?", (kb,))
+            if vb is None:
+                self.db.execute("DELETE FROM kv WHERE h = ?", (h,))
+            else:
+                self.db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?, ?)", (h, kb, vb))
+
+    def write_many(self, version: int, writes: dict[bytes, bytes | None], old: dict[bytes, bytes],
+                   log: bool = True) -> None:
+        """Inside a transaction: write ``writes`` (None deletes) as ``version``; ``old`` holds the current value
+        of every written key that has one (from :meth:`get_many`), logged for the undo."""
+        if log:
+            self.db.executemany("INSERT OR REPLACE INTO log VALUES (?, ?, ?)",
+                                ((version, k, old.get(k)) for k in writes))
+        if self.db.execute("SELECT 1 FROM kvx LIMIT 1").fetchone():  # keys sharing a hash: one by one
+            for k, v in writes.items():
+                self._write(k, v)
+            return
+        first: dict[int, bytes] = {}
+        slow: list[bytes] = []
+        for k in writes:
+            h = key_hash(k)
+            if first.setdefault(h, k) != k:  # two keys of this batch share a hash
+                slow.append(k)
+        owners: dict[int, bytes] = {}
+        hashes = list(first)
+        for i in range(0, len(hashes), LOOKUP_CHUNK):
+            chunk = hashes[i:i + LOOKUP_CHUNK]
+            owners.update(self.db.execute(f"SELECT h, k FROM kv WHERE h IN ({','.join('?' * len(chunk))})", chunk))
+        upserts, deletes = [], []
+        for h, k in first.items():
+            if owners.get(h, k) != k:  # the row id belongs to another key
+                slow.append(k)
+            elif writes[k] is None:
+                if h in owners:
+                    deletes.append((h,))
+            else:
+                upserts.append((h, k, writes[k]))
+        self.db.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?, ?)", upserts)
+        self.db.executemany("DELETE FROM kv WHERE h = ?", deletes)
+        for k in slow:
+            self._write(k, writes[k])
+
+    def set_version(self, version: int, run: str) -> None:
+        self._set_meta("version", version)
+        self._set_meta("run", run)
+        if self.log_floor is None:
+            self._set_meta("log_floor", version)
+
+    def prune_log(self, floor: int) -> None:
+        """Forget the undo entries of versions at or before ``floor`` (the log then reaches back to ``floor``)."""
+        current = self.log_floor
+        if current is not None and floor > current and self.version is not None and floor <= self.version:
+            self.db.execute("DELETE FROM log WHERE ver <= ?", (floor,))
+            self._set_meta("log_floor", floor)
+
+    def rollback(self, version: int) -> None:
+        """Inside a transaction: back to ``version`` through the log (which must reach it)."""
+        floor = self.log_floor
+        if floor is None or version < floor:
+            raise StateStoreError(f"state store {self.path}: the log reaches back to {floor}, not to {version}")
+        rows = self.db.execute("SELECT ver, k, old FROM log WHERE ver > ? ORDER BY ver DESC", (version,)).fetchall()
+        for _, k, old in rows:
+            self._write(k, old)
+        self.db.execute("DELETE FROM log WHERE ver > ?", (version,))
+        self._set_meta("version", version)
+
+    def reload(self, version: int, run: str, records: Iterable[tuple[bytes, bytes]]) -> None:
+        """Inside a transaction: replace everything by ``records`` as ``version`` of ``run`` (empty log)."""
+        for table in ("kv", "kvx", "log", "meta"):
+            self.db.execute(f"DELETE FROM {table}")
+        batch: dict[bytes, bytes | None] = {}
+        for k, v in records:
+            batch[k] = v
+            if len(batch) >= 50_000:
+                self.write_many(version, batch, {}, log=False)
+                batch = {}
+        if batch:
+            self.write_many(version, batch, {}, log=False)
+        self._set_meta("version", version)
+        self._set_meta("run", run)
+        self._set_meta("log_floor", version)
+
+    def ensure_base(self, version: int, run: str, records: Callable[[], Iterable[tuple[bytes, bytes]]]) -> str:
+        """Bring the store to ``version`` of ``run`` (see the module docstring); returns what it did
+        ("kept", "rolled back", "reloaded")."""
+        with self.transaction():
+            current = self.version
+            if current is not None and self.run == run and current >= version:
+                return "kept"
+            floor = self.log_floor
+            if current is not None and current >= version and floor is not None and floor <= version:
+                self.rollback(version)
+                self._set_meta("run", run)
+                return "rolled back"
+            self.reload(version, run, records())
+            return "reloaded"

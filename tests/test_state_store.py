@@ -1,0 +1,228 @@
+"""The executor state store (issue 23): the store itself, and store-backed state streams against the RDD state.
+
+* :class:`PartitionStore` on its own: versions, reads as of an older version through the undo log, the
+  changes since a version (a delta checkpoint), rollback, ``ensure_base``'s three ways, canonical keys and
+  the path of two keys with one hash.
+* Store-backed ``runningReduce`` and ``updateStateByKey`` (with and without ``updateIdleKeys``, with an initial
+  state, keys dropped) give the RDD state's outputs batch by batch, with checkpoints every 2 batches and a
+  snapshot every 2 checkpoints (deltas, chains, adoption and deletion all run).
+* A driver restart from the checkpoint (the local stores kept, rolled back, or lost) gives the uninterrupted
+  run's outputs, exactly once.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import pickle
+import shutil
+
+import pytest
+
+from dstreams import ManualClock, StreamingContext
+from dstreams.recovery.checkpointer import list_checkpoints, load_manifest
+from dstreams.recovery.store import open_store
+from dstreams.statestore import PartitionStore, StateStoreError, key_bytes
+
+from .recovery_app import read_outputs
+
+
+def _kv(store: PartitionStore, version: int | None = None) -> dict:
+    items = store.items() if version is None else store.items_as_of(version)
+    return {pickle.loads(k): pickle.loads(v) for k, v in items}
+
+
+def _commit(store: PartitionStore, version: int, run: str, values: dict) -> None:
+    writes = {key_bytes(k): (None if v is None else pickle.dumps(v)) for k, v in values.items()}
+    with store.transaction():
+        old = store.get_many(writes)
+        store.write_many(version, writes, old)
+        store.set_version(version, run)
+
+
+# ---------------------------------------------------------------------------------------------- the store alone
+def test_versions_reads_as_of_changes_and_rollback(tmp_path):
+    store = PartitionStore(str(tmp_path / "p.sqlite"))
+    store.ensure_base(0, "r1", lambda: [(key_bytes("a"), pickle.dumps(1)), (key_bytes("b"), pickle.dumps(2))])
+    _commit(store, 1000, "r1", {"a": 10, "c": 3})
+    _commit(store, 2000, "r1", {"b": None, "c": 30, ("t", "t"): 7})
+    assert (store.version, store.run, store.count()) == (2000, "r1", 3)
+    assert _kv(store) == {"a": 10, "c": 30, ("t", "t"): 7}
+    assert _kv(store, 1000) == {"a": 10, "b": 2, "c": 3}
+    assert _kv(store, 0) == {"a": 1, "b": 2}
+    delta = {pickle.loads(k): (None if v is None else pickle.loads(v)) for k, v in store.changed_since(0, 2000)}
+    assert delta == {"a": 10, "b": None, "c": 30, ("t", "t"): 7}
+    delta_1 = {pickle.loads(k): (None if v is None else pickle.loads(v)) for k, v in store.changed_since(0, 1000)}
+    assert delta_1 == {"a": 10, "c": 3}
+    with store.transaction():
+        store.rollback(1000)
+    assert store.version == 1000 and _kv(store) == {"a": 10, "b": 2, "c": 3}
+    store.prune_log(1000)
+    with pytest.raises(StateStoreError, match="cannot serve version 0"):
+        list(store.items_as_of(0))
+    store.close()
+
+
+def test_ensure_base_keeps_rolls_back_or_reloads(tmp_path):
+    path = str(tmp_path / "p.sqlite")
+    store = PartitionStore(path)
+    loads = []
+
+    def records():
+        loads.append(1)
+        return [(key_bytes("k"), pickle.dumps(0))]
+
+    assert store.ensure_base(0, "r1", records) == "reloaded"
+    _commit(store, 1000, "r1", {"k": 1})
+    _commit(store, 2000, "r1", {"k": 2})
+    assert store.ensure_base(1000, "r1", records) == "kept"  # same run, already past: never moved back
+    assert _kv(store) == {"k": 2}
+    assert store.ensure_base(1000, "r2", records) == "rolled back"  # another run: back to the checkpoint
+    assert (store.version, store.run, _kv(store)) == (1000, "r2", {"k": 1})
+    store.prune_log(1000)
+    assert store.ensure_base(0, "r3", records) == "reloaded"  # the log no longer reaches 0
+    assert _kv(store) == {"k": 0} and len(loads) == 2
+    store.close()
+
+
+def test_equal_keys_are_one_key_and_shared_hashes_stay_apart(tmp_path, monkeypatch):
+    a = "x" * 3
+    b = "".join(["x", "xx"])  # equal to a, another object
+    assert key_bytes((a, a)) == key_bytes((a, b))
+    import dstreams.statestore as statestore
+
+    monkeypatch.setattr(statestore, "key_hash", lambda kb: 42)  # every key on one row id
+    store = PartitionStore(str(tmp_path / "p.sqlite"))
+    store.ensure_base(0, "r", lambda: [])
+    _commit(store, 1000, "r", {"a": 1, "b": 2, ("c", 1): 3})
+    _commit(store, 2000, "r", {"a": None, "b": 20})
+    assert _kv(store) == {"b": 20, ("c", 1): 3}
+    assert _kv(store, 1000) == {"a": 1, "b": 2, ("c", 1): 3}
+    assert {pickle.loads(k): pickle.loads(v) for k, v in store.get_many([key_bytes("b"), key_bytes("zz")]).items()} \
+        == {"b": 20}
+    with store.transaction():
+        store.rollback(0)
+    assert _kv(store) == {}
+    store.close()
+
+
+# ---------------------------------------------------------------------------------------------- streams
+def _records(seed: int, t: int, partition: int, n: int):
+    return [f"w{(t // 1000 * 7 + partition * 3 + i * (t // 1000 % 3 + 1)) % 13}" for i in range(n)]
+
+
+def _sum_or_drop(values, state):
+    total = (state or 0) + sum(values)
+    return None if total > 25 else total  # keys leave the state
+
+
+def _count_batches(values, state):
+    seen = (state or 0) + 1
+    return None if not values and seen > 4 else seen  # idle keys age out (PySpark's rule: called every batch)
+
+
+def _app(sc, ckpt: str, out: str, clock) -> StreamingContext:
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.checkpoint(ckpt)
+    pairs = ssc.generatorStream(5, 2, seed=1, recordFunc=_records).map(lambda w: (w, 1))
+    pairs.runningReduce(operator.add).checkpoint("2s").saveAsTextFiles(os.path.join(out, "running"))
+    pairs.updateStateByKey(_sum_or_drop, 3, initialRDD=[("w1", 20), ("init", 5)]).checkpoint("2s") \
+        .saveAsTextFiles(os.path.join(out, "update"))
+    pairs.updateStateByKey(_count_batches).checkpoint("2s").saveAsTextFiles(os.path.join(out, "idle"))
+    pairs.updateStateByKey(_sum_or_drop, updateIdleKeys=False).checkpoint("2s") \
+        .saveAsTextFiles(os.path.join(out, "touched"))
+    return ssc
+
+
+def _drive(ssc: StreamingContext, clock: ManualClock, until_ms: int) -> None:
+    t = ssc.startTime.ms
+    clock.set_time(max(clock.time_ms(), until_ms))
+    while t <= until_ms:
+        info = ssc.awaitBatch(t, 120)
+        failed = {op.output_name: (op.failure_reason or "")[-2000:] for op in info.output_operations.values()
+                  if op.failure_reason and op.failure_reason != "stopped"}
+        assert not failed, f"batch {t} failed: {failed}"
+        ssc._checkpointer.flush(60)
+        t += 1000
+
+
+def _run(sc, tmp_path, name: str, store: str, monkeypatch, until_ms: int) -> dict[str, list[str]]:
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", store)
+    monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(tmp_path / f"{name}-local"))
+    monkeypatch.setenv("DSTREAMS_STATE_SNAPSHOT_EVERY", "2")
+    ckpt, out = str(tmp_path / f"{name}-ckpt"), str(tmp_path / f"{name}-out")
+    clock = ManualClock()
+    ssc = _app(sc, ckpt, out, clock)
+    try:
+        ssc.start()
+        _drive(ssc, clock, until_ms)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    return read_outputs(out)
+
+
+@pytest.mark.slow
+def test_store_backed_state_gives_the_rdd_states_outputs_batch_by_batch(sc, tmp_path, monkeypatch):
+    expected = _run(sc, tmp_path, "rdd", "rdd", monkeypatch, 12_000)
+    got = _run(sc, tmp_path, "store", "executor", monkeypatch, 12_000)
+    assert sorted(expected) == sorted(f"{n}-{t}" for n in ("running", "update", "idle", "touched")
+                                      for t in range(1000, 13_000, 1000))
+    for name in sorted(expected):
+        assert got.get(name) == expected[name], name
+    # Keys left the state and came back, idle keys aged out: the workload exercises deletes.
+    assert any("'init'" in line for line in expected["update-1000"])
+    assert len(expected["idle-12000"]) < len({x for t in range(1000, 13_000, 1000) for x in expected[f"idle-{t}"]})
+    # Checkpoints: deltas on a chain that starts with a snapshot; the chain is kept while needed.
+    store = open_store(str(tmp_path / "store-ckpt"))
+    node_keys = {k.split("/")[1] for k in store.list("checkpoints/") if "StoreRunningReduceNode" in k}
+    (key,) = node_keys
+    times = sorted(list_checkpoints(store, key))
+    manifests = {t: load_manifest(store, key, t) for t in times}
+    for t, m in manifests.items():
+        assert m["format"] == 2 and set(m["state"]["chain"]) <= set(times), (t, m["state"])
+    assert any(m["state"]["chain"] for m in manifests.values())
+
+
+def _restart_case(sc, tmp_path, monkeypatch, local: str) -> None:
+    monkeypatch.setenv("DSTREAMS_STATE_SNAPSHOT_EVERY", "2")
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", "rdd")
+    expected_out = str(tmp_path / "ref-out")
+    ref_clock = ManualClock()
+    ref = _app(sc, str(tmp_path / "ref-ckpt"), expected_out, ref_clock)
+    try:
+        ref.start()
+        _drive(ref, ref_clock, 14_000)
+    finally:
+        ref.stop(stopSparkContext=False)
+    expected = read_outputs(expected_out)
+
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", "executor")
+    local_dir = tmp_path / "local"
+    monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(local_dir))
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    clock = ManualClock()
+    first = StreamingContext.getOrCreate(ckpt, lambda: _app(sc, ckpt, out, clock))
+    try:
+        first.start()
+        _drive(first, clock, 7000)
+    finally:
+        first.stop(stopSparkContext=False)  # the driver "dies" after batch 7 (its stores are at 7 s)
+    if local == "lost":
+        shutil.rmtree(local_dir)  # the executors' disks are gone: every store is read back from checkpoints
+    clock2 = ManualClock(10_500)
+    second = StreamingContext.getOrCreate(ckpt, lambda: _app(sc, ckpt, out, clock2), clock=clock2)
+    try:
+        second.start()
+        _drive(second, clock2, 14_000)
+    finally:
+        second.stop(stopSparkContext=False)
+    got = read_outputs(out)
+    assert sorted(got) == sorted(expected)
+    for name in sorted(expected):
+        assert got[name] == expected[name], name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("local", ["kept", "lost"])
+def test_restart_from_checkpoint_gives_the_uninterrupted_outputs(sc, tmp_path, monkeypatch, local):
+    _restart_case(sc, tmp_path, monkeypatch, local)
