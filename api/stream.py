@@ -23,7 +23,12 @@ from dstreams.node import DStreamNode
 from dstreams.nodes.output import OutputNode
 from dstreams.nodes.reduced_window import ReducedWindowNode
 from dstreams.nodes.state import RunningReduceNode, TrackNode, UpdateStateNode
-from dstreams.nodes.store_state import StateViewNode, StoreRunningReduceNode, StoreUpdateStateNode
+from dstreams.nodes.store_state import (
+    StateChangesNode,
+    StateViewNode,
+    StoreRunningReduceNode,
+    StoreUpdateStateNode,
+)
 from dstreams.nodes.transformed import TransformedNode, require_same_slide
 from dstreams.nodes.union import UnionNode
 from dstreams.nodes.windowed import WindowedNode
@@ -376,6 +381,20 @@ class DStream:
             return self._derive(StateViewNode(graph, StoreRunningReduceNode(graph, self._node, func, part,
                                                                            local_dir, every)))
         return self._derive(RunningReduceNode(graph, self._node, func, part))
+
+    def changes(self) -> DStream:
+        """On a stream made by ``runningReduce`` or ``updateStateByKey`` (dstreams only): per batch, the
+        ``(key, state)`` pairs that batch changed, ``(key, None)`` for a key it removed.
+
+        With ``spark.dstreams.state.store=executor`` it reads what the batch wrote, so an output of the changes
+        costs the keys the batch touched, where an output of the state stream itself reads every key; on the RDD
+        state it compares each partition of the state with the one before.
+        """
+        self._check_open()
+        if not isinstance(self._node, (StateViewNode, RunningReduceNode, UpdateStateNode)):
+            raise TypeError("changes() is defined on the stream that runningReduce() or updateStateByKey() returns "
+                            f"(this one is {self._node.name}): call it on that stream, before any other operation")
+        return self._derive(StateChangesNode(self._node.graph, self._node))
 
     def _state_store(self) -> tuple[str | None, int] | None:
         """(local folder, snapshot cadence) when ``spark.dstreams.state.store`` is ``executor``, else None."""

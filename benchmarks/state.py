@@ -85,8 +85,8 @@ MARKER = "STATE_BENCH_RESULT "
 SIZES = [10_000, 1_000_000, 10_000_000, 30_000_000]
 QUICK_SIZES = [10_000, 1_000_000]
 DISTRIBUTIONS = ["hot", "uniform"]
-ENGINES = ["dstreams", "pyspark.streaming", "ss-rocksdb"]
-QUICK_ENGINES = ["dstreams", "pyspark.streaming"]
+ENGINES = ["dstreams", "dstreams-store", "pyspark.streaming", "ss-rocksdb"]
+QUICK_ENGINES = ["dstreams", "dstreams-store", "pyspark.streaming"]
 #: The hot set: every update of the ``hot`` distribution is on one of these many keys (the issue's workload).
 HOT_KEYS = 1000
 UPDATES = 100_000
@@ -95,9 +95,11 @@ SEED = 23
 #: A size is skipped when its memory estimate exceeds this share of the machine's available memory.
 MEMORY_SHARE = 0.85
 #: Estimated peak RSS per key of state (bytes, all processes) when no smaller size of the engine ran yet.
-DEFAULT_BYTES_PER_KEY = {"dstreams": 600, "pyspark.streaming": 600, "ss-rocksdb": 400}
+DEFAULT_BYTES_PER_KEY = {"dstreams": 600, "dstreams-store": 300, "pyspark.streaming": 600, "ss-rocksdb": 400}
 ENGINE_LABELS = {
     "dstreams": "dstreams: generatorStream + updateStateByKey(add_counts, initialRDD=...), RDD state",
+    "dstreams-store": "dstreams: generatorStream + updateStateByKey(add_counts, initialRDD=..., updateIdleKeys=False), "
+                      "spark.dstreams.state.store=executor; output: count() of changes() (the keys each batch changed)",
     "pyspark.streaming": "pyspark.streaming: queueStream of lazy RDDs + updateStateByKey(add_counts, initialRDD=...)",
     "ss-rocksdb": "Structured Streaming: rate-micro-batch + groupBy(key).transformWithState (ValueState, "
                   "initialState), RocksDB provider, changelog checkpointing",
@@ -237,14 +239,24 @@ def run_dstreams(sc: Any, case: dict[str, Any], progress: Progress, memory: Any)
 
     keys, interval = case["keys"], case["interval_s"]
     tmp = tempfile.mkdtemp(prefix="bench-state-dstreams-")
+    store = case["engine"] == "dstreams-store"
+    if store:  # read when the operator is defined; the stores' folder is removed with the checkpoints
+        os.environ["DSTREAMS_STATE_STORE"] = "executor"
+        os.environ["DSTREAMS_STATE_LOCAL_DIR"] = os.path.join(tmp, "local-state")
     ssc = StreamingContext(sc, interval)
     ssc.checkpoint(tmp)
     updates = ssc.generatorStream(case["updates"] // PARTITIONS, PARTITIONS, seed=SEED,
                                   recordFunc=update_records(keys, case["distribution"]))
-    state = updates.updateStateByKey(add_counts, numPartitions=PARTITIONS, initialRDD=_initial_rdd(sc, keys))
-    state.checkpoint(case["checkpoint_interval_s"])
     counts: list[int] = []
-    state.foreachRDD(lambda rdd: counts.append(rdd.count()))
+    if store:
+        state = updates.updateStateByKey(add_counts, numPartitions=PARTITIONS, initialRDD=_initial_rdd(sc, keys),
+                                         updateIdleKeys=False)
+        state.checkpoint(case["checkpoint_interval_s"])
+        state.changes().foreachRDD(lambda rdd: counts.append(rdd.count()))
+    else:
+        state = updates.updateStateByKey(add_counts, numPartitions=PARTITIONS, initialRDD=_initial_rdd(sc, keys))
+        state.checkpoint(case["checkpoint_interval_s"])
+        state.foreachRDD(lambda rdd: counts.append(rdd.count()))
     manifests: dict[str, dict[str, Any]] = {}
 
     def poll() -> None:
@@ -286,7 +298,7 @@ def run_dstreams(sc: Any, case: dict[str, Any], progress: Progress, memory: Any)
             "errors": [w.error for w in writes if w.error is not None][:3],
             "how": "manifests' part bytes; write seconds from the checkpointer (asynchronous, after the batch)"}
     return {**_summarize(case, got, memory.peaks_all, steady, ckpt), "start_s": round(start_s, 2),
-            "state_keys_last_batch": counts[-1] if counts else None}
+            ("keys_changed_last_batch" if store else "state_keys_last_batch"): counts[-1] if counts else None}
 
 
 # ------------------------------------------------------------------------------------------ pyspark.streaming
@@ -384,7 +396,7 @@ def run_pyspark(sc: Any, case: dict[str, Any], progress: Progress, memory: Any) 
                    "a checkpoint minus that of the others (Spark writes it inside the batch)"}
     shutil.rmtree(tmp, ignore_errors=True)
     return {**_summarize(case, got, memory.peaks_all, steady, ckpt), "start_s": round(start_s, 2),
-            "state_keys_last_batch": counts[-1] if counts else None}
+            ("keys_changed_last_batch" if store else "state_keys_last_batch"): counts[-1] if counts else None}
 
 
 # ------------------------------------------------------------------------------------------ Structured Streaming
@@ -490,7 +502,8 @@ def run_ss(sc: Any, case: dict[str, Any], progress: Progress, memory: Any) -> di
     return {**_summarize(case, got, memory.peaks_all, steady, ckpt), "start_s": None}
 
 
-RUNNERS = {"dstreams": run_dstreams, "pyspark.streaming": run_pyspark, "ss-rocksdb": run_ss}
+RUNNERS = {"dstreams": run_dstreams, "dstreams-store": run_dstreams, "pyspark.streaming": run_pyspark,
+           "ss-rocksdb": run_ss}
 
 
 # ------------------------------------------------------------------------------------------ the child

@@ -59,13 +59,22 @@ def key_bytes(key: Any) -> bytes:
     """The canonical encoding of ``key``: equal keys of the usual types give equal bytes (no pickle memo,
     which would encode a tuple of two equal strings differently by their identity)."""
     t = type(key)
-    if t is str or t is int or t is bytes:
-        return pickle.dumps(key, 5)
+    if t is int or t is str:
+        return pickle.dumps(key, 2)  # the shortest encoding of the usual keys (8 bytes for most ints)
     buf = io.BytesIO()
-    p = pickle.Pickler(buf, 5)
+    p = pickle.Pickler(buf, 4)
     p.fast = True  # no memo: the bytes depend on the value only
     p.dump(key)
     return buf.getvalue()
+
+
+def value_bytes(value: Any) -> bytes:
+    """A state value's stored bytes: pickle protocol 2 for the small scalar types (no 9-byte frame header),
+    the newest protocol for anything else."""
+    t = type(value)
+    if t is int or t is float or t is str or value is None or t is bool:
+        return pickle.dumps(value, 2)
+    return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
 
 
 def key_hash(kb: bytes) -> int:
@@ -87,9 +96,9 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS kv(h INTEGER PRIMARY KEY, k BLOB NOT NULL, v BLOB NOT NULL)",
     # Keys whose hash another key already holds in kv (astronomically rare; kept correct anyway).
     "CREATE TABLE IF NOT EXISTS kvx(k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID",
-    # Old values (NULL: absent) of the keys each version wrote: the undo log.
-    "CREATE TABLE IF NOT EXISTS log(ver INTEGER NOT NULL, k BLOB NOT NULL, old BLOB, PRIMARY KEY(ver, k)) "
-    "WITHOUT ROWID",
+    # The undo log: one table ``log_<version>(k, old)`` per version (the old value of each key it wrote, NULL:
+    # absent), appended without an index and dropped whole when pruned; ``logs`` lists them.
+    "CREATE TABLE IF NOT EXISTS logs(ver INTEGER PRIMARY KEY)",
     "CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value) WITHOUT ROWID",
 )
 
@@ -104,6 +113,9 @@ class PartitionStore:
             self.db.execute(f"PRAGMA {pragma}")
         for stmt in _SCHEMA:
             self.db.execute(stmt)
+        #: What the last :meth:`get_many` found (key hashes, row owners, hashes with no row), reused by the
+        #: :meth:`write_many` that follows it in the same transaction.
+        self._forget_lookups()
 
     @classmethod
     def open(cls, local_dir: str | None, store_id: str, partition: int) -> PartitionStore:
@@ -133,11 +145,21 @@ class PartitionStore:
         """The oldest version the log can still go back to (None: no version)."""
         return self._meta("log_floor")
 
+    @property
+    def keys(self) -> int:
+        """How many keys the state holds (kept up to date by every write)."""
+        return int(self._meta("keys") or 0)
+
+    def disk_bytes(self) -> int:
+        """Bytes of the store's files (database and write-ahead log)."""
+        return sum(os.path.getsize(self.path + suffix) for suffix in ("", "-wal") if os.path.exists(self.path + suffix))
+
     def count(self) -> int:
         return int(self.db.execute("SELECT (SELECT count(*) FROM kv) + (SELECT count(*) FROM kvx)").fetchone()[0])
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
+        self._forget_lookups()
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -159,8 +181,10 @@ class PartitionStore:
     def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
         """The stored value bytes of those of ``keys`` that have one."""
         by_hash: dict[int, bytes | list[bytes]] = {}
+        hash_of = self._hash_of
         for k in keys:
             h = key_hash(k)
+            hash_of[k] = h
             seen = by_hash.setdefault(h, k)
             if seen is not k and seen != k:  # two keys, one hash
                 by_hash[h] = [*seen, k] if isinstance(seen, list) else [seen, k]
@@ -171,13 +195,15 @@ class PartitionStore:
             chunk = hashes[i:i + LOOKUP_CHUNK]
             rows = self.db.execute(f"SELECT h, k, v FROM kv WHERE h IN ({','.join('?' * len(chunk))})", chunk)
             for h, k, v in rows:
+                self._owners[h] = k
                 wanted = by_hash.pop(h)
                 for w in wanted if isinstance(wanted, list) else [wanted]:
                     if w == k:
                         found[k] = v
                     else:
                         missed.append(w)
-        for wanted in by_hash.values():  # no row with that hash in kv
+        for h, wanted in by_hash.items():  # no row with that hash in kv
+            self._absent.add(h)
             missed.extend(wanted if isinstance(wanted, list) else [wanted])
         if missed and self.db.execute("SELECT 1 FROM kvx LIMIT 1").fetchone():
             for k in missed:
@@ -202,9 +228,7 @@ class PartitionStore:
             raise StateStoreError(
                 f"state store {self.path} is at version {current} and its log reaches back to {self.log_floor}: "
                 f"it cannot serve version {version}")
-        # The oldest logged old value after ``version`` of each key is its value at ``version``.
-        before = dict(self.db.execute(
-            "SELECT k, old FROM log WHERE ver > ? AND ver <= ? ORDER BY ver DESC", (version, current)))
+        before = self._old_values(version, current)
         for k, v in self.items():
             if k not in before:
                 yield k, v
@@ -218,21 +242,35 @@ class PartitionStore:
         floor = self.log_floor
         if floor is None or base < floor:
             raise StateStoreError(f"state store {self.path}: the log reaches back to {floor}, not to {base}")
-        keys = [k for (k,) in self.db.execute(
-            "SELECT DISTINCT k FROM log WHERE ver > ? AND ver <= ?", (base, version))]
+        keys: dict[bytes, None] = {}
+        for ver in self._log_versions(base, version):
+            keys.update(dict.fromkeys(k for (k,) in self.db.execute(f"SELECT k FROM log_{ver}")))
         current = self.version
-        at: dict[bytes, bytes | None]
-        if version == current:
-            at = dict(self.get_many(keys))
-        else:
-            at = dict(self.get_many(keys))
-            for k, old in self.db.execute(
-                    "SELECT k, old FROM log WHERE ver > ? AND ver <= ? ORDER BY ver DESC", (version, current)):
-                at[k] = old
-                if old is None:
-                    at.pop(k)
+        at: dict[bytes, bytes | None] = dict(self.get_many(keys))
+        if current is not None and version < current:
+            at.update(self._old_values(version, current))
         for k in keys:
             yield k, at.get(k)
+
+    def _log_versions(self, after: int, upto: int | None, descending: bool = False) -> list[int]:
+        """The logged versions in ``(after, upto]`` (``upto`` None: no bound), oldest first."""
+        order = "DESC" if descending else "ASC"
+        if upto is None:
+            return [v for (v,) in self.db.execute(f"SELECT ver FROM logs WHERE ver > ? ORDER BY ver {order}", (after,))]
+        return [v for (v,) in self.db.execute(
+            f"SELECT ver FROM logs WHERE ver > ? AND ver <= ? ORDER BY ver {order}", (after, upto))]
+
+    def _old_values(self, version: int, current: int) -> dict[bytes, bytes | None]:
+        """Each key written after ``version`` (up to ``current``) with its value at ``version`` (None: absent):
+        the oldest logged old value after ``version``."""
+        before: dict[bytes, bytes | None] = {}
+        for ver in self._log_versions(version, current, descending=True):
+            before.update(self.db.execute(f"SELECT k, old FROM log_{ver}"))
+        return before
+
+    def changed_at(self, version: int) -> Iterator[tuple[bytes, bytes | None]]:
+        """The keys version ``version`` wrote, with their value at it (None: deleted)."""
+        return self.changed_since(version - 1, version)
 
     # ------------------------------------------------------------------ writing
     def _write(self, kb: bytes, vb: bytes | None) -> None:
@@ -253,38 +291,59 @@ class PartitionStore:
     def write_many(self, version: int, writes: dict[bytes, bytes | None], old: dict[bytes, bytes],
                    log: bool = True) -> None:
         """Inside a transaction: write ``writes`` (None deletes) as ``version``; ``old`` holds the current value
-        of every written key that has one (from :meth:`get_many`), logged for the undo."""
+        of every written key that has one (from :meth:`get_many`, whose look-ups it reuses), logged for the undo."""
         if log:
-            self.db.executemany("INSERT OR REPLACE INTO log VALUES (?, ?, ?)",
-                                ((version, k, old.get(k)) for k in writes))
-        if self.db.execute("SELECT 1 FROM kvx LIMIT 1").fetchone():  # keys sharing a hash: one by one
+            self.db.execute(f"CREATE TABLE IF NOT EXISTS log_{int(version)}(k BLOB NOT NULL, old BLOB)")
+            self.db.execute("INSERT OR IGNORE INTO logs VALUES (?)", (int(version),))
+            self.db.executemany(f"INSERT INTO log_{int(version)} VALUES (?, ?)", ((k, old.get(k)) for k in writes))
+        added = sum(1 for k, v in writes.items() if v is not None and k not in old)
+        removed = sum(1 for k, v in writes.items() if v is None and k in old)
+        self._set_meta("keys", (self._meta("keys") or 0) + added - removed)
+        if self._has_shared_hashes():
             for k, v in writes.items():
                 self._write(k, v)
+            self._forget_lookups()
             return
+        hash_of, owners = self._hash_of, self._owners
         first: dict[int, bytes] = {}
         slow: list[bytes] = []
         for k in writes:
-            h = key_hash(k)
+            h = hash_of.get(k)
+            if h is None:
+                h = key_hash(k)
             if first.setdefault(h, k) != k:  # two keys of this batch share a hash
                 slow.append(k)
-        owners: dict[int, bytes] = {}
-        hashes = list(first)
-        for i in range(0, len(hashes), LOOKUP_CHUNK):
-            chunk = hashes[i:i + LOOKUP_CHUNK]
+        unknown = [h for h in first if h not in owners and h not in self._absent]
+        for i in range(0, len(unknown), LOOKUP_CHUNK):
+            chunk = unknown[i:i + LOOKUP_CHUNK]
             owners.update(self.db.execute(f"SELECT h, k FROM kv WHERE h IN ({','.join('?' * len(chunk))})", chunk))
-        upserts, deletes = [], []
+        updates, inserts, deletes = [], [], []
         for h, k in first.items():
-            if owners.get(h, k) != k:  # the row id belongs to another key
+            owner = owners.get(h)
+            v = writes[k]
+            if owner is not None and owner != k:  # the row id belongs to another key
                 slow.append(k)
-            elif writes[k] is None:
-                if h in owners:
+            elif v is None:
+                if owner is not None:
                     deletes.append((h,))
+            elif owner is not None:
+                updates.append((v, h))
             else:
-                upserts.append((h, k, writes[k]))
-        self.db.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?, ?)", upserts)
+                inserts.append((h, k, v))
+        self.db.executemany("UPDATE kv SET v = ? WHERE h = ?", updates)
+        self.db.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?, ?)", inserts)
         self.db.executemany("DELETE FROM kv WHERE h = ?", deletes)
         for k in slow:
             self._write(k, writes[k])
+        self._forget_lookups()
+
+    def _has_shared_hashes(self) -> bool:
+        return self.db.execute("SELECT 1 FROM kvx LIMIT 1").fetchone() is not None
+
+    def _forget_lookups(self) -> None:
+        self._hash_of: dict[bytes, int] = {}
+        self._owners: dict[int, bytes] = {}
+        self._absent: set[int] = set()
 
     def set_version(self, version: int, run: str) -> None:
         self._set_meta("version", version)
@@ -296,7 +355,9 @@ class PartitionStore:
         """Forget the undo entries of versions at or before ``floor`` (the log then reaches back to ``floor``)."""
         current = self.log_floor
         if current is not None and floor > current and self.version is not None and floor <= self.version:
-            self.db.execute("DELETE FROM log WHERE ver <= ?", (floor,))
+            for ver in [v for (v,) in self.db.execute("SELECT ver FROM logs WHERE ver <= ?", (floor,))]:
+                self.db.execute(f"DROP TABLE IF EXISTS log_{ver}")
+            self.db.execute("DELETE FROM logs WHERE ver <= ?", (floor,))
             self._set_meta("log_floor", floor)
 
     def rollback(self, version: int) -> None:
@@ -304,15 +365,19 @@ class PartitionStore:
         floor = self.log_floor
         if floor is None or version < floor:
             raise StateStoreError(f"state store {self.path}: the log reaches back to {floor}, not to {version}")
-        rows = self.db.execute("SELECT ver, k, old FROM log WHERE ver > ? ORDER BY ver DESC", (version,)).fetchall()
-        for _, k, old in rows:
-            self._write(k, old)
-        self.db.execute("DELETE FROM log WHERE ver > ?", (version,))
+        back = self._old_values(version, self.version if self.version is not None else version)
+        current = self.get_many(back)
+        self.write_many(version, back, current, log=False)
+        for ver in self._log_versions(version, None):
+            self.db.execute(f"DROP TABLE IF EXISTS log_{ver}")
+        self.db.execute("DELETE FROM logs WHERE ver > ?", (version,))
         self._set_meta("version", version)
 
     def reload(self, version: int, run: str, records: Iterable[tuple[bytes, bytes]]) -> None:
         """Inside a transaction: replace everything by ``records`` as ``version`` of ``run`` (empty log)."""
-        for table in ("kv", "kvx", "log", "meta"):
+        for ver in [v for (v,) in self.db.execute("SELECT ver FROM logs")]:
+            self.db.execute(f"DROP TABLE IF EXISTS log_{ver}")
+        for table in ("kv", "kvx", "logs", "meta"):
             self.db.execute(f"DELETE FROM {table}")
         batch: dict[bytes, bytes | None] = {}
         for k, v in records:

@@ -113,12 +113,18 @@ def _records(seed: int, t: int, partition: int, n: int):
 
 def _sum_or_drop(values, state):
     total = (state or 0) + sum(values)
-    return None if total > 25 else total  # keys leave the state
+    return None if total > 8 else total  # keys leave the state (and come back)
 
 
 def _count_batches(values, state):
     seen = (state or 0) + 1
     return None if not values and seen > 4 else seen  # idle keys age out (PySpark's rule: called every batch)
+
+
+def _parse(lines: list[str]) -> list[tuple]:
+    import ast
+
+    return [ast.literal_eval(line) for line in lines]
 
 
 def _app(sc, ckpt: str, out: str, clock) -> StreamingContext:
@@ -129,8 +135,9 @@ def _app(sc, ckpt: str, out: str, clock) -> StreamingContext:
     pairs.updateStateByKey(_sum_or_drop, 3, initialRDD=[("w1", 20), ("init", 5)]).checkpoint("2s") \
         .saveAsTextFiles(os.path.join(out, "update"))
     pairs.updateStateByKey(_count_batches).checkpoint("2s").saveAsTextFiles(os.path.join(out, "idle"))
-    pairs.updateStateByKey(_sum_or_drop, updateIdleKeys=False).checkpoint("2s") \
-        .saveAsTextFiles(os.path.join(out, "touched"))
+    touched = pairs.updateStateByKey(_sum_or_drop, updateIdleKeys=False).checkpoint("2s")
+    touched.saveAsTextFiles(os.path.join(out, "touched"))
+    touched.changes().saveAsTextFiles(os.path.join(out, "changes"))
     return ssc
 
 
@@ -165,10 +172,17 @@ def _run(sc, tmp_path, name: str, store: str, monkeypatch, until_ms: int) -> dic
 def test_store_backed_state_gives_the_rdd_states_outputs_batch_by_batch(sc, tmp_path, monkeypatch):
     expected = _run(sc, tmp_path, "rdd", "rdd", monkeypatch, 12_000)
     got = _run(sc, tmp_path, "store", "executor", monkeypatch, 12_000)
-    assert sorted(expected) == sorted(f"{n}-{t}" for n in ("running", "update", "idle", "touched")
+    assert sorted(expected) == sorted(f"{n}-{t}" for n in ("running", "update", "idle", "touched", "changes")
                                       for t in range(1000, 13_000, 1000))
     for name in sorted(expected):
         assert got.get(name) == expected[name], name
+    # changes() lists what each batch changed, removals as None (checked against the state streams themselves).
+    for t in range(2000, 13_000, 1000):
+        before = dict(_parse(expected[f"touched-{t - 1000}"]))
+        after = dict(_parse(expected[f"touched-{t}"]))
+        want = {k: v for k, v in after.items() if before.get(k) != v} | {k: None for k in before if k not in after}
+        assert dict(_parse(expected[f"changes-{t}"])) == want, t
+    assert any("None" in line for t in range(1000, 13_000, 1000) for line in expected[f"changes-{t}"])
     # Keys left the state and came back, idle keys aged out: the workload exercises deletes.
     assert any("'init'" in line for line in expected["update-1000"])
     assert len(expected["idle-12000"]) < len({x for t in range(1000, 13_000, 1000) for x in expected[f"idle-{t}"]})

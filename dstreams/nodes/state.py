@@ -59,6 +59,10 @@ class StateNode(OneParentNode):
             state["initial"] = None
         return state
 
+    def initial_state(self) -> RDD | None:
+        """The state before the first batch (the initial RDD, or None)."""
+        return self._initial_rdd()
+
     def _initial_rdd(self) -> RDD | None:
         if self.initial is None and self._initial_records is not None:
             self.initial = ensure_partitioned(self.graph.sc.parallelize(self._initial_records), self.partitioner)

@@ -44,7 +44,7 @@ from ..spark.partitioned import (
     pre_group_ordered,
     segmented_merge,
 )
-from ..statestore import PART_HEADER, PartitionStore, StateStoreError, key_bytes
+from ..statestore import PART_HEADER, PartitionStore, StateStoreError, key_bytes, value_bytes
 from ..time import BatchTime
 
 if TYPE_CHECKING:
@@ -54,8 +54,6 @@ if TYPE_CHECKING:
 Updater = Callable[[PartitionStore, list[Any]], tuple[dict[bytes, bytes | None], dict[bytes, bytes]]]
 
 
-def _dumps(value: Any) -> bytes:
-    return pickle.dumps(value, 5)
 
 
 class StoreStateNode(OneParentNode):
@@ -132,7 +130,7 @@ class StoreStateNode(OneParentNode):
         def load(i: int, records: Iterable[Any]) -> list[int]:
             store = PartitionStore.open(local_dir, store_id, i)
             try:
-                store.ensure_base(version, run, lambda: ((key_bytes(k), _dumps(v)) for k, v in records))
+                store.ensure_base(version, run, lambda: ((key_bytes(k), value_bytes(v)) for k, v in records))
             finally:
                 store.close()
             return [version]
@@ -264,6 +262,29 @@ class StoreStateNode(OneParentNode):
         return handle.mapPartitionsWithIndex(read, preservesPartitioning=True)
 
 
+    def changes(self, time: BatchTime) -> RDD | None:
+        """The (key, value) pairs batch ``time`` changed ((key, None): removed), read from the stores' logs:
+        costs the keys the batch touched."""
+        handle = self.get_or_compute(time)
+        if handle is None:
+            return None
+        t, local_dir, store_id = time.ms, self.local_dir, self.store_id()
+
+        def read(i: int, it: Iterable[Any]) -> Iterable[Any]:
+            (version,) = list(it)
+            if version != t:
+                return  # an empty batch: the handle before it stands for it
+            store = PartitionStore.open(local_dir, store_id, i)
+            try:
+                with store.reading():
+                    for kb, vb in store.changed_at(version):
+                        yield pickle.loads(kb), None if vb is None else pickle.loads(vb)
+            finally:
+                store.close()
+
+        return handle.mapPartitionsWithIndex(read, preservesPartitioning=True)
+
+
 class StoreRunningReduceNode(StoreStateNode):
     """``runningReduce(f)`` on the executor state store: a batch reads and writes the keys it has."""
 
@@ -285,7 +306,7 @@ class StoreRunningReduceNode(StoreStateNode):
             writes: dict[bytes, bytes | None] = {}
             for kb, v in keyed.items():
                 o = old.get(kb)
-                writes[kb] = _dumps(func(pickle.loads(o), v) if o is not None else v)
+                writes[kb] = value_bytes(func(pickle.loads(o), v) if o is not None else v)
             return writes, old
 
         return update
@@ -324,7 +345,7 @@ class StoreUpdateStateNode(StoreStateNode):
                 for kb, vb in old.items():
                     entry = new.pop(kb, None)
                     r = update(entry[1] if entry is not None else [], pickle.loads(vb))
-                    rb = None if r is None else _dumps(r)
+                    rb = None if r is None else value_bytes(r)
                     if rb != vb:
                         writes[kb] = rb
             else:
@@ -332,11 +353,11 @@ class StoreUpdateStateNode(StoreStateNode):
                 for kb, vb in old.items():
                     _, vs = new.pop(kb)
                     r = update(vs, pickle.loads(vb))
-                    writes[kb] = None if r is None else _dumps(r)
+                    writes[kb] = None if r is None else value_bytes(r)
             for kb, (_, vs) in new.items():
                 r = update(vs, None)
                 if r is not None:
-                    writes[kb] = _dumps(r)
+                    writes[kb] = value_bytes(r)
             return writes, old
 
         return apply
@@ -365,4 +386,41 @@ class StateViewNode(OneParentNode):
         return self.state.view(time)
 
 
-__all__ = ["PART_HEADER", "StateViewNode", "StoreRunningReduceNode", "StoreStateNode", "StoreUpdateStateNode"]
+class StateChangesNode(OneParentNode):
+    """``changes()`` of a state stream: per batch, the (key, state) pairs that batch changed, (key, None) for a
+    key it removed. On the executor state store it reads the stores' logs (the keys the batch touched); on the
+    RDD state it compares the state with the one before, partition by partition (the whole state)."""
+
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode) -> None:
+        super().__init__(graph, parent)
+
+    def compute(self, time: BatchTime) -> RDD | None:
+        parent = self.parent
+        if isinstance(parent, StateViewNode):
+            return parent.state.changes(time)
+        current = parent.get_or_compute(time)
+        if current is None:
+            return None
+        previous = parent.get_or_compute(time - self.slide_duration)
+        if previous is None:
+            previous = parent.initial_state()  # type: ignore[attr-defined]
+        if previous is None:
+            return current
+        if previous is current:
+            return current.filter(lambda _: False)
+        missing = object()
+
+        def diff(segments: list[list[Any]]) -> Iterable[Any]:
+            before = dict(segments[1])
+            out = []
+            for k, v in segments[0]:
+                if before.pop(k, missing) != v:
+                    out.append((k, v))
+            out.extend((k, None) for k in before)
+            return out
+
+        return segmented_merge(self.graph.sc, [[current], [previous]], parent.partitioner, diff)  # type: ignore[attr-defined]
+
+
+__all__ = ["PART_HEADER", "StateChangesNode", "StateViewNode", "StoreRunningReduceNode", "StoreStateNode",
+           "StoreUpdateStateNode"]
