@@ -396,7 +396,7 @@ def run_pyspark(sc: Any, case: dict[str, Any], progress: Progress, memory: Any) 
                    "a checkpoint minus that of the others (Spark writes it inside the batch)"}
     shutil.rmtree(tmp, ignore_errors=True)
     return {**_summarize(case, got, memory.peaks_all, steady, ckpt), "start_s": round(start_s, 2),
-            ("keys_changed_last_batch" if store else "state_keys_last_batch"): counts[-1] if counts else None}
+            "state_keys_last_batch": counts[-1] if counts else None}
 
 
 # ------------------------------------------------------------------------------------------ Structured Streaming
