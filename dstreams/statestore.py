@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import operator
 import os
 import pickle
 import sqlite3
@@ -49,6 +50,10 @@ BUSY_TIMEOUT_S = 600.0
 PART_HEADER = "dstreams-state-part"
 #: Variable naming the folder of executor state stores when the driver does not pass one.
 LOCAL_DIR_ENV = "DSTREAMS_STATE_LOCAL_DIR"
+
+
+_first = operator.itemgetter(0)
+_second = operator.itemgetter(1)
 
 
 class StateStoreError(RuntimeError):
@@ -190,7 +195,7 @@ class PartitionStore:
                 by_hash[h] = [*seen, k] if isinstance(seen, list) else [seen, k]
         found: dict[bytes, bytes] = {}
         missed: list[bytes] = []
-        hashes = list(by_hash)
+        hashes = sorted(by_hash)  # in row order: neighbouring look-ups share B-tree pages
         for i in range(0, len(hashes), LOOKUP_CHUNK):
             chunk = hashes[i:i + LOOKUP_CHUNK]
             rows = self.db.execute(f"SELECT h, k, v FROM kv WHERE h IN ({','.join('?' * len(chunk))})", chunk)
@@ -313,7 +318,7 @@ class PartitionStore:
                 h = key_hash(k)
             if first.setdefault(h, k) != k:  # two keys of this batch share a hash
                 slow.append(k)
-        unknown = [h for h in first if h not in owners and h not in self._absent]
+        unknown = sorted(h for h in first if h not in owners and h not in self._absent)
         for i in range(0, len(unknown), LOOKUP_CHUNK):
             chunk = unknown[i:i + LOOKUP_CHUNK]
             owners.update(self.db.execute(f"SELECT h, k FROM kv WHERE h IN ({','.join('?' * len(chunk))})", chunk))
@@ -330,6 +335,8 @@ class PartitionStore:
                 updates.append((v, h))
             else:
                 inserts.append((h, k, v))
+        updates.sort(key=_second)  # in row order, as the look-ups
+        inserts.sort(key=_first)
         self.db.executemany("UPDATE kv SET v = ? WHERE h = ?", updates)
         self.db.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?, ?)", inserts)
         self.db.executemany("DELETE FROM kv WHERE h = ?", deletes)

@@ -19,6 +19,7 @@ only if every batch completed without a failed output operation.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import operator
 import os
@@ -58,6 +59,16 @@ def event_seconds(record: str) -> float:
     return int(record.rsplit("@", 1)[1]) / 1000.0
 
 
+def state_updates(seed: int, t: int, partition: int, n: int, keys: int) -> list[tuple[str, int]]:
+    """``(key, 1)`` for ``n`` keys of the large state spread over all ``keys`` of it (deterministic)."""
+    step = keys // (n * 4) or 1
+    return [(f"k{(t // 1000 * 31 + (partition * n + i) * step) % keys}", 1) for i in range(n)]
+
+
+def add_up(values: list[int], last: int | None) -> int:
+    return sum(values, last or 0)
+
+
 def event_word(record: str) -> tuple[str, int]:
     return record.rsplit("@", 1)[0], 1
 
@@ -86,12 +97,19 @@ def write_redis_words(client: Any, keys: list[str], batches: int) -> None:
                 client.xadd(key, {"w": w})
 
 
+#: A large state (issue 23): with ``STATE_KEYS_ENV=N`` in the driver's environment the pipeline adds an
+#: ``updateStateByKey`` over an initial state of N keys, a few of them updated each batch, output ``big`` (its
+#: ``changes()``); ``DSTREAMS_STATE_STORE=executor`` puts it and the running counts in the executor state store.
+STATE_KEYS_ENV = "EXECUTOR_LOSS_STATE_KEYS"
+
+
 def build(sc: Any, clock: Clock, sink: Sink, checkpoint: str,
-          redis: tuple[str, list[str]] | None = None) -> StreamingContext:
+          redis: tuple[str, list[str]] | None = None, state_keys: int = 0) -> StreamingContext:
     """The stateful + windowed + stateless pipeline, outputs sent to ``sink``.
 
     ``redis=(url, keys)`` reads the words from those Redis stream keys (written by
-    :func:`write_redis_words`, ``REDIS_RATE`` per key per batch) instead of the generator source.
+    :func:`write_redis_words`, ``REDIS_RATE`` per key per batch) instead of the generator source;
+    ``state_keys=N`` adds the large state (:data:`STATE_KEYS_ENV`).
     """
     ssc = StreamingContext(sc, 1, clock=clock)
     ssc.checkpoint(checkpoint)
@@ -110,8 +128,14 @@ def build(sc: Any, clock: Clock, sink: Sink, checkpoint: str,
     event_window = timed.map(event_word).reduceByKeyAndEventWindow(operator.add, "4s", "2s", invFunc=operator.sub)
     event_window.checkpoint("3s")
     late = timed.lateRecords().count()
-    for name, stream in [("counts", counts), ("window", window), ("lengths", lengths), ("total", total),
-                         ("event_window", event_window), ("late", late)]:
+    outputs = [("counts", counts), ("window", window), ("lengths", lengths), ("total", total),
+               ("event_window", event_window), ("late", late)]
+    if state_keys:
+        initial = sc.range(0, state_keys, numSlices=4).map(lambda i: (f"k{i}", 0))
+        big = ssc.generatorStream(8, 4, seed=2, recordFunc=functools.partial(state_updates, keys=state_keys))
+        state = big.updateStateByKey(add_up, 4, initial, updateIdleKeys=False).checkpoint("3s")
+        outputs.append(("big", state.changes()))
+    for name, stream in outputs:
         _output(stream, name, sink)
     return ssc
 
@@ -225,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         monitor.start()
         clock = ManualClock(0)
         redis = (args.redis[0], args.redis[1].split(",")) if args.redis else None
-        ssc = build(sc, clock, sink, os.path.join(out, "checkpoint"), redis)
+        ssc = build(sc, clock, sink, os.path.join(out, "checkpoint"), redis,
+                    int(os.environ.get(STATE_KEYS_ENV) or 0))
         ssc.start()
         kill_at = args.kill_after
         recover_at = kill_at + args.after_kill

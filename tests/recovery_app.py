@@ -6,6 +6,7 @@ written with saveAsTextFiles (exactly once) under ``<out>/<name>-<batch ms>``.
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 import sys
@@ -16,6 +17,20 @@ from dstreams.clock import Clock
 
 def records(seed: int, t: int, partition: int, n: int):
     return [f"w{(t // 1000 * 7 + partition * 3 + i) % 11}" for i in range(n)]
+
+
+#: With ``RECOVERY_APP_STATE_KEYS=N`` the app adds a large state: ``updateStateByKey`` with an initial state of N
+#: keys ``k0 .. k{N-1}``, of which each batch updates a few spread over the whole range (:func:`big_records`); its
+#: ``changes()`` are the output ``big`` (the updated keys' counts, so a key read back wrong after a restart shows).
+STATE_KEYS_ENV = "RECOVERY_APP_STATE_KEYS"
+
+
+def big_records(seed: int, t: int, partition: int, n: int, keys: int = 1000):
+    return [(f"k{(t // 1000 * 7919 + partition * 104_729 + i * 15_485_863) % keys}", 1) for i in range(n)]
+
+
+def add_counts(values, last):
+    return (last or 0) + sum(values)
 
 
 def build(sc, checkpoint: str, out: str, clock: Clock | None = None, checkpoint_interval: str = "2s",
@@ -30,6 +45,12 @@ def build(sc, checkpoint: str, out: str, clock: Clock | None = None, checkpoint_
     win.saveAsTextFiles(os.path.join(out, "window"))
     sessions = words.track(lambda k, e: e, lambda k, s, e: s + e if s < 5 else None, "3s")
     sessions.saveAsTextFiles(os.path.join(out, "sessions"))
+    keys = int(os.environ.get(STATE_KEYS_ENV) or 0)
+    if keys:
+        initial = sc.range(0, keys, numSlices=4).map(lambda i: (f"k{i}", 0))
+        big = ssc.generatorStream(8, 2, seed=2, recordFunc=functools.partial(big_records, keys=keys)).updateStateByKey(
+            add_counts, 2, initial, updateIdleKeys=False).checkpoint(checkpoint_interval)
+        big.changes().saveAsTextFiles(os.path.join(out, "big"))
     return ssc
 
 

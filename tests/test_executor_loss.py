@@ -24,7 +24,7 @@ import pytest
 from dstreams import ManualClock
 from dstreams.recovery import faults
 
-from .executor_loss_app import EXECUTORS, build, normalise, write_redis_words
+from .executor_loss_app import EXECUTORS, STATE_KEYS_ENV, build, normalise, write_redis_words
 
 APP = os.path.join(os.path.dirname(__file__), "executor_loss_app.py")
 KILL_AFTER, AFTER_KILL, AFTER_RECOVERY = 5, 8, 2
@@ -102,8 +102,8 @@ def test_kill_executor_refuses_local_mode(sc):
 
 
 # ------------------------------------------------------------------------------------ executor loss
-def _reference(sc: Any, tmp_path: Any, last_ms: int, redis: tuple[str, list[str]] | None = None
-               ) -> dict[tuple[int, str], list[Any]]:
+def _reference(sc: Any, tmp_path: Any, last_ms: int, redis: tuple[str, list[str]] | None = None,
+               state_keys: int = 0) -> dict[tuple[int, str], list[Any]]:
     """Failure-free outputs of the same pipeline on the session's ``local[2]`` context."""
     got: dict[tuple[int, str], list[Any]] = {}
 
@@ -111,7 +111,7 @@ def _reference(sc: Any, tmp_path: Any, last_ms: int, redis: tuple[str, list[str]
         got[(t, name)] = normalise(rows)
 
     clock = ManualClock(0)
-    ssc = build(sc, clock, sink, str(tmp_path / "ref-checkpoint"), redis)
+    ssc = build(sc, clock, sink, str(tmp_path / "ref-checkpoint"), redis, state_keys)
     ssc.start()
     try:
         for t in range(1000, last_ms + 1, 1000):
@@ -174,11 +174,14 @@ def _cleanup(proc: subprocess.Popen, status_path: str) -> None:
 @pytest.mark.fault
 @pytest.mark.timeout(DRIVER_TIMEOUT_S + 90)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds executor JVMs through /proc")
-@pytest.mark.parametrize("source", ["generator", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.mark.parametrize("source", ["generator", pytest.param("redis", marks=pytest.mark.redis), "state-store"])
 def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, tmp_path, source, request):
     """The same with the generator source and with Redis Streams (words written beforehand, read
-    ``REDIS_RATE`` per key per batch): the lost executor's partitions are read again from Redis."""
+    ``REDIS_RATE`` per key per batch): the lost executor's partitions are read again from Redis. ``state-store``:
+    the generator source with the executor state store and a state of 1M keys (issue 23): the lost executor's
+    cached handles are recomputed through lineage, each finding its batch already in the partition's store."""
     redis = None
+    state_keys = int(os.environ.get("DSTREAMS_TEST_STATE_KEYS", "1000000")) if source == "state-store" else 0
     if source == "redis":
         url, client, prefix = (request.getfixturevalue(f) for f in ("redis_url", "redis_client", "redis_prefix"))
         keys = [f"{prefix}{i}" for i in range(4)]
@@ -190,6 +193,9 @@ def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, t
     log_path, status_path = str(tmp_path / "driver.log"), str(out / "status.json")
     env = {k: v for k, v in os.environ.items() if k not in _FAULT_ENV}
     env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, TMPDIR=str(tmp_path / "tmp"))
+    if state_keys:
+        env.update({"DSTREAMS_STATE_STORE": "executor", STATE_KEYS_ENV: str(state_keys),
+                    "DSTREAMS_STATE_LOCAL_DIR": str(tmp_path / "stores")})
     args = [sys.executable, APP, str(out), "--kill-after", str(KILL_AFTER), "--after-kill", str(AFTER_KILL),
             "--after-recovery", str(AFTER_RECOVERY), "--timeout", "90"]
     if redis is not None:
@@ -198,7 +204,7 @@ def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, t
         proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path),
                                 start_new_session=True)
     try:
-        expected = _reference(sc, tmp_path, LAST_MS, redis)  # while the driver's cluster starts
+        expected = _reference(sc, tmp_path, LAST_MS, redis, state_keys)  # while the driver's cluster starts
         try:
             rc = proc.wait(timeout=DRIVER_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -230,10 +236,14 @@ def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, t
 
     # Every batch's output equals the failure-free run's.
     got = _read_batches(str(out / "batches.jsonl"))
-    assert sorted(got) == sorted(expected) == sorted((t, n) for t in times for n in NAMES)
+    names = (*NAMES, "big") if state_keys else NAMES
+    assert sorted(got) == sorted(expected) == sorted((t, n) for t in times for n in names)
     for key in sorted(expected):
         assert got[key] == expected[key], f"batch {key[0]} output {key[1]} differs"
     assert all(got[(t, "total")] == [24] for t in times), "each batch holds 4 partitions x 6 words"
     # The event-time outputs had something to say: windows closed and late records were dropped.
     assert sum(len(got[(t, "event_window")]) for t in times) > 0
     assert sum(got[(t, "late")][0] for t in times) > 0
+    if state_keys:  # the large state's updated keys, read from the stores after the loss, are right too
+        assert all(len(got[(t, "big")]) > 0 for t in times)
+        assert any(os.scandir(tmp_path / "stores")), "the driver used the executor state store"

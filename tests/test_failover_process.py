@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -179,3 +180,53 @@ def test_zombie_driver_is_fenced_and_outputs_stay_exactly_once(sc, tmp_path, rgw
         if new is not None:
             _stop(new)
     _check_against_reference(sc, tmp_path, ckpt, out)
+
+
+def test_driver_killed_with_a_million_key_executor_state_store_resumes_exactly_once(sc, tmp_path, rgw_bucket,
+                                                                                   monkeypatch):
+    """Issue 23: the same kills with the executor state store (``spark.dstreams.state.store=executor``: the
+    runningReduce and a 1M-key updateStateByKey live in the executors' stores, checkpoints are deltas on a chain in
+    Ceph). Before the last restart the executors' store folder is removed (a new machine): every store is read back
+    from the chain in Ceph; before the others it is kept, and the stores are rolled back to the checkpoint."""
+    from .recovery_app import STATE_KEYS_ENV
+
+    keys = os.environ.get("DSTREAMS_TEST_STATE_KEYS", "1000000")
+    local = tmp_path / "executor-state"
+    ckpt = f"s3://{rgw_bucket}/store-kills-{uuid.uuid4().hex[:6]}"
+    out = str(tmp_path / "out")
+    log_path = str(tmp_path / "driver.log")
+    store_env = {"DSTREAMS_STATE_STORE": "executor", "DSTREAMS_STATE_LOCAL_DIR": str(local),
+                 "DSTREAMS_STATE_SNAPSHOT_EVERY": "2", STATE_KEYS_ENV: keys}
+    for point, after in [("mid-batch", 5), ("checkpoint-write", 2)]:
+        before = _committed_times(out)
+        proc = _driver(ckpt, out, log_path, DSTREAMS_FAULT_KILL=point, DSTREAMS_FAULT_KILL_AFTER=str(after),
+                       **store_env)
+        try:
+            proc.wait(timeout=300)
+        finally:
+            _stop(proc)
+        text = open(log_path, errors="replace").read()
+        assert proc.returncode == -signal.SIGKILL, text[-4000:]
+        assert f"SIGKILL at {point}" in text, text[-4000:]
+        assert _committed_times(out) >= before
+    assert any(local.iterdir())  # the stores of the first runs
+    shutil.rmtree(local)
+    proc = _driver(ckpt, out, log_path, **store_env)
+    before = _committed_times(out)
+    try:
+        _wait(lambda: len(_committed_times(out) - before) >= 3, 300, "3 new batches after the last restart",
+              proc, log_path)
+    finally:
+        _stop(proc)
+    assert _head(ckpt)["epoch"] == 3
+    from dstreams.recovery.store import open_store
+
+    store = open_store(ckpt, endpoint_url=RGW, access_key="AKTEST", secret_key="SKTEST")
+    manifests = [k for k in store.list("checkpoints/") if k.endswith("MANIFEST.json") and "StoreUpdateStateNode" in k]
+    assert manifests, "the large state was checkpointed by the executor state store"
+    # The reference: the same application on the RDD state, in this process.
+    monkeypatch.setenv(STATE_KEYS_ENV, keys)
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", "rdd")
+    _check_against_reference(sc, tmp_path, ckpt, out)
+    got = read_outputs(out)
+    assert sum(len(v) for k, v in got.items() if k.startswith("big-")) > 0

@@ -327,3 +327,78 @@ def test_models_cover_their_edge_cases() -> None:
         4000: [("a", 3)],
     }
     assert model_running([[("a", 1)], [], [("a", 2)]]) == {1000: [("a", 1)], 2000: [("a", 1)], 3000: [("a", 3)]}
+
+
+def model_usbk_touched(inputs: list[list[tuple[str, int]]]) -> dict[int, list]:
+    """``updateStateByKey(f, updateIdleKeys=False)``: only keys with new values are updated."""
+    state: dict[str, Any] = {}
+    out: dict[int, list] = {}
+    for i, batch in enumerate(inputs, start=1):
+        for k, values in grouped(batch).items():
+            r = usbk_update(values, state.get(k))
+            if r is None:
+                state.pop(k, None)
+            else:
+                state[k] = r
+        out[i * BATCH_MS] = sorted(state.items())
+    return out
+
+
+@pytest.mark.timeout(900)
+@PROPERTY_SETTINGS
+@given(sn=scenarios())
+@example(sn=Scenario([[("a", 1), ("b", 2)], [("a", 0)], [("b", 4), ("a", 3)], [], [("c", 1), ("c", 4)],
+                      [("a", 4), ("a", 2)], [], [("b", 1)], [], [], [("a", 1)]], 5, 1, 2000))
+def test_executor_state_store_matches_the_models(sc, sn: Scenario, tmp_path_factory) -> None:
+    """Issue 23: ``runningReduce`` and ``updateStateByKey`` (every key each batch, as PySpark, and only the keys
+    with new values) on the executor state store, with a checkpoint every 2 batches (deltas on a chain), against
+    the same models."""
+    import os
+
+    env = {"DSTREAMS_STATE_STORE": "executor", "DSTREAMS_STATE_SNAPSHOT_EVERY": "2",
+           "DSTREAMS_STATE_LOCAL_DIR": str(tmp_path_factory.mktemp("stores"))}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        clock = ManualClock()
+        ssc = StreamingContext(sc, BATCH_MS / 1000.0, clock=clock)
+        ssc.checkpoint(str(tmp_path_factory.mktemp("ckpt")))
+        pairs = ssc.queueStream([sc.parallelize(b, sn.input_partitions) for b in sn.inputs])
+        running = pairs.runningReduce(operator.add).checkpoint(2 * BATCH_MS / 1000.0)
+        updated = pairs.updateStateByKey(usbk_update).checkpoint(2 * BATCH_MS / 1000.0)
+        touched = pairs.updateStateByKey(usbk_update, updateIdleKeys=False).checkpoint(2 * BATCH_MS / 1000.0)
+        out: dict[str, dict[int, list]] = {"running": {}, "usbk": {}, "touched": {}}
+        states = (running.map(_tag("running")).union(updated.map(_tag("usbk")))
+                  .union(touched.map(_tag("touched"))))
+
+        def run(time, rdd) -> None:
+            t = round(time.timestamp() * 1000)
+            by_name: dict[str, list] = {name: [] for name in out}
+            for name, kv in rdd.collect():
+                by_name[name].append(kv)
+            for name, records in by_name.items():
+                out[name][t] = sorted(records)
+
+        states.foreachRDD(run)
+        ssc.start()
+        try:
+            for i in range(1, len(sn.inputs) + 1):
+                clock.advance(BATCH_MS)
+                ssc.awaitBatch(i * BATCH_MS, 120.0)
+        finally:
+            ssc.stop(stopSparkContext=False)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert type(running._node).__name__ == "StateViewNode"  # the store was used
+    problems = [
+        _diff("runningReduce(add) on the store", out["running"], model_running(sn.inputs), sn),
+        _diff("updateStateByKey on the store", out["usbk"], model_usbk(sn.inputs), sn),
+        _diff("updateStateByKey(updateIdleKeys=False) on the store", out["touched"], model_usbk_touched(sn.inputs),
+              sn),
+    ]
+    problems = [p for p in problems if p]
+    assert not problems, "\n".join(problems)
