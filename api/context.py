@@ -16,8 +16,7 @@ import os
 import threading
 import time as _time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from pyspark import RDD, SparkConf, SparkContext, StorageLevel
 
@@ -46,25 +45,17 @@ from dstreams.time import BatchTime, Duration, DurationLike, parse_duration, to_
 
 from .driver import DriverSetup, StartedDriver
 from .functions import positional_arity
+from .owner import OutputEnvironment
 from .shutdown import SignalStop
 from .stream import DStream
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 class StreamingContextStateError(RuntimeError):
     """An operation that the context's lifecycle state does not allow (e.g. restarting a stopped one)."""
-
-
-@dataclass(frozen=True)
-class OutputEnvironment:
-    """What a sink needs from its context when a batch is written: the checkpoint location (its store
-    options are the default for ``s3://`` outputs) and the fence to check before committing."""
-
-    checkpoint_dir: str | None
-    store_options: dict[str, Any]
-    check_owner: Callable[[], None]
-    epoch: int | None = None  # this driver's epoch in the metadata log (None without a checkpoint location)
 
 
 class StreamingContext:
@@ -76,6 +67,10 @@ class StreamingContext:
     :param clock: the clock batches are generated on (``dstreams.ManualClock`` in tests).
     :param concurrentBatches: how many batches may run at once (timestep pipelining); default 1,
         or ``spark.streaming.concurrentJobs`` when set.
+
+    Besides PySpark's surface, the context implements :class:`~dstreams.api.owner.GraphOwner`, what its streams
+    use of it (``check_not_started``, ``output_environment``, ``on_graph_thread``, ``concurrent_batches``):
+    engine-facing members in snake_case, not PySpark API.
     """
 
     INITIALIZED: ClassVar[str] = "INITIALIZED"
@@ -161,7 +156,14 @@ class StreamingContext:
         """``"INITIALIZED"``, ``"ACTIVE"`` or ``"STOPPED"``."""
         return self._state
 
-    def _check_not_started(self, what: str) -> None:
+    @property
+    def concurrent_batches(self) -> int:
+        """How many batches may run at once (``concurrentBatches``; :class:`~dstreams.api.owner.GraphOwner`)."""
+        return self._concurrent
+
+    def check_not_started(self, what: str) -> None:
+        """Raise ``StreamingContextStateError`` naming ``what`` unless the context is INITIALIZED
+        (:class:`~dstreams.api.owner.GraphOwner`)."""
         if self._state == self.ACTIVE:
             raise StreamingContextStateError(not_started_message(what))
         if self._state == self.STOPPED:
@@ -236,7 +238,7 @@ class StreamingContext:
     # ------------------------------------------------------------------ configuration
     def remember(self, duration: DurationLike) -> None:
         """Keep each stream's RDDs for at least ``duration`` (seconds or a duration string)."""
-        self._check_not_started("call remember()")
+        self.check_not_started("call remember()")
         self._graph.remember(parse_duration(duration, "remember duration"))
 
     def checkpoint(self, directory: str, **storeOptions: Any) -> None:
@@ -254,7 +256,7 @@ class StreamingContext:
                 "memory:// stores live in one process and executors write checkpoints from their own "
                 "processes: use a local folder or an s3:// URL"
             )
-        self._check_not_started("set the checkpoint directory")
+        self.check_not_started("set the checkpoint directory")
         local = local_path(directory)
         if local is not None:
             # As Spark's StreamingContext.checkpoint (fs.mkdirs): a local folder exists once it is set.
@@ -275,7 +277,7 @@ class StreamingContext:
 
     # ------------------------------------------------------------------ sources
     def _check_can_add_input(self) -> None:
-        self._check_not_started("add an input stream")
+        self.check_not_started("add an input stream")
         self._graph.require_batch_duration()
 
     def queueStream(self, rdds: Iterable[RDD | Iterable[Any]], oneAtATime: bool = True,
@@ -374,7 +376,7 @@ class StreamingContext:
             raise ValueError("should have at least one DStream to union")
         if len(dstreams) == 1 and isinstance(dstreams[0], (list, tuple)):
             dstreams = tuple(dstreams[0])
-        self._check_not_started("add a transformation")
+        self.check_not_started("add a transformation")
         require_same_slide([d._node for d in dstreams], "union", "all DStreams should have the same slide duration")
         if len(dstreams) == 1:
             return dstreams[0]
@@ -382,7 +384,7 @@ class StreamingContext:
 
     def transform(self, dstreams: Sequence[DStream], transformFunc: Callable[..., RDD]) -> DStream:
         """A stream of ``transformFunc(rdds)`` or ``transformFunc(time, rdds)`` over several streams."""
-        self._check_not_started("add a transformation")
+        self.check_not_started("add a transformation")
         if not dstreams:
             raise ValueError("transform needs at least one DStream")
         n = positional_arity(transformFunc, (1, 2), "StreamingContext.transform")
@@ -393,16 +395,18 @@ class StreamingContext:
         return DStream(TransformedNode(self._graph, [d._node for d in dstreams], apply, "transform"), self)
 
     # ------------------------------------------------------------------ lifecycle
-    def _on_graph_thread(self, func: Callable[[], Any]) -> Any:
-        """Run ``func`` (which reads or builds node RDDs) on the scheduler's event loop once started."""
+    def on_graph_thread(self, func: Callable[[], T]) -> T:
+        """Run ``func`` (which reads or builds node RDDs) on the scheduler's event loop once started, else under
+        the graph's lock (:class:`~dstreams.api.owner.GraphOwner`)."""
         runtime = self._runtime
         if runtime is not None and runtime.events.running:
             return runtime.events.call(func)
         with self._graph.lock:
             return func()
 
-    def _output_environment(self) -> OutputEnvironment:
-        """For sinks: the checkpoint location and the fence (a no-op before start and without one)."""
+    def output_environment(self) -> OutputEnvironment:
+        """For sinks: the checkpoint location and the fence, a no-op before start and without one
+        (:class:`~dstreams.api.owner.GraphOwner`)."""
         runtime = self._runtime
         metadata = runtime.metadata if runtime is not None else None
         return OutputEnvironment(self._checkpoint_dir, dict(self._store_options),
@@ -490,7 +494,9 @@ class StreamingContext:
         batch = self._graph.batch_duration
         return max(10.0, 10 * batch.seconds) if batch else 10.0
 
-    def _main_thread_awaited(self) -> bool:
+    def main_thread_awaited(self) -> bool:
+        """Whether the main thread called ``awaitTermination*`` (:class:`~dstreams.api.shutdown.Stoppable`: a
+        signal's stop then lets it return instead of raising ``SystemExit`` in it)."""
         return self._main_awaited
 
     @property

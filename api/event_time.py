@@ -25,7 +25,7 @@ from dstreams.time import DurationLike, parse_duration
 from .stream import DStream
 
 if TYPE_CHECKING:
-    from .context import StreamingContext
+    from .owner import GraphOwner
 
 
 def _values(_: int, it: Iterator[tuple[int, Any]]) -> Iterator[Any]:
@@ -37,7 +37,7 @@ class StateView(DStream):
     sets the checkpoint interval of the operator's state, which is what a checkpoint must cut."""
 
     def __init__(self, state: DStreamNode, view: Callable[[Iterator[Any]], Iterator[Any]], label: str,
-                 ssc: StreamingContext) -> None:
+                 ssc: GraphOwner) -> None:
         super().__init__(TransformedNode(state.graph, [state], lambda rdds, t: rdds[0].mapPartitions(view), label),
                          ssc)
         self._state = state
@@ -54,7 +54,7 @@ class EventWindowView(StateView):
     """The stream of an event-time window or session operator, with :meth:`lateRecords`, what it dropped."""
 
     def __init__(self, state: DStreamNode, view: Callable[[Iterator[Any]], Iterator[Any]], label: str,
-                 ssc: StreamingContext, late: Callable[[], DStreamNode]) -> None:
+                 ssc: GraphOwner, late: Callable[[], DStreamNode]) -> None:
         super().__init__(state, view, label, ssc)
         self._late = late
 
@@ -79,7 +79,7 @@ class TimedDStream(DStream):
     (None after a union of several).
     """
 
-    def __init__(self, timed: DStreamNode, event: EventTimeNode | None, ssc: StreamingContext) -> None:
+    def __init__(self, timed: DStreamNode, event: EventTimeNode | None, ssc: GraphOwner) -> None:
         plain = TransformedNode(timed.graph, [timed],
                                 lambda rdds, t: rdds[0].mapPartitionsWithIndex(_values, True), "eventTimeValues")
         super().__init__(plain, ssc)
@@ -218,7 +218,7 @@ class TrackedDStream(StateView):
     live keys each batch (only those with events or fired timers in it with ``emit="updated"``), and
     :meth:`emitted`, the records the functions emitted (:mod:`dstreams.nodes.timers`)."""
 
-    def __init__(self, node: DStreamNode, ssc: StreamingContext, updated_only: bool = False) -> None:
+    def __init__(self, node: DStreamNode, ssc: GraphOwner, updated_only: bool = False) -> None:
         from dstreams.nodes.timers import live_states, updated_states
 
         super().__init__(node, updated_states if updated_only else live_states, "trackStates", ssc)

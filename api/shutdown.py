@@ -18,7 +18,8 @@ Contract:
   ``awaitTermination*`` (a loop of its own) gets ``SystemExit`` raised in it.
 * A second signal while the stop runs exits at once with code 128 + the signal number (``os._exit``:
   the batch in flight is redone on restart).
-* The driver's JVM does not act on the signals taken over: ``install`` asks it (``forward``, see
+* The driver's JVM does not act on the signals taken over: once the handlers are in place,
+  :meth:`SignalStop.take_over` (``install``'s last step) asks it (``forward``, given at construction, see
   :mod:`dstreams.spark.jvm_signals`) to send them on to this process instead of stopping the SparkContext
   under the graceful stop (a signal to the whole process group, or to the ``spark-submit`` JVM alone).
   A group signal then arrives twice, milliseconds apart: while the JVM forwards, one repeat of the first
@@ -54,7 +55,9 @@ class Stoppable(Protocol):
 
     def stop(self, stopSparkContext: bool = True, stopGraceFully: bool = False) -> None: ...
 
-    def _main_thread_awaited(self) -> bool: ...
+    def main_thread_awaited(self) -> bool:
+        """Whether the main thread waits in ``awaitTermination*`` (it returns by itself after the stop)."""
+        ...
 
 
 class Forwarding(Protocol):
@@ -85,7 +88,10 @@ class SignalStop:
     """The SIGTERM/SIGINT handlers of one running context (see the module docstring)."""
 
     def __init__(self, ssc: Stoppable, mode: str, previous: dict[int, Any],
-                 exit_now: Callable[[int], None] = os._exit) -> None:
+                 exit_now: Callable[[int], None] = os._exit, forward: ForwardFn | None = None) -> None:
+        """Handlers for the signals in ``previous`` (signal -> the handler they replace), inactive until
+        :meth:`take_over`; ``forward`` asks the driver's JVM to send those signals on here (None: the JVM is not
+        asked)."""
         self._ssc = ssc
         self.mode = mode
         self._previous = previous
@@ -97,8 +103,8 @@ class SignalStop:
         self.exit_code = 0
         self._thread: threading.Thread | None = None
         self._detached = False
-        #: The JVM's forwarding of the signals taken over, while it lasts.
-        self.forwarding: Forwarding | None = None
+        self._forward = forward
+        self._forwarding: Forwarding | None = None
         self._first: tuple[int, float] | None = None
 
     @classmethod
@@ -111,21 +117,32 @@ class SignalStop:
         previous = {s: signal.getsignal(s) for s in SIGNALS if _is_default(s, signal.getsignal(s))}
         if not previous:
             return None
-        stopper = cls(ssc, mode, previous)
-        for s in previous:
-            signal.signal(s, stopper._handle)
-        if forward is not None:
-            stopper.forwarding = forward(list(previous))
+        stopper = cls(ssc, mode, previous, forward=forward)
+        stopper.take_over()
         return stopper
+
+    def take_over(self) -> None:
+        """The lifecycle step after construction (main thread): install the handlers, then have the JVM forward
+        the signals here (only once the handlers are in place, so that no forwarded signal meets Python's
+        default handler)."""
+        for s in self._previous:
+            signal.signal(s, self._handle)
+        if self._forward is not None:
+            self._forwarding = self._forward(list(self._previous))
+
+    @property
+    def forwarding(self) -> Forwarding | None:
+        """The JVM's forwarding of the signals taken over (:meth:`take_over`), while it lasts."""
+        return self._forwarding
 
     def uninstall(self) -> None:
         """Put the previous handlers back (in the main thread; elsewhere the handlers only stop acting).
         The JVM's handlers go back too, unless a signal started the stop: the process is ending, and a
         second signal must still reach this process to exit at once."""
         self._detached = True
-        forwarding = self.forwarding
+        forwarding = self._forwarding
         if forwarding is not None and not self.stopping:
-            self.forwarding = None
+            self._forwarding = None
             forwarding.restore()
         if threading.current_thread() is not threading.main_thread():
             return
@@ -171,7 +188,7 @@ class SignalStop:
 
     def _is_duplicate(self, signum: int, now: float) -> bool:
         first = self._first
-        return (self.forwarding is not None and first is not None and first[0] == signum
+        return (self._forwarding is not None and first is not None and first[0] == signum
                 and now - first[1] < DUPLICATE_WINDOW_S)
 
     def _act_as_before(self, signum: int, frame: FrameType | None) -> None:
@@ -194,5 +211,5 @@ class SignalStop:
             self.exit_code = 1
         self._done.set()
         main = threading.main_thread()
-        if main.is_alive() and not self._ssc._main_thread_awaited():
+        if main.is_alive() and not self._ssc.main_thread_awaited():
             _thread.interrupt_main(signum)  # runs _handle in the main thread, which raises SystemExit

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pyspark import RDD, StorageLevel
 from pyspark.resultiterable import ResultIterable
@@ -51,6 +51,7 @@ from .functions import positional_arity
 
 if TYPE_CHECKING:
     from .context import StreamingContext
+    from .owner import GraphOwner
 
 
 def _keep_idle(update: Callable[[list[Any], Any], Any]) -> Callable[[list[Any], Any], Any]:
@@ -68,9 +69,12 @@ def rdd_to_file_name(prefix: str, suffix: str | None, time_ms: int) -> str:
 
 
 class DStream:
-    """A discretized stream: one RDD per batch interval (see the module docstring)."""
+    """A discretized stream: one RDD per batch interval (see the module docstring).
 
-    def __init__(self, node: DStreamNode, ssc: StreamingContext) -> None:
+    It uses its context (``ssc``, a ``StreamingContext``) only through :class:`~dstreams.api.owner.GraphOwner`.
+    """
+
+    def __init__(self, node: DStreamNode, ssc: GraphOwner) -> None:
         self._node = node
         self._ssc = ssc
         self._sc = ssc.sparkContext
@@ -90,7 +94,7 @@ class DStream:
         return DStream(node, self._ssc)
 
     def _check_open(self) -> None:
-        self._ssc._check_not_started("add a transformation")
+        self._ssc.check_not_started("add a transformation")
 
     def _default_partitions(self, n: int | None) -> int:
         if n is None:
@@ -112,7 +116,7 @@ class DStream:
 
     def context(self) -> StreamingContext:
         """The StreamingContext this stream belongs to."""
-        return self._ssc
+        return cast("StreamingContext", self._ssc)
 
     def __repr__(self) -> str:
         return f"DStream({self._node.name})"
@@ -511,7 +515,7 @@ class DStream:
     def _output(self, func: Callable[..., Any], label: str) -> None:
         """Register ``func`` (``func(rdd)`` or ``func(time, rdd)``) as an output named ``label`` (in errors, the
         status page and the metrics)."""
-        self._ssc._check_not_started("add an output operation")
+        self._ssc.check_not_started("add an output operation")
         n = positional_arity(func, (1, 2), "foreachRDD")
 
         def run(rdd: RDD, t: BatchTime) -> None:
@@ -551,7 +555,7 @@ class DStream:
 
         def save(time: Any, rdd: RDD) -> None:
             ms = round(time.timestamp() * 1000)
-            env = ssc._output_environment()
+            env = ssc.output_environment()
             path = rdd_to_file_name(prefix, suffix, ms)
             options = sink_store_options(path, storeOptions, env.checkpoint_dir, env.store_options)
             save_text_exactly_once(rdd, path, env.check_owner, options)
@@ -580,7 +584,7 @@ class DStream:
 
         def save(time: Any, rdd: RDD) -> None:
             ms = round(time.timestamp() * 1000)
-            env = ssc._output_environment()
+            env = ssc.output_environment()
             options = sink_store_options(str(location), storeOptions, env.checkpoint_dir, env.store_options)
             target = f"{str(location).rstrip('/')}/{ms:015d}"
             save_to_store_exactly_once(rdd, target, env.check_owner, options, format)
@@ -614,14 +618,14 @@ class DStream:
             fields = list(fields)
         if int(chunkSize) < 1:
             raise ValueError(f"saveToRedisStream's chunkSize must be >= 1, got {chunkSize!r}")
-        if ssc._concurrent > 1:
+        if ssc.concurrent_batches > 1:
             raise ValueError("saveToRedisStream writes batches in id order and needs them one at a time: "
-                             f"concurrentBatches is {ssc._concurrent} (set it, or spark.streaming.concurrentJobs, "
-                             "to 1)")
+                             f"concurrentBatches is {ssc.concurrent_batches} (set it, or "
+                             "spark.streaming.concurrentJobs, to 1)")
 
         def save(time: Any, rdd: RDD) -> None:
             ms = round(time.timestamp() * 1000)
-            save_to_redis_stream(rdd, ms, url, key, fields, ssc._output_environment().check_owner, int(chunkSize))
+            save_to_redis_stream(rdd, ms, url, key, fields, ssc.output_environment().check_owner, int(chunkSize))
 
         self._output(save, f"saveToRedisStream({key!r})")
 
@@ -652,7 +656,7 @@ class DStream:
 
         def save(time: Any, rdd: RDD) -> None:
             ms = round(time.timestamp() * 1000)
-            env = ssc._output_environment()
+            env = ssc.output_environment()
             target = resolved.get("target")
             if target is None:
                 name = outputName or (f"{table}@{env.checkpoint_dir}" if env.checkpoint_dir else table)
@@ -665,4 +669,4 @@ class DStream:
     def slice(self, begin: Any, end: Any) -> list[RDD]:
         """The RDDs of the batches between ``begin`` and ``end`` (datetimes or unix seconds)."""
         b, e = from_user_time(begin), from_user_time(end)
-        return self._ssc._on_graph_thread(lambda: self._node.slice(b, e))
+        return self._ssc.on_graph_thread(lambda: self._node.slice(b, e))

@@ -208,7 +208,7 @@ def test_per_batch_combined_rdds_need_no_python_stage_after_the_shuffle(sc: Any)
             return (window._node.parent.get_or_compute(last),
                     running._node.prepare(pairs._node.get_or_compute(last)))
 
-        per_batch, prepared = ssc._on_graph_thread(built)
+        per_batch, prepared = ssc.on_graph_thread(built)
         assert _class_name(per_batch) != "PythonRDD" and _class_name(prepared) != "PythonRDD"
     finally:
         ssc.stop(stopSparkContext=False)

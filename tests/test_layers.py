@@ -16,6 +16,9 @@
 * no import cycles among the project's modules (module-level imports);
 * importing an engine module (what an executor does when it unpickles one) loads neither the api nor the
   recovery layer, nor boto3 or tenacity.
+* inside the api layer, ``DStream`` and the other parts use the ``StreamingContext`` through a named interface
+  (``dstreams.api.owner.GraphOwner``, ``dstreams.api.shutdown.Stoppable``), never through its private
+  attributes: :data:`CONTEXT_INTERFACES`.
 
 Why this rule and not "the model imports nothing of Spark": the operators compute RDDs, so the model needs
 Spark's data path (partitioners, shuffles, the one-round-trip JVM builds); what it must not know is how Spark
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import os
 import subprocess
 import sys
@@ -252,3 +256,81 @@ def test_the_facade_still_exports_pyspark_names():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "dstreams.api.context"
+
+
+# ---------------------------------------------------------------- the api's parts use the context's interfaces
+
+#: api modules -> the interface through which they use the ``StreamingContext`` (its module and name). The
+#: context itself (``dstreams.api.context``) is the one api module that may touch its private attributes.
+CONTEXT_INTERFACES = {
+    "dstreams.api.stream": ("dstreams.api.owner", "GraphOwner"),
+    "dstreams.api.event_time": ("dstreams.api.owner", "GraphOwner"),
+    "dstreams.api.shutdown": ("dstreams.api.shutdown", "Stoppable"),
+    "dstreams.api.driver": ("dstreams.api.shutdown", "Stoppable"),
+}
+#: The names the api modules give a context: a variable ``ssc``, or an attribute ``_ssc``/``context`` of an
+#: object (``self._ssc``, ``setup.context``).
+CONTEXT_VARIABLES = {"ssc", "streaming_context"}
+CONTEXT_ATTRIBUTES = {"_ssc", "ssc", "context", "_context"}
+
+
+def _names_a_context(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Name) and node.id in CONTEXT_VARIABLES) or (
+        isinstance(node, ast.Attribute) and node.attr in CONTEXT_ATTRIBUTES)
+
+
+def _context_uses(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
+    """``(line, attribute)`` of every attribute read or called on an expression that names a context."""
+    return sorted((n.lineno, n.attr) for n in ast.walk(ast.parse(source, filename))
+                  if isinstance(n, ast.Attribute) and _names_a_context(n.value))
+
+
+def _interface_members(module: str, name: str) -> dict[str, object]:
+    interface = getattr(importlib.import_module(module), name)
+    return {k: v for k, v in vars(interface).items() if not k.startswith("_")}
+
+
+def test_api_modules_use_the_context_through_its_interface_only():
+    """DStream and the other api parts call the ``StreamingContext`` only through a named interface
+    (``GraphOwner``, ``Stoppable``) and never through its private attributes (docs/architecture.md)."""
+    modules = _modules()
+    violations = []
+    for module, path in modules.items():
+        if not _in(module, "dstreams.api") or module == "dstreams.api.context":
+            continue
+        interface = CONTEXT_INTERFACES.get(module)
+        members = _interface_members(*interface) if interface else {}
+        for line, attr in _context_uses(path.read_text(), str(path)):
+            if attr.startswith("_"):
+                violations.append(f"{module}:{line} uses the context's private {attr!r}")
+            elif interface and attr not in members:
+                violations.append(f"{module}:{line} uses the context's {attr!r}, not a member of {interface[1]}")
+    assert not violations, "\n".join(violations)
+    assert _context_uses(modules["dstreams.api.stream"].read_text()), "the checker finds no use at all in DStream"
+
+
+def test_the_context_implements_the_interfaces_its_parts_use():
+    from dstreams.api.context import StreamingContext
+
+    for module, name in set(CONTEXT_INTERFACES.values()):
+        members = _interface_members(module, name)
+        assert members, f"{name} has no public members"
+        for member, declared in members.items():
+            implemented = inspect.getattr_static(StreamingContext, member, None)
+            assert implemented is not None, f"StreamingContext does not implement {name}.{member}"
+            assert isinstance(implemented, property) == isinstance(declared, property), \
+                f"StreamingContext.{member}: {name} declares a {type(declared).__name__}"
+
+
+def test_the_context_use_checker_sees_a_violation():
+    """The checker is not vacuous: private reads through a local alias and through ``self._ssc`` are found; a
+    public member, a stream's own private attribute and a context passed on are not uses."""
+    source = ("ssc = self._ssc\n"
+              "n = ssc._concurrent\n"
+              "self._ssc._check_not_started('add a transformation')\n"
+              "self._ssc.sparkContext\n"
+              "self._node.slice(1, 2)\n"
+              "DStream(node, self._ssc)\n"
+              "setup.context._main_thread_awaited()\n")
+    assert _context_uses(source) == [(2, "_concurrent"), (3, "_check_not_started"), (4, "sparkContext"),
+                                     (7, "_main_thread_awaited")]

@@ -30,7 +30,7 @@ class _FakeContext:
         self.stops.append((stopSparkContext, stopGraceFully))
         self.stopped.set()
 
-    def _main_thread_awaited(self) -> bool:
+    def main_thread_awaited(self) -> bool:
         return self.awaited
 
 
@@ -153,9 +153,10 @@ def test_while_the_jvm_forwards_one_copy_of_the_first_signal_is_not_a_second_sig
     ctx = _FakeContext(awaited=True, stop_s=1.0)
     exits: list[int] = []
     forwarding = _Forwarding()
-    stopper = SignalStop(ctx, "graceful", {signal.SIGTERM: signal.SIG_DFL}, exit_now=exits.append)
-    stopper.forwarding = forwarding
-    signal.signal(signal.SIGTERM, stopper._handle)
+    stopper = SignalStop(ctx, "graceful", {signal.SIGTERM: signal.SIG_DFL}, exit_now=exits.append,
+                         forward=lambda signums: forwarding)
+    stopper.take_over()
+    assert stopper.forwarding is forwarding and signal.getsignal(signal.SIGTERM) == stopper._handle
     signal.raise_signal(signal.SIGTERM)  # the process group's copy
     signal.raise_signal(signal.SIGTERM)  # the JVM's forwarded copy: the same signal
     assert exits == []

@@ -309,20 +309,19 @@ def test_a_fenced_driver_shows_on_the_page_and_in_the_metrics(run):
 
 
 def test_a_taken_port_moves_the_server_to_the_next_free_one():
-    app = lambda environ, start_response: [b""]  # noqa: E731
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
         if port >= 65535:
             pytest.skip("the free port the kernel gave is the last one")
-        server = bind(app, "127.0.0.1", port, retries=16)
+        server = bind("127.0.0.1", port, retries=16)
         assert server is not None
         try:
             assert server.server_address[1] > port
         finally:
             server.server_close()
-        assert bind(app, "127.0.0.1", port, retries=0) is None  # no other port may be tried
+        assert bind("127.0.0.1", port, retries=0) is None  # no other port may be tried
 
 
 def test_settings_disabled_or_invalid():

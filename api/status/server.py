@@ -32,7 +32,7 @@ from importlib import resources
 from socketserver import ThreadingMixIn
 from typing import Any
 from urllib.parse import parse_qs
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import make_wsgi_app
 
@@ -167,14 +167,16 @@ def bind_address() -> str:
     return os.environ.get("SPARK_LOCAL_IP") or "0.0.0.0"
 
 
-def bind(app: WsgiApp, host: str, port: int, retries: int) -> WSGIServer | None:
-    """A server for ``app`` on ``host``, on ``port`` or the first free one of the next ``retries`` ports
-    (port 0: any free port); None when they are all taken."""
+def bind(host: str, port: int, retries: int) -> WSGIServer | None:
+    """A server bound to ``host``, on ``port`` or the first free one of the next ``retries`` ports (port 0: any
+    free port); None when they are all taken. It serves nothing yet: its port decides the URL the application
+    is built with, which the caller then hands it (``WSGIServer.set_app``, as ``wsgiref.make_server`` does)
+    before serving."""
     server_class = _ThreadingWSGIServerV6 if ":" in host else _ThreadingWSGIServer
     candidates = [0] if port == 0 else range(port, min(65535, port + retries) + 1)
     for p in candidates:
         try:
-            return make_server(host, p, app, server_class=server_class, handler_class=_QuietHandler)
+            return server_class((host, p), _QuietHandler)
         except OSError as e:
             if e.errno != errno.EADDRINUSE:
                 raise
@@ -241,13 +243,9 @@ class StatusServer:
             return None
         port, retries = settings.port, settings.port_retries
         conf = sources.sc.getConf()
-        history = BatchHistory()
-        model = StatusModel(sources, history)
-        metrics = StatusMetrics(model)
-        history.add_observer(metrics.observe)
         host = bind_address()
         try:
-            httpd = bind(make_app(model, metrics), host, port, retries)
+            httpd = bind(host, port, retries)
         except OSError as e:
             httpd = None
             log.warning("the dstreams status server could not bind to %s:%d (%s); the stream runs without it", host,
@@ -258,11 +256,17 @@ class StatusServer:
                             "for any free port); the stream runs without it", port, port + retries, host,
                             config.UI_PORT.key, config.UI_PORT.key)
         if httpd is None:
-            metrics.close()
-            model.close()
             return None
         url = public_url(host, int(httpd.server_address[1]), conf.get("spark.driver.host"))
-        model.status_url = url
+        try:
+            history = BatchHistory()
+            model = StatusModel(sources, history, url)
+            metrics = StatusMetrics(model)
+            history.add_observer(metrics.observe)
+            httpd.set_app(make_app(model, metrics))
+        except BaseException:
+            httpd.server_close()
+            raise
         sources.bus.add(history)
         log.warning("dstreams status page at %s (JSON: %s/api, Prometheus: %s/metrics; %s=false turns it off)",
                     url, url, url, config.UI_ENABLED.key)
