@@ -386,17 +386,32 @@ class PartitionStore:
             self.db.execute(f"DROP TABLE IF EXISTS log_{ver}")
         for table in ("kv", "kvx", "logs", "meta"):
             self.db.execute(f"DELETE FROM {table}")
-        batch: dict[bytes, bytes | None] = {}
+        chunk: list[tuple[int, bytes, bytes]] = []
         for k, v in records:
-            batch[k] = v
-            if len(batch) >= 50_000:
-                self.write_many(version, batch, {}, log=False)
-                batch = {}
-        if batch:
-            self.write_many(version, batch, {}, log=False)
+            chunk.append((key_hash(k), k, v))
+            if len(chunk) >= 100_000:
+                self._bulk_load(chunk)
+                chunk = []
+        if chunk:
+            self._bulk_load(chunk)
+        self._set_meta("keys", self.count())
         self._set_meta("version", version)
         self._set_meta("run", run)
         self._set_meta("log_floor", version)
+
+    def _bulk_load(self, rows: list[tuple[int, bytes, bytes]]) -> None:
+        """Insert (hash, key, value) rows into a store being reloaded: in row order, a later value of the same key
+        replacing the earlier one; a key whose row id another key holds goes to ``kvx``."""
+        rows.sort(key=_first)
+        before = self.db.total_changes
+        self.db.executemany("INSERT INTO kv VALUES (?, ?, ?) ON CONFLICT(h) DO UPDATE SET v = excluded.v "
+                            "WHERE kv.k = excluded.k", rows)
+        if self.db.total_changes - before == len(rows):
+            return
+        for h, k, v in rows:  # some row was not written: find the keys sharing a row id
+            row = self.db.execute("SELECT k FROM kv WHERE h = ?", (h,)).fetchone()
+            if row is not None and row[0] != k:
+                self.db.execute("INSERT OR REPLACE INTO kvx VALUES (?, ?)", (k, v))
 
     def ensure_base(self, version: int, run: str, records: Callable[[], Iterable[tuple[bytes, bytes]]]) -> str:
         """Bring the store to ``version`` of ``run`` (see the module docstring); returns what it did

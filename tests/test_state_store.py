@@ -46,7 +46,7 @@ def test_versions_reads_as_of_changes_and_rollback(tmp_path):
     store.ensure_base(0, "r1", lambda: [(key_bytes("a"), pickle.dumps(1)), (key_bytes("b"), pickle.dumps(2))])
     _commit(store, 1000, "r1", {"a": 10, "c": 3})
     _commit(store, 2000, "r1", {"b": None, "c": 30, ("t", "t"): 7})
-    assert (store.version, store.run, store.count()) == (2000, "r1", 3)
+    assert (store.version, store.run, store.count(), store.keys) == (2000, "r1", 3, 3)
     assert _kv(store) == {"a": 10, "c": 30, ("t", "t"): 7}
     assert _kv(store, 1000) == {"a": 10, "b": 2, "c": 3}
     assert _kv(store, 0) == {"a": 1, "b": 2}
@@ -93,10 +93,14 @@ def test_equal_keys_are_one_key_and_shared_hashes_stay_apart(tmp_path, monkeypat
 
     monkeypatch.setattr(statestore, "key_hash", lambda kb: 42)  # every key on one row id
     store = PartitionStore(str(tmp_path / "p.sqlite"))
-    store.ensure_base(0, "r", lambda: [])
+    initial = [(key_bytes(k), pickle.dumps(v)) for k, v in [("x", 1), ("y", 2), ("x", 3)]]
+    store.ensure_base(0, "r", lambda: initial)  # a bulk load: one row, one key in kvx, a duplicate replaced
+    assert _kv(store) == {"x": 3, "y": 2} and store.keys == 2
+    with store.transaction():
+        store.reload(0, "r", [])
     _commit(store, 1000, "r", {"a": 1, "b": 2, ("c", 1): 3})
     _commit(store, 2000, "r", {"a": None, "b": 20})
-    assert _kv(store) == {"b": 20, ("c", 1): 3}
+    assert _kv(store) == {"b": 20, ("c", 1): 3} and store.keys == 2
     assert _kv(store, 1000) == {"a": 1, "b": 2, ("c", 1): 3}
     assert {pickle.loads(k): pickle.loads(v) for k, v in store.get_many([key_bytes("b"), key_bytes("zz")]).items()} \
         == {"b": 20}
