@@ -12,10 +12,12 @@
 
 from __future__ import annotations
 
+import json
 import operator
 import os
 import pickle
 import shutil
+import urllib.request
 
 import pytest
 
@@ -157,7 +159,8 @@ def _drive(ssc: StreamingContext, clock: ManualClock, until_ms: int) -> None:
         t += 1000
 
 
-def _run(sc, tmp_path, name: str, store: str, monkeypatch, until_ms: int) -> dict[str, list[str]]:
+def _run(sc, tmp_path, name: str, store: str, monkeypatch, until_ms: int,
+         status: dict | None = None) -> dict[str, list[str]]:
     monkeypatch.setenv("DSTREAMS_STATE_STORE", store)
     monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(tmp_path / f"{name}-local"))
     monkeypatch.setenv("DSTREAMS_STATE_SNAPSHOT_EVERY", "2")
@@ -167,6 +170,11 @@ def _run(sc, tmp_path, name: str, store: str, monkeypatch, until_ms: int) -> dic
     try:
         ssc.start()
         _drive(ssc, clock, until_ms)
+        if status is not None and ssc.uiWebUrl:
+            with urllib.request.urlopen(f"{ssc.uiWebUrl}/api", timeout=30) as r:
+                status["api"] = json.loads(r.read())
+            with urllib.request.urlopen(f"{ssc.uiWebUrl}/metrics", timeout=30) as r:
+                status["metrics"] = r.read().decode()
     finally:
         ssc.stop(stopSparkContext=False)
     return read_outputs(out)
@@ -175,7 +183,8 @@ def _run(sc, tmp_path, name: str, store: str, monkeypatch, until_ms: int) -> dic
 @pytest.mark.slow
 def test_store_backed_state_gives_the_rdd_states_outputs_batch_by_batch(sc, tmp_path, monkeypatch):
     expected = _run(sc, tmp_path, "rdd", "rdd", monkeypatch, 12_000)
-    got = _run(sc, tmp_path, "store", "executor", monkeypatch, 12_000)
+    status: dict = {}
+    got = _run(sc, tmp_path, "store", "executor", monkeypatch, 12_000, status)
     assert sorted(expected) == sorted(f"{n}-{t}" for n in ("running", "update", "idle", "touched", "changes")
                                       for t in range(1000, 13_000, 1000))
     for name in sorted(expected):
@@ -187,6 +196,16 @@ def test_store_backed_state_gives_the_rdd_states_outputs_batch_by_batch(sc, tmp_
         want = {k: v for k, v in after.items() if before.get(k) != v} | {k: None for k in before if k not in after}
         assert dict(_parse(expected[f"changes-{t}"])) == want, t
     assert any("None" in line for t in range(1000, 13_000, 1000) for line in expected[f"changes-{t}"])
+    # The status page and /metrics show each store's keys (as the last batch left them), its bytes on disk and the
+    # newest checkpoint's bytes.
+    nodes = {n["key"]: n for n in status["api"]["streams"]["nodes"]}
+    touched = max((n for n in nodes.values() if n["type"] == "StoreUpdateStateNode"), key=lambda n: n["key"])
+    state = touched["state"]
+    assert state["keys"] == len(expected["touched-12000"]) and state["store"]["as_of_ms"] == 12_000
+    assert state["bytes"] > 0 and state["checkpoint_bytes"] > 0
+    assert f'dstreams_state_keys{{stream="{touched["key"]}"}} {float(state["keys"])}' in status["metrics"]
+    assert f'dstreams_state_disk_bytes{{stream="{touched["key"]}"}}' in status["metrics"]
+    assert f'dstreams_checkpoint_bytes{{stream="{touched["key"]}"}}' in status["metrics"]
     # Keys left the state and came back, idle keys aged out: the workload exercises deletes.
     assert any("'init'" in line for line in expected["update-1000"])
     assert len(expected["idle-12000"]) < len({x for t in range(1000, 13_000, 1000) for x in expected[f"idle-{t}"]})

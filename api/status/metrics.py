@@ -172,10 +172,17 @@ class StatusMetrics:
         yield from (mark, dropped)
 
     def _state(self) -> Iterator[Metric]:
-        keys = GaugeMetricFamily("dstreams_state_keys", "Keys in a stateful stream's state, as of its newest "
-                                 "checkpoint.", labels=["stream"])
-        size = GaugeMetricFamily("dstreams_state_bytes", "Serialized size of a stateful stream's state, as of its "
-                                 "newest checkpoint.", labels=["stream"])
+        keys = GaugeMetricFamily("dstreams_state_keys", "Keys in a stateful stream's state: on the executor state "
+                                 "store as its tasks last reported them, else as of its newest checkpoint.",
+                                 labels=["stream"])
+        size = GaugeMetricFamily("dstreams_state_bytes", "Size of a stateful stream's state: the executor state "
+                                 "store's files on disk, else the serialized size as of its newest checkpoint.",
+                                 labels=["stream"])
+        disk = GaugeMetricFamily("dstreams_state_disk_bytes", "Bytes of a stream's executor state stores on the "
+                                 "executors' disks (spark.dstreams.state.store=executor).", labels=["stream"])
+        ckpt = GaugeMetricFamily("dstreams_checkpoint_bytes", "Bytes of a stateful stream's newest committed "
+                                 "checkpoint (the executor state store writes the keys changed since the one "
+                                 "before, or a snapshot).", labels=["stream"])
         age = GaugeMetricFamily("dstreams_checkpoint_age_seconds", "Time since the batch time of a stateful "
                                 "stream's newest committed checkpoint.", labels=["stream"])
         newest = GaugeMetricFamily("dstreams_checkpoint_last_batch_time_seconds", "Batch time of a stateful "
@@ -189,10 +196,14 @@ class StatusMetrics:
             if state["keys"] is not None:
                 keys.add_metric(label, state["keys"])
                 size.add_metric(label, state["bytes"])
+            if state.get("store") is not None:
+                disk.add_metric(label, state["store"]["disk_bytes"])
+            if state.get("checkpoint_bytes") is not None:
+                ckpt.add_metric(label, state["checkpoint_bytes"])
             if state["newest_checkpoint_ms"] is not None:
                 age.add_metric(label, state["newest_checkpoint_age_ms"] / 1000.0)
                 newest.add_metric(label, state["newest_checkpoint_ms"] / 1000.0)
-        yield from (keys, size, age, newest)
+        yield from (keys, size, disk, ckpt, age, newest)
         yield CounterMetricFamily("dstreams_checkpoint_failures", "Data checkpoints that failed or were given up.",
                                   value=self.model.sources.runtime.checkpointer.error_count)
 

@@ -36,6 +36,7 @@ from dstreams.node import DStreamNode
 from dstreams.nodes.event_time import EventTimeNode, timed_ancestors
 from dstreams.nodes.input import InputNode
 from dstreams.nodes.output import OutputNode
+from dstreams.nodes.store_state import StoreStateNode
 from dstreams.recovery.checkpointer import CheckpointError, load_manifest
 from dstreams.time import Duration
 
@@ -447,10 +448,25 @@ class StatusModel:
         newest = times[-1] if times else None
         sizes = self.sizes.get(node.key, newest) if newest is not None else None
         now = self.sources.clock.time_ms()
+        store = node.store_metrics() if isinstance(node, StoreStateNode) else None
+        if store is not None:  # the executor state store: live figures, not the checkpoint's (a delta)
+            return {
+                "keys": store["keys"],
+                "bytes": store["disk_bytes"],
+                "size_as_of_ms": store["as_of_ms"],
+                "store": store,
+                "checkpoint_bytes": sizes["bytes"] if sizes else None,
+                "checkpoint_interval_ms": node.checkpoint_interval.ms if node.checkpoint_interval else None,
+                "newest_checkpoint_ms": newest,
+                "newest_checkpoint_age_ms": max(0, now - newest) if newest is not None else None,
+                "checkpoints_kept": len(times),
+            }
         return {
             "keys": sizes["keys"] if sizes else None,
             "bytes": sizes["bytes"] if sizes else None,
             "size_as_of_ms": newest if sizes else None,
+            "store": None,
+            "checkpoint_bytes": sizes["bytes"] if sizes else None,
             "checkpoint_interval_ms": node.checkpoint_interval.ms if node.checkpoint_interval else None,
             "newest_checkpoint_ms": newest,
             "newest_checkpoint_age_ms": max(0, now - newest) if newest is not None else None,

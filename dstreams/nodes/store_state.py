@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD, StorageLevel
+from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.rdd import Partitioner
 
 from ..node import DStreamNode, OneParentNode
@@ -54,6 +55,29 @@ if TYPE_CHECKING:
 Updater = Callable[[PartitionStore, list[Any]], tuple[dict[bytes, bytes | None], dict[bytes, bytes]]]
 
 
+
+
+#: Per partition: (version, keys, bytes on disk) as the newest task that touched its store reported them.
+PartitionStats = dict[int, tuple[int, int, int]]
+
+
+class _LatestPerPartition(AccumulatorParam):
+    """Merges the stores' reports: per partition, the one of the newest version (a retried or recomputed task
+    reports the same or an older one, so counting twice is impossible)."""
+
+    def zero(self, value: PartitionStats) -> PartitionStats:
+        return {}
+
+    def addInPlace(self, a: PartitionStats, b: PartitionStats) -> PartitionStats:  # noqa: N802 - PySpark's name
+        for p, stats in b.items():
+            if p not in a or a[p][0] <= stats[0]:
+                a[p] = stats
+        return a
+
+
+def _report(stats: Accumulator | None, partition: int, store: PartitionStore) -> None:
+    if stats is not None and store.version is not None:
+        stats.add({partition: (store.version, store.keys, store.disk_bytes())})
 
 
 class StoreStateNode(OneParentNode):
@@ -81,6 +105,8 @@ class StoreStateNode(OneParentNode):
         self._exported: dict[int, list[int]] = {}
         #: Checkpoint times marked and not yet adopted: the store's log must reach back to them.
         self._marked: set[int] = set()
+        #: The stores' reports (keys, bytes on disk), created on the driver with the first RDD.
+        self._stats: Accumulator | None = None
         self.persist(StorageLevel.MEMORY_ONLY)
 
     # ------------------------------------------------------------------ definition
@@ -96,7 +122,7 @@ class StoreStateNode(OneParentNode):
         if self.initial is not None:
             state["_initial_records"] = self.initial.collect()
             state["initial"] = None
-        state.update(_chain=[], _exported={}, _marked=set())
+        state.update(_chain=[], _exported={}, _marked=set(), _stats=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -111,6 +137,21 @@ class StoreStateNode(OneParentNode):
         digest = hashlib.sha256(f"{location}\0{self.key}".encode()).hexdigest()[:20]
         return f"{self.key}-{digest}"
 
+    def _stats_accumulator(self) -> Accumulator:
+        if self._stats is None:
+            self._stats = self.graph.sc.accumulator({}, _LatestPerPartition())
+        return self._stats
+
+    def store_metrics(self) -> dict[str, Any] | None:
+        """Keys and bytes on disk of this stream's stores, summed over the partitions reported so far (each as of
+        the newest version a task of it applied or restored), or None before any report."""
+        stats: PartitionStats = dict(self._stats.value) if self._stats is not None else {}
+        if not stats:
+            return None
+        return {"keys": sum(s[1] for s in stats.values()), "disk_bytes": sum(s[2] for s in stats.values()),
+                "partitions_reported": len(stats), "partitions": self.partitioner.numPartitions,
+                "as_of_ms": min(s[0] for s in stats.values())}
+
     # ------------------------------------------------------------------ per operator
     def prepare(self, batch: RDD) -> RDD:
         raise NotImplementedError
@@ -123,6 +164,7 @@ class StoreStateNode(OneParentNode):
         """The handle at the zero time: every partition's store holds the initial state (empty without one)."""
         assert self.zero_time is not None
         version, run, local_dir, store_id = self.zero_time.ms, self._run, self.local_dir, self.store_id()
+        stats = self._stats_accumulator()
         if self.initial is None and self._initial_records is not None:
             self.initial = ensure_partitioned(self.graph.sc.parallelize(self._initial_records), self.partitioner)
             self._initial_records = None
@@ -131,6 +173,7 @@ class StoreStateNode(OneParentNode):
             store = PartitionStore.open(local_dir, store_id, i)
             try:
                 store.ensure_base(version, run, lambda: ((key_bytes(k), value_bytes(v)) for k, v in records))
+                _report(stats, i, store)
             finally:
                 store.close()
             return [version]
@@ -162,6 +205,7 @@ class StoreStateNode(OneParentNode):
             self._marked.add(time.ms)
         t, run, local_dir, store_id = time.ms, self._run, self.local_dir, self.store_id()
         floor, update, name = self._log_floor(time.ms), self.updater(), self.name
+        stats = self._stats_accumulator()
 
         def apply(i: int, segments: list[list[Any]]) -> list[int]:
             base = segments[0][0] if segments[0] else None
@@ -181,6 +225,7 @@ class StoreStateNode(OneParentNode):
                     store.write_many(t, writes, old)
                     store.set_version(t, run)
                     store.prune_log(floor)
+                _report(stats, i, store)
             finally:
                 store.close()
             return [t]
@@ -228,11 +273,13 @@ class StoreStateNode(OneParentNode):
         brings each partition's store to ``time`` (reading ``reader`` only when the store cannot get there on
         its own). A restarted driver's next checkpoint is a snapshot."""
         version, run, local_dir, store_id = time.ms, self._run, self.local_dir, self.store_id()
+        stats = self._stats_accumulator()
 
         def restore(i: int, records: Iterable[Any]) -> list[int]:
             store = PartitionStore.open(local_dir, store_id, i)
             try:
                 store.ensure_base(version, run, lambda: records)
+                _report(stats, i, store)
             finally:
                 store.close()
             return [version]

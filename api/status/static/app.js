@@ -105,12 +105,13 @@ function renderStatus(s) {
     row.appendChild(el("td", { class: "num" }, fmtBytes(st.bytes)));
     row.appendChild(el("td", { class: "num" }, st.newest_checkpoint_ms === null ? "none yet" : fmtTime(st.newest_checkpoint_ms)));
     row.appendChild(el("td", { class: "num" }, fmtDuration(st.newest_checkpoint_age_ms)));
+    row.appendChild(el("td", { class: "num" }, fmtBytes(st.checkpoint_bytes)));
     row.appendChild(el("td", {}, n.watermark === null ? "–" : fmtTime(n.watermark)));
     state.appendChild(row);
   }
   if (!state.rows.length) {
     const row = el("tr");
-    row.appendChild(el("td", { colspan: "6", class: "hint" }, "no stateful stream"));
+    row.appendChild(el("td", { colspan: "7", class: "hint" }, "no stateful stream"));
     state.appendChild(row);
   }
 
