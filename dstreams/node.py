@@ -64,6 +64,9 @@ class DStreamNode:
     #: ``DStream.checkpoint(interval)`` also caches the stream (False: a store-backed state's view, whose
     #: state is already kept by the executor state store).
     checkpoint_persists: ClassVar[bool] = True
+    #: A restarted driver reads this node's checkpoint whole to verify it before resuming from it (False: the
+    #: executor state store, which checks that the parts exist and reads them only where a store needs them).
+    checkpoint_read_to_verify: ClassVar[bool] = True
 
     _ids = 0
     _ids_lock = threading.Lock()

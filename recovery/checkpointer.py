@@ -205,6 +205,18 @@ def _state_reader_rdd(sc: SparkContext, spec: StoreSpec, manifest: dict[str, Any
     return sc.parallelize(range(n), n).mapPartitionsWithIndex(lambda i, it: (consume(it), read(i))[1])
 
 
+def verify_state_chain(store: Any, manifest: dict[str, Any]) -> None:
+    """Raise :class:`CorruptCheckpointError` unless every manifest and part a store-backed stream's checkpoint
+    builds on is in ``store`` (one existence check per part; the contents are checked when read)."""
+    node_key = manifest["node"]
+    for t in [*state_chain(manifest), int(manifest["time_ms"])]:
+        m = manifest if t == int(manifest["time_ms"]) else load_manifest(store, node_key, t)
+        prefix = checkpoint_prefix(node_key, t)
+        for p in m["parts"]:
+            if not store.exists(f"{prefix}/{p['key']}"):
+                raise CorruptCheckpointError(f"checkpoint part {prefix}/{p['key']} named by its manifest is missing")
+
+
 def state_chain(manifest: dict[str, Any]) -> list[int]:
     """The checkpoint times a store-backed stream's checkpoint builds on (empty for any other)."""
     return [int(t) for t in manifest.get("state", {}).get("chain", [])]

@@ -31,7 +31,7 @@ from pyspark import RDD, SparkContext
 from dstreams.contracts import Checkpointer
 from dstreams.time import BatchTime
 
-from .checkpointer import checkpoint_prefix, list_checkpoints, load_manifest, reader_rdd
+from .checkpointer import checkpoint_prefix, list_checkpoints, load_manifest, reader_rdd, verify_state_chain
 from .storespec import StoreSpec
 
 if TYPE_CHECKING:
@@ -58,6 +58,11 @@ def _restore_node(sc: SparkContext, spec: StoreSpec, node: DStreamNode,
         try:
             manifest = load_manifest(store, node.key, t)
             reader = reader_rdd(sc, spec, checkpoint_prefix(node.key, t), manifest, node.checkpoint_partitioner)
+            if not node.checkpoint_read_to_verify:
+                # The executor state store reads a checkpoint only where a store cannot get back to it on its own:
+                # the parts of the chain must exist (their checksums are checked when read).
+                verify_state_chain(store, manifest)
+                return t, reader
             if node.storage_level is not None:
                 reader.persist(node.storage_level)
             reader.count()  # reads and verifies every part now, so a bad one is skipped here

@@ -17,6 +17,7 @@ import operator
 import os
 import pickle
 import shutil
+import time
 import urllib.request
 
 import pytest
@@ -171,8 +172,14 @@ def _run(sc, tmp_path, name: str, store: str, monkeypatch, until_ms: int,
         ssc.start()
         _drive(ssc, clock, until_ms)
         if status is not None and ssc.uiWebUrl:
-            with urllib.request.urlopen(f"{ssc.uiWebUrl}/api", timeout=30) as r:
-                status["api"] = json.loads(r.read())
+            deadline = time.monotonic() + 60  # checkpoint sizes are read from the manifests in the background
+            while True:
+                with urllib.request.urlopen(f"{ssc.uiWebUrl}/api/streams", timeout=30) as r:
+                    status["api"] = json.loads(r.read())
+                states = [n["state"] for n in status["api"]["nodes"] if n["state"] is not None]
+                if all(st["checkpoint_bytes"] is not None for st in states) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
             with urllib.request.urlopen(f"{ssc.uiWebUrl}/metrics", timeout=30) as r:
                 status["metrics"] = r.read().decode()
     finally:
@@ -198,7 +205,7 @@ def test_store_backed_state_gives_the_rdd_states_outputs_batch_by_batch(sc, tmp_
     assert any("None" in line for t in range(1000, 13_000, 1000) for line in expected[f"changes-{t}"])
     # The status page and /metrics show each store's keys (as the last batch left them), its bytes on disk and the
     # newest checkpoint's bytes.
-    nodes = {n["key"]: n for n in status["api"]["streams"]["nodes"]}
+    nodes = {n["key"]: n for n in status["api"]["nodes"]}
     touched = max((n for n in nodes.values() if n["type"] == "StoreUpdateStateNode"), key=lambda n: n["key"])
     state = touched["state"]
     assert state["keys"] == len(expected["touched-12000"]) and state["store"]["as_of_ms"] == 12_000
@@ -263,3 +270,41 @@ def _restart_case(sc, tmp_path, monkeypatch, local: str) -> None:
 @pytest.mark.parametrize("local", ["kept", "lost"])
 def test_restart_from_checkpoint_gives_the_uninterrupted_outputs(sc, tmp_path, monkeypatch, local):
     _restart_case(sc, tmp_path, monkeypatch, local)
+
+
+@pytest.mark.slow
+def test_a_restart_before_the_initial_state_was_checkpointed_says_what_to_do(sc, tmp_path, monkeypatch):
+    """The initial state is checkpointed at the zero time after the first batch, not stored in the graph: a driver
+    that stops before that cannot restore it, and says so; the way out it names (a new location) works."""
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", "executor")
+    monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(tmp_path / "local"))
+
+    def app(ckpt: str, out: str, clock) -> StreamingContext:
+        ssc = StreamingContext(sc, 1, clock=clock)
+        ssc.checkpoint(ckpt)
+        pairs = ssc.generatorStream(5, 2, seed=1, recordFunc=_records).map(lambda w: (w, 1))
+        pairs.updateStateByKey(_sum_or_drop, 2, initialRDD=[("init", 5)]).saveAsTextFiles(os.path.join(out, "state"))
+        return ssc
+
+    ckpt = str(tmp_path / "ckpt")
+    first = StreamingContext.getOrCreate(ckpt, lambda: app(ckpt, str(tmp_path / "out"), ManualClock()))
+    first.start()
+    first.stop(stopSparkContext=False)  # before any batch: the graph is stored, the initial state is not
+    clock = ManualClock()
+    second = StreamingContext.getOrCreate(ckpt, lambda: app(ckpt, str(tmp_path / "out"), clock), clock=clock)
+    second.start()
+    try:
+        clock.set_time(1000)
+        with pytest.raises(Exception, match="before the initial state .* was checkpointed"):
+            second.awaitTermination(120)
+    finally:
+        second.stop(stopSparkContext=False)
+    fresh = str(tmp_path / "fresh")  # the way out: a new checkpoint location
+    clock3 = ManualClock()
+    third = StreamingContext.getOrCreate(fresh, lambda: app(fresh, str(tmp_path / "out3"), clock3), clock=clock3)
+    try:
+        third.start()
+        _drive(third, clock3, 2000)
+    finally:
+        third.stop(stopSparkContext=False)
+    assert "('init', 5)" in read_outputs(str(tmp_path / "out3"))["state-1000"]

@@ -85,6 +85,7 @@ class StoreStateNode(OneParentNode):
     (the batch in the state's partitioner) and ``updater()`` (what a batch does to a partition's store)."""
 
     must_checkpoint = True
+    checkpoint_read_to_verify = False
     #: Apply every batch, also one without records (``updateStateByKey`` calling its function for idle keys).
     applies_every_batch = False
 
@@ -93,7 +94,8 @@ class StoreStateNode(OneParentNode):
         super().__init__(graph, parent)
         self.partitioner = partitioner
         self.initial = ensure_partitioned(initial, partitioner) if initial is not None else None
-        self._initial_records: list[Any] | None = None
+        #: Whether the stream was defined with an initial state (kept when the graph is stored without it).
+        self._had_initial = initial is not None
         self.label = label
         self.local_dir = local_dir
         self.snapshot_every = max(1, int(snapshot_every))
@@ -118,10 +120,11 @@ class StoreStateNode(OneParentNode):
         return [f"partitions={self.partitioner.numPartitions}", "store=executor"]
 
     def __getstate__(self) -> dict[str, Any]:
+        """The initial state is not stored in the graph (it is checkpointed at the zero time instead: see
+        :meth:`_initial_handle`); a restored graph only knows it had one."""
         state = super().__getstate__()
-        if self.initial is not None:
-            state["_initial_records"] = self.initial.collect()
-            state["initial"] = None
+        state["_had_initial"] = self.initial is not None or self._had_initial
+        state["initial"] = None
         state.update(_chain=[], _exported={}, _marked=set(), _stats=None)
         return state
 
@@ -165,9 +168,11 @@ class StoreStateNode(OneParentNode):
         assert self.zero_time is not None
         version, run, local_dir, store_id = self.zero_time.ms, self._run, self.local_dir, self.store_id()
         stats = self._stats_accumulator()
-        if self.initial is None and self._initial_records is not None:
-            self.initial = ensure_partitioned(self.graph.sc.parallelize(self._initial_records), self.partitioner)
-            self._initial_records = None
+        if self.initial is None and self._had_initial:
+            raise StateStoreError(
+                f"{self.name}: the driver stopped before the initial state (updateStateByKey's initialRDD) was "
+                "checkpointed (right after the first batch), and a restored graph does not hold it: start the "
+                "application on a new checkpoint location, or delete this one, so that setupFunc defines it again")
 
         def load(i: int, records: Iterable[Any]) -> list[int]:
             store = PartitionStore.open(local_dir, store_id, i)
@@ -180,8 +185,13 @@ class StoreStateNode(OneParentNode):
 
         if self.initial is None:
             return partition_aligned_rdd(self.graph.sc, self.partitioner.numPartitions, lambda i: load(i, ()))
-        return segmented_merge(self.graph.sc, [[self.initial]], self.partitioner,
-                               lambda i, segments: load(i, segments[0]), with_index=True)
+        handle = self.initial.mapPartitionsWithIndex(load, preservesPartitioning=True)  # streamed into the store
+        handle.persist(StorageLevel.MEMORY_ONLY)
+        checkpointer = self.graph.checkpointer
+        if checkpointer is not None:  # a snapshot at the zero time: what a restart before the next one needs
+            self._marked.add(self.zero_time.ms)
+            checkpointer.mark(self, self.zero_time, handle)
+        return handle
 
     def _log_floor(self, t: int) -> int:
         """Below this version the store's log may go: no checkpoint still to write, no delta's base and no RDD
