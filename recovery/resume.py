@@ -125,6 +125,15 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
                 rdds.pop(node.key, None)
             else:
                 rdds[node.key].insert(0, got)
+    elif restored:
+        # Some stream has no checkpoint: every stream is recomputed from the first batch. A stream that has a
+        # checkpoint at the zero time (the executor state store's initial state, which the stored graph does not
+        # hold) starts from it; the others from their definition, as before.
+        ahead = [n for n in nodes if restored[n.key] is not None]
+        at_zero = _read_back(sc, spec, ahead, lambda n: [t for t in candidates[n.key] if t <= zero.ms])
+        for node, got in zip(ahead, at_zero, strict=True):
+            if got is not None:
+                rdds[node.key].insert(0, got)
     if restored:
         if any(t is None for t in restored.values()):
             first = zero.ms + batch

@@ -206,6 +206,8 @@ class StoreStateNode(OneParentNode):
 
     def compute(self, time: BatchTime) -> RDD | None:
         previous = self.get_or_compute(time - self.slide_duration)
+        if previous is None and self.zero_time is not None:  # the zero time's checkpoint, read back by a restart
+            previous = self.generated.get(self.zero_time.ms) if time - self.slide_duration == self.zero_time else None
         if previous is None:
             previous = self._initial_handle()
         batch = self.parent.get_or_compute(time)
