@@ -101,8 +101,8 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS kv(h INTEGER PRIMARY KEY, k BLOB NOT NULL, v BLOB NOT NULL)",
     # Keys whose hash another key already holds in kv (astronomically rare; kept correct anyway).
     "CREATE TABLE IF NOT EXISTS kvx(k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID",
-    # The undo log: one table ``log_<version>(k, old)`` per version (the old value of each key it wrote, NULL:
-    # absent), appended without an index and dropped whole when pruned; ``logs`` lists them.
+    # The log: one table ``log_<version>(k, old, new)`` per version (each key it wrote with its value before and
+    # after, NULL: absent), appended without an index and dropped whole when pruned; ``logs`` lists them.
     "CREATE TABLE IF NOT EXISTS logs(ver INTEGER PRIMARY KEY)",
     "CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value) WITHOUT ROWID",
 )
@@ -247,15 +247,10 @@ class PartitionStore:
         floor = self.log_floor
         if floor is None or base < floor:
             raise StateStoreError(f"state store {self.path}: the log reaches back to {floor}, not to {base}")
-        keys: dict[bytes, None] = {}
-        for ver in self._log_versions(base, version):
-            keys.update(dict.fromkeys(k for (k,) in self.db.execute(f"SELECT k FROM log_{ver}")))
-        current = self.version
-        at: dict[bytes, bytes | None] = dict(self.get_many(keys))
-        if current is not None and version < current:
-            at.update(self._old_values(version, current))
-        for k in keys:
-            yield k, at.get(k)
+        at: dict[bytes, bytes | None] = {}
+        for ver in self._log_versions(base, version):  # oldest first: the last value written up to ``version``
+            at.update(self.db.execute(f"SELECT k, new FROM log_{ver}"))
+        yield from at.items()
 
     def _log_versions(self, after: int, upto: int | None, descending: bool = False) -> list[int]:
         """The logged versions in ``(after, upto]`` (``upto`` None: no bound), oldest first."""
@@ -298,9 +293,10 @@ class PartitionStore:
         """Inside a transaction: write ``writes`` (None deletes) as ``version``; ``old`` holds the current value
         of every written key that has one (from :meth:`get_many`, whose look-ups it reuses), logged for the undo."""
         if log:
-            self.db.execute(f"CREATE TABLE IF NOT EXISTS log_{int(version)}(k BLOB NOT NULL, old BLOB)")
+            self.db.execute(f"CREATE TABLE IF NOT EXISTS log_{int(version)}(k BLOB NOT NULL, old BLOB, new BLOB)")
             self.db.execute("INSERT OR IGNORE INTO logs VALUES (?)", (int(version),))
-            self.db.executemany(f"INSERT INTO log_{int(version)} VALUES (?, ?)", ((k, old.get(k)) for k in writes))
+            self.db.executemany(f"INSERT INTO log_{int(version)} VALUES (?, ?, ?)",
+                                ((k, old.get(k), v) for k, v in writes.items()))
         added = sum(1 for k, v in writes.items() if v is not None and k not in old)
         removed = sum(1 for k, v in writes.items() if v is None and k in old)
         self._set_meta("keys", (self._meta("keys") or 0) + added - removed)
