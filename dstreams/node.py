@@ -363,6 +363,10 @@ class DStreamNode:
         manifest. Default: the RDD's records, nothing added (a store-backed state writes its changes)."""
         return rdd, {}
 
+    def checkpoint_restored(self, time_ms: int, chain: list[int]) -> None:
+        """A restarted driver resumes this node from its checkpoint at ``time_ms``, which builds on the checkpoints
+        ``chain`` (oldest first; empty unless the node writes deltas). Default: nothing to do."""
+
     def restore_from_checkpoint(self, time: BatchTime, reader: RDD) -> None:
         """Set this node's RDD at ``time`` to ``reader``, which reads a committed checkpoint.
 

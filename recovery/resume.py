@@ -31,7 +31,14 @@ from pyspark import RDD, SparkContext
 from dstreams.contracts import Checkpointer
 from dstreams.time import BatchTime
 
-from .checkpointer import checkpoint_prefix, list_checkpoints, load_manifest, reader_rdd, verify_state_chain
+from .checkpointer import (
+    checkpoint_prefix,
+    list_checkpoints,
+    load_manifest,
+    reader_rdd,
+    state_chain,
+    verify_state_chain,
+)
 from .storespec import StoreSpec
 
 if TYPE_CHECKING:
@@ -141,6 +148,15 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
             first = min(t for t in restored.values() if t is not None) + batch
     else:
         first = (completed if completed is not None else zero.ms) + batch
+    # The chain each restored checkpoint builds on (a store-backed state's deltas), handed to its node.
+    chains: dict[str, list[int]] = {}
+    for key, t in restored.items():
+        if t is not None:
+            try:
+                chains[key] = state_chain(load_manifest(store, key, t))
+            except Exception as e:  # noqa: BLE001 - it was just read back: only a vanished object fails here
+                log.warning("the manifest of %s at %d could not be read again (%s): its next checkpoint is a "
+                            "snapshot", key, t, e)
     offsets: dict[str, Any] = previous.get("offsets", {})
     sources: dict[str, Any] = previous.get("sources", {})
     def prepare() -> None:
@@ -157,6 +173,8 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
                 by_key[key].restore_from_checkpoint(BatchTime(t), rdd)
         for key, t in restored.items():
             checkpointer.resumed(by_key[key], t, found[key])
+            if t is not None and key in rdds:
+                by_key[key].checkpoint_restored(t, chains.get(key, []))
         for node in graph.nodes:  # the persistence contract: each node's state, then its per-batch records
             if node.key in sources:
                 node.restore_node_state(sources[node.key])

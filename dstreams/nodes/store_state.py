@@ -301,6 +301,11 @@ class StoreStateNode(OneParentNode):
         if not self._chain or self._chain[-1] != time.ms:
             self._chain = []
 
+    def checkpoint_restored(self, time_ms: int, chain: list[int]) -> None:
+        """The next checkpoint after a restart is a delta on the restored one (the stores' logs reach back to it
+        whether they were kept, rolled back or reloaded), unless the chain is due for a snapshot."""
+        self._chain = [*chain, time_ms] if len(chain) + 1 < self.snapshot_every else []
+
     def view(self, time: BatchTime) -> RDD | None:
         """The whole state at ``time`` as (key, value) pairs, read lazily from the stores."""
         handle = self.get_or_compute(time)
