@@ -191,13 +191,16 @@ def main(argv: list[str] | None = None) -> int:
                                       for r in after],
             "steady_bound_ms": bound,
             "steady_after_batches": steady_at,
+            "steady_after_s": (round(after[steady_at]["end_s"] - after[0]["end_s"], 2)
+                               if steady_at is not None else None),
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"keys {args.keys:,}, stores {'removed' if args.lose_stores else 'kept'}: getOrCreate "
               f"{timing.get('created_s')} s, start() {timing.get('started_s')} s, first batch done "
               f"{doc['first_batch_end_s']} s after the process started; steady (<= {bound:.0f} ms) from batch "
-              f"{steady_at} after the first; processing ms: {[r['processing_ms'] for r in after[:12]]}")
+              f"{steady_at} after the first ({doc['steady_after_s']} s after it: the batches queued before the kill "
+              f"and during the downtime caught up); processing ms: {[r['processing_ms'] for r in after[:12]]}")
         print(f"wrote {args.out}")
         return 0
     finally:
