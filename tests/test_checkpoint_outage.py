@@ -38,6 +38,9 @@ class _Node:
     checkpoint_partitioner: Any = None
     remember_duration: Any = None
 
+    def checkpoint_export(self, time_ms: int, rdd: Any) -> tuple[Any, dict[str, Any]]:
+        return rdd, {}
+
 
 class _Events:
     """The scheduler's event loop as the checkpointer sees it: records what is posted."""
