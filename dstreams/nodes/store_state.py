@@ -15,8 +15,9 @@ Chosen with ``spark.dstreams.state.store=executor`` for ``runningReduce`` and ``
 
 Checkpoints go through the engine's checkpointer (same manifest commit, fencing and outage rule): the
 checkpoint of ``t`` writes, per partition, the keys changed since the previous committed checkpoint (a
-**delta**, with deletions) or, every ``spark.dstreams.state.snapshotEvery`` checkpoints, after a restart and
-where the store's log no longer reaches the previous checkpoint, the whole partition (a **snapshot**). Its
+**delta**, with deletions) or, every ``spark.dstreams.state.snapshotEvery`` checkpoints and where the store's
+log no longer reaches the previous checkpoint, the whole partition (a **snapshot**); a restarted driver goes on
+with the chain it resumed from (:meth:`StoreStateNode.checkpoint_restored`). Its
 manifest names the chain of checkpoints it builds on; the reader rebuilds a partition from its newest
 snapshot and the deltas after it, and the checkpointer deletes no checkpoint a kept one builds on. A
 checkpoint read back (a restart, or the lineage cut of a running stream) brings each partition's store to
@@ -283,7 +284,8 @@ class StoreStateNode(OneParentNode):
     def restore_from_checkpoint(self, time: BatchTime, reader: RDD) -> None:
         """``reader`` yields the state at ``time`` (key bytes, value bytes) per partition; the RDD installed
         brings each partition's store to ``time`` (reading ``reader`` only when the store cannot get there on
-        its own). A restarted driver's next checkpoint is a snapshot."""
+        its own). The chain the next checkpoint builds on is set by :meth:`checkpoint_restored` (a restart) or
+        :meth:`adopt_checkpoint` (a checkpoint of this run); otherwise it is a snapshot."""
         version, run, local_dir, store_id = time.ms, self._run, self.local_dir, self.store_id()
         stats = self._stats_accumulator()
 
