@@ -143,19 +143,23 @@ def reader_rdd(sc: SparkContext, spec: StoreSpec, prefix: str, manifest: dict[st
 
     def read(i: int, it: Iterable[Any]) -> list[Any]:
         consume(it)  # the partition number: read it, or the Python worker is not reused
-        p = parts[i]
-        key = f"{prefix}/{p['key']}"
-        try:
-            data = spec.open().get(key)
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"checkpoint part {key} named by its manifest is missing") from None
-        return decode_partition(data, p["sha256"], key)
+        return _read_part(spec, prefix, parts[i])
 
     if "state" in manifest:
         return _state_reader_rdd(sc, spec, manifest, partitioner)
     if partitioner is not None and partitioner.numPartitions == n:
         return partition_aligned_rdd(sc, n, lambda i: read(i, ()))
     return sc.parallelize(range(n), n).mapPartitionsWithIndex(read)
+
+
+def _read_part(spec: StoreSpec, prefix: str, part: dict[str, Any]) -> list[Any]:
+    """The records of one part a manifest names, its checksum verified (a missing part: a corrupt checkpoint)."""
+    key = f"{prefix}/{part['key']}"
+    try:
+        data = spec.open().get(key)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"checkpoint part {key} named by its manifest is missing") from None
+    return decode_partition(data, part["sha256"], key)
 
 
 def _state_reader_rdd(sc: SparkContext, spec: StoreSpec, manifest: dict[str, Any],
@@ -178,14 +182,10 @@ def _state_reader_rdd(sc: SparkContext, spec: StoreSpec, manifest: dict[str, Any
         parts: list[list[Any]] = []
         for prefix, by_index in reversed(layers):  # newest first, down to the newest snapshot
             p = by_index[i]
-            key = f"{prefix}/{p['key']}"
-            try:
-                data = spec.open().get(key)
-            except FileNotFoundError:
-                raise CorruptCheckpointError(f"checkpoint part {key} named by its manifest is missing") from None
-            records = decode_partition(data, p["sha256"], key)
+            records = _read_part(spec, prefix, p)
             if not records or not isinstance(records[0], tuple) or records[0][0] != STATE_PART_HEADER:
-                raise CorruptCheckpointError(f"checkpoint part {key} is not a part of a store-backed state")
+                raise CorruptCheckpointError(f"checkpoint part {prefix}/{p['key']} is not a part of a store-backed "
+                                             "state")
             parts.append(records)
             if records[0][1] == "snapshot":
                 break

@@ -131,3 +131,18 @@ def run_batches(ssc, clock, batches: int, timeout: float = 60) -> list:
         clock.set_time(i * 1000)
         infos.append(ssc.awaitBatch(i * 1000, timeout))
     return infos
+
+
+def drive_batches(ssc, clock, until_ms: int, flush: bool = True) -> None:
+    """Move the clock of a started context to ``until_ms`` and wait for every batch up to it (1 s batches from
+    ``ssc.startTime``), each without a failed output (and, with ``flush``, its checkpoints written)."""
+    t = ssc.startTime.ms
+    clock.set_time(max(clock.time_ms(), until_ms))
+    while t <= until_ms:
+        info = ssc.awaitBatch(t, 120)
+        failed = {op.output_name: (op.failure_reason or "")[-2000:] for op in info.output_operations.values()
+                  if op.failure_reason and op.failure_reason != "stopped"}
+        assert not failed, f"batch {t} failed: {failed}"
+        if flush:
+            ssc._checkpointer.flush(60)
+        t += 1000

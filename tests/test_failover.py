@@ -14,26 +14,12 @@ from dstreams.recovery.metadata import FencedError, ForeignCheckpointError, Grap
 from dstreams.recovery.store import open_store
 
 from .recovery_app import build, read_outputs
+from .support import drive_batches as _drive
 
 
 def _run(ssc: StreamingContext, clock: ManualClock, until_ms: int, flush: bool = True) -> None:
     ssc.start()
     _drive(ssc, clock, until_ms, flush)
-
-
-def _drive(ssc: StreamingContext, clock: ManualClock, until_ms: int, flush: bool = True) -> None:
-    """Move the clock of a started context to ``until_ms`` and wait for every batch up to it, each without a
-    failed output (and, with ``flush``, its checkpoints written)."""
-    t = ssc.startTime.ms
-    clock.set_time(max(clock.time_ms(), until_ms))
-    while t <= until_ms:
-        info = ssc.awaitBatch(t, 120)
-        failed = {op.output_name: (op.failure_reason or "")[-2000:] for op in info.output_operations.values()
-                  if op.failure_reason and op.failure_reason != "stopped"}
-        assert not failed, f"batch {t} failed: {failed}"
-        if flush:
-            ssc._checkpointer.flush(60)
-        t += 1000
 
 
 def _reference(sc, tmp_path, batches: int) -> dict[str, list[str]]:

@@ -28,6 +28,7 @@ from dstreams.recovery.store import open_store
 from dstreams.statestore import PartitionStore, StateStoreError, key_bytes
 
 from .recovery_app import read_outputs
+from .support import drive_batches as _drive
 
 
 def _kv(store: PartitionStore, version: int | None = None) -> dict:
@@ -146,18 +147,6 @@ def _app(sc, ckpt: str, out: str, clock) -> StreamingContext:
     touched.saveAsTextFiles(os.path.join(out, "touched"))
     touched.changes().saveAsTextFiles(os.path.join(out, "changes"))
     return ssc
-
-
-def _drive(ssc: StreamingContext, clock: ManualClock, until_ms: int) -> None:
-    t = ssc.startTime.ms
-    clock.set_time(max(clock.time_ms(), until_ms))
-    while t <= until_ms:
-        info = ssc.awaitBatch(t, 120)
-        failed = {op.output_name: (op.failure_reason or "")[-2000:] for op in info.output_operations.values()
-                  if op.failure_reason and op.failure_reason != "stopped"}
-        assert not failed, f"batch {t} failed: {failed}"
-        ssc._checkpointer.flush(60)
-        t += 1000
 
 
 def _run(sc, tmp_path, name: str, store: str, monkeypatch, until_ms: int,
