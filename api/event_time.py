@@ -37,8 +37,10 @@ class StateView(DStream):
     sets the checkpoint interval of the operator's state, which is what a checkpoint must cut."""
 
     def __init__(self, state: DStreamNode, view: Callable[[Iterator[Any]], Iterator[Any]], label: str,
-                 ssc: GraphOwner) -> None:
-        super().__init__(TransformedNode(state.graph, [state], lambda rdds, t: rdds[0].mapPartitions(view), label),
+                 ssc: GraphOwner, source: DStreamNode | None = None) -> None:
+        """Records: ``view`` over each partition of ``source`` (default: ``state``)."""
+        source = state if source is None else source
+        super().__init__(TransformedNode(state.graph, [source], lambda rdds, t: rdds[0].mapPartitions(view), label),
                          ssc)
         self._state = state
 
@@ -214,18 +216,35 @@ class TimedDStream(DStream):
 
 
 class TrackedDStream(StateView):
-    """What ``track(..., timers=on_timer)`` or ``track(..., emit="updated")`` returns: ``(key, state)`` of the
-    live keys each batch (only those with events or fired timers in it with ``emit="updated"``), and
-    :meth:`emitted`, the records the functions emitted (:mod:`dstreams.nodes.timers`)."""
+    """What ``track(..., timers=on_timer)`` or ``track(..., emit="updated")`` returns (and every ``track`` on the
+    executor state store): ``(key, state)`` of the live keys each batch (only those with events or fired timers
+    in it with ``emit="updated"``), and :meth:`emitted`, the records the functions emitted
+    (:mod:`dstreams.nodes.timers`).
 
-    def __init__(self, node: DStreamNode, ssc: GraphOwner, updated_only: bool = False) -> None:
+    On the RDD state ``node`` is the track node itself; on the executor state store it is the state's view
+    (whole state, read lazily) and ``changes`` the node of what each batch wrote, which ``emit="updated"`` and
+    :meth:`emitted` read (the keys the batch touched)."""
+
+    def __init__(self, node: DStreamNode, ssc: GraphOwner, updated_only: bool = False,
+                 changes: DStreamNode | None = None) -> None:
+        from dstreams.nodes.store_track import updated_entries
         from dstreams.nodes.timers import live_states, updated_states
 
-        super().__init__(node, updated_states if updated_only else live_states, "trackStates", ssc)
+        self._changes = changes
+        if changes is None:
+            super().__init__(node, updated_states if updated_only else live_states, "trackStates", ssc)
+        elif updated_only:
+            super().__init__(node, updated_entries, "trackStates", ssc, source=changes)
+        else:
+            super().__init__(node, live_states, "trackStates", ssc)
 
     def emitted(self) -> DStream:
         """The records ``init``/``update``/``on_timer`` emitted with ``TrackUpdate(..., emit=[...])``, per batch."""
         self._check_open()
+        if self._changes is not None:
+            from dstreams.nodes.store_track import emitted_entries
+
+            return StateView(self._state, emitted_entries, "trackEmitted", self._ssc, source=self._changes)
         from dstreams.nodes.timers import emitted_records
 
         return StateView(self._state, emitted_records, "trackEmitted", self._ssc)

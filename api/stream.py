@@ -437,6 +437,18 @@ class DStream:
         part = hash_partitioner(self._default_partitions(numPartitions))
         if emit not in ("all", "updated"):
             raise ValueError(f"emit must be 'all' or 'updated', got {emit!r}")
+        store = self._state_store()
+        if store is not None:
+            from dstreams.nodes.store_track import StoreTrackNode
+
+            from .event_time import TrackedDStream
+
+            local_dir, every = store
+            graph = self._node.graph
+            view = StateViewNode(graph, StoreTrackNode(graph, self._node, init, update, t, part, timers, local_dir,
+                                                       every))
+            return TrackedDStream(view, self._ssc, updated_only=emit == "updated",
+                                  changes=StateChangesNode(graph, view))
         if timers is not None or emit == "updated":
             from dstreams.nodes.timers import TimerTrackNode
 

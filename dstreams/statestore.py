@@ -105,14 +105,24 @@ _SCHEMA = (
     # after, NULL: absent), appended without an index and dropped whole when pruned; ``logs`` lists them.
     "CREATE TABLE IF NOT EXISTS logs(ver INTEGER PRIMARY KEY)",
     "CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value) WITHOUT ROWID",
+    # The deadline index of a store with an indexer (``track``'s timeouts and timers): per key with a deadline,
+    # the batch time (p) and the watermark (e) at which it is due; NULL: none of that kind.
+    "CREATE TABLE IF NOT EXISTS due(k BLOB PRIMARY KEY, p INTEGER, e INTEGER) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS due_p ON due(p) WHERE p IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS due_e ON due(e) WHERE e IS NOT NULL",
 )
+
+#: A store's deadline function: a value's bytes -> (due at batch time p, due at watermark e); None: not due.
+Indexer = Callable[[bytes], tuple[int | None, int | None]]
 
 
 class PartitionStore:
     """One partition's versioned store (see the module docstring)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, indexer: Indexer | None = None) -> None:
         self.path = path
+        #: Keeps the deadline index (:meth:`due_keys`) for every value written, also by a rollback or a reload.
+        self.indexer = indexer
         self.db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         for pragma in ("journal_mode=WAL", "synchronous=OFF", "cache_size=-131072", "mmap_size=1073741824"):
             self.db.execute(f"PRAGMA {pragma}")
@@ -123,8 +133,9 @@ class PartitionStore:
         self._forget_lookups()
 
     @classmethod
-    def open(cls, local_dir: str | None, store_id: str, partition: int) -> PartitionStore:
-        return cls(store_path(local_dir, store_id, partition))
+    def open(cls, local_dir: str | None, store_id: str, partition: int,
+             indexer: Indexer | None = None) -> PartitionStore:
+        return cls(store_path(local_dir, store_id, partition), indexer)
 
     def close(self) -> None:
         self.db.close()
@@ -272,6 +283,30 @@ class PartitionStore:
         """The keys version ``version`` wrote, with their value at it (None: deleted)."""
         return self.changed_since(version - 1, version)
 
+    def due_keys(self, now: int, watermark: int | None) -> list[bytes]:
+        """The keys whose deadline has come at batch time ``now`` with watermark ``watermark`` (None: no event-time
+        deadline has come), from the index the store's indexer keeps: costs the keys due, not the state."""
+        due = [k for (k,) in self.db.execute("SELECT k FROM due WHERE p <= ?", (now,))]
+        if watermark is not None:
+            seen = set(due)
+            due.extend(k for (k,) in self.db.execute("SELECT k FROM due WHERE e <= ?", (watermark,)) if k not in seen)
+        return due
+
+    def _index(self, writes: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """Keep the deadline index for ``writes`` (None: deleted)."""
+        indexer = self.indexer
+        if indexer is None:
+            return
+        set_rows, drop = [], []
+        for k, v in writes:
+            p, e = (None, None) if v is None else indexer(v)
+            if p is None and e is None:
+                drop.append((k,))
+            else:
+                set_rows.append((k, p, e))
+        self.db.executemany("DELETE FROM due WHERE k = ?", drop)
+        self.db.executemany("INSERT OR REPLACE INTO due VALUES (?, ?, ?)", set_rows)
+
     # ------------------------------------------------------------------ writing
     def _write(self, kb: bytes, vb: bytes | None) -> None:
         h = key_hash(kb)
@@ -300,6 +335,7 @@ class PartitionStore:
         added = sum(1 for k, v in writes.items() if v is not None and k not in old)
         removed = sum(1 for k, v in writes.items() if v is None and k in old)
         self._set_meta("keys", (self._meta("keys") or 0) + added - removed)
+        self._index(writes.items())
         if self._has_shared_hashes():
             for k, v in writes.items():
                 self._write(k, v)
@@ -380,7 +416,7 @@ class PartitionStore:
         """Inside a transaction: replace everything by ``records`` as ``version`` of ``run`` (empty log)."""
         for ver in [v for (v,) in self.db.execute("SELECT ver FROM logs")]:
             self.db.execute(f"DROP TABLE IF EXISTS log_{ver}")
-        for table in ("kv", "kvx", "logs", "meta"):
+        for table in ("kv", "kvx", "logs", "meta", "due"):
             self.db.execute(f"DELETE FROM {table}")
         chunk: list[tuple[int, bytes, bytes]] = []
         for k, v in records:
@@ -399,6 +435,7 @@ class PartitionStore:
         """Insert (hash, key, value) rows into a store being reloaded: in row order, a later value of the same key
         replacing the earlier one; a key whose row id another key holds goes to ``kvx``."""
         rows.sort(key=_first)
+        self._index((k, v) for _, k, v in rows)
         before = self.db.total_changes
         self.db.executemany("INSERT INTO kv VALUES (?, ?, ?) ON CONFLICT(h) DO UPDATE SET v = excluded.v "
                             "WHERE kv.k = excluded.k", rows)

@@ -46,7 +46,7 @@ from ..spark.partitioned import (
     pre_group_ordered,
     segmented_merge,
 )
-from ..statestore import PART_HEADER, PartitionStore, StateStoreError, key_bytes, value_bytes
+from ..statestore import PART_HEADER, Indexer, PartitionStore, StateStoreError, key_bytes, value_bytes
 from ..time import BatchTime
 
 if TYPE_CHECKING:
@@ -54,9 +54,6 @@ if TYPE_CHECKING:
 
 #: What a batch does to one partition's store: (store, the partition's batch records) -> (writes, old values).
 Updater = Callable[[PartitionStore, list[Any]], tuple[dict[bytes, bytes | None], dict[bytes, bytes]]]
-
-
-
 
 #: Per partition: (version, keys, bytes on disk) as the newest task that touched its store reported them.
 PartitionStats = dict[int, tuple[int, int, int]]
@@ -160,15 +157,20 @@ class StoreStateNode(OneParentNode):
     def prepare(self, batch: RDD) -> RDD:
         raise NotImplementedError
 
-    def updater(self) -> Updater:
+    def updater(self, time: BatchTime) -> Updater:
+        """What batch ``time`` does to one partition's store (called on the driver, once per batch)."""
         raise NotImplementedError
+
+    def indexer(self) -> Indexer | None:
+        """The stores' deadline function (:meth:`PartitionStore.due_keys`), or None: no deadlines."""
+        return None
 
     # ------------------------------------------------------------------ RDDs
     def _initial_handle(self) -> RDD:
         """The handle at the zero time: every partition's store holds the initial state (empty without one)."""
         assert self.zero_time is not None
         version, run, local_dir, store_id = self.zero_time.ms, self._run, self.local_dir, self.store_id()
-        stats = self._stats_accumulator()
+        stats, indexer = self._stats_accumulator(), self.indexer()
         if self.initial is None and self._had_initial:
             raise StateStoreError(
                 f"{self.name}: the driver stopped before the initial state (updateStateByKey's initialRDD) was "
@@ -176,7 +178,7 @@ class StoreStateNode(OneParentNode):
                 "application on a new checkpoint location, or delete this one, so that setupFunc defines it again")
 
         def load(i: int, records: Iterable[Any]) -> list[int]:
-            store = PartitionStore.open(local_dir, store_id, i)
+            store = PartitionStore.open(local_dir, store_id, i, indexer)
             try:
                 store.ensure_base(version, run, lambda: ((key_bytes(k), value_bytes(v)) for k, v in records))
                 _report(stats, i, store)
@@ -217,12 +219,12 @@ class StoreStateNode(OneParentNode):
         if self.checkpoint_due(time):
             self._marked.add(time.ms)
         t, run, local_dir, store_id = time.ms, self._run, self.local_dir, self.store_id()
-        floor, update, name = self._log_floor(time.ms), self.updater(), self.name
-        stats = self._stats_accumulator()
+        floor, update, name = self._log_floor(time.ms), self.updater(time), self.name
+        stats, indexer = self._stats_accumulator(), self.indexer()
 
         def apply(i: int, segments: list[list[Any]]) -> list[int]:
             base = segments[0][0] if segments[0] else None
-            store = PartitionStore.open(local_dir, store_id, i)
+            store = PartitionStore.open(local_dir, store_id, i, indexer)
             try:
                 with store.transaction():
                     version, owner = store.version, store.run
@@ -287,10 +289,10 @@ class StoreStateNode(OneParentNode):
         its own). The chain the next checkpoint builds on is set by :meth:`checkpoint_restored` (a restart) or
         :meth:`adopt_checkpoint` (a checkpoint of this run); otherwise it is a snapshot."""
         version, run, local_dir, store_id = time.ms, self._run, self.local_dir, self.store_id()
-        stats = self._stats_accumulator()
+        stats, indexer = self._stats_accumulator(), self.indexer()
 
         def restore(i: int, records: Iterable[Any]) -> list[int]:
-            store = PartitionStore.open(local_dir, store_id, i)
+            store = PartitionStore.open(local_dir, store_id, i, indexer)
             try:
                 store.ensure_base(version, run, lambda: records)
                 _report(stats, i, store)
@@ -362,7 +364,7 @@ class StoreRunningReduceNode(StoreStateNode):
     def prepare(self, batch: RDD) -> RDD:
         return pre_combine(batch, self.func, self.partitioner, "runningReduce")
 
-    def updater(self) -> Updater:
+    def updater(self, time: BatchTime) -> Updater:
         func = self.func
 
         def update(store: PartitionStore, records: list[Any]) -> tuple[dict[bytes, bytes | None], dict[bytes, bytes]]:
@@ -400,7 +402,7 @@ class StoreUpdateStateNode(StoreStateNode):
     def prepare(self, batch: RDD) -> RDD:
         return pre_group_ordered(batch, self.partitioner, "updateStateByKey")
 
-    def updater(self) -> Updater:
+    def updater(self, time: BatchTime) -> Updater:
         update, idle = self.update, self.update_idle_keys
 
         def apply(store: PartitionStore, records: list[Any]) -> tuple[dict[bytes, bytes | None], dict[bytes, bytes]]:
