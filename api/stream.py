@@ -289,7 +289,9 @@ class DStream:
         With ``invFunc`` the window is updated as previous window - batches that left + batches that
         entered, so its cost does not grow with the window's length. ``filterFunc`` keeps only the
         pairs it accepts (use it to drop keys whose value fell back to zero). Unlike PySpark, a
-        ``filterFunc`` is also honoured without ``invFunc``.
+        ``filterFunc`` is also honoured without ``invFunc``. With ``spark.dstreams.state.store=executor``, an
+        incremental window (``invFunc`` and a window of at least 5 slides) lives in the executors' state stores:
+        a slide reads and writes only the keys of the batches entering and leaving the window.
         """
         return self._reduce_by_key_and_window(func, invFunc, windowDuration, slideDuration, numPartitions,
                                               filterFunc, "reduceByKeyAndWindow", None)
@@ -312,6 +314,13 @@ class DStream:
         combined = TransformedNode(graph, [self._node],
                                    lambda rdds, t: pre_combine(rdds[0], func, part, label, combine),
                                    "reduceByKey")
+        store = self._state_store()
+        if store is not None and invFunc is not None and w.ms >= 5 * s.ms:  # ReducedWindowNode.incremental()
+            from dstreams.nodes.store_window import StoreWindowNode
+
+            local_dir, every = store
+            return self._derive(StateViewNode(graph, StoreWindowNode(graph, combined, func, invFunc, w, s, part,
+                                                                     filterFunc, local_dir, every)))
         return self._derive(ReducedWindowNode(graph, combined, func, invFunc, w, s, part, filterFunc))
 
     def reduceByWindow(self, reduceFunc: Callable[[Any, Any], Any], invReduceFunc: Callable[[Any, Any], Any] | None,

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ..graph import DStreamGraph
 
 
-def _reduce_segments(func: Callable[[Any, Any], Any], segments: Iterable[list[Any]]) -> dict[Any, Any]:
+def reduce_segments(func: Callable[[Any, Any], Any], segments: Iterable[list[Any]]) -> dict[Any, Any]:
     """Each segment (one batch's combined pairs, a key once per map partition) reduced on its own, then
     the segments' results folded in order: the association of the per-batch reduce, then of the window."""
     acc: dict[Any, Any] = {}
@@ -98,11 +98,11 @@ class ReducedWindowNode(OneParentNode):
 
             def merge(segments: list[list[Any]]) -> Iterable[Any]:
                 window = dict(segments[0])
-                left = _reduce_segments(func, segments[1:1 + leaving])
+                left = reduce_segments(func, segments[1:1 + leaving])
                 for k, v in left.items():
                     if k in window:
                         window[k] = inv(window[k], v)
-                fold(func, _reduce_segments(func, segments[1 + leaving:]).items(), window)
+                fold(func, reduce_segments(func, segments[1 + leaving:]).items(), window)
                 if keep is None:
                     return window.items()
                 return [kv for kv in window.items() if keep(kv)]
@@ -116,7 +116,7 @@ class ReducedWindowNode(OneParentNode):
             return None if self.inv_func is not None else sc.emptyRDD()
 
         def reduce_all(segments: list[list[Any]]) -> Iterable[Any]:
-            acc = _reduce_segments(func, segments)
+            acc = reduce_segments(func, segments)
             if keep is None:
                 return acc.items()
             return [kv for kv in acc.items() if keep(kv)]

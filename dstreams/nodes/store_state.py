@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 
 #: What a batch does to one partition's store: (store, the partition's batch records) -> (writes, old values).
 Updater = Callable[[PartitionStore, list[Any]], tuple[dict[bytes, bytes | None], dict[bytes, bytes]]]
+#: The same over a batch plan's segments (one list of records per RDD of :meth:`StoreStateNode.batch_plan`).
+SegmentsUpdater = Callable[[PartitionStore, list[list[Any]]], tuple[dict[bytes, bytes | None], dict[bytes, bytes]]]
 
 #: Per partition: (version, keys, bytes on disk) as the newest task that touched its store reported them.
 PartitionStats = dict[int, tuple[int, int, int]]
@@ -80,7 +82,8 @@ def _report(stats: Accumulator | None, partition: int, store: PartitionStore) ->
 
 class StoreStateNode(OneParentNode):
     """Base of the store-backed state operators (see the module docstring). Subclasses give ``prepare``
-    (the batch in the state's partitioner) and ``updater()`` (what a batch does to a partition's store)."""
+    (the batch in the state's partitioner) and ``updater(time)`` (what a batch does to a partition's store),
+    or a whole :meth:`batch_plan` (several RDDs per batch: a window's batches entering and leaving)."""
 
     must_checkpoint = True
     checkpoint_read_to_verify = False
@@ -161,6 +164,21 @@ class StoreStateNode(OneParentNode):
         """What batch ``time`` does to one partition's store (called on the driver, once per batch)."""
         raise NotImplementedError
 
+    def batch_plan(self, time: BatchTime) -> tuple[list[RDD], SegmentsUpdater] | None:
+        """What batch ``time`` applies: RDDs in the state's partitioner (one segment each, in order) and what
+        their segments do to a partition's store; None: nothing (the previous handle stands for ``time``).
+        The default: the parent's batch through :meth:`prepare` and :meth:`updater`."""
+        batch = self.parent.get_or_compute(time)
+        if batch is None and not self.applies_every_batch:
+            return None
+        update = self.updater(time)
+
+        def apply(store: PartitionStore, segments: list[list[Any]]) -> tuple[dict[bytes, bytes | None],
+                                                                             dict[bytes, bytes]]:
+            return update(store, segments[0] if segments else [])
+
+        return ([self.prepare(batch)] if batch is not None else []), apply
+
     def indexer(self) -> Indexer | None:
         """The stores' deadline function (:meth:`PartitionStore.due_keys`), or None: no deadlines."""
         return None
@@ -213,13 +231,14 @@ class StoreStateNode(OneParentNode):
             previous = self.generated.get(self.zero_time.ms) if time - self.slide_duration == self.zero_time else None
         if previous is None:
             previous = self._initial_handle()
-        batch = self.parent.get_or_compute(time)
-        if batch is None and not self.applies_every_batch:
+        plan = self.batch_plan(time)
+        if plan is None:
             return previous
+        batches, update = plan
         if self.checkpoint_due(time):
             self._marked.add(time.ms)
         t, run, local_dir, store_id = time.ms, self._run, self.local_dir, self.store_id()
-        floor, update, name = self._log_floor(time.ms), self.updater(time), self.name
+        floor, name = self._log_floor(time.ms), self.name
         stats, indexer = self._stats_accumulator(), self.indexer()
 
         def apply(i: int, segments: list[list[Any]]) -> list[int]:
@@ -236,7 +255,7 @@ class StoreStateNode(OneParentNode):
                             f"run {owner}, not at {base} of this run ({run}), so batch {t} cannot be applied. "
                             "Another driver may be writing the same checkpoint location's state, or the store's "
                             "folder was removed while the stream ran; restart the stream from its checkpoint")
-                    writes, old = update(store, segments[1] if len(segments) > 1 else [])
+                    writes, old = update(store, segments[1:])
                     store.write_many(t, writes, old)
                     store.set_version(t, run)
                     store.prune_log(floor)
@@ -245,7 +264,7 @@ class StoreStateNode(OneParentNode):
                 store.close()
             return [t]
 
-        groups = [[previous], [self.prepare(batch)] if batch is not None else []]
+        groups = [[previous], *([b] for b in batches)]
         return segmented_merge(self.graph.sc, groups, self.partitioner, apply, with_index=True)
 
     # ------------------------------------------------------------------ checkpoints

@@ -1,15 +1,18 @@
-"""``track`` on the executor state store (issue 23): the same outputs as the RDD state, batch by batch.
+"""``track`` and incremental windows on the executor state store (issue 23): the RDD state's outputs, batch by batch.
 
 Every form of ``track`` (no timers; event- and processing-time timers with emitted records; ``emit="updated"``)
 runs on the generator's events with their event times, with timeouts, keys dropped by callbacks and coming
 back, checkpoints every 2 batches and a snapshot every 2 checkpoints; the store-backed run must write the RDD
 state's outputs for every batch. Then a driver restart from the checkpoint (the stores kept, or lost) must give
 the uninterrupted run's outputs. Also: the deadline index alone (:meth:`PartitionStore.due_keys` kept through
-writes, a rollback and a reload), and that a batch reads only the keys with events or due.
+writes, a rollback and a reload). The windows with an inverse function (``reduceByKeyAndWindow`` with and
+without ``filterFunc``, with a slide of 2 batches, ``countByValueAndWindow``, ``groupByKeyAndWindow``,
+``reduceByWindow``) likewise, against the RDD windows, and across a restart.
 """
 
 from __future__ import annotations
 
+import operator
 import os
 import pickle
 import shutil
@@ -113,13 +116,41 @@ def track_app(sc, ckpt: str, out: str, clock) -> StreamingContext:
     return ssc
 
 
-def _run(sc, tmp_path, monkeypatch, name: str, store: str) -> dict[str, list[str]]:
+def window_words(seed: int, t: int, partition: int, n: int) -> list[str]:
+    sec = t // 1000
+    if sec % 6 == 5:
+        return []
+    early = [f"e{(sec + i) % 3}" for i in range(2)] if sec <= 3 else []  # gone from every window after 13 s
+    return early + [f"w{(sec * 3 + partition * 5 + i * (sec % 3 + 1)) % 9}" for i in range(n)]
+
+
+def window_app(sc, ckpt: str, out: str, clock) -> StreamingContext:
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.checkpoint(ckpt)
+    words = ssc.generatorStream(5, 2, seed=5, recordFunc=window_words)
+    pairs = words.map(lambda w: (w, 1))
+    pairs.reduceByKeyAndWindow(operator.add, operator.sub, "6s", "1s", 3, lambda kv: kv[1] > 0) \
+        .checkpoint("2s").saveAsTextFiles(os.path.join(out, "filtered"))
+    pairs.reduceByKeyAndWindow(operator.add, operator.sub, "10s", "2s").checkpoint("4s") \
+        .saveAsTextFiles(os.path.join(out, "zeros"))
+    words.countByValueAndWindow("5s", "1s").checkpoint("2s").saveAsTextFiles(os.path.join(out, "counts"))
+    pairs.groupByKeyAndWindow("5s", "1s").mapValues(lambda vs: sorted(vs)).checkpoint("2s") \
+        .saveAsTextFiles(os.path.join(out, "groups"))
+    words.map(len).reduceByWindow(operator.add, operator.sub, "5s", "1s").checkpoint("2s") \
+        .saveAsTextFiles(os.path.join(out, "total"))
+    return ssc
+
+
+APPS = {"track": track_app, "window": window_app}
+
+
+def _run(sc, tmp_path, monkeypatch, name: str, store: str, app: str = "track") -> dict[str, list[str]]:
     monkeypatch.setenv("DSTREAMS_STATE_STORE", store)
     monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(tmp_path / f"{name}-local"))
     monkeypatch.setenv("DSTREAMS_STATE_SNAPSHOT_EVERY", "2")
     ckpt, out = str(tmp_path / f"{name}-ckpt"), str(tmp_path / f"{name}-out")
     clock = ManualClock()
-    ssc = track_app(sc, ckpt, out, clock)
+    ssc = APPS[app](sc, ckpt, out, clock)
     try:
         ssc.start()
         drive_batches(ssc, clock, BATCHES * 1000)
@@ -128,14 +159,24 @@ def _run(sc, tmp_path, monkeypatch, name: str, store: str) -> dict[str, list[str
     return read_outputs(out)
 
 
-@pytest.fixture(scope="module")
-def rdd_outputs(sc, tmp_path_factory):
-    """The RDD state's outputs (the reference of every test below), computed once."""
+def _reference(sc, tmp_path_factory, app: str) -> dict[str, list[str]]:
     mp = pytest.MonkeyPatch()
     try:
-        return _run(sc, tmp_path_factory.mktemp("track-rdd"), mp, "rdd", "rdd")
+        return _run(sc, tmp_path_factory.mktemp(f"{app}-rdd"), mp, "rdd", "rdd", app)
     finally:
         mp.undo()
+
+
+@pytest.fixture(scope="module")
+def rdd_outputs(sc, tmp_path_factory):
+    """The RDD state's outputs of the track app (the reference of the track tests), computed once."""
+    return _reference(sc, tmp_path_factory, "track")
+
+
+@pytest.fixture(scope="module")
+def rdd_window_outputs(sc, tmp_path_factory):
+    """The RDD windows' outputs of the window app, computed once."""
+    return _reference(sc, tmp_path_factory, "window")
 
 
 def test_the_reference_workload_exercises_every_path(rdd_outputs):
@@ -153,38 +194,64 @@ def test_the_reference_workload_exercises_every_path(rdd_outputs):
 
 @pytest.mark.slow
 def test_store_backed_track_gives_the_rdd_states_outputs_batch_by_batch(sc, tmp_path, monkeypatch, rdd_outputs):
-    got = _run(sc, tmp_path, monkeypatch, "store", "executor")
-    assert sorted(got) == sorted(rdd_outputs)
-    for name in sorted(rdd_outputs):
-        assert got[name] == rdd_outputs[name], name
+    _same(_run(sc, tmp_path, monkeypatch, "store", "executor"), rdd_outputs)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("local", ["kept", "lost"])
-def test_store_backed_track_restarted_from_its_checkpoint_gives_the_uninterrupted_outputs(
-        sc, tmp_path, monkeypatch, rdd_outputs, local):
+def _restart(sc, tmp_path, monkeypatch, app: str, local: str) -> dict[str, list[str]]:
     monkeypatch.setenv("DSTREAMS_STATE_STORE", "executor")
     monkeypatch.setenv("DSTREAMS_STATE_SNAPSHOT_EVERY", "2")
     local_dir = tmp_path / "local"
     monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(local_dir))
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
     clock = ManualClock()
-    first = StreamingContext.getOrCreate(ckpt, lambda: track_app(sc, ckpt, out, clock))
+    first = StreamingContext.getOrCreate(ckpt, lambda: APPS[app](sc, ckpt, out, clock))
     try:
         first.start()
         drive_batches(first, clock, 7000)
     finally:
-        first.stop(stopSparkContext=False)  # the driver "dies" after batch 7; its checkpoint is of batch 6
+        first.stop(stopSparkContext=False)  # the driver "dies" after batch 7; its checkpoints are older
     if local == "lost":
         shutil.rmtree(local_dir)  # the executors' disks are gone: the stores are read back from checkpoints
     clock2 = ManualClock(10_500)
-    second = StreamingContext.getOrCreate(ckpt, lambda: track_app(sc, ckpt, out, clock2), clock=clock2)
+    second = StreamingContext.getOrCreate(ckpt, lambda: APPS[app](sc, ckpt, out, clock2), clock=clock2)
     try:
         second.start()
         drive_batches(second, clock2, BATCHES * 1000)
     finally:
         second.stop(stopSparkContext=False)
-    got = read_outputs(out)
-    assert sorted(got) == sorted(rdd_outputs)
-    for name in sorted(rdd_outputs):
-        assert got[name] == rdd_outputs[name], name
+    return read_outputs(out)
+
+
+def _same(got: dict[str, list[str]], expected: dict[str, list[str]]) -> None:
+    assert sorted(got) == sorted(expected)
+    for name in sorted(expected):
+        assert got[name] == expected[name], name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("local", ["kept", "lost"])
+def test_store_backed_track_restarted_from_its_checkpoint_gives_the_uninterrupted_outputs(
+        sc, tmp_path, monkeypatch, rdd_outputs, local):
+    _same(_restart(sc, tmp_path, monkeypatch, "track", local), rdd_outputs)
+
+
+# ---------------------------------------------------------------------------------------------- windows
+def test_the_window_workload_keeps_zero_counts_and_filters_them(rdd_window_outputs):
+    expected = rdd_window_outputs
+    times = range(1000, (BATCHES + 1) * 1000, 1000)
+    assert sorted(expected) == sorted([f"{n}-{t}" for n in ("filtered", "counts", "groups", "total") for t in times]
+                                      + [f"zeros-{t}" for t in range(2000, (BATCHES + 1) * 1000, 2000)])
+    assert any(line.endswith(", 0)") for t in range(2000, 15_000, 2000) for line in expected[f"zeros-{t}"])
+    assert not any(line.endswith(", 0)") for t in times for line in expected[f"filtered-{t}"])
+
+
+@pytest.mark.slow
+def test_store_backed_windows_give_the_rdd_windows_outputs_batch_by_batch(sc, tmp_path, monkeypatch,
+                                                                        rdd_window_outputs):
+    _same(_run(sc, tmp_path, monkeypatch, "store", "executor", "window"), rdd_window_outputs)
+
+
+@pytest.mark.slow
+def test_store_backed_windows_restarted_from_their_checkpoint_give_the_uninterrupted_outputs(
+        sc, tmp_path, monkeypatch, rdd_window_outputs):
+    _same(_restart(sc, tmp_path, monkeypatch, "window", "lost"), rdd_window_outputs)
