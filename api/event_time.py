@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from dstreams.node import DStreamNode
 from dstreams.nodes.event_time import EventTimeNode, LateRecordsNode
+from dstreams.nodes.store_state import StateChangesNode, StateViewNode
 from dstreams.nodes.transformed import TransformedNode
 from dstreams.nodes.union import UnionNode
 from dstreams.time import DurationLike, parse_duration
@@ -56,8 +57,8 @@ class EventWindowView(StateView):
     """The stream of an event-time window or session operator, with :meth:`lateRecords`, what it dropped."""
 
     def __init__(self, state: DStreamNode, view: Callable[[Iterator[Any]], Iterator[Any]], label: str,
-                 ssc: GraphOwner, late: Callable[[], DStreamNode]) -> None:
-        super().__init__(state, view, label, ssc)
+                 ssc: GraphOwner, late: Callable[[], DStreamNode], source: DStreamNode | None = None) -> None:
+        super().__init__(state, view, label, ssc, source)
         self._late = late
 
     def lateRecords(self) -> DStream:
@@ -158,10 +159,18 @@ class TimedDStream(DStream):
         w = parse_duration(windowDuration, "windowDuration")
         s = self._duration(slideDuration, "slideDuration") or w
         part = hash_partitioner(self._default_partitions(numPartitions))
-        node = EventWindowNode(self._timed.graph, self._timed, func, invFunc, w, s, emit, part)
         timed = self._timed
-        return EventWindowView(node, emitted_windows(w.ms, s.ms, keyed=keyed), "eventWindows", self._ssc,
-                               lambda: WindowLateRecordsNode(timed.graph, timed, w, s, keyed))
+        late = lambda: WindowLateRecordsNode(timed.graph, timed, w, s, keyed)  # noqa: E731
+        store = self._state_store()
+        if store is not None:
+            from dstreams.nodes.store_event_window import StoreEventWindowNode, written
+
+            graph = timed.graph
+            view = StateViewNode(graph, StoreEventWindowNode(graph, timed, func, invFunc, w, s, emit, part, *store))
+            return EventWindowView(view, written(emitted_windows(w.ms, s.ms, keyed=keyed)), "eventWindows",
+                                   self._ssc, late, source=StateChangesNode(graph, view))
+        node = EventWindowNode(timed.graph, timed, func, invFunc, w, s, emit, part)
+        return EventWindowView(node, emitted_windows(w.ms, s.ms, keyed=keyed), "eventWindows", self._ssc, late)
 
     def reduceByEventWindow(self, reduceFunc: Callable[[Any, Any], Any], windowDuration: DurationLike,
                             slideDuration: DurationLike | None = None,
@@ -194,9 +203,20 @@ class TimedDStream(DStream):
 
         g = parse_duration(gap, "gap")
         part = hash_partitioner(self._default_partitions(numPartitions))
-        node = SessionWindowNode(self._timed.graph, self._timed, g, aggregate if aggregate is not None else list,
-                                 part)
+        graph, aggregate = self._timed.graph, aggregate if aggregate is not None else list
         late = late_session_records(g.ms)
+        store = self._state_store()
+        if store is not None:
+            from dstreams.nodes.store_event_window import StoreSessionWindowNode, written
+
+            view = StateViewNode(graph, StoreSessionWindowNode(graph, self._timed, g, aggregate, part, *store))
+            changes = StateChangesNode(graph, view)
+            late_written = written(late)
+            return EventWindowView(view, written(emitted_sessions), "sessions", self._ssc,
+                                   lambda: TransformedNode(graph, [changes],
+                                                           lambda rdds, t: rdds[0].mapPartitions(late_written),
+                                                           "sessionLate"), source=changes)
+        node = SessionWindowNode(graph, self._timed, g, aggregate, part)
         return EventWindowView(node, emitted_sessions, "sessions", self._ssc,
                                lambda: TransformedNode(node.graph, [node],
                                                        lambda rdds, t: rdds[0].mapPartitions(late), "sessionLate"))

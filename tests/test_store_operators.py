@@ -20,6 +20,7 @@ import shutil
 import pytest
 
 from dstreams import ManualClock, StreamingContext, Timer, TrackUpdate
+from dstreams.nodes.store_event_window import session_deadlines, window_deadlines
 from dstreams.nodes.store_track import NEXT_BATCH, track_deadlines
 from dstreams.statestore import PartitionStore, key_bytes, value_bytes
 
@@ -65,6 +66,23 @@ def test_the_deadline_index_follows_writes_rollback_and_reload(tmp_path):
     assert [pickle.loads(k) for k in store.due_keys(4500, None)] == ["z"]
     assert store.due_keys(4499, 10**12) == []
     store.close()
+
+
+def test_event_window_and_session_deadlines_are_the_next_close():
+    final = window_deadlines(4000, 1000)  # 4 panes per window
+    # Panes 10 and 12, windows through 8 closed: the next window with data is 9 ([9 s, 13 s)), due at W >= 13 s.
+    assert final(value_bytes(({10: 1, 12: 1}, None, [], 8, "final"))) == (None, 13_000)
+    # No window closed yet: the first window holding pane 10 is 7, due at W >= 11 s.
+    assert final(value_bytes(({10: 1}, None, [], None, "final"))) == (None, 11_000)
+    # A carried window 9 (inverse): due when window 10 closes (the carry goes, or slides), before pane 20's.
+    assert final(value_bytes(({20: 1}, (9, 5, True, 1), [], 9, "final"))) == (None, 14_000)
+    assert final(value_bytes(({}, (9, 5, True, 1), [], 9, "final"))) == (None, 14_000)
+    assert final(value_bytes(({10: 1}, None, [(6, 2)], 6, "final"))) == (NEXT_BATCH, None)
+    assert final(value_bytes(({7: 3, 9: 1}, None, [], 6, "updates"))) == (None, 11_000)  # windows held: 7, 9
+    sessions = session_deadlines(2000)
+    assert sessions(value_bytes(([[(5000, "a"), (6000, "b")], [(9000, "c")]], [], []))) == (None, 8000)
+    assert sessions(value_bytes(([[(9000, "c")]], [(1000, 3000, ["a"])], []))) == (NEXT_BATCH, None)
+    assert sessions(value_bytes(([], [], [(1000, "late")]))) == (NEXT_BATCH, None)
 
 
 # ---------------------------------------------------------------------------------------------- streams
@@ -141,7 +159,36 @@ def window_app(sc, ckpt: str, out: str, clock) -> StreamingContext:
     return ssc
 
 
-APPS = {"track": track_app, "window": window_app}
+def timed_events(seed: int, t: int, partition: int, n: int) -> list[tuple[str, float]]:
+    """(key, event time in s): 5 keys in bursts (sessions), event times up to 1.8 s behind the batch time, and
+    now and then a record 5.5 s behind (late for its windows and its session)."""
+    sec = t // 1000
+    stragglers = [(f"u{sec % 5}", sec - 5.5)] if sec % 4 == 2 and partition == 0 else []  # behind the watermark
+    return stragglers + [(f"u{j}", sec - (i % 4) * 0.6) for i in range(n) for j in [(i + partition) % 5]
+                         if (sec // 3 + j) % 2 == 0]
+
+
+def event_window_app(sc, ckpt: str, out: str, clock) -> StreamingContext:
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.checkpoint(ckpt)
+    timed = ssc.generatorStream(4, 2, seed=7, recordFunc=timed_events).withEventTime(lambda r: r[1],
+                                                                                     allowedLateness="1s")
+    pairs = timed.map(lambda r: (r[0], 1))
+    outputs = {
+        "final": pairs.reduceByKeyAndEventWindow(operator.add, "4s", "1s"),
+        "inverse": pairs.reduceByKeyAndEventWindow(operator.add, "4s", "1s", invFunc=operator.sub),
+        "updates": pairs.reduceByKeyAndEventWindow(operator.add, "3s", emit="updates", numPartitions=3),
+        "all": timed.map(lambda r: r[1]).reduceByEventWindow(max, "2s"),
+    }
+    sessions = timed.map(lambda r: (r[0], r[1])).sessionWindow("2s", lambda ts: (len(ts), min(ts), max(ts)))
+    outputs["sessions"] = sessions
+    for name, stream in outputs.items():
+        stream.checkpoint("2s").saveAsTextFiles(os.path.join(out, name))
+    sessions.lateRecords().saveAsTextFiles(os.path.join(out, "sessionLate"))
+    return ssc
+
+
+APPS = {"track": track_app, "window": window_app, "event": event_window_app}
 
 
 def _run(sc, tmp_path, monkeypatch, name: str, store: str, app: str = "track") -> dict[str, list[str]]:
@@ -255,3 +302,30 @@ def test_store_backed_windows_give_the_rdd_windows_outputs_batch_by_batch(sc, tm
 def test_store_backed_windows_restarted_from_their_checkpoint_give_the_uninterrupted_outputs(
         sc, tmp_path, monkeypatch, rdd_window_outputs):
     _same(_restart(sc, tmp_path, monkeypatch, "window", "lost"), rdd_window_outputs)
+
+
+# ---------------------------------------------------------------------------------------------- event time
+@pytest.fixture(scope="module")
+def rdd_event_outputs(sc, tmp_path_factory):
+    """The RDD state's outputs of the event-time app, computed once."""
+    return _reference(sc, tmp_path_factory, "event")
+
+
+def test_the_event_time_workload_closes_windows_and_sessions_and_drops_late_records(rdd_event_outputs):
+    expected = rdd_event_outputs
+    times = range(1000, (BATCHES + 1) * 1000, 1000)
+    for name in ("final", "inverse", "updates", "all", "sessions", "sessionLate"):
+        assert sum(len(expected[f"{name}-{t}"]) for t in times) > 0, name
+    assert sum(len(expected[f"sessions-{t}"]) for t in times) >= 5
+
+
+@pytest.mark.slow
+def test_store_backed_event_windows_and_sessions_give_the_rdd_states_outputs(sc, tmp_path, monkeypatch,
+                                                                            rdd_event_outputs):
+    _same(_run(sc, tmp_path, monkeypatch, "store", "executor", "event"), rdd_event_outputs)
+
+
+@pytest.mark.slow
+def test_store_backed_event_windows_restarted_from_their_checkpoint_give_the_uninterrupted_outputs(
+        sc, tmp_path, monkeypatch, rdd_event_outputs):
+    _same(_restart(sc, tmp_path, monkeypatch, "event", "kept"), rdd_event_outputs)

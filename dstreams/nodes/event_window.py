@@ -66,6 +66,36 @@ def _closed_through(watermark: int | None, window: int, slide: int) -> int | Non
     return None if watermark is None else (watermark - window) // slide
 
 
+def pane_batch(batch: RDD, func: Callable[[Any, Any], Any], s: int, partitioner: Partitioner) -> RDD:
+    """``(key, {pane: value})`` per key of an event-time batch (panes of ``s`` ms), in ``partitioner`` (one
+    shuffle)."""
+
+    def combine(it: Iterable[Any]) -> Iterable[tuple[Any, dict[int, Any]]]:
+        acc: dict[Any, dict[int, Any]] = {}
+        for ts, kv in it:
+            k, v = require_pair(kv, "reduceByKeyAndEventWindow")
+            panes = acc.get(k)
+            if panes is None:
+                acc[k] = {ts // s: v}
+            else:
+                _add(func, panes, ts // s, v)
+        return acc.items()
+
+    def merge(it: Iterable[tuple[Any, dict[int, Any]]]) -> Iterable[tuple[Any, dict[int, Any]]]:
+        acc: dict[Any, dict[int, Any]] = {}
+        for k, panes in it:
+            cur = acc.get(k)
+            if cur is None:
+                acc[k] = panes
+            else:
+                for p, v in panes.items():
+                    _add(func, cur, p, v)
+        return acc.items()
+
+    return jvm.shuffle(batch.mapPartitions(combine), partitioner).mapPartitions(
+        merge, preservesPartitioning=True)
+
+
 class EventWindowNode(StateNode):
     """Keyed event-time windows; see the module docstring."""
 
@@ -92,32 +122,7 @@ class EventWindowNode(StateNode):
 
     def prepare(self, batch: RDD) -> RDD:
         """``(key, {pane: value})`` per key of the batch, in the state's partitioner (one shuffle)."""
-        func, s = self.func, self.slide.ms
-
-        def combine(it: Iterable[Any]) -> Iterable[tuple[Any, dict[int, Any]]]:
-            acc: dict[Any, dict[int, Any]] = {}
-            for ts, kv in it:
-                k, v = require_pair(kv, "reduceByKeyAndEventWindow")
-                panes = acc.get(k)
-                if panes is None:
-                    acc[k] = {ts // s: v}
-                else:
-                    _add(func, panes, ts // s, v)
-            return acc.items()
-
-        def merge(it: Iterable[tuple[Any, dict[int, Any]]]) -> Iterable[tuple[Any, dict[int, Any]]]:
-            acc: dict[Any, dict[int, Any]] = {}
-            for k, panes in it:
-                cur = acc.get(k)
-                if cur is None:
-                    acc[k] = panes
-                else:
-                    for p, v in panes.items():
-                        _add(func, cur, p, v)
-            return acc.items()
-
-        return jvm.shuffle(batch.mapPartitions(combine), self.partitioner).mapPartitions(
-            merge, preservesPartitioning=True)
+        return pane_batch(batch, self.func, self.slide.ms, self.partitioner)
 
     def merge_function(self, time: BatchTime) -> Merge:
         w, s = self.window.ms, self.slide.ms
@@ -225,6 +230,17 @@ def emitted_windows(window_ms: int, slide_ms: int, keyed: bool) -> Callable[[Ite
     return run
 
 
+def session_batch(batch: RDD, partitioner: Partitioner) -> RDD:
+    """``(key, [(event_ms, value), ...])`` per key of an event-time batch, in arrival order, in ``partitioner``."""
+
+    def by_key(it: Iterable[Any]) -> Iterable[tuple[Any, tuple[int, Any]]]:
+        for ts, kv in it:
+            k, v = require_pair(kv, "sessionWindow")
+            yield k, (ts, v)
+
+    return pre_group_ordered(batch.mapPartitions(by_key), partitioner, "sessionWindow")
+
+
 class SessionWindowNode(StateNode):
     """``sessionWindow(gap, aggregate)``: per key, sessions of records closer than ``gap`` in event time.
 
@@ -256,42 +272,52 @@ class SessionWindowNode(StateNode):
         return [f"gap={self.gap.ms}", *super().describe_params()]
 
     def prepare(self, batch: RDD) -> RDD:
-        def by_key(it: Iterable[Any]) -> Iterable[tuple[Any, tuple[int, Any]]]:
-            for ts, kv in it:
-                k, v = require_pair(kv, "sessionWindow")
-                yield k, (ts, v)
-
-        return pre_group_ordered(batch.mapPartitions(by_key), self.partitioner, "sessionWindow")
+        return session_batch(batch, self.partitioner)
 
     def merge_function(self, time: BatchTime) -> Merge:
-        gap, aggregate = self.gap.ms, self.aggregate
-        wm = watermark_at(self, time)
+        step = session_step(self.gap.ms, self.aggregate, watermark_at(self, time))
 
         def merge(segments: list[list[Any]]) -> Iterable[Any]:
             state = {k: st[0] for k, st in segments[0]}
             new = dict(segments[1])
             out = []
             for k in [*state, *(k for k in new if k not in state)]:
-                kept, emitted, late = [], [], []
-                for session in state.get(k, []):  # first the sessions W(t) closes, as the batches before left them
-                    end = session[-1][0] + gap
-                    if wm is not None and end <= wm:
-                        emitted.append((session[0][0], end, aggregate([e[1] for e in session])))
-                    else:
-                        kept.append(session)
-                if k in new:  # re-cut the open sessions with the new records (merging those they bridge)
-                    events = sorted([*(e for session in kept for e in session), *new[k]], key=lambda e: e[0])
-                    kept = []
-                    for session in _sessions(events, gap):
-                        if wm is not None and session[-1][0] + gap <= wm:
-                            late.extend(session)  # the batch's records alone, in a session closed already
-                        else:
-                            kept.append(session)
+                kept, emitted, late = step(state.get(k, []), new.get(k))
                 if kept or emitted or late:
                     out.append((k, (kept, emitted, late)))
             return out
 
         return merge
+
+
+SessionStep = Callable[[list[list[tuple[int, Any]]], list[tuple[int, Any]] | None],
+                       tuple[list[list[tuple[int, Any]]], list[tuple[int, int, Any]], list[tuple[int, Any]]]]
+
+
+def session_step(gap: int, aggregate: Callable[[list[Any]], Any], wm: int | None) -> SessionStep:
+    """One key's step of :class:`SessionWindowNode` in a batch with watermark ``wm``: ``(open sessions, the
+    batch's records or None) -> (open sessions, emitted (start, end, aggregate), late records)``."""
+
+    def step(sessions: list[list[tuple[int, Any]]], records: list[tuple[int, Any]] | None
+             ) -> tuple[list[list[tuple[int, Any]]], list[tuple[int, int, Any]], list[tuple[int, Any]]]:
+        kept, emitted, late = [], [], []
+        for session in sessions:  # first the sessions W(t) closes, as the batches before left them
+            end = session[-1][0] + gap
+            if wm is not None and end <= wm:
+                emitted.append((session[0][0], end, aggregate([e[1] for e in session])))
+            else:
+                kept.append(session)
+        if records is not None:  # re-cut the open sessions with the new records (merging those they bridge)
+            events = sorted([*(e for session in kept for e in session), *records], key=lambda e: e[0])
+            kept = []
+            for session in _sessions(events, gap):
+                if wm is not None and session[-1][0] + gap <= wm:
+                    late.extend(session)  # the batch's records alone, in a session closed already
+                else:
+                    kept.append(session)
+        return kept, emitted, late
+
+    return step
 
 
 def _sessions(events: list[tuple[int, Any]], gap: int) -> list[list[tuple[int, Any]]]:
