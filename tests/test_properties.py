@@ -350,9 +350,9 @@ def model_usbk_touched(inputs: list[list[tuple[str, int]]]) -> dict[int, list]:
 @example(sn=Scenario([[("a", 1), ("b", 2)], [("a", 0)], [("b", 4), ("a", 3)], [], [("c", 1), ("c", 4)],
                       [("a", 4), ("a", 2)], [], [("b", 1)], [], [], [("a", 1)]], 5, 1, 2000))
 def test_executor_state_store_matches_the_models(sc, sn: Scenario, tmp_path_factory) -> None:
-    """Issue 23: ``runningReduce`` and ``updateStateByKey`` (every key each batch, as PySpark, and only the keys
-    with new values) on the executor state store, with a checkpoint every 2 batches (deltas on a chain), against
-    the same models."""
+    """Issue 23: ``runningReduce``, ``updateStateByKey`` (every key each batch, as PySpark, and only the keys
+    with new values), ``track`` and the incremental windows on the executor state store, with a checkpoint every
+    2 batches (or slides; deltas on a chain), against the same models."""
     import os
 
     env = {"DSTREAMS_STATE_STORE": "executor", "DSTREAMS_STATE_SNAPSHOT_EVERY": "2",
@@ -367,19 +367,30 @@ def test_executor_state_store_matches_the_models(sc, sn: Scenario, tmp_path_fact
         running = pairs.runningReduce(operator.add).checkpoint(2 * BATCH_MS / 1000.0)
         updated = pairs.updateStateByKey(usbk_update).checkpoint(2 * BATCH_MS / 1000.0)
         touched = pairs.updateStateByKey(usbk_update, updateIdleKeys=False).checkpoint(2 * BATCH_MS / 1000.0)
-        out: dict[str, dict[int, list]] = {"running": {}, "usbk": {}, "touched": {}}
+        tracked = pairs.track(track_init, track_update, sn.timeout_ms / 1000.0).checkpoint(2 * BATCH_MS / 1000.0)
+        interval = 2 * sn.slide_s * BATCH_MS / 1000.0
+        inv = pairs.reduceByKeyAndWindow(operator.add, operator.sub, sn.window_s, sn.slide_s,
+                                         filterFunc=nonzero).checkpoint(interval)
+        window_counts = pairs.map(_first).countByValueAndWindow(sn.window_s, sn.slide_s).checkpoint(interval)
+        out: dict[str, dict[int, list]] = {"running": {}, "usbk": {}, "touched": {}, "track": {}, "inv": {},
+                                           "wcounts": {}}
         states = (running.map(_tag("running")).union(updated.map(_tag("usbk")))
-                  .union(touched.map(_tag("touched"))))
+                  .union(touched.map(_tag("touched"))).union(tracked.map(_tag("track"))))
+        windows = inv.map(_tag("inv")).union(window_counts.map(_tag("wcounts")))
 
-        def run(time, rdd) -> None:
-            t = round(time.timestamp() * 1000)
-            by_name: dict[str, list] = {name: [] for name in out}
-            for name, kv in rdd.collect():
-                by_name[name].append(kv)
-            for name, records in by_name.items():
-                out[name][t] = sorted(records)
+        def collect(names: tuple[str, ...]):
+            def run(time, rdd) -> None:
+                t = round(time.timestamp() * 1000)
+                by_name: dict[str, list] = {name: [] for name in names}
+                for name, kv in rdd.collect():
+                    by_name[name].append(kv)
+                for name, records in by_name.items():
+                    out[name][t] = sorted(records)
 
-        states.foreachRDD(run)
+            return run
+
+        states.foreachRDD(collect(("running", "usbk", "touched", "track")))
+        windows.foreachRDD(collect(("inv", "wcounts")))
         ssc.start()
         try:
             for i in range(1, len(sn.inputs) + 1):
@@ -394,7 +405,15 @@ def test_executor_state_store_matches_the_models(sc, sn: Scenario, tmp_path_fact
             else:
                 os.environ[k] = v
     assert type(running._node).__name__ == "StateViewNode"  # the store was used
+    assert type(tracked._state.state).__name__ == "StoreTrackNode"
+    incremental = sn.window_s >= 5 * sn.slide_s  # a shorter window keeps no state (recomputed every slide)
+    assert type(inv._node).__name__ == ("StateViewNode" if incremental else "ReducedWindowNode")
+    want_window = model_window(sn.inputs, sn.window_s, sn.slide_s)
     problems = [
+        _diff("track(init, update, timeout) on the store", out["track"], model_track(sn.inputs, sn.timeout_ms), sn),
+        _diff("reduceByKeyAndWindow(add, sub, filterFunc) on the store", out["inv"], want_window, sn),
+        _diff("countByValueAndWindow on the store", out["wcounts"],
+              model_window_by(sn.inputs, sn.window_s, sn.slide_s, _one, operator.add), sn),
         _diff("runningReduce(add) on the store", out["running"], model_running(sn.inputs), sn),
         _diff("updateStateByKey on the store", out["usbk"], model_usbk(sn.inputs), sn),
         _diff("updateStateByKey(updateIdleKeys=False) on the store", out["touched"], model_usbk_touched(sn.inputs),
