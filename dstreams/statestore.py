@@ -48,6 +48,9 @@ LOOKUP_CHUNK = 900
 BUSY_TIMEOUT_S = 600.0
 #: First record of every checkpoint part of a store-backed stream: ``(PART_HEADER, "snapshot" | "delta")``.
 PART_HEADER = "dstreams-state-part"
+#: The layout of a store's file, in its name: a store of another layout is not opened (a new one is loaded from
+#: the checkpoint instead). 2: the log as one row per version.
+STORE_FORMAT = 2
 #: Variable naming the folder of executor state stores when the driver does not pass one.
 LOCAL_DIR_ENV = "DSTREAMS_STATE_LOCAL_DIR"
 
@@ -94,16 +97,16 @@ def default_local_dir() -> str:
 def store_path(local_dir: str | None, store_id: str, partition: int) -> str:
     root = os.path.join(local_dir or default_local_dir(), store_id)
     os.makedirs(root, exist_ok=True)
-    return os.path.join(root, f"p-{partition:05d}.sqlite")
+    return os.path.join(root, f"p-{partition:05d}.f{STORE_FORMAT}.sqlite")
 
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS kv(h INTEGER PRIMARY KEY, k BLOB NOT NULL, v BLOB NOT NULL)",
     # Keys whose hash another key already holds in kv (astronomically rare; kept correct anyway).
     "CREATE TABLE IF NOT EXISTS kvx(k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID",
-    # The log: one table ``log_<version>(k, old, new)`` per version (each key it wrote with its value before and
-    # after, NULL: absent), appended without an index and dropped whole when pruned; ``logs`` lists them.
-    "CREATE TABLE IF NOT EXISTS logs(ver INTEGER PRIMARY KEY)",
+    # The log: one row per version, the pickled list of ``(key, old, new)`` it wrote (each key with its value
+    # before and after, None: absent): one insert per batch, deleted whole when pruned.
+    "CREATE TABLE IF NOT EXISTS log(ver INTEGER PRIMARY KEY, data BLOB NOT NULL)",
     "CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value) WITHOUT ROWID",
     # The deadline index of a store with an indexer (``track``'s timeouts and timers): per key with a deadline,
     # the batch time (p) and the watermark (e) at which it is due; NULL: none of that kind.
@@ -260,23 +263,27 @@ class PartitionStore:
             raise StateStoreError(f"state store {self.path}: the log reaches back to {floor}, not to {base}")
         at: dict[bytes, bytes | None] = {}
         for ver in self._log_versions(base, version):  # oldest first: the last value written up to ``version``
-            at.update(self.db.execute(f"SELECT k, new FROM log_{ver}"))
+            at.update((k, new) for k, _, new in self._log_entries(ver))
         yield from at.items()
 
     def _log_versions(self, after: int, upto: int | None, descending: bool = False) -> list[int]:
         """The logged versions in ``(after, upto]`` (``upto`` None: no bound), oldest first."""
         order = "DESC" if descending else "ASC"
         if upto is None:
-            return [v for (v,) in self.db.execute(f"SELECT ver FROM logs WHERE ver > ? ORDER BY ver {order}", (after,))]
+            return [v for (v,) in self.db.execute(f"SELECT ver FROM log WHERE ver > ? ORDER BY ver {order}", (after,))]
         return [v for (v,) in self.db.execute(
-            f"SELECT ver FROM logs WHERE ver > ? AND ver <= ? ORDER BY ver {order}", (after, upto))]
+            f"SELECT ver FROM log WHERE ver > ? AND ver <= ? ORDER BY ver {order}", (after, upto))]
+
+    def _log_entries(self, ver: int) -> list[tuple[bytes, bytes | None, bytes | None]]:
+        row = self.db.execute("SELECT data FROM log WHERE ver = ?", (ver,)).fetchone()
+        return [] if row is None else pickle.loads(row[0])
 
     def _old_values(self, version: int, current: int) -> dict[bytes, bytes | None]:
         """Each key written after ``version`` (up to ``current``) with its value at ``version`` (None: absent):
         the oldest logged old value after ``version``."""
         before: dict[bytes, bytes | None] = {}
         for ver in self._log_versions(version, current, descending=True):
-            before.update(self.db.execute(f"SELECT k, old FROM log_{ver}"))
+            before.update((k, old) for k, old, _ in self._log_entries(ver))
         return before
 
     def changed_at(self, version: int) -> Iterator[tuple[bytes, bytes | None]]:
@@ -328,10 +335,9 @@ class PartitionStore:
         """Inside a transaction: write ``writes`` (None deletes) as ``version``; ``old`` holds the current value
         of every written key that has one (from :meth:`get_many`, whose look-ups it reuses), logged for the undo."""
         if log:
-            self.db.execute(f"CREATE TABLE IF NOT EXISTS log_{int(version)}(k BLOB NOT NULL, old BLOB, new BLOB)")
-            self.db.execute("INSERT OR IGNORE INTO logs VALUES (?)", (int(version),))
-            self.db.executemany(f"INSERT INTO log_{int(version)} VALUES (?, ?, ?)",
-                                ((k, old.get(k), v) for k, v in writes.items()))
+            entries = [*self._log_entries(version), *((k, old.get(k), v) for k, v in writes.items())]
+            self.db.execute("INSERT OR REPLACE INTO log VALUES (?, ?)",
+                            (int(version), pickle.dumps(entries, pickle.HIGHEST_PROTOCOL)))
         added = sum(1 for k, v in writes.items() if v is not None and k not in old)
         removed = sum(1 for k, v in writes.items() if v is None and k in old)
         self._set_meta("keys", (self._meta("keys") or 0) + added - removed)
@@ -394,9 +400,7 @@ class PartitionStore:
         """Forget the undo entries of versions at or before ``floor`` (the log then reaches back to ``floor``)."""
         current = self.log_floor
         if current is not None and floor > current and self.version is not None and floor <= self.version:
-            for ver in [v for (v,) in self.db.execute("SELECT ver FROM logs WHERE ver <= ?", (floor,))]:
-                self.db.execute(f"DROP TABLE IF EXISTS log_{ver}")
-            self.db.execute("DELETE FROM logs WHERE ver <= ?", (floor,))
+            self.db.execute("DELETE FROM log WHERE ver <= ?", (floor,))
             self._set_meta("log_floor", floor)
 
     def rollback(self, version: int) -> None:
@@ -407,16 +411,12 @@ class PartitionStore:
         back = self._old_values(version, self.version if self.version is not None else version)
         current = self.get_many(back)
         self.write_many(version, back, current, log=False)
-        for ver in self._log_versions(version, None):
-            self.db.execute(f"DROP TABLE IF EXISTS log_{ver}")
-        self.db.execute("DELETE FROM logs WHERE ver > ?", (version,))
+        self.db.execute("DELETE FROM log WHERE ver > ?", (version,))
         self._set_meta("version", version)
 
     def reload(self, version: int, run: str, records: Iterable[tuple[bytes, bytes]]) -> None:
         """Inside a transaction: replace everything by ``records`` as ``version`` of ``run`` (empty log)."""
-        for ver in [v for (v,) in self.db.execute("SELECT ver FROM logs")]:
-            self.db.execute(f"DROP TABLE IF EXISTS log_{ver}")
-        for table in ("kv", "kvx", "logs", "meta", "due"):
+        for table in ("kv", "kvx", "log", "meta", "due"):
             self.db.execute(f"DELETE FROM {table}")
         chunk: list[tuple[int, bytes, bytes]] = []
         for k, v in records:
