@@ -157,6 +157,10 @@ class DStreamNode:
         event-time stream). Reads only: called on a runner thread."""
         return None
 
+    def before_batch_retry(self, time: BatchTime, error: BaseException) -> None:
+        """Called on every node before a failed batch ``time`` is tried again, with the try's error (a hook: a
+        node drops what made the try fail). The default does nothing."""
+
     @property
     def checkpoint_partitioner(self) -> Partitioner | None:
         """The partitioner a reader of this node's checkpoint must keep (None: not hash-partitioned)."""

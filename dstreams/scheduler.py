@@ -549,6 +549,8 @@ class JobScheduler:
             if self._stop_running.wait(delay):
                 b.incomplete = True  # a stop came while it waited: a restart runs it again
                 break
+            for node in self.graph.nodes:
+                node.before_batch_retry(b.time, error)
             info.attempts += 1
         info.event_time = {n.id: m for n in self.graph.nodes  # reads only (event-time streams)
                            if (m := n.event_time_metrics(b.time)) is not None}

@@ -297,3 +297,95 @@ def test_a_restart_before_the_initial_state_was_checkpointed_says_what_to_do(sc,
     finally:
         third.stop(stopSparkContext=False)
     assert "('init', 5)" in read_outputs(str(tmp_path / "out3"))["state-1000"]
+
+
+def _removal_app(sc, ckpt: str, out: str, clock) -> StreamingContext:
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.checkpoint(ckpt)
+    pairs = ssc.generatorStream(5, 2, seed=1, recordFunc=_records).map(lambda w: (w, 1))
+    pairs.runningReduce(operator.add).checkpoint("4s").saveAsTextFiles(os.path.join(out, "running"))
+    pairs.updateStateByKey(_sum_or_drop, updateIdleKeys=False).checkpoint("4s") \
+        .saveAsTextFiles(os.path.join(out, "touched"))
+    return ssc
+
+
+@pytest.fixture(scope="module")
+def removal_reference(sc, tmp_path_factory) -> dict[str, list[str]]:
+    """The outputs of :func:`_removal_app` on the RDD state, batches 1-10, computed once."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DSTREAMS_STATE_STORE", "rdd")
+    tmp = tmp_path_factory.mktemp("removal-ref")
+    clock = ManualClock()
+    ssc = _removal_app(sc, str(tmp / "ckpt"), str(tmp / "out"), clock)
+    try:
+        ssc.start()
+        _drive(ssc, clock, 10_000)
+    finally:
+        ssc.stop(stopSparkContext=False)
+        mp.undo()
+    return read_outputs(str(tmp / "out"))
+
+
+def _start_and_remove_stores(sc, tmp_path, monkeypatch, ckpt: str, out: str) -> tuple[StreamingContext, ManualClock]:
+    """A store-backed run of :func:`_removal_app` through batch 7 (its checkpoint of batch 4 adopted long
+    before), then the executors' store folder removed (a disk wiped, a host replaced)."""
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", "executor")
+    monkeypatch.setenv("DSTREAMS_STATE_SNAPSHOT_EVERY", "2")
+    local_dir = tmp_path / "local"
+    monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(local_dir))
+    clock = ManualClock()
+    ssc = StreamingContext.getOrCreate(ckpt, lambda: _removal_app(sc, ckpt, out, clock))
+    ssc.start()
+    _drive(ssc, clock, 7000)
+    shutil.rmtree(local_dir)
+    return ssc, clock
+
+
+@pytest.mark.slow
+def test_stores_removed_under_a_running_stream_are_rebuilt_by_the_batchs_retry(sc, tmp_path, monkeypatch,
+                                                                               removal_reference):
+    """The batch after the removal fails on the missing stores (``StateStoreError``); its retry recomputes the
+    handles from the newest checkpoint through lineage, which loads the stores again: the outputs are those of a
+    run without the fault."""
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    ssc, clock = _start_and_remove_stores(sc, tmp_path, monkeypatch, ckpt, out)
+    try:
+        _drive(ssc, clock, 10_000)
+        attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert attempts[8000] == 2, attempts  # the first try failed on the removed stores, the retry rebuilt them
+    got = read_outputs(out)
+    assert sorted(got) == sorted(removal_reference)
+    for name in sorted(removal_reference):
+        assert got[name] == removal_reference[name], name
+
+
+@pytest.mark.slow
+def test_stores_removed_without_retries_stop_the_stream_and_the_named_restart_loses_nothing(
+        sc, tmp_path, monkeypatch, removal_reference):
+    """With one try per batch (``spark.dstreams.batch.maxAttempts=1``) the batch after the removal fails for good:
+    the context stops with the ``StateStoreError`` that says to restart from the checkpoint, the batch not done;
+    that restart (``getOrCreate``) then writes exactly the outputs of a run without the fault."""
+    monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "1")
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    first, clock = _start_and_remove_stores(sc, tmp_path, monkeypatch, ckpt, out)
+    try:
+        clock.set_time(8000)
+        with pytest.raises(Exception, match="restart the stream from its checkpoint"):
+            first.awaitTermination(180)
+    finally:
+        first.stop(stopSparkContext=False)
+    assert not any(name.endswith("-8000") for name in read_outputs(out))  # the failed batch is not done
+    monkeypatch.delenv("DSTREAMS_BATCH_MAX_ATTEMPTS")
+    clock2 = ManualClock(8000)
+    second = StreamingContext.getOrCreate(ckpt, lambda: _removal_app(sc, ckpt, out, clock2), clock=clock2)
+    try:
+        second.start()
+        _drive(second, clock2, 10_000)
+    finally:
+        second.stop(stopSparkContext=False)
+    got = read_outputs(out)
+    assert sorted(got) == sorted(removal_reference)
+    for name in sorted(removal_reference):
+        assert got[name] == removal_reference[name], name

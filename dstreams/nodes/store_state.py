@@ -75,6 +75,17 @@ class _LatestPerPartition(AccumulatorParam):
         return a
 
 
+def _error_text(error: BaseException) -> str:
+    """The error and its causes as text (a task's Python error reaches the driver inside a JVM error's text)."""
+    parts, seen = [], set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        parts.append(f"{type(e).__name__}: {e}")
+        e = e.__cause__ or e.__context__
+    return "\n".join(parts)
+
+
 def _report(stats: Accumulator | None, partition: int, store: PartitionStore) -> None:
     if stats is not None and store.version is not None:
         stats.add({partition: (store.version, store.keys, store.disk_bytes())})
@@ -110,6 +121,8 @@ class StoreStateNode(OneParentNode):
         self._marked: set[int] = set()
         #: The stores' reports (keys, bytes on disk), created on the driver with the first RDD.
         self._stats: Accumulator | None = None
+        #: The handle at the zero time (the initial state loaded), once built.
+        self._zero_handle: RDD | None = None
         self.persist(StorageLevel.MEMORY_ONLY)
 
     # ------------------------------------------------------------------ definition
@@ -126,7 +139,7 @@ class StoreStateNode(OneParentNode):
         state = super().__getstate__()
         state["_had_initial"] = self.initial is not None or self._had_initial
         state["initial"] = None
-        state.update(_chain=[], _exported={}, _marked=set(), _stats=None)
+        state.update(_chain=[], _exported={}, _marked=set(), _stats=None, _zero_handle=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -205,14 +218,36 @@ class StoreStateNode(OneParentNode):
             return [version]
 
         if self.initial is None:
-            return partition_aligned_rdd(self.graph.sc, self.partitioner.numPartitions, lambda i: load(i, ()))
+            handle = partition_aligned_rdd(self.graph.sc, self.partitioner.numPartitions, lambda i: load(i, ()))
+            self._zero_handle = handle
+            return handle
         handle = self.initial.mapPartitionsWithIndex(load, preservesPartitioning=True)  # streamed into the store
         handle.persist(StorageLevel.MEMORY_ONLY)
+        self._zero_handle = handle
         checkpointer = self.graph.checkpointer
         if checkpointer is not None:  # a snapshot at the zero time: what a restart before the next one needs
             self._marked.add(self.zero_time.ms)
             checkpointer.mark(self, self.zero_time, handle)
         return handle
+
+    def before_batch_retry(self, time: BatchTime, error: BaseException) -> None:
+        """A try that failed on a store not at the version the batch expected (the store folder removed under
+        the stream, a task run on another host than its partition's store) is tried again through lineage: the
+        cached handles from the newest checkpoint this node reads (its reader included; without one, from the
+        zero time) through ``time`` are dropped and persisted again, so that the retry recomputes each
+        partition's chain in one task: the checkpoint (or the initial state) loaded into that task's store,
+        then the batches since applied (each only where the store does not have it yet)."""
+        if "StateStoreError" not in _error_text(error):
+            return
+        with self.graph.lock:
+            floor = max((t for t in self._reader_times if t <= time.ms), default=None)
+            handles = [rdd for t, rdd in self.generated.items() if (floor is None or t >= floor) and t <= time.ms]
+            zero = getattr(self, "_zero_handle", None)  # a graph checkpointed before it existed has none
+            if floor is None and zero is not None:
+                handles.append(zero)
+        for rdd in handles:
+            rdd.unpersist(blocking=True)
+            rdd.persist(StorageLevel.MEMORY_ONLY)
 
     def _log_floor(self, t: int) -> int:
         """Below this version the store's log may go: no checkpoint still to write, no delta's base and no RDD
