@@ -25,6 +25,7 @@ from dstreams import ManualClock
 from dstreams.recovery import faults
 
 from .executor_loss_app import EXECUTORS, STATE_KEYS_ENV, build, normalise, write_redis_words
+from .support import state_keys as large_state_keys
 
 APP = os.path.join(os.path.dirname(__file__), "executor_loss_app.py")
 KILL_AFTER, AFTER_KILL, AFTER_RECOVERY = 5, 8, 2
@@ -33,19 +34,6 @@ NAMES = ("counts", "window", "lengths", "total", "event_window", "late")
 DRIVER_TIMEOUT_S = 330  # generous: the machine may be shared; ~75-100 s when quiet
 _FAULT_ENV = (faults.SLOW_EXECUTOR_ENV, faults.SLOW_PARTITION_ENV, faults.SLOW_SECONDS_ENV, faults.SLOW_FACTOR_ENV,
               "DSTREAMS_FAULT_KILL", "DSTREAMS_FAULT_KILL_AFTER")
-#: The large state of the ``state-store`` case (issue 23): 1,000,000 keys; under ``CI=true`` 250,000 (the same kill
-#: and comparison, at a quarter of the cost); ``DSTREAMS_TEST_STATE_KEYS=N`` sets it either way (the same rule as
-#: tests/test_failover_process.py).
-FULL_STATE_KEYS, CI_STATE_KEYS = 1_000_000, 250_000
-
-
-def _state_keys() -> int:
-    chosen = os.environ.get("DSTREAMS_TEST_STATE_KEYS", "").strip()
-    if chosen:
-        return int(chosen)
-    return CI_STATE_KEYS if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on") else FULL_STATE_KEYS
-
-
 # ------------------------------------------------------------------------------------ slowdown contract
 def test_slow_spec_is_off_unless_a_target_is_set():
     assert faults.slow_spec({}) is None
@@ -193,7 +181,7 @@ def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, t
     :data:`CI_STATE_KEYS`): the lost executor's cached handles are recomputed through lineage, each finding its batch
     already in the partition's store."""
     redis = None
-    state_keys = _state_keys() if source == "state-store" else 0
+    state_keys = large_state_keys() if source == "state-store" else 0
     if source == "redis":
         url, client, prefix = (request.getfixturevalue(f) for f in ("redis_url", "redis_client", "redis_prefix"))
         keys = [f"{prefix}{i}" for i in range(4)]

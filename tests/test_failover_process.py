@@ -21,26 +21,12 @@ import uuid
 import pytest
 
 from .recovery_app import build, read_outputs
-from .support import run_through, service_unavailable
+from .support import run_through, service_unavailable, state_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.s3]
 
 RGW = os.environ.get("DSTREAMS_TEST_RGW_ENDPOINT", "http://127.0.0.1:7480")
 APP = os.path.join(os.path.dirname(__file__), "recovery_app.py")
-
-#: The large state of the executor-state-store test (issue 23): 1,000,000 keys; under ``CI=true`` 250,000 (the same
-#: kills, restarts and comparison, at a quarter of the cost); ``DSTREAMS_TEST_STATE_KEYS=N`` sets it either way.
-#: 250,000 keys are ~125,000 per state partition, so a store reloaded from Ceph still loads in more than one
-#: 100,000-row chunk (``StateStore.reload``). tests/test_executor_loss.py follows the same rule.
-FULL_STATE_KEYS, CI_STATE_KEYS = 1_000_000, 250_000
-
-
-def _state_keys() -> int:
-    chosen = os.environ.get("DSTREAMS_TEST_STATE_KEYS", "").strip()
-    if chosen:
-        return int(chosen)
-    return CI_STATE_KEYS if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on") else FULL_STATE_KEYS
-
 
 @pytest.fixture(scope="module")
 def rgw_bucket():
@@ -236,7 +222,7 @@ def test_driver_killed_with_a_million_key_executor_state_store_resumes_exactly_o
     250,000 keys under ``CI=true`` (:data:`CI_STATE_KEYS`), ``DSTREAMS_TEST_STATE_KEYS`` to choose."""
     from .recovery_app import STATE_KEYS_ENV
 
-    keys = str(_state_keys())
+    keys = str(state_keys())
     local = tmp_path / "executor-state"
     ckpt = f"s3://{rgw_bucket}/store-kills-{uuid.uuid4().hex[:6]}"
     out = str(tmp_path / "out")

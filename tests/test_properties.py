@@ -208,6 +208,22 @@ def _tag(name: str):
     return lambda kv: (name, kv)
 
 
+def collector(out: dict[str, dict[int, list]], names: tuple[str, ...]):
+    """A ``foreachRDD`` function that files each batch's ``(name, record)`` pairs under ``out[name][batch ms]``,
+    sorted, once per batch."""
+
+    def run(time, rdd) -> None:
+        t = round(time.timestamp() * 1000)
+        by_name: dict[str, list] = {name: [] for name in names}
+        for name, kv in rdd.collect():
+            by_name[name].append(kv)
+        for name, records in by_name.items():
+            assert t not in out[name], f"{name}: two outputs at {t}"
+            out[name][t] = sorted(records)
+
+    return run
+
+
 def run_pipeline(sc, sn: Scenario) -> dict[str, dict[int, list]]:
     """Run every operator under test on the scenario; ``{output: {batch time ms: sorted records}}``."""
     clock = ManualClock()
@@ -230,21 +246,8 @@ def run_pipeline(sc, sn: Scenario) -> dict[str, dict[int, list]]:
 
     out: dict[str, dict[int, list]] = {"running": {}, "track": {}, "usbk": {}, "inv": {}, "plain": {},
                                        "min": {}, "counts": {}, "wmax": {}, "wcounts": {}}
-
-    def collect(names: tuple[str, ...]):
-        def run(time, rdd) -> None:
-            t = round(time.timestamp() * 1000)
-            by_name: dict[str, list] = {name: [] for name in names}
-            for name, kv in rdd.collect():
-                by_name[name].append(kv)
-            for name, records in by_name.items():
-                assert t not in out[name], f"{name}: two outputs at {t}"
-                out[name][t] = sorted(records)
-
-        return run
-
-    states.foreachRDD(collect(("running", "track", "usbk", "min", "counts")))
-    windows.foreachRDD(collect(("inv", "plain", "wmax", "wcounts")))
+    states.foreachRDD(collector(out, ("running", "track", "usbk", "min", "counts")))
+    windows.foreachRDD(collector(out, ("inv", "plain", "wmax", "wcounts")))
     ssc.start()
     try:
         for i in range(1, len(sn.inputs) + 1):
@@ -378,19 +381,8 @@ def test_executor_state_store_matches_the_models(sc, sn: Scenario, tmp_path_fact
                   .union(touched.map(_tag("touched"))).union(tracked.map(_tag("track"))))
         windows = inv.map(_tag("inv")).union(window_counts.map(_tag("wcounts")))
 
-        def collect(names: tuple[str, ...]):
-            def run(time, rdd) -> None:
-                t = round(time.timestamp() * 1000)
-                by_name: dict[str, list] = {name: [] for name in names}
-                for name, kv in rdd.collect():
-                    by_name[name].append(kv)
-                for name, records in by_name.items():
-                    out[name][t] = sorted(records)
-
-            return run
-
-        states.foreachRDD(collect(("running", "usbk", "touched", "track")))
-        windows.foreachRDD(collect(("inv", "wcounts")))
+        states.foreachRDD(collector(out, ("running", "usbk", "touched", "track")))
+        windows.foreachRDD(collector(out, ("inv", "wcounts")))
         ssc.start()
         try:
             for i in range(1, len(sn.inputs) + 1):

@@ -66,6 +66,14 @@ def _closed_through(watermark: int | None, window: int, slide: int) -> int | Non
     return None if watermark is None else (watermark - window) // slide
 
 
+def check_event_window(emit: str, window: Duration, slide: Duration) -> None:
+    """Raise ``ValueError`` for an ``emit`` mode or a window and slide an event-time window cannot have."""
+    if emit not in EMIT_MODES:
+        raise ValueError(f"emit must be one of {EMIT_MODES}, got {emit!r}")
+    if window.ms <= 0 or slide.ms <= 0 or not window.is_multiple_of(slide):
+        raise ValueError(f"the event-time window ({window}) must be a positive multiple of its slide ({slide})")
+
+
 def pane_batch(batch: RDD, func: Callable[[Any, Any], Any], s: int, partitioner: Partitioner) -> RDD:
     """``(key, {pane: value})`` per key of an event-time batch (panes of ``s`` ms), in ``partitioner`` (one
     shuffle)."""
@@ -104,10 +112,7 @@ class EventWindowNode(StateNode):
     def __init__(self, graph: DStreamGraph, parent: DStreamNode, func: Callable[[Any, Any], Any],
                  inv_func: Callable[[Any, Any], Any] | None, window: Duration, slide: Duration, emit: str,
                  partitioner: Partitioner) -> None:
-        if emit not in EMIT_MODES:
-            raise ValueError(f"emit must be one of {EMIT_MODES}, got {emit!r}")
-        if window.ms <= 0 or slide.ms <= 0 or not window.is_multiple_of(slide):
-            raise ValueError(f"the event-time window ({window}) must be a positive multiple of its slide ({slide})")
+        check_event_window(emit, window, slide)
         super().__init__(graph, parent, partitioner, label="reduceByKeyAndEventWindow")
         self.func = func
         self.inv_func = inv_func

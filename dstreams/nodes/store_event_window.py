@@ -33,8 +33,8 @@ from ..statestore import Indexer, PartitionStore, key_bytes, value_bytes
 from ..time import BatchTime, Duration
 from .event_time import previous_watermark_at, watermark_at
 from .event_window import (
-    EMIT_MODES,
     _closed_through,
+    check_event_window,
     final_step,
     pane_batch,
     session_batch,
@@ -118,10 +118,7 @@ class StoreEventWindowNode(StoreStateNode):
     def __init__(self, graph: DStreamGraph, parent: DStreamNode, func: Callable[[Any, Any], Any],
                  inv_func: Callable[[Any, Any], Any] | None, window: Duration, slide: Duration, emit: str,
                  partitioner: Partitioner, local_dir: str | None, snapshot_every: int) -> None:
-        if emit not in EMIT_MODES:
-            raise ValueError(f"emit must be one of {EMIT_MODES}, got {emit!r}")
-        if window.ms <= 0 or slide.ms <= 0 or not window.is_multiple_of(slide):
-            raise ValueError(f"the event-time window ({window}) must be a positive multiple of its slide ({slide})")
+        check_event_window(emit, window, slide)
         super().__init__(graph, parent, partitioner, None, "reduceByKeyAndEventWindow", local_dir, snapshot_every)
         self.func = func
         self.inv_func = inv_func
