@@ -212,6 +212,8 @@ def stage_partition(target: PostgresTarget, batch_ms: int) -> Callable[[int, Ite
             row = f", record {int(m.group(1)) - 1}" if m else ""
             column = f", column {m.group(2)!r}" if m and m.group(2) else ""
             raise PostgresSinkError(f"{where}{row}{column}: {diag.message_primary}") from None
+        except psycopg.OperationalError as e:  # the server restarting or unreachable: ridden out as an outage
+            raise TransientStoreError(f"PostgreSQL connection lost while staging {where}: {e}") from e
         yield p, attempt, n
 
     return stage

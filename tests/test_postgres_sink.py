@@ -212,6 +212,23 @@ def test_a_connection_lost_in_the_commit_is_retried_and_commits_once(sc, pg, mon
     assert _rows(dsn, f"SELECT word, n FROM {schema}.words ORDER BY word") == [("a", 1), ("b", 2)]
 
 
+def test_a_connection_lost_while_staging_is_an_outage_not_a_batch_failure(sc, pg):
+    """A server restarting or unreachable while a task stages its rows (psycopg's ``OperationalError``, such as
+    ``AdminShutdown`` from a server going down under the COPY) is a store outage, which the batch rides out
+    (``spark.dstreams.store.outageSeconds``), not an error that fails the batch after its few tries."""
+    import dataclasses
+
+    from dstreams.recovery.outage import is_store_outage
+
+    dsn, schema = pg
+    target = resolve_target(dsn, f"{schema}.words", "append", None, ["word", "n"], "out")
+    gone = dataclasses.replace(target, dsn="postgresql://dstreams@127.0.0.1:9/dstreams")  # nothing listens there
+    with pytest.raises(Exception) as raised:
+        sc.parallelize([("a", 1), ("b", 2)], 2).mapPartitionsWithIndex(stage_partition(gone, 1000)).collect()
+    assert is_store_outage(raised.value), str(raised.value)[-2000:]
+    assert "PostgreSQL connection lost while staging saveToPostgres" in str(raised.value)
+
+
 def _services(*args: str) -> None:
     import subprocess
     from pathlib import Path
