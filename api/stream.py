@@ -20,9 +20,10 @@ from pyspark.resultiterable import ResultIterable
 
 from dstreams import config
 from dstreams.node import DStreamNode
+from dstreams.nodes.auto_state import AutoRunningReduceNode, AutoUpdateStateNode
 from dstreams.nodes.output import OutputNode
 from dstreams.nodes.reduced_window import ReducedWindowNode
-from dstreams.nodes.state import RunningReduceNode, TrackNode, UpdateStateNode
+from dstreams.nodes.state import RunningReduceNode, TrackNode, UpdateStateNode, keep_idle
 from dstreams.nodes.store_state import (
     StateChangesNode,
     StateViewNode,
@@ -52,15 +53,6 @@ from .functions import positional_arity
 if TYPE_CHECKING:
     from .context import StreamingContext
     from .owner import GraphOwner
-
-
-def _keep_idle(update: Callable[[list[Any], Any], Any]) -> Callable[[list[Any], Any], Any]:
-    """``updateStateByKey(..., updateIdleKeys=False)`` on the RDD state: a key without new values keeps its state."""
-
-    def wrapped(values: list[Any], state: Any) -> Any:
-        return state if not values and state is not None else update(values, state)
-
-    return wrapped
 
 
 def rdd_to_file_name(prefix: str, suffix: str | None, time_ms: int) -> str:
@@ -373,8 +365,13 @@ class DStream:
             node = StoreUpdateStateNode(graph, self._node, updateFunc, part, initialRDD, bool(updateIdleKeys),
                                         local_dir, every)
             return self._derive(StateViewNode(graph, node))
+        auto = self._auto_state()
+        if auto is not None and not updateIdleKeys:  # with idle keys updated a batch costs the whole state anyway
+            local_dir, every, keys = auto
+            return self._derive(StateViewNode(graph, AutoUpdateStateNode(graph, self._node, updateFunc, part,
+                                                                         initialRDD, local_dir, every, keys)))
         if not updateIdleKeys:
-            updateFunc = _keep_idle(updateFunc)
+            updateFunc = keep_idle(updateFunc)
         return self._derive(UpdateStateNode(graph, self._node, updateFunc, part, initialRDD))
 
     def runningReduce(self, func: Callable[[Any, Any], Any], numPartitions: int | None = None) -> DStream:
@@ -393,6 +390,11 @@ class DStream:
             local_dir, every = store
             return self._derive(StateViewNode(graph, StoreRunningReduceNode(graph, self._node, func, part,
                                                                            local_dir, every)))
+        auto = self._auto_state()
+        if auto is not None:
+            local_dir, every, keys = auto
+            return self._derive(StateViewNode(graph, AutoRunningReduceNode(graph, self._node, func, part, local_dir,
+                                                                          every, keys)))
         return self._derive(RunningReduceNode(graph, self._node, func, part))
 
     def changes(self) -> DStream:
@@ -415,6 +417,14 @@ class DStream:
         if config.get(config.STATE_STORE, conf) != "executor":
             return None
         return config.get(config.STATE_LOCAL_DIR, conf), config.get(config.STATE_SNAPSHOT_EVERY, conf)
+
+    def _auto_state(self) -> tuple[str | None, int, int] | None:
+        """(local folder, snapshot cadence, keys to move at) when ``spark.dstreams.state.store`` is ``auto``."""
+        conf = self._sc.getConf()
+        if config.get(config.STATE_STORE, conf) != "auto":
+            return None
+        return (config.get(config.STATE_LOCAL_DIR, conf), config.get(config.STATE_SNAPSHOT_EVERY, conf),
+                config.get(config.STATE_AUTO_KEYS, conf))
 
     def track(self, init: Callable[[Any, Any], Any], update: Callable[[Any, Any, Any], Any],
               timeout: DurationLike, numPartitions: int | None = None,

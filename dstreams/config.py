@@ -505,7 +505,7 @@ def _sharing(raw: str) -> str:
 
 def _state_store(raw: str) -> str:
     value = raw.strip().lower()
-    if value not in ("rdd", "executor"):
+    if value not in ("auto", "rdd", "executor"):
         raise ValueError(raw)
     return value
 
@@ -513,15 +513,30 @@ def _state_store(raw: str) -> str:
 STATE_STORE = Setting(
     key="spark.dstreams.state.store",
     env="DSTREAMS_STATE_STORE",
-    default="rdd",
+    default="auto",
     parse=_state_store,
-    accepts="rdd or executor",
+    accepts="auto, rdd or executor",
     example="executor",
-    doc="Where `runningReduce` and `updateStateByKey` keep their state. `rdd`: a cached RDD rebuilt every batch "
-        "(fastest for small state; a batch costs the whole state). `executor`: a versioned store per state "
-        "partition on the executor's disk (SQLite), a batch reads and writes only the keys it touches, and "
-        "checkpoints write the keys changed since the previous one (README, \"State at scale\"). Read when "
-        "the operator is defined.",
+    doc="Where the stateful operators keep their state. `rdd`: a cached RDD rebuilt every batch (fastest for "
+        "small state; a batch costs the whole state). `executor`: a versioned store per state partition on the "
+        "executor's disk (SQLite): a batch reads and writes only the keys it touches, and checkpoints write the "
+        "keys changed since the previous one. `auto` (the default): `runningReduce` and "
+        "`updateStateByKey(..., updateIdleKeys=False)` start on the RDD state and move into the executor store "
+        "once the state is large next to what a batch touches (`spark.dstreams.state.autoKeys`); the other "
+        "operators keep the RDD state. README, \"State at scale\". Read when the operator is defined; a change "
+        "of it changes the stream graph (a checkpoint written under another value is not resumed).",
+)
+
+STATE_AUTO_KEYS = Setting(
+    key="spark.dstreams.state.autoKeys",
+    env="DSTREAMS_STATE_AUTO_KEYS",
+    default=100_000,
+    parse=_at_least_one,
+    accepts="a whole number >= 1",
+    example="1000000",
+    doc="With `spark.dstreams.state.store=auto`: the fewest keys of state at which a stream moves from the RDD "
+        "state into the executor state store (it moves once it also holds at least 10 times the keys one of its "
+        "last 10 batches touched; it does not move back).",
 )
 
 STATE_LOCAL_DIR = Setting(
@@ -571,7 +586,7 @@ SETTINGS: tuple[Setting, ...] = (JVM_MODE, CLASS_DATA_SHARING, CHECKPOINT_GRAPH,
                                  UI_SHOW_PROGRESS,
                                  STOP_ON_SIGNAL,
                                  GRACEFUL_STOP_TIMEOUT, BATCH_MAX_ATTEMPTS, BATCH_ON_FAILURE,
-                                 STATE_STORE, STATE_LOCAL_DIR, STATE_SNAPSHOT_EVERY)
+                                 STATE_STORE, STATE_AUTO_KEYS, STATE_LOCAL_DIR, STATE_SNAPSHOT_EVERY)
 
 #: Test-only fault injection (``dstreams.recovery.faults``): environment variables, no conf key.
 TEST_ONLY: tuple[EnvVar, ...] = (

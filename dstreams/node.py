@@ -367,6 +367,11 @@ class DStreamNode:
         manifest. Default: the RDD's records, nothing added (a store-backed state writes its changes)."""
         return rdd, {}
 
+    def checkpoint_manifest(self, time_ms: int, manifest: dict[str, Any]) -> None:
+        """A restarted driver is about to install this node's checkpoint at ``time_ms``
+        (:meth:`restore_from_checkpoint`); ``manifest`` is that checkpoint's manifest, with the entries
+        :meth:`checkpoint_export` added. Default: nothing to do."""
+
     def checkpoint_restored(self, time_ms: int, chain: list[int]) -> None:
         """A restarted driver resumes this node from its checkpoint at ``time_ms``, which builds on the checkpoints
         ``chain`` (oldest first; empty unless the node writes deltas). Default: nothing to do."""

@@ -58,8 +58,11 @@ class ResumePlan:
     dropped: set[int] = field(default_factory=set)
 
 
-def _restore_node(sc: SparkContext, spec: StoreSpec, node: DStreamNode,
-                  candidates: list[int]) -> tuple[int, RDD] | None:
+#: A checkpoint read back: its time, its reader and its manifest.
+Restored = tuple[int, RDD, dict[str, Any]]
+
+
+def _restore_node(sc: SparkContext, spec: StoreSpec, node: DStreamNode, candidates: list[int]) -> Restored | None:
     store = spec.open()
     for t in candidates:
         try:
@@ -69,11 +72,11 @@ def _restore_node(sc: SparkContext, spec: StoreSpec, node: DStreamNode,
                 # The executor state store reads a checkpoint only where a store cannot get back to it on its own:
                 # the parts of the chain must exist (their checksums are checked when read).
                 verify_state_chain(store, manifest)
-                return t, reader
+                return t, reader, manifest
             if node.storage_level is not None:
                 reader.persist(node.storage_level)
             reader.count()  # reads and verifies every part now, so a bad one is skipped here
-            return t, reader
+            return t, reader, manifest
         except Exception as e:
             log.warning("checkpoint of %s at %d is unreadable (%s): falling back to the previous one",
                         node.name, t, str(e).splitlines()[0][:300] if str(e) else type(e).__name__)
@@ -81,7 +84,7 @@ def _restore_node(sc: SparkContext, spec: StoreSpec, node: DStreamNode,
 
 
 def _read_back(sc: SparkContext, spec: StoreSpec, nodes: list[DStreamNode],
-               candidates: Callable[[DStreamNode], list[int]]) -> list[tuple[int, RDD] | None]:
+               candidates: Callable[[DStreamNode], list[int]]) -> list[Restored | None]:
     """Each node's newest intact checkpoint among ``candidates(node)``, read back and verified by a Spark job of
     its own; the jobs run at once (a restart's time to its first batch: the driver-side cost of one job overlaps
     the others' tasks)."""
@@ -99,7 +102,7 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
     completed = previous.get("completed_through")
     store = spec.open()
     restored: dict[str, int | None] = {}
-    rdds: dict[str, list[tuple[int, RDD]]] = {}  # per node: the checkpoints read back, oldest first
+    rdds: dict[str, list[Restored]] = {}  # per node: the checkpoints read back, oldest first
     found: dict[str, list[int]] = {}
     nodes = graph.stateful_nodes()
     candidates: dict[str, list[int]] = {}
@@ -169,7 +172,8 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
                             node.name)
         by_key = {n.key: n for n in graph.stateful_nodes()}
         for key, readers in rdds.items():
-            for t, rdd in readers:
+            for t, rdd, manifest in readers:
+                by_key[key].checkpoint_manifest(t, manifest)
                 by_key[key].restore_from_checkpoint(BatchTime(t), rdd)
         for key, t in restored.items():
             checkpointer.resumed(by_key[key], t, found[key])

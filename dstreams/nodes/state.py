@@ -26,6 +26,50 @@ if TYPE_CHECKING:
 Merge = Callable[[list[list[Any]]], Iterable[Any]]
 
 
+def running_reduce_merge(func: Callable[[Any, Any], Any]) -> Merge:
+    """``runningReduce``'s merge of a state partition (segment 0) with the batch's pre-combined pairs (segment 1):
+    the batch reduced on its own first, then merged into the state (the association of a per-batch
+    ``reduceByKey`` followed by the state's update)."""
+
+    def merge(segments: list[list[Any]]) -> Iterable[Any]:
+        state = dict(segments[0])
+        batch = fold(func, segments[1], {}, "runningReduce")
+        fold(func, batch.items(), state, "runningReduce")
+        return state.items()
+
+    return merge
+
+
+def keep_idle(update: Callable[[list[Any], Any], Any]) -> Callable[[list[Any], Any], Any]:
+    """``updateStateByKey(..., updateIdleKeys=False)`` on the RDD state: a key without new values keeps its state."""
+
+    def wrapped(values: list[Any], state: Any) -> Any:
+        return state if not values and state is not None else update(values, state)
+
+    return wrapped
+
+
+def update_state_merge(update: Callable[[list[Any], Any], Any]) -> Merge:
+    """``updateStateByKey``'s merge of a state partition (segment 0) with the batch's ``(key, values)`` groups
+    (segment 1): ``update`` runs for every key with a state or new values (``[]`` for a key without)."""
+
+    def merge(segments: list[list[Any]]) -> Iterable[Any]:
+        state = dict(segments[0])
+        new = dict(segments[1])
+        out = []
+        for k, s in state.items():
+            r = update(new.pop(k, []), s)
+            if r is not None:
+                out.append((k, r))
+        for k, vs in new.items():
+            r = update(vs, None)
+            if r is not None:
+                out.append((k, r))
+        return out
+
+    return merge
+
+
 class StateNode(OneParentNode):
     """Base of the per-key state operators."""
 
@@ -113,17 +157,7 @@ class RunningReduceNode(StateNode):
         return pre_combine(batch, self.func, self.partitioner, "runningReduce")
 
     def merge_function(self, time: BatchTime) -> Merge:
-        func = self.func
-
-        def merge(segments: list[list[Any]]) -> Iterable[Any]:
-            state = dict(segments[0])
-            # The batch reduced on its own first, then merged into the state (the association of a
-            # per-batch reduceByKey followed by the state's update).
-            batch = fold(func, segments[1], {}, "runningReduce")
-            fold(func, batch.items(), state, "runningReduce")
-            return state.items()
-
-        return merge
+        return running_reduce_merge(self.func)
 
 
 class UpdateStateNode(StateNode):
@@ -143,23 +177,7 @@ class UpdateStateNode(StateNode):
         return pre_group_ordered(batch, self.partitioner, "updateStateByKey")
 
     def merge_function(self, time: BatchTime) -> Merge:
-        update = self.update
-
-        def merge(segments: list[list[Any]]) -> Iterable[Any]:
-            state = dict(segments[0])
-            new = dict(segments[1])
-            out = []
-            for k, s in state.items():
-                r = update(new.pop(k, []), s)
-                if r is not None:
-                    out.append((k, r))
-            for k, vs in new.items():
-                r = update(vs, None)
-                if r is not None:
-                    out.append((k, r))
-            return out
-
-        return merge
+        return update_state_merge(self.update)
 
 
 class TrackNode(StateNode):

@@ -206,11 +206,7 @@ class StoreStateNode(OneParentNode):
         assert self.zero_time is not None
         version, run, local_dir, store_id = self.zero_time.ms, self._run, self.local_dir, self.store_id()
         stats, indexer = self._stats_accumulator(), self.indexer()
-        if self.initial is None and self._had_initial:
-            raise StateStoreError(
-                f"{self.name}: the driver stopped before the initial state (updateStateByKey's initialRDD) was "
-                "checkpointed (right after the first batch), and a restored graph does not hold it: start the "
-                "application on a new checkpoint location, or delete this one, so that setupFunc defines it again")
+        self._check_initial()
 
         def load(i: int, records: Iterable[Any]) -> list[int]:
             store = PartitionStore.open(local_dir, store_id, i, indexer)
@@ -233,6 +229,14 @@ class StoreStateNode(OneParentNode):
             self._marked.add(self.zero_time.ms)
             checkpointer.mark(self, self.zero_time, handle)
         return handle
+
+    def _check_initial(self) -> None:
+        """Raise when the stream had an initial state that neither the graph nor a checkpoint holds."""
+        if self.initial is None and self._had_initial:
+            raise StateStoreError(
+                f"{self.name}: the driver stopped before the initial state (updateStateByKey's initialRDD) was "
+                "checkpointed (right after the first batch), and a restored graph does not hold it: start the "
+                "application on a new checkpoint location, or delete this one, so that setupFunc defines it again")
 
     def before_batch_retry(self, time: BatchTime, error: BaseException) -> None:
         """A try that failed on a store not at the version the batch expected (the store folder removed under
@@ -264,12 +268,18 @@ class StoreStateNode(OneParentNode):
             floor = min(floor, min(self._marked))
         return floor
 
-    def compute(self, time: BatchTime) -> RDD | None:
+    def previous_handle(self, time: BatchTime) -> RDD:
+        """The handle batch ``time`` applies to: the one of the batch before, the zero time's checkpoint read back
+        by a restart, or the initial state loaded."""
         previous = self.get_or_compute(time - self.slide_duration)
         if previous is None and self.zero_time is not None:  # the zero time's checkpoint, read back by a restart
             previous = self.generated.get(self.zero_time.ms) if time - self.slide_duration == self.zero_time else None
         if previous is None:
             previous = self._initial_handle()
+        return previous
+
+    def compute(self, time: BatchTime) -> RDD | None:
+        previous = self.previous_handle(time)
         plan = self.batch_plan(time)
         if plan is None:
             return previous
@@ -530,23 +540,30 @@ class StateChangesNode(OneParentNode):
         previous = parent.get_or_compute(time - self.slide_duration)
         if previous is None:
             previous = parent.initial_state()  # type: ignore[attr-defined]
-        if previous is None:
-            return current
-        if previous is current:
-            return current.filter(lambda _: False)
-        missing = object()
-
-        def diff(segments: list[list[Any]]) -> Iterable[Any]:
-            before = dict(segments[1])
-            out = []
-            for k, v in segments[0]:
-                if before.pop(k, missing) != v:
-                    out.append((k, v))
-            out.extend((k, None) for k in before)
-            return out
-
-        return segmented_merge(self.graph.sc, [[current], [previous]], parent.partitioner, diff)  # type: ignore[attr-defined]
+        return state_diff(self.graph.sc, current, previous, parent.partitioner)  # type: ignore[attr-defined]
 
 
-__all__ = ["PART_HEADER", "StateChangesNode", "StateViewNode", "StoreRunningReduceNode", "StoreStateNode",
+def state_diff(sc: Any, current: RDD, previous: RDD | None, partitioner: Partitioner) -> RDD:
+    """The (key, state) pairs of ``current`` that ``previous`` (None: no state before) does not hold, and
+    (key, None) for its keys ``current`` lacks: two RDD states of one partitioner compared partition by
+    partition (no shuffle)."""
+    if previous is None:
+        return current
+    if previous is current:
+        return current.filter(lambda _: False)
+    missing = object()
+
+    def diff(segments: list[list[Any]]) -> Iterable[Any]:
+        before = dict(segments[1])
+        out = []
+        for k, v in segments[0]:
+            if before.pop(k, missing) != v:
+                out.append((k, v))
+        out.extend((k, None) for k in before)
+        return out
+
+    return segmented_merge(sc, [[current], [previous]], partitioner, diff)
+
+
+__all__ = ["PART_HEADER", "StateChangesNode", "state_diff", "StateViewNode", "StoreRunningReduceNode", "StoreStateNode",
            "StoreUpdateStateNode"]

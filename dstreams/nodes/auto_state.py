@@ -1,0 +1,290 @@
+"""State picked by size (``spark.dstreams.state.store=auto``, the default): ``runningReduce`` and
+``updateStateByKey(..., updateIdleKeys=False)`` start on the RDD state and move into the executor state store once
+the state is large next to what a batch touches.
+
+Why: the RDD state (:mod:`.state`) rebuilds every key each batch, about 0.56 us a key on this project's 2 cores,
+and is the faster one for small state; the executor state store (:mod:`.store_state`) costs about 5 us per key a
+batch touches (a SQLite look-up and write) and nothing per idle key. At 1M keys and 100,000 uniform updates a batch
+(about 95,000 keys touched: the state 10.5x the keys touched) the two measured the same (``benchmarks/README.md``,
+"State at scale"), hence :data:`TOUCH_RATIO`.
+
+Contract:
+
+* A stream starts on the RDD state: its RDD at ``t`` is the state itself, as :class:`~.state.RunningReduceNode`'s
+  or :class:`~.state.UpdateStateNode`'s, and each partition's merge also reports (an accumulator) the keys of
+  its state and the keys the batch touched.
+* When the driver builds a new batch, it reads the newest reports: once every partition has reported and the
+  state holds at least ``spark.dstreams.state.autoKeys`` keys and :data:`TOUCH_RATIO` times the most keys one of
+  the last :data:`WINDOW` batches touched (:func:`should_move`), the stream moves to the store at that batch
+  (:attr:`AutoStateNode.switched_at`) and stays there. That batch loads the RDD state of the batch before into
+  each partition's store (as an initial state is loaded: :meth:`PartitionStore.ensure_base`) and applies itself;
+  from there on the node is its store-backed class. Batches before ``switched_at`` are RDD states, batches at
+  or after it store handles, in every rebuild (a lineage cut, a retry, a restart's replay).
+* Both hold the same state, so the outputs are the same whenever the move happens: the move is not recorded in
+  the metadata log. Checkpoints carry it: every checkpoint is written in the store's format (one before the
+  move is a snapshot of the RDD state), its manifest's ``state.auto.switched_at`` says when the stream moved
+  (None: not yet), and a restarted driver resumes in the representation its checkpoint was written in
+  (:meth:`AutoStateNode.checkpoint_manifest`); one resumed before the move decides again.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pyspark import RDD, StorageLevel
+from pyspark.accumulators import Accumulator
+from pyspark.rdd import Partitioner
+
+from ..node import DStreamNode
+from ..spark import jvm
+from ..spark.partitioned import partition_aligned_rdd, segmented_merge
+from ..statestore import PART_HEADER, PartitionStore, key_bytes, value_bytes
+from ..time import BatchTime
+from .state import Merge, keep_idle, running_reduce_merge, update_state_merge
+from .store_state import (
+    StoreRunningReduceNode,
+    StoreStateNode,
+    StoreUpdateStateNode,
+    _error_text,
+    _LatestPerPartition,
+    _report,
+    state_diff,
+)
+
+if TYPE_CHECKING:
+    from ..graph import DStreamGraph
+
+log = logging.getLogger(__name__)
+
+#: The state must hold this many times the keys a batch touches before the store is worth it (measured: see the
+#: module docstring).
+TOUCH_RATIO = 10
+#: How many of the newest batches' touched keys the rule looks at (a quiet batch alone does not move a stream).
+WINDOW = 10
+
+
+def should_move(keys: int, touched: Sequence[int], min_keys: int) -> bool:
+    """Whether a state of ``keys`` keys, whose newest batches touched ``touched`` keys each, belongs in the store."""
+    return keys >= min_keys and keys >= TOUCH_RATIO * max(touched, default=0)
+
+
+class AutoStateNode(StoreStateNode):
+    """Base of the state streams picked by size (module docstring). A subclass mixes this class before its
+    store-backed class, calls :meth:`_auto_init` and gives :meth:`rdd_merge`."""
+
+    auto_keys: int
+    #: The batch time from which the stream is on the store (None: still on the RDD state).
+    switched_at: int | None
+
+    def _auto_init(self, auto_keys: int) -> None:
+        self.auto_keys = max(1, int(auto_keys))
+        self.switched_at = None
+        #: Per partition: (batch time, keys of the state, keys the batch touched), newest batch's.
+        self._rdd_stats: Accumulator | None = None
+        #: The keys touched by the newest batches (at most WINDOW), and the batch last sampled.
+        self._touched: list[int] = []
+        self._sampled = -1
+        #: The newest handle that loaded the RDD state into the stores (the move), once built.
+        self._moved_handle: RDD | None = None
+        #: Whether the initial state's zero-time checkpoint was marked (RDD state).
+        self._initial_marked = False
+
+    def describe_params(self) -> list[str]:
+        return [f"partitions={self.partitioner.numPartitions}", "store=auto"]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.update(switched_at=None, _rdd_stats=None, _touched=[], _sampled=-1, _moved_handle=None,
+                     _initial_marked=False)
+        return state
+
+    def rdd_merge(self) -> Merge:
+        """The RDD state's merge of a state partition with the batch's (prepared) records."""
+        raise NotImplementedError
+
+    def on_store(self, time_ms: int) -> bool:
+        """Whether the stream's RDD at ``time_ms`` is a store handle (else an RDD state)."""
+        return self.switched_at is not None and time_ms >= self.switched_at
+
+    def store_metrics(self) -> dict[str, Any] | None:
+        return super().store_metrics() if self.switched_at is not None else None
+
+    # ------------------------------------------------------------------ the move
+    def _ready_to_move(self) -> bool:
+        stats = dict(self._rdd_stats.value) if self._rdd_stats is not None else {}
+        if len(stats) < self.partitioner.numPartitions:
+            return False
+        newest = min(s[0] for s in stats.values())
+        if newest != self._sampled:
+            self._sampled = newest
+            self._touched = [*self._touched, sum(s[2] for s in stats.values())][-WINDOW:]
+        return should_move(sum(s[1] for s in stats.values()), self._touched, self.auto_keys)
+
+    def compute(self, time: BatchTime) -> RDD | None:
+        if self.switched_at is None and time.ms > max(self.generated, default=-1) and self._ready_to_move():
+            # Only a new batch moves the stream: a rebuild of earlier ones (a lineage cut) keeps their kind.
+            self.switched_at = time.ms
+            log.info("%s moves into the executor state store at batch %d (state of at least %d keys, batches "
+                     "touching at most %d)", self.name, time.ms, self.auto_keys, max(self._touched, default=0))
+        if self.on_store(time.ms):
+            return super().compute(time)
+        return self._rdd_compute(time)
+
+    def previous_handle(self, time: BatchTime) -> RDD:
+        if time.ms == self.switched_at:
+            return self._move(time - self.slide_duration)
+        return super().previous_handle(time)
+
+    def _move(self, before: BatchTime) -> RDD:
+        """The handle at ``before`` (the batch before the move): every partition's store loaded with the RDD state
+        of ``before``."""
+        state = self._rdd_previous(before + self.slide_duration)
+        version, run, local_dir, store_id = before.ms, self._run, self.local_dir, self.store_id()
+        stats, indexer = self._stats_accumulator(), self.indexer()
+
+        def load(i: int, records: Iterable[Any]) -> list[int]:
+            store = PartitionStore.open(local_dir, store_id, i, indexer)
+            try:
+                store.ensure_base(version, run, lambda: ((key_bytes(k), value_bytes(v)) for k, v in records))
+                _report(stats, i, store)
+            finally:
+                store.close()
+            return [version]
+
+        if state is None:
+            handle = partition_aligned_rdd(self.graph.sc, self.partitioner.numPartitions, lambda i: load(i, ()))
+        else:
+            handle = state.mapPartitionsWithIndex(load, preservesPartitioning=True)
+        handle.persist(StorageLevel.MEMORY_ONLY)
+        self._moved_handle = handle
+        return handle
+
+    def before_batch_retry(self, time: BatchTime, error: BaseException) -> None:
+        super().before_batch_retry(time, error)
+        moved = self._moved_handle
+        if moved is not None and self.on_store(time.ms) and "StateStoreError" in _error_text(error):
+            moved.unpersist(blocking=True)
+            moved.persist(StorageLevel.MEMORY_ONLY)
+
+    # ------------------------------------------------------------------ the RDD state
+    def _rdd_initial(self) -> RDD | None:
+        """The state before the first batch: the initial RDD (its zero-time checkpoint marked once), or None."""
+        if self.initial is None:
+            self._check_initial()
+            return None
+        checkpointer = self.graph.checkpointer
+        if checkpointer is not None and not self._initial_marked and self.zero_time is not None:
+            self._initial_marked = True  # the stored graph does not hold the initial state: its checkpoint does
+            self.initial.persist(StorageLevel.MEMORY_ONLY)
+            checkpointer.mark(self, self.zero_time, self.initial)
+        return self.initial
+
+    def _rdd_previous(self, time: BatchTime) -> RDD | None:
+        """The RDD state batch ``time`` merges into (None: no state yet)."""
+        before = time - self.slide_duration
+        previous = self.get_or_compute(before)
+        if previous is None and self.zero_time is not None and before == self.zero_time:
+            previous = self.generated.get(before.ms)  # the zero time's checkpoint, read back by a restart
+        return previous if previous is not None else self._rdd_initial()
+
+    def _rdd_compute(self, time: BatchTime) -> RDD | None:
+        previous = self._rdd_previous(time)
+        batch = self.parent.get_or_compute(time)
+        if batch is None or jvm.has_no_partitions(batch):
+            return previous  # a batch without records leaves the state as it was
+        if self._rdd_stats is None:
+            self._rdd_stats = self.graph.sc.accumulator({}, _LatestPerPartition())
+        merge, stats, t = self.rdd_merge(), self._rdd_stats, time.ms
+
+        def counted(i: int, segments: list[list[Any]]) -> Iterable[Any]:
+            touched = len({kv[0] for kv in segments[1]})
+            out = merge(segments)
+            if not isinstance(out, (list, tuple)):
+                out = list(out)
+            stats.add({i: (t, len(out), touched)})
+            return out
+
+        groups = [[previous] if previous is not None else [], [self.prepare(batch)]]
+        return segmented_merge(self.graph.sc, groups, self.partitioner, counted, with_index=True)
+
+    # ------------------------------------------------------------------ views
+    def view(self, time: BatchTime) -> RDD | None:
+        current = self.get_or_compute(time)  # first: building batch ``time`` may be what moves the stream
+        if current is None or not self.on_store(time.ms):
+            return current
+        return super().view(time)
+
+    def changes(self, time: BatchTime) -> RDD | None:
+        current = self.get_or_compute(time)
+        if current is None:
+            return None
+        if self.on_store(time.ms):
+            return super().changes(time)
+        return state_diff(self.graph.sc, current, self._rdd_previous(time), self.partitioner)
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_export(self, time_ms: int, rdd: RDD) -> tuple[RDD, dict[str, Any]]:
+        """Before the move: a snapshot of the RDD state in the store's checkpoint format; after it, the store's
+        delta or snapshot. The manifest says when the stream moved."""
+        if self.on_store(time_ms):
+            out, entries = super().checkpoint_export(time_ms, rdd)
+            entries["state"]["auto"] = {"switched_at": self.switched_at}
+            return out, entries
+        self._exported[time_ms] = []
+
+        def export(it: Iterable[Any]) -> Iterable[Any]:
+            yield (PART_HEADER, "snapshot")
+            for k, v in it:
+                yield key_bytes(k), value_bytes(v)
+
+        return rdd.mapPartitions(export, preservesPartitioning=True), {"state": {"chain": [],
+                                                                                "auto": {"switched_at": None}}}
+
+    def checkpoint_manifest(self, time_ms: int, manifest: dict[str, Any]) -> None:
+        """A restart resumes on the store from the batch its checkpoint says the stream moved at."""
+        moved = manifest.get("state", {}).get("auto", {}).get("switched_at")
+        if moved is not None and (self.switched_at is None or int(moved) < self.switched_at):
+            self.switched_at = int(moved)
+
+    def restore_from_checkpoint(self, time: BatchTime, reader: RDD) -> None:
+        if self.on_store(time.ms):
+            super().restore_from_checkpoint(time, reader)
+            return
+        pairs = reader.map(lambda kv: (pickle.loads(kv[0]), pickle.loads(kv[1])), preservesPartitioning=True)
+        DStreamNode.restore_from_checkpoint(self, time, pairs)
+
+
+class AutoRunningReduceNode(AutoStateNode, StoreRunningReduceNode):
+    """``runningReduce(f)`` with its state picked by size (module docstring)."""
+
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode, func: Callable[[Any, Any], Any],
+                 partitioner: Partitioner, local_dir: str | None, snapshot_every: int, auto_keys: int) -> None:
+        StoreRunningReduceNode.__init__(self, graph, parent, func, partitioner, local_dir, snapshot_every)
+        self._auto_init(auto_keys)
+
+    def rdd_merge(self) -> Merge:
+        return running_reduce_merge(self.func)
+
+
+class AutoUpdateStateNode(AutoStateNode, StoreUpdateStateNode):
+    """``updateStateByKey(updateFunc, ..., updateIdleKeys=False)`` with its state picked by size (module
+    docstring): a key without new values keeps its state on either representation."""
+
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode, update: Callable[[list[Any], Any], Any],
+                 partitioner: Partitioner, initial: RDD | None, local_dir: str | None, snapshot_every: int,
+                 auto_keys: int) -> None:
+        StoreUpdateStateNode.__init__(self, graph, parent, update, partitioner, initial, False, local_dir,
+                                      snapshot_every)
+        self._auto_init(auto_keys)
+
+    def describe_params(self) -> list[str]:
+        return [*super().describe_params(), "updateIdleKeys=False"]
+
+    def rdd_merge(self) -> Merge:
+        return update_state_merge(keep_idle(self.update))
+
+
+__all__ = ["TOUCH_RATIO", "WINDOW", "AutoRunningReduceNode", "AutoStateNode", "AutoUpdateStateNode", "should_move"]

@@ -1,0 +1,169 @@
+"""State picked by size (``spark.dstreams.state.store=auto``, the default; issue 23).
+
+* The rule on its own (:func:`should_move`).
+* ``runningReduce`` and ``updateStateByKey(..., updateIdleKeys=False)`` (with an initial state, keys dropped,
+  ``changes()``) under ``auto`` with a low ``autoKeys``: each moves into the executor state store in the middle of
+  the run (the update stream at batch 2, from its initial state; the running reduce near batch 11, as its state
+  outgrows what a batch touches), and the outputs equal the RDD state's batch by batch. Checkpoints before the move
+  are snapshots of the RDD state, the first after it may be a delta on one of them, and the manifests say when the
+  stream moved.
+* Driver restarts: one before the running reduce moved (its checkpoint is of the RDD state, the update stream's of
+  the store), one after both moved with the executors' stores lost: the outputs equal the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import shutil
+
+import pytest
+
+from dstreams import ManualClock, StreamingContext
+from dstreams.nodes.auto_state import TOUCH_RATIO, AutoStateNode, should_move
+from dstreams.recovery.checkpointer import list_checkpoints, load_manifest
+from dstreams.recovery.store import open_store
+
+from .recovery_app import read_outputs
+from .support import drive_batches
+
+
+def _step(ssc: StreamingContext, clock: ManualClock, until_ms: int) -> None:
+    """Batch after batch up to ``until_ms``, each built after the one before ended (so the move is decided on
+    the reports of every batch before it: the times the assertions name)."""
+    t = max(ssc.startTime.ms, clock.time_ms() - clock.time_ms() % 1000)
+    while t <= until_ms:
+        drive_batches(ssc, clock, t)
+        t += 1000
+
+BATCHES = 16
+INITIAL = [(f"i{n}", n % 5) for n in range(120)]
+
+
+def test_a_state_moves_once_it_is_large_next_to_what_its_batches_touch() -> None:
+    assert not should_move(99, [1], 100)  # too few keys
+    assert should_move(100, [10], 100)
+    assert not should_move(1000, [101], 100)  # a batch touches more than a tenth of the state
+    assert should_move(1000, [100, 3], 100)
+    assert should_move(1000, [], 100)
+    assert TOUCH_RATIO == 10
+
+
+def _records(seed: int, t: int, partition: int, n: int):
+    b = t // 1000
+    # Per partition: two new keys (one twice) for the running reduce, whose state grows by 4 keys a batch with 4
+    # touched; two keys of the initial state for the update stream (dropped by _sum_or_drop once past 8).
+    return [f"k{b * 2}-{partition}", f"k{b * 2}-{partition}", f"k{b * 2 + 1}-{partition}",
+            f"i{(b * 7 + partition) % 120}", f"i{(b * 5 + partition + 1) % 120}"]
+
+
+def _sum_or_drop(values, state):
+    total = (state or 0) + sum(values)
+    return None if total > 8 else total
+
+
+def _app(sc, ckpt: str, out: str, clock) -> StreamingContext:
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.checkpoint(ckpt)
+    pairs = ssc.generatorStream(5, 2, seed=1, recordFunc=_records).map(lambda w: (w, 1))
+    pairs.filter(lambda kv: kv[0][0] == "k").runningReduce(operator.add).checkpoint("2s").saveAsTextFiles(os.path.join(out, "running"))
+    touched = pairs.updateStateByKey(_sum_or_drop, 3, initialRDD=INITIAL, updateIdleKeys=False).checkpoint("2s")
+    touched.saveAsTextFiles(os.path.join(out, "touched"))
+    touched.changes().saveAsTextFiles(os.path.join(out, "changes"))
+    return ssc
+
+
+def _env(monkeypatch, tmp_path, store: str) -> None:
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", store)
+    monkeypatch.setenv("DSTREAMS_STATE_AUTO_KEYS", "30")
+    monkeypatch.setenv("DSTREAMS_STATE_SNAPSHOT_EVERY", "3")
+    monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(tmp_path / "local"))
+
+
+def _moves(ssc: StreamingContext) -> dict[str, int | None]:
+    return {n.label: n.switched_at for n in ssc._graph.nodes if isinstance(n, AutoStateNode)}
+
+
+@pytest.fixture(scope="module")
+def rdd_reference(sc, tmp_path_factory) -> dict[str, list[str]]:
+    """The outputs of :func:`_app` on the RDD state, computed once."""
+    mp = pytest.MonkeyPatch()
+    tmp = tmp_path_factory.mktemp("auto-ref")
+    _env(mp, tmp, "rdd")
+    clock = ManualClock()
+    ssc = _app(sc, str(tmp / "ckpt"), str(tmp / "out"), clock)
+    try:
+        ssc.start()
+        drive_batches(ssc, clock, BATCHES * 1000)
+    finally:
+        ssc.stop(stopSparkContext=False)
+        mp.undo()
+    return read_outputs(str(tmp / "out"))
+
+
+@pytest.mark.slow
+def test_auto_moves_into_the_store_mid_run_and_gives_the_rdd_states_outputs(sc, tmp_path, monkeypatch,
+                                                                           rdd_reference) -> None:
+    _env(monkeypatch, tmp_path, "auto")
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    clock = ManualClock()
+    ssc = _app(sc, ckpt, out, clock)
+    try:
+        ssc.start()
+        _step(ssc, clock, BATCHES * 1000)
+        moves = _moves(ssc)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    # Each stream moved, the update stream (120 keys of initial state, a few touched a batch) right after its first
+    # batch reported, the running reduce once its state reached 10x the 4 keys a batch touches (batch 11, or a
+    # little later on a machine so busy that a batch is built before the one before it ended).
+    assert moves["updateStateByKey"] == 2000, moves
+    assert moves["runningReduce"] is not None and 11_000 <= moves["runningReduce"] <= 13_000, moves
+    got = read_outputs(out)
+    assert sorted(got) == sorted(rdd_reference)
+    assert len(rdd_reference) == 3 * BATCHES
+    for name in sorted(rdd_reference):
+        assert got[name] == rdd_reference[name], name
+    # The checkpoints: the RDD state's are snapshots saying the stream had not moved, the store's say when it
+    # did, and a delta builds on an earlier one (possibly of the RDD state).
+    store = open_store(ckpt)
+    keys = {k.split("/")[1] for k in store.list("checkpoints/")}
+    (running,) = [k for k in keys if "AutoRunningReduceNode" in k]
+    manifests = {t: load_manifest(store, running, t) for t in list_checkpoints(store, running)}
+    before = [m for t, m in manifests.items() if t < moves["runningReduce"]]
+    after = [m for t, m in manifests.items() if t >= moves["runningReduce"]]
+    assert before and after
+    assert all(m["state"]["auto"]["switched_at"] is None and m["state"]["chain"] == [] for m in before)
+    assert all(m["state"]["auto"]["switched_at"] == moves["runningReduce"] for m in after)
+    assert any(m["state"]["chain"] for m in after), "a delta after the move"
+    assert any(os.scandir(tmp_path / "local")), "the stores were used"
+
+
+@pytest.mark.slow
+def test_restarts_before_and_after_the_move_give_the_uninterrupted_outputs(sc, tmp_path, monkeypatch,
+                                                                         rdd_reference) -> None:
+    _env(monkeypatch, tmp_path, "auto")
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    moves: list[dict[str, int | None]] = []
+    start, until = 0, [7000, 13_000, BATCHES * 1000]
+    for run, stop_at in enumerate(until):
+        if run == 2:
+            shutil.rmtree(tmp_path / "local")  # the executors' disks are gone before the last restart
+        clock = ManualClock(start + (500 if run else 0))
+        ssc = StreamingContext.getOrCreate(ckpt, lambda c=clock: _app(sc, ckpt, out, c), clock=clock)
+        try:
+            ssc.start()
+            _step(ssc, clock, stop_at)
+            moves.append(_moves(ssc))
+        finally:
+            ssc.stop(stopSparkContext=False)  # the driver "dies" after batch stop_at
+        start = stop_at
+    # First run: the update stream moved, the running reduce not yet (its checkpoint of 6 s is of the RDD state);
+    # second: the running reduce moved too; third: both resumed on the store from their checkpoints.
+    assert moves[0]["updateStateByKey"] == 2000 and moves[0]["runningReduce"] is None, moves
+    assert moves[1]["runningReduce"] is not None, moves
+    assert moves[2]["updateStateByKey"] == 2000 and moves[2]["runningReduce"] == moves[1]["runningReduce"], moves
+    got = read_outputs(out)
+    assert sorted(got) == sorted(rdd_reference)
+    for name in sorted(rdd_reference):
+        assert got[name] == rdd_reference[name], name
