@@ -367,6 +367,12 @@ class DStreamNode:
         manifest. Default: the RDD's records, nothing added (a store-backed state writes its changes)."""
         return rdd, {}
 
+    def reads_checkpoint_to_verify(self, manifest: dict[str, Any]) -> bool:
+        """Whether a restarted driver reads this node's checkpoint (whose manifest is ``manifest``) whole to verify
+        it before resuming from it, so that a corrupt one is skipped for the one before. Default:
+        :attr:`checkpoint_read_to_verify`."""
+        return self.checkpoint_read_to_verify
+
     def checkpoint_manifest(self, time_ms: int, manifest: dict[str, Any]) -> None:
         """A restarted driver is about to install this node's checkpoint at ``time_ms``
         (:meth:`restore_from_checkpoint`); ``manifest`` is that checkpoint's manifest, with the entries

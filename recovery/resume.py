@@ -68,7 +68,7 @@ def _restore_node(sc: SparkContext, spec: StoreSpec, node: DStreamNode, candidat
         try:
             manifest = load_manifest(store, node.key, t)
             reader = reader_rdd(sc, spec, checkpoint_prefix(node.key, t), manifest, node.checkpoint_partitioner)
-            if not node.checkpoint_read_to_verify:
+            if not node.reads_checkpoint_to_verify(manifest):
                 # The executor state store reads a checkpoint only where a store cannot get back to it on its own:
                 # the parts of the chain must exist (their checksums are checked when read).
                 verify_state_chain(store, manifest)

@@ -161,3 +161,12 @@ def state_keys() -> int:
     if chosen:
         return int(chosen)
     return CI_STATE_KEYS if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on") else FULL_STATE_KEYS
+
+
+def state_node(stream):
+    """The node holding a state stream's state: the stream's own node on the RDD state, the one behind its view
+    when the state is picked by size or kept in the executor state store (``spark.dstreams.state.store``)."""
+    from dstreams.nodes.store_state import StateViewNode
+
+    node = stream._node
+    return node.state if isinstance(node, StateViewNode) else node

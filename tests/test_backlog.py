@@ -14,6 +14,8 @@ import threading
 from dstreams import ManualClock, StreamingContext
 from dstreams.time import from_user_time
 
+from .support import state_node
+
 
 def _tasks_per_batch(sc, ctx_id: int, times: list[int]) -> dict[int, int]:
     """Completed tasks of each batch's jobs (checkpoint writes have their own job group)."""
@@ -83,7 +85,7 @@ def test_empty_intervals_leave_a_running_state_as_it_was_without_a_spark_stage(s
     counts = ssc.queueStream(batches).runningReduce(operator.add, 2).checkpoint("4s")
     seen: dict[int, list] = {}
     counts.foreachRDD(lambda time, rdd: seen.__setitem__(from_user_time(time).ms, sorted(rdd.collect())))
-    node = counts._node
+    node = state_node(counts)
     ssc.start()
     try:
         for i in range(1, empty + 2):

@@ -55,7 +55,7 @@ def test_resume_after_abrupt_stop_gives_exactly_the_uninterrupted_outputs(sc, tm
     try:
         _run(second, clock2, 14_000)
         assert second._metadata is not None and second._metadata.head["epoch"] == 2
-        counts_key = second._graph.outputs[0].parent.key  # the running reduce
+        counts_key = second._graph.stateful_nodes()[0].key  # the running reduce
     finally:
         second.stop(stopSparkContext=False)
     got = read_outputs(out)
@@ -73,7 +73,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(sc, tmp_path, 
     first = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out, clock))
     try:
         _run(first, clock, 6000)
-        node_key = first._graph.outputs[0].parent.key  # the running reduce
+        node_key = first._graph.stateful_nodes()[0].key  # the running reduce
     finally:
         first.stop(stopSparkContext=False)
     store = open_store(ckpt)

@@ -227,10 +227,12 @@ def test_the_status_document(run):
 def test_the_stream_graph_with_kinds_state_and_watermarks(run):
     streams = run.streams
     nodes = {n["key"]: n for n in streams["nodes"]}
-    assert [n["kind"] for n in streams["nodes"]] == ["source", "transform", "state", "output", "window", "output"]
+    # runningReduce's state (picked by size: spark.dstreams.state.store=auto), then its public view
+    assert [n["kind"] for n in streams["nodes"]] == ["source", "transform", "state", "transform", "output", "window",
+                                                     "output"]
     assert streams["edges"] == [[d, n["key"]] for n in streams["nodes"] for d in n["depends_on"]]
     assert all(n["watermark"] is None for n in streams["nodes"])  # no event time in this graph
-    state = nodes["002-RunningReduceNode"]
+    state = nodes["002-AutoRunningReduceNode"]
     assert state["name"].startswith("runningReduce#") and state["stateful"]
     newest = run.start + 3000  # checkpoints every 2 s of batch time: 2000 and 4000
     st = state["state"]
@@ -239,9 +241,9 @@ def test_the_stream_graph_with_kinds_state_and_watermarks(run):
     assert st["keys"] == (BATCHES - 1) * RECORDS_PER_PARTITION * PARTITIONS
     assert st["bytes"] > 0 and st["checkpoint_interval_ms"] == 2000
     assert st["newest_checkpoint_age_ms"] == run.clock_ms - newest
-    assert nodes["004-WindowedNode"]["window_ms"] == 2000 and nodes["004-WindowedNode"]["state"] is None
+    assert nodes["005-WindowedNode"]["window_ms"] == 2000 and nodes["005-WindowedNode"]["state"] is None
     assert nodes["000-GeneratorInputNode"]["input"]["records_total"] == sum(i.num_records for i in run.infos)
-    assert nodes["005-OutputNode"]["name"] == "fail_once#" + str(nodes["005-OutputNode"]["id"])
+    assert nodes["006-OutputNode"]["name"] == "fail_once#" + str(nodes["006-OutputNode"]["id"])
 
 
 def test_metrics_parse_and_match_the_batches(run):
@@ -265,7 +267,7 @@ def test_metrics_parse_and_match_the_batches(run):
     assert sample(m, "dstreams_last_batch_processing_seconds") == pytest.approx(last.processing_delay_ms / 1000)
     assert sample(m, "dstreams_last_completed_batch_time_seconds") == last.batch_time_ms / 1000
     assert sample(m, "dstreams_batch_interval_seconds") == 1.0
-    stream = "002-RunningReduceNode"
+    stream = "002-AutoRunningReduceNode"
     assert sample(m, "dstreams_state_keys", stream=stream) == (BATCHES - 1) * RECORDS_PER_PARTITION * PARTITIONS
     assert sample(m, "dstreams_state_bytes", stream=stream) == run.streams["nodes"][2]["state"]["bytes"]
     assert sample(m, "dstreams_checkpoint_age_seconds", stream=stream) == pytest.approx(

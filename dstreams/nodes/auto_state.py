@@ -71,6 +71,12 @@ def should_move(keys: int, touched: Sequence[int], min_keys: int) -> bool:
     return keys >= min_keys and keys >= TOUCH_RATIO * max(touched, default=0)
 
 
+def _moved_at(manifest: dict[str, Any]) -> int | None:
+    """The batch a checkpoint's stream moved into the store at (None: it had not)."""
+    moved = manifest.get("state", {}).get("auto", {}).get("switched_at")
+    return None if moved is None else int(moved)
+
+
 class AutoStateNode(StoreStateNode):
     """Base of the state streams picked by size (module docstring). A subclass mixes this class before its
     store-backed class, calls :meth:`_auto_init` and gives :meth:`rdd_merge`."""
@@ -243,11 +249,16 @@ class AutoStateNode(StoreStateNode):
         return rdd.mapPartitions(export, preservesPartitioning=True), {"state": {"chain": [],
                                                                                 "auto": {"switched_at": None}}}
 
+    def reads_checkpoint_to_verify(self, manifest: dict[str, Any]) -> bool:
+        """A checkpoint of the RDD state (small: the stream had not moved) is read whole to verify it, as the RDD
+        state's are; one of the store is checked as the store's are (its parts exist)."""
+        return _moved_at(manifest) is None
+
     def checkpoint_manifest(self, time_ms: int, manifest: dict[str, Any]) -> None:
         """A restart resumes on the store from the batch its checkpoint says the stream moved at."""
-        moved = manifest.get("state", {}).get("auto", {}).get("switched_at")
-        if moved is not None and (self.switched_at is None or int(moved) < self.switched_at):
-            self.switched_at = int(moved)
+        moved = _moved_at(manifest)
+        if moved is not None and (self.switched_at is None or moved < self.switched_at):
+            self.switched_at = moved
 
     def restore_from_checkpoint(self, time: BatchTime, reader: RDD) -> None:
         if self.on_store(time.ms):
