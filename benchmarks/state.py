@@ -85,7 +85,10 @@ MARKER = "STATE_BENCH_RESULT "
 SIZES = [10_000, 1_000_000, 10_000_000, 30_000_000]
 QUICK_SIZES = [10_000, 1_000_000]
 DISTRIBUTIONS = ["hot", "uniform"]
-ENGINES = ["dstreams", "dstreams-store", "pyspark.streaming", "ss-rocksdb"]
+ENGINES = ["dstreams", "dstreams-rdd", "dstreams-store", "dstreams-auto", "pyspark.streaming", "ss-rocksdb"]
+#: The engines running updateStateByKey(..., updateIdleKeys=False) with the count() of changes() as output, by the
+#: spark.dstreams.state.store they set.
+TOUCHED_ENGINES = {"dstreams-rdd": "rdd", "dstreams-store": "executor", "dstreams-auto": "auto"}
 QUICK_ENGINES = ["dstreams", "dstreams-store", "pyspark.streaming"]
 #: The hot set: every update of the ``hot`` distribution is on one of these many keys (the issue's workload).
 HOT_KEYS = 1000
@@ -95,11 +98,15 @@ SEED = 23
 #: A size is skipped when its memory estimate exceeds this share of the machine's available memory.
 MEMORY_SHARE = 0.85
 #: Estimated peak RSS per key of state (bytes, all processes) when no smaller size of the engine ran yet.
-DEFAULT_BYTES_PER_KEY = {"dstreams": 600, "dstreams-store": 300, "pyspark.streaming": 600, "ss-rocksdb": 400}
+DEFAULT_BYTES_PER_KEY = {"dstreams": 600, "dstreams-rdd": 600, "dstreams-store": 300, "dstreams-auto": 600,
+                         "pyspark.streaming": 600, "ss-rocksdb": 400}
 ENGINE_LABELS = {
     "dstreams": "dstreams: generatorStream + updateStateByKey(add_counts, initialRDD=...), RDD state",
+    "dstreams-rdd": "dstreams: as dstreams-store, with spark.dstreams.state.store=rdd (the RDD state)",
     "dstreams-store": "dstreams: generatorStream + updateStateByKey(add_counts, initialRDD=..., updateIdleKeys=False), "
                       "spark.dstreams.state.store=executor; output: count() of changes() (the keys each batch changed)",
+    "dstreams-auto": "dstreams: as dstreams-store, with spark.dstreams.state.store=auto (the default: RDD state, "
+                     "moved into the store by size)",
     "pyspark.streaming": "pyspark.streaming: queueStream of lazy RDDs + updateStateByKey(add_counts, initialRDD=...)",
     "ss-rocksdb": "Structured Streaming: rate-micro-batch + groupBy(key).transformWithState (ValueState, "
                   "initialState), RocksDB provider, changelog checkpointing",
@@ -239,9 +246,10 @@ def run_dstreams(sc: Any, case: dict[str, Any], progress: Progress, memory: Any)
 
     keys, interval = case["keys"], case["interval_s"]
     tmp = tempfile.mkdtemp(prefix="bench-state-dstreams-")
-    store = case["engine"] == "dstreams-store"
+    mode = TOUCHED_ENGINES.get(case["engine"])
+    store = mode is not None  # updateIdleKeys=False, output: count() of changes()
     if store:  # read when the operator is defined; the stores' folder is removed with the checkpoints
-        os.environ["DSTREAMS_STATE_STORE"] = "executor"
+        os.environ["DSTREAMS_STATE_STORE"] = mode
         os.environ["DSTREAMS_STATE_LOCAL_DIR"] = os.path.join(tmp, "local-state")
     ssc = StreamingContext(sc, interval)
     ssc.checkpoint(tmp)
@@ -285,6 +293,9 @@ def run_dstreams(sc: Any, case: dict[str, Any], progress: Progress, memory: Any)
         got = _loop(case, progress, memory, samples, poll, case["first_batch_s"])
         steady = memory.peaks()
         writes = list(getattr(getattr(ssc, "_checkpointer", None), "recent_writes", []) or [])
+        # dstreams-auto: the batch the state moved into the executor store at (ms after the first batch), if it did
+        moved = [n.switched_at for n in ssc._graph.nodes if getattr(n, "switched_at", None) is not None]
+        moved_after_ms = (moved[0] - ssc.startTime.ms) if moved and ssc.startTime is not None else None
     finally:
         ssc.stop(stopSparkContext=False, stopGraceFully=False)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -298,6 +309,7 @@ def run_dstreams(sc: Any, case: dict[str, Any], progress: Progress, memory: Any)
             "errors": [w.error for w in writes if w.error is not None][:3],
             "how": "manifests' part bytes; write seconds from the checkpointer (asynchronous, after the batch)"}
     return {**_summarize(case, got, memory.peaks_all, steady, ckpt), "start_s": round(start_s, 2),
+            "moved_to_store_after_ms": moved_after_ms,
             ("keys_changed_last_batch" if store else "state_keys_last_batch"): counts[-1] if counts else None}
 
 
@@ -502,8 +514,8 @@ def run_ss(sc: Any, case: dict[str, Any], progress: Progress, memory: Any) -> di
     return {**_summarize(case, got, memory.peaks_all, steady, ckpt), "start_s": None}
 
 
-RUNNERS = {"dstreams": run_dstreams, "dstreams-store": run_dstreams, "pyspark.streaming": run_pyspark,
-           "ss-rocksdb": run_ss}
+RUNNERS = {"dstreams": run_dstreams, "dstreams-rdd": run_dstreams, "dstreams-store": run_dstreams,
+           "dstreams-auto": run_dstreams, "pyspark.streaming": run_pyspark, "ss-rocksdb": run_ss}
 
 
 # ------------------------------------------------------------------------------------------ the child

@@ -26,6 +26,8 @@ from dstreams.recovery.store.faulty import FaultyStore
 from dstreams.recovery.storespec import StoreSpec
 from dstreams.time import BatchTime, from_user_time
 
+from .support import state_node
+
 ENDLESS = 10**9  # faults to inject for an outage that does not end by itself
 
 
@@ -187,7 +189,7 @@ def test_past_the_bound_a_checkpoint_write_gives_up_and_the_stream_goes_on(sc, t
     assert scheduler.error is None, scheduler.error
     assert len(ckpt.errors) == 1
     assert seen[6000] == [("k", 6)]
-    times = list_checkpoints(open_store(url), counts._node.key)
+    times = list_checkpoints(open_store(url), state_node(counts).key)
     assert times[0] == 6000 and 2000 not in times, times
 
 
