@@ -58,7 +58,31 @@ def describe_graph_change(old: list[str], new: list[str]) -> str:
         b = new[i] if i < len(new) else "(none)"
         if a != b:
             lines.append(f"  node {i}: checkpoint has {a}, setupFunc built {b}")
-    return "\n".join(lines[:20])
+    hint = state_store_hint(old, new)
+    return "\n".join(lines[:20] + ([hint] if hint else []))
+
+
+def _state_store_of(fingerprint: list[str]) -> str | None:
+    """The ``spark.dstreams.state.store`` a graph's stateful streams were built under, where its fingerprint
+    tells (its node keys name their classes: ``002-AutoRunningReduceNode[...]``)."""
+    classes = {line.split("[", 1)[0].split("-", 1)[-1] for line in fingerprint}
+    if any(c.startswith("Store") and c.endswith("Node") and c != "StoreStateNode" for c in classes):
+        return "executor"
+    if any(c.startswith("Auto") and c.endswith("Node") for c in classes):
+        return "auto"
+    if classes & {"RunningReduceNode", "UpdateStateNode", "TrackNode"}:  # auto builds runningReduce as Auto...
+        return "rdd"
+    return None
+
+
+def state_store_hint(old: list[str], new: list[str]) -> str | None:
+    """A line naming the setting to set back when the two graphs differ by ``spark.dstreams.state.store``."""
+    was, now = _state_store_of(old), _state_store_of(new)
+    if was is None or now is None or was == now:
+        return None
+    return (f"  the checkpoint's stateful streams were built with spark.dstreams.state.store={was}, this driver's "
+            f"with {now} (the default is auto): set spark.dstreams.state.store={was} (or DSTREAMS_STATE_STORE={was}) "
+            "to resume this checkpoint")
 
 
 class MetadataLog:

@@ -168,3 +168,56 @@ def test_restarts_before_and_after_the_move_give_the_uninterrupted_outputs(sc, t
     assert sorted(got) == sorted(rdd_reference)
     for name in sorted(rdd_reference):
         assert got[name] == rdd_reference[name], name
+
+
+@pytest.mark.slow
+def test_a_checkpoint_written_under_rdd_names_the_setting_that_resumes_it(sc, tmp_path, monkeypatch) -> None:
+    """The default moved from ``rdd`` to ``auto``. With the graph stored in the checkpoint (the default) a restart
+    runs the stored graph, built under ``rdd``; with ``spark.dstreams.checkpoint.graph=off`` setupFunc builds it
+    again under ``auto``: another graph. The error then says which setting resumes the checkpoint, and with that
+    setting the restart resumes (the outputs of an uninterrupted run)."""
+    from dstreams.recovery.metadata import GraphChangedError
+
+    def app(ckpt: str, out: str, clock) -> StreamingContext:
+        ssc = StreamingContext(sc, 1, clock=clock)
+        ssc.checkpoint(ckpt)
+        pairs = ssc.generatorStream(5, 2, seed=1, recordFunc=_records).map(lambda w: (w, 1))
+        pairs.runningReduce(operator.add).checkpoint("2s").saveAsTextFiles(os.path.join(out, "running"))
+        return ssc
+
+    _env(monkeypatch, tmp_path, "rdd")
+    monkeypatch.setenv("DSTREAMS_CHECKPOINT_GRAPH", "off")
+    ref_out, ckpt, out = str(tmp_path / "ref"), str(tmp_path / "ckpt"), str(tmp_path / "out")
+    clock = ManualClock()
+    ref = app(str(tmp_path / "ref-ckpt"), ref_out, clock)
+    try:
+        ref.start()
+        drive_batches(ref, clock, 5000)
+    finally:
+        ref.stop(stopSparkContext=False)
+    clock = ManualClock()
+    first = StreamingContext.getOrCreate(ckpt, lambda: app(ckpt, out, clock))
+    try:
+        first.start()
+        drive_batches(first, clock, 3000)
+    finally:
+        first.stop(stopSparkContext=False)
+    monkeypatch.delenv("DSTREAMS_STATE_STORE")  # the default: auto
+    clock = ManualClock(3500)
+    made: list[StreamingContext] = []
+    try:
+        with pytest.raises(GraphChangedError,
+                           match=r"built with spark.dstreams.state.store=rdd, this driver's with auto"):
+            made.append(StreamingContext.getOrCreate(ckpt, lambda: app(ckpt, out, clock), clock=clock))
+            made[-1].start()
+    finally:
+        for ssc in made:
+            ssc.stop(stopSparkContext=False)
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", "rdd")  # the way out the error names
+    second = StreamingContext.getOrCreate(ckpt, lambda: app(ckpt, out, clock), clock=clock)
+    try:
+        second.start()
+        drive_batches(second, clock, 5000)
+    finally:
+        second.stop(stopSparkContext=False)
+    assert read_outputs(out) == read_outputs(ref_out)
