@@ -13,9 +13,11 @@
 
 from __future__ import annotations
 
+import json
 import operator
 import os
 import shutil
+import urllib.request
 
 import pytest
 
@@ -113,6 +115,8 @@ def test_auto_moves_into_the_store_mid_run_and_gives_the_rdd_states_outputs(sc, 
         ssc.start()
         _step(ssc, clock, BATCHES * 1000)
         moves = _moves(ssc)
+        with urllib.request.urlopen(f"{ssc.uiWebUrl}/api/streams", timeout=30) as r:
+            api = {n["type"]: n["state"] for n in json.loads(r.read())["nodes"] if n["state"] is not None}
     finally:
         ssc.stop(stopSparkContext=False)
     # Each stream moved, the update stream (120 keys of initial state, a few touched a batch) right after its first
@@ -120,6 +124,10 @@ def test_auto_moves_into_the_store_mid_run_and_gives_the_rdd_states_outputs(sc, 
     # little later on a machine so busy that a batch is built before the one before it ended).
     assert moves["updateStateByKey"] == 2000, moves
     assert moves["runningReduce"] is not None and 11_000 <= moves["runningReduce"] <= 13_000, moves
+    # The status page says where each state is kept, and since when.
+    for kind, label in (("AutoRunningReduceNode", "runningReduce"), ("AutoUpdateStateNode", "updateStateByKey")):
+        assert (api[kind]["kept_in"], api[kind]["picked_by_size"], api[kind]["moved_at_ms"]) == \
+            ("executor", True, moves[label]), api[kind]
     got = read_outputs(out)
     assert sorted(got) == sorted(rdd_reference)
     assert len(rdd_reference) == 3 * BATCHES

@@ -237,6 +237,7 @@ def test_the_stream_graph_with_kinds_state_and_watermarks(run):
     newest = run.start + 3000  # checkpoints every 2 s of batch time: 2000 and 4000
     st = state["state"]
     assert st["newest_checkpoint_ms"] == newest and st["size_as_of_ms"] == newest
+    assert (st["kept_in"], st["picked_by_size"], st["moved_at_ms"]) == ("rdd", True, None)  # small: not moved
     # Every record a new word, but those of the failing batch, whose input was dropped (onFailure=dropInput).
     assert st["keys"] == (BATCHES - 1) * RECORDS_PER_PARTITION * PARTITIONS
     assert st["bytes"] > 0 and st["checkpoint_interval_ms"] == 2000

@@ -126,7 +126,8 @@ def test_the_page_shows_the_batches_and_updates(browser, sc):  # no browser: ski
         assert browser.find_element("id", "total-completed").text == str(BATCHES)
         assert browser.find_element("id", "state").text == "ACTIVE"
         assert browser.find_element("css selector", "#sources tr[data-source='000-GeneratorInputNode']")
-        assert browser.find_element("css selector", "#state-table tr[data-stream='002-AutoRunningReduceNode']")
+        row = browser.find_element("css selector", "#state-table tr[data-stream='002-AutoRunningReduceNode']")
+        assert row.find_element("css selector", "td.kept-in").text == "RDD (auto)"
         assert browser.find_element("id", "event-time").text.endswith("no event-time stream")
         assert browser.find_elements("css selector", "#chart-processing path.line")
 

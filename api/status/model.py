@@ -33,6 +33,7 @@ from dstreams.clock import Clock
 from dstreams.listener import BatchInfo, StreamingListener
 from dstreams.listener_bus import ListenerBus
 from dstreams.node import DStreamNode
+from dstreams.nodes.auto_state import AutoStateNode
 from dstreams.nodes.event_time import EventTimeNode, timed_ancestors
 from dstreams.nodes.input import InputNode
 from dstreams.nodes.output import OutputNode
@@ -256,6 +257,17 @@ def node_kind(node: DStreamNode) -> str:
     return "transform"
 
 
+def kept_in(node: DStreamNode) -> dict[str, Any]:
+    """Where a stateful stream keeps its state: ``kept_in`` is ``rdd`` or ``executor`` (the executor state store),
+    ``picked_by_size`` whether ``spark.dstreams.state.store=auto`` chose it (then ``moved_at_ms``: the batch it
+    moved into the store at, or None)."""
+    if isinstance(node, AutoStateNode):
+        return {"kept_in": "executor" if node.switched_at is not None else "rdd", "picked_by_size": True,
+                "moved_at_ms": node.switched_at}
+    return {"kept_in": "executor" if isinstance(node, StoreStateNode) else "rdd", "picked_by_size": False,
+            "moved_at_ms": None}
+
+
 class ManifestSizes:
     """The size of each stateful stream's state as of its newest committed checkpoint, read from the
     checkpoint's manifest (the records and bytes of every part) by one daemon thread.
@@ -450,8 +462,9 @@ class StatusModel:
         sizes = self.sizes.get(node.key, newest) if newest is not None else None
         now = self.sources.clock.time_ms()
         store = node.store_metrics() if isinstance(node, StoreStateNode) else None
+        kept = kept_in(node)
         if store is not None:  # the executor state store: live figures, not the checkpoint's (a delta)
-            return {
+            return {**kept,
                 "keys": store["keys"],
                 "bytes": store["disk_bytes"],
                 "size_as_of_ms": store["as_of_ms"],
@@ -462,7 +475,7 @@ class StatusModel:
                 "newest_checkpoint_age_ms": max(0, now - newest) if newest is not None else None,
                 "checkpoints_kept": len(times),
             }
-        return {
+        return {**kept,
             "keys": sizes["keys"] if sizes else None,
             "bytes": sizes["bytes"] if sizes else None,
             "size_as_of_ms": newest if sizes else None,

@@ -101,6 +101,9 @@ function renderStatus(s) {
     const st = n.state;
     const row = el("tr", { "data-stream": n.key });
     row.appendChild(el("td", {}, n.name));
+    const kept = st.kept_in === "executor" ? "executor store" : "RDD";
+    row.appendChild(el("td", { class: "kept-in" }, st.picked_by_size
+      ? kept + " (auto" + (st.moved_at_ms === null ? ")" : ", since " + fmtTime(st.moved_at_ms) + ")") : kept));
     row.appendChild(el("td", { class: "num" }, fmtInt(st.keys)));
     row.appendChild(el("td", { class: "num" }, fmtBytes(st.bytes)));
     row.appendChild(el("td", { class: "num" }, st.newest_checkpoint_ms === null ? "none yet" : fmtTime(st.newest_checkpoint_ms)));
@@ -111,7 +114,7 @@ function renderStatus(s) {
   }
   if (!state.rows.length) {
     const row = el("tr");
-    row.appendChild(el("td", { colspan: "7", class: "hint" }, "no stateful stream"));
+    row.appendChild(el("td", { colspan: "8", class: "hint" }, "no stateful stream"));
     state.appendChild(row);
   }
 
