@@ -217,6 +217,12 @@ def track_batch(previous: Iterable[tuple[Any, tuple[Any, ...]]], events: Iterabl
     out = []
     for k in [*state, *(k for k in new if k not in state)]:
         entry = state.get(k)
+        if (entry is not None and len(entry) == 6 and entry[4] and not entry[3] and not entry[5] and k not in new
+                and now_ms - entry[1] < timeout_ms and not (entry[2] and _any_due(entry[2], now_ms, watermark_ms))):
+            # An idle key: a live entry of the current layout holding no emitted record, not touched by the batch
+            # before (its flag stays False), not timed out, no timer due. The rule below gives the same entry.
+            out.append((k, entry))
+            continue
         if entry is not None:
             entry = upgrade_entry(entry)
         if entry is not None and entry[4]:
@@ -250,6 +256,14 @@ def track_batch(previous: Iterable[tuple[Any, tuple[Any, ...]]], events: Iterabl
         if s is not None or emitted:
             out.append((k, (s, last, timers, emitted, s is not None, touched)))
     return out
+
+
+def _any_due(timers: TimerTable, now_ms: int, watermark_ms: int | None) -> bool:
+    """Whether a timer of ``timers`` is due at batch time ``now_ms`` with the watermark ``watermark_ms``."""
+    for kind, ms in timers.values():
+        if ms <= now_ms if kind == PROCESSING else (watermark_ms is not None and ms <= watermark_ms):
+            return True
+    return False
 
 
 def _fire(on_timer: Callable[[Any, Any, Timer], Any] | None, key: Any, state: Any, timer: Timer) -> Any:
