@@ -40,8 +40,8 @@ from pyspark.rdd import Partitioner
 
 from ..node import DStreamNode
 from ..spark import jvm
-from ..spark.partitioned import partition_aligned_rdd, segmented_merge
-from ..statestore import PART_HEADER, PartitionStore, key_bytes, value_bytes
+from ..spark.partitioned import segmented_merge
+from ..statestore import PART_HEADER, key_bytes, value_bytes
 from ..time import BatchTime
 from .state import Merge, keep_idle, running_reduce_merge, update_state_merge
 from .store_state import (
@@ -50,7 +50,6 @@ from .store_state import (
     StoreUpdateStateNode,
     _error_text,
     _LatestPerPartition,
-    _report,
     state_diff,
 )
 
@@ -147,24 +146,7 @@ class AutoStateNode(StoreStateNode):
     def _move(self, before: BatchTime) -> RDD:
         """The handle at ``before`` (the batch before the move): every partition's store loaded with the RDD state
         of ``before``."""
-        state = self._rdd_previous(before + self.slide_duration)
-        version, run, local_dir, store_id = before.ms, self._run, self.local_dir, self.store_id()
-        stats, indexer = self._stats_accumulator(), self.indexer()
-
-        def load(i: int, records: Iterable[Any]) -> list[int]:
-            store = PartitionStore.open(local_dir, store_id, i, indexer)
-            try:
-                store.ensure_base(version, run, lambda: ((key_bytes(k), value_bytes(v)) for k, v in records))
-                _report(stats, i, store)
-            finally:
-                store.close()
-            return [version]
-
-        if state is None:
-            handle = partition_aligned_rdd(self.graph.sc, self.partitioner.numPartitions, lambda i: load(i, ()))
-        else:
-            handle = state.mapPartitionsWithIndex(load, preservesPartitioning=True)
-        handle.persist(StorageLevel.MEMORY_ONLY)
+        handle = self._loaded_handle(before.ms, self._rdd_previous(before + self.slide_duration))
         self._moved_handle = handle
         return handle
 

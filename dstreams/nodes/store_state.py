@@ -204,9 +204,21 @@ class StoreStateNode(OneParentNode):
     def _initial_handle(self) -> RDD:
         """The handle at the zero time: every partition's store holds the initial state (empty without one)."""
         assert self.zero_time is not None
-        version, run, local_dir, store_id = self.zero_time.ms, self._run, self.local_dir, self.store_id()
-        stats, indexer = self._stats_accumulator(), self.indexer()
         self._check_initial()
+        handle = self._loaded_handle(self.zero_time.ms, self.initial)  # streamed into the store
+        self._zero_handle = handle
+        checkpointer = self.graph.checkpointer
+        if self.initial is not None and checkpointer is not None:
+            # a snapshot at the zero time: what a restart before the next one needs
+            self._marked.add(self.zero_time.ms)
+            checkpointer.mark(self, self.zero_time, handle)
+        return handle
+
+    def _loaded_handle(self, version: int, state: RDD | None) -> RDD:
+        """A handle at ``version``: each partition's store brought to it (:meth:`PartitionStore.ensure_base`),
+        loaded with that partition of ``state``'s (key, value) pairs (None: empty) where it is not there yet."""
+        run, local_dir, store_id = self._run, self.local_dir, self.store_id()
+        stats, indexer = self._stats_accumulator(), self.indexer()
 
         def load(i: int, records: Iterable[Any]) -> list[int]:
             store = PartitionStore.open(local_dir, store_id, i, indexer)
@@ -217,17 +229,10 @@ class StoreStateNode(OneParentNode):
                 store.close()
             return [version]
 
-        if self.initial is None:
-            handle = partition_aligned_rdd(self.graph.sc, self.partitioner.numPartitions, lambda i: load(i, ()))
-            self._zero_handle = handle
-            return handle
-        handle = self.initial.mapPartitionsWithIndex(load, preservesPartitioning=True)  # streamed into the store
+        if state is None:
+            return partition_aligned_rdd(self.graph.sc, self.partitioner.numPartitions, lambda i: load(i, ()))
+        handle = state.mapPartitionsWithIndex(load, preservesPartitioning=True)
         handle.persist(StorageLevel.MEMORY_ONLY)
-        self._zero_handle = handle
-        checkpointer = self.graph.checkpointer
-        if checkpointer is not None:  # a snapshot at the zero time: what a restart before the next one needs
-            self._marked.add(self.zero_time.ms)
-            checkpointer.mark(self, self.zero_time, handle)
         return handle
 
     def _check_initial(self) -> None:
