@@ -87,6 +87,25 @@ def _moves(ssc: StreamingContext) -> dict[str, int | None]:
     return {n.label: n.switched_at for n in ssc._graph.nodes if isinstance(n, AutoStateNode)}
 
 
+@pytest.mark.parametrize("store", ["rdd", "auto"])
+def test_a_state_stream_has_an_rdd_from_its_first_batch_even_an_empty_one(sc, monkeypatch, store) -> None:
+    """Before any record (a source whose first batches have no partition), the state stream's output still runs
+    on an empty state, each batch, on either side (a graceful-stop test saw an output folder missing)."""
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", store)
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    batches = [sc.emptyRDD(), sc.emptyRDD(), sc.parallelize([("a", 1)], 2), sc.emptyRDD()]
+    seen: dict[int, list] = {}
+    ssc.queueStream(batches).runningReduce(operator.add, 2).foreachRDD(
+        lambda t, rdd: seen.__setitem__(round(t.timestamp() * 1000), sorted(rdd.collect())))
+    try:
+        ssc.start()
+        drive_batches(ssc, clock, 4000, flush=False)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert seen == {1000: [], 2000: [], 3000: [("a", 1)], 4000: [("a", 1)]}
+
+
 @pytest.fixture(scope="module")
 def rdd_reference(sc, tmp_path_factory) -> dict[str, list[str]]:
     """The outputs of :func:`_app` on the RDD state, computed once."""

@@ -26,6 +26,8 @@ import pytest
 
 from dstreams import ManualClock, StreamingContext
 
+from .support import state_node
+
 #: 1,000 batches by default (about 5 min on an idle 2-core machine); CI runs 300 to stay in its time
 #: budget (``DSTREAMS_LONG_RUN_BATCHES`` overrides either).
 BATCHES = int(os.environ.get("DSTREAMS_LONG_RUN_BATCHES") or (300 if os.environ.get("CI") else 1000))
@@ -179,7 +181,7 @@ def test_lineage_is_cut_when_batches_are_generated_before_the_checkpoint_commits
     running = ssc.queueStream([], default=sc.parallelize([("a", 1)], 1)).runningReduce(operator.add, 1)
     seen: list[tuple[int, list]] = []
     running.foreachRDD(lambda t, rdd: seen.append((round(t.timestamp() * 1000), rdd.collect())))
-    node = running._node
+    node = state_node(running)
     ssc.start()
     try:
         # A backlog: batches 1..12 are due at once, so the generator builds them ahead of the runner

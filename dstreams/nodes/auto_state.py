@@ -166,7 +166,6 @@ class AutoStateNode(StoreStateNode):
         checkpointer = self.graph.checkpointer
         if checkpointer is not None and not self._initial_marked and self.zero_time is not None:
             self._initial_marked = True  # the stored graph does not hold the initial state: its checkpoint does
-            self.initial.persist(StorageLevel.MEMORY_ONLY)
             checkpointer.mark(self, self.zero_time, self.initial)
         return self.initial
 
@@ -181,8 +180,10 @@ class AutoStateNode(StoreStateNode):
     def _rdd_compute(self, time: BatchTime) -> RDD | None:
         previous = self._rdd_previous(time)
         batch = self.parent.get_or_compute(time)
-        if batch is None or jvm.has_no_partitions(batch):
-            return previous  # a batch without records leaves the state as it was
+        if batch is None or (previous is not None and jvm.has_no_partitions(batch)):
+            # no batch: nothing (as the RDD state); a batch without partitions leaves the state as it was (as
+            # RunningReduceNode), but before any state it makes an empty one, so outputs see a (empty) state
+            return previous
         if self._rdd_stats is None:
             self._rdd_stats = self.graph.sc.accumulator({}, _LatestPerPartition())
         merge, stats, t = self.rdd_merge(), self._rdd_stats, time.ms
@@ -248,6 +249,13 @@ class AutoStateNode(StoreStateNode):
             return
         pairs = reader.map(lambda kv: (pickle.loads(kv[0]), pickle.loads(kv[1])), preservesPartitioning=True)
         DStreamNode.restore_from_checkpoint(self, time, pairs)
+        if reader.is_cached:  # read whole to verify it (a restart): released with the RDD it feeds
+            self._retired.setdefault(time.ms, []).append(reader)
+
+    def release(self) -> None:
+        super().release()  # the zero time's handle too
+        if self._moved_handle is not None:
+            self._moved_handle.unpersist(blocking=False)
 
 
 class AutoRunningReduceNode(AutoStateNode, StoreRunningReduceNode):

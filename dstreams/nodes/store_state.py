@@ -235,6 +235,12 @@ class StoreStateNode(OneParentNode):
         handle.persist(StorageLevel.MEMORY_ONLY)
         return handle
 
+    def release(self) -> None:
+        super().release()
+        zero = getattr(self, "_zero_handle", None)
+        if zero is not None:
+            zero.unpersist(blocking=False)
+
     def _check_initial(self) -> None:
         """Raise when the stream had an initial state that neither the graph nor a checkpoint holds."""
         if self.initial is None and self._had_initial:
