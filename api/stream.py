@@ -468,6 +468,19 @@ class DStream:
                                                        every))
             return TrackedDStream(view, self._ssc, updated_only=emit == "updated",
                                   changes=StateChangesNode(graph, view))
+        auto = self._auto_state()
+        if auto is not None:
+            from dstreams.nodes.auto_state import AutoTrackNode
+
+            from .event_time import TrackedDStream
+
+            local_dir, every, keys = auto
+            graph = self._node.graph
+            plain = timers is None and emit == "all"
+            view = StateViewNode(graph, AutoTrackNode(graph, self._node, init, update, t, part, timers, plain,
+                                                      local_dir, every, keys))
+            return TrackedDStream(view, self._ssc, updated_only=emit == "updated",
+                                  changes=StateChangesNode(graph, view))
         if timers is not None or emit == "updated":
             from dstreams.nodes.timers import TimerTrackNode
 

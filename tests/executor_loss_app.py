@@ -99,7 +99,8 @@ def write_redis_words(client: Any, keys: list[str], batches: int) -> None:
 
 #: A large state (issue 23): with ``STATE_KEYS_ENV=N`` in the driver's environment the pipeline adds an
 #: ``updateStateByKey`` over an initial state of N keys, a few of them updated each batch, output ``big`` (its
-#: ``changes()``); ``DSTREAMS_STATE_STORE=executor`` puts it and the running counts in the executor state store.
+#: ``changes()``); ``DSTREAMS_STATE_STORE=executor`` puts it and the running counts in the executor state store, the
+#: default ``auto`` moves it there after its first batch when ``DSTREAMS_STATE_AUTO_KEYS`` is at most N.
 STATE_KEYS_ENV = "EXECUTOR_LOSS_STATE_KEYS"
 
 
@@ -281,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
                 status["executors_after"] = faults.executor_pids(sc.applicationId)
             if i == last:
                 status["rdd_blocks_at_end"] = _rdd_blocks(sc)
+        from dstreams.nodes.auto_state import AutoStateNode
+
+        status["state_moves"] = {n.label: n.switched_at for n in ssc._graph.nodes if isinstance(n, AutoStateNode)}
         err = ssc.awaitTerminationOrTimeout(0.01)  # raises a batch's error, if any
         status["terminated"] = err
         status["ok"] = True

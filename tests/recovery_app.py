@@ -71,8 +71,13 @@ def read_outputs(out: str) -> dict[str, list[str]]:
 
 
 if __name__ == "__main__":  # driver process for the kill tests: python recovery_app.py CKPT OUT
+    import logging
+
     from dstreams.spark.sparkconf import create_spark_context
 
+    # the kill tests read when a state picked by size moves into the executor state store
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("dstreams.nodes.auto_state").setLevel(logging.INFO)
     ckpt, out = sys.argv[1], sys.argv[2]
     sc = create_spark_context("local[2]", "dstreams-failover")
     ssc = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out))

@@ -30,6 +30,7 @@ from .support import state_keys as large_state_keys
 APP = os.path.join(os.path.dirname(__file__), "executor_loss_app.py")
 KILL_AFTER, AFTER_KILL, AFTER_RECOVERY = 5, 8, 2
 LAST_MS = (KILL_AFTER + AFTER_KILL + AFTER_RECOVERY) * 1000
+MOVE_AT = 2000  # the large state (``state-store``) moves into the store at this batch
 NAMES = ("counts", "window", "lengths", "total", "event_window", "late")
 DRIVER_TIMEOUT_S = 330  # generous: the machine may be shared; ~75-100 s when quiet
 _FAULT_ENV = (faults.SLOW_EXECUTOR_ENV, faults.SLOW_PARTITION_ENV, faults.SLOW_SECONDS_ENV, faults.SLOW_FACTOR_ENV,
@@ -174,12 +175,15 @@ def _cleanup(proc: subprocess.Popen, status_path: str) -> None:
 @pytest.mark.timeout(DRIVER_TIMEOUT_S + 90)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds executor JVMs through /proc")
 @pytest.mark.parametrize("source", ["generator", pytest.param("redis", marks=pytest.mark.redis), "state-store"])
-def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, tmp_path, source, request):
+def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, tmp_path, source, request,
+                                                                          monkeypatch):
     """The same with the generator source and with Redis Streams (words written beforehand, read
     ``REDIS_RATE`` per key per batch): the lost executor's partitions are read again from Redis. ``state-store``:
-    the generator source with the executor state store and a state of 1M keys (issue 23; 250,000 under ``CI=true``,
-    :data:`CI_STATE_KEYS`): the lost executor's cached handles are recomputed through lineage, each finding its batch
-    already in the partition's store."""
+    the generator source with a state of 1M keys (issue 23; 250,000 under ``CI=true``, :data:`CI_STATE_KEYS`) on
+    the default ``spark.dstreams.state.store=auto``: it starts on the RDD state, moves into the executor state store
+    at batch 2 (``autoKeys`` is half its keys), and the executor dies right after that batch, with the move's cached
+    handles on it. They are recomputed through lineage (the RDD state of batch 1, then the load), each finding its
+    batch already in the partition's store; the reference runs on the RDD state."""
     redis = None
     state_keys = large_state_keys() if source == "state-store" else 0
     if source == "redis":
@@ -193,17 +197,22 @@ def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, t
     log_path, status_path = str(tmp_path / "driver.log"), str(out / "status.json")
     env = {k: v for k, v in os.environ.items() if k not in _FAULT_ENV}
     env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, TMPDIR=str(tmp_path / "tmp"))
+    kill_after = KILL_AFTER
     if state_keys:
-        env.update({"DSTREAMS_STATE_STORE": "executor", STATE_KEYS_ENV: str(state_keys),
-                    "DSTREAMS_STATE_LOCAL_DIR": str(tmp_path / "stores")})
-    args = [sys.executable, APP, str(out), "--kill-after", str(KILL_AFTER), "--after-kill", str(AFTER_KILL),
-            "--after-recovery", str(AFTER_RECOVERY), "--timeout", "90"]
+        env.update({"DSTREAMS_STATE_STORE": "auto", "DSTREAMS_STATE_AUTO_KEYS": str(state_keys // 2),
+                    STATE_KEYS_ENV: str(state_keys), "DSTREAMS_STATE_LOCAL_DIR": str(tmp_path / "stores")})
+        kill_after = MOVE_AT // 1000  # right after the batch that moves
+    args = [sys.executable, APP, str(out), "--kill-after", str(kill_after),
+            "--after-kill", str(KILL_AFTER + AFTER_KILL - kill_after), "--after-recovery", str(AFTER_RECOVERY),
+            "--timeout", "90"]
     if redis is not None:
         args += ["--redis", redis[0], ",".join(redis[1])]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path),
                                 start_new_session=True)
     try:
+        if state_keys:
+            monkeypatch.setenv("DSTREAMS_STATE_STORE", "rdd")  # the reference: on the RDD state throughout
         expected = _reference(sc, tmp_path, LAST_MS, redis, state_keys)  # while the driver's cluster starts
         try:
             rc = proc.wait(timeout=DRIVER_TIMEOUT_S)
@@ -245,5 +254,6 @@ def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, t
     assert sum(len(got[(t, "event_window")]) for t in times) > 0
     assert sum(got[(t, "late")][0] for t in times) > 0
     if state_keys:  # the large state's updated keys, read from the stores after the loss, are right too
+        assert status["state_moves"] == {"updateStateByKey": MOVE_AT, "runningReduce": None}, status["state_moves"]
         assert all(len(got[(t, "big")]) > 0 for t in times)
         assert any(os.scandir(tmp_path / "stores")), "the driver used the executor state store"

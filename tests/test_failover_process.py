@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -213,37 +214,105 @@ def test_zombie_driver_is_fenced_and_outputs_stay_exactly_once(sc, tmp_path, rgw
     _check_against_reference(sc, tmp_path, ckpt, out)
 
 
-def test_driver_killed_with_a_million_key_executor_state_store_resumes_exactly_once(sc, tmp_path, rgw_bucket,
-                                                                                   monkeypatch):
-    """Issue 23: the same kills with the executor state store (``spark.dstreams.state.store=executor``: the
-    runningReduce and a 1M-key updateStateByKey live in the executors' stores, checkpoints are deltas on a chain in
-    Ceph). Before the last restart the executors' store folder is removed (a new machine): every store is read back
-    from the chain in Ceph; before the others it is kept, and the stores are rolled back to the checkpoint.
-    250,000 keys under ``CI=true`` (:data:`CI_STATE_KEYS`), ``DSTREAMS_TEST_STATE_KEYS`` to choose."""
+MOVE_RE = re.compile(r"moves into the executor state store at batch (\d+)")
+
+
+def _log_size(path: str) -> int:
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+def _moves_since(path: str, offset: int) -> list[int]:
+    """The batches at which the driver writing ``path`` (from byte ``offset`` on) moved a state into the store."""
+    with open(path, errors="replace") as f:
+        f.seek(offset)
+        return [int(m) for m in MOVE_RE.findall(f.read())]
+
+
+def test_driver_killed_around_the_move_of_a_million_key_state_resumes_exactly_once(sc, tmp_path, rgw_bucket,
+                                                                                  monkeypatch):
+    """Issue 23, on the default ``spark.dstreams.state.store=auto``: the 1M-key updateStateByKey starts on the RDD
+    state and moves into the executors' stores at its second or third batch (``autoKeys`` is half its keys, a batch
+    touches 16). Four drivers, each on the same checkpoint location in Ceph:
+
+    1. SIGKILLed by the test as soon as it logs the move: inside the batch that moves (before the batch commits,
+       while it loads the RDD state into the stores). Its checkpoints are of the RDD state.
+    2. Resumes from an RDD-state checkpoint, decides again, moves, and is SIGKILLed once a checkpoint of the store
+       is committed and two batches after it.
+    3. Resumes from that checkpoint with the stores kept (rolled back to it), kills itself right after a
+       metadata commit.
+    4. Resumes after the executors' store folder was removed (a new machine): every store is read back from the
+       chain in Ceph.
+
+    Every committed output equals a fault-free run's on the RDD state. 250,000 keys under ``CI=true``
+    (:data:`CI_STATE_KEYS`), ``DSTREAMS_TEST_STATE_KEYS`` to choose."""
     from .recovery_app import STATE_KEYS_ENV
 
-    keys = str(state_keys())
+    keys = state_keys()
     local = tmp_path / "executor-state"
-    ckpt = f"s3://{rgw_bucket}/store-kills-{uuid.uuid4().hex[:6]}"
+    ckpt = f"s3://{rgw_bucket}/auto-kills-{uuid.uuid4().hex[:6]}"
     out = str(tmp_path / "out")
     log_path = str(tmp_path / "driver.log")
-    store_env = {"DSTREAMS_STATE_STORE": "executor", "DSTREAMS_STATE_LOCAL_DIR": str(local),
-                 "DSTREAMS_STATE_SNAPSHOT_EVERY": "2", STATE_KEYS_ENV: keys}
-    for point, after in [("mid-batch", 5), ("checkpoint-write", 2)]:
-        before = _committed_times(out)
-        proc = _driver(ckpt, out, log_path, DSTREAMS_FAULT_KILL=point, DSTREAMS_FAULT_KILL_AFTER=str(after),
-                       **store_env)
+    store_env = {"DSTREAMS_STATE_STORE": "auto", "DSTREAMS_STATE_AUTO_KEYS": str(keys // 2),
+                 "DSTREAMS_STATE_LOCAL_DIR": str(local), "DSTREAMS_STATE_SNAPSHOT_EVERY": "2",
+                 STATE_KEYS_ENV: str(keys)}
+    from dstreams.recovery.checkpointer import list_checkpoints, load_manifest
+    from dstreams.recovery.store import open_store
+
+    store = open_store(ckpt, endpoint_url=RGW, access_key="AKTEST", secret_key="SKTEST")
+
+    def moves_checkpointed() -> dict[int, int | None]:
+        """Batch time -> ``switched_at`` of every committed checkpoint of the large state (None: of the RDD
+        state)."""
+        nodes = {k.split("/")[1] for k in store.list("checkpoints/") if "AutoUpdateStateNode" in k}
+        return {t: load_manifest(store, n, t)["state"]["auto"]["switched_at"] for n in nodes
+                for t in list_checkpoints(store, n)}
+
+    def store_checkpoint_behind_us() -> bool:
+        """A checkpoint of the store is committed, and two batches after it (so a restart resumes from it)."""
+        on_store = [t for t, m in moves_checkpointed().items() if m is not None]
+        return bool(on_store) and max(_committed_times(out), default=0) >= min(on_store) + 2000
+
+    def killed_by_the_test(until, what: str) -> tuple[int, set[int]]:
+        """A driver SIGKILLed as soon as ``until(log offset)`` holds; returns the log offset and what it had
+        committed."""
+        offset = _log_size(log_path)
+        proc = _driver(ckpt, out, log_path, **store_env)
         try:
-            proc.wait(timeout=300)
+            _wait(lambda: until(offset), 300, what, proc, log_path)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=60)
+            return offset, _committed_times(out)
         finally:
             _stop(proc)
-            _wait_session_gone(proc)  # nothing writes to the stores any more (removed below, reopened by the next)
-        text = open(log_path, errors="replace").read()
-        assert proc.returncode == -signal.SIGKILL, text[-4000:]
-        assert f"SIGKILL at {point}" in text, text[-4000:]
-        assert _committed_times(out) >= before
+            _wait_session_gone(proc)
+
+    # 1: killed inside the batch that moves.
+    offset, committed = killed_by_the_test(lambda o: _moves_since(log_path, o), "the large state to move")
+    (moved,) = _moves_since(log_path, offset)
+    assert moved not in committed and moved > max(committed, default=0), (moved, sorted(committed))
+    assert all(m is None for m in moves_checkpointed().values())
+    # 2: resumed on the RDD state's checkpoint, it moves again; killed once the store has a checkpoint.
+    offset, _ = killed_by_the_test(lambda o: store_checkpoint_behind_us(),
+                                   "a checkpoint of the large state in the store, and two batches after it")
+    assert _moves_since(log_path, offset)
     assert any(local.iterdir())  # the stores of the first runs
+    # 3: resumed on the store's checkpoint, the stores kept (rolled back to it); kills itself after a commit.
+    before, offset = _committed_times(out), _log_size(log_path)
+    proc = _driver(ckpt, out, log_path, DSTREAMS_FAULT_KILL="after-metadata-commit", DSTREAMS_FAULT_KILL_AFTER="3",
+                   **store_env)
+    try:
+        proc.wait(timeout=300)
+    finally:
+        _stop(proc)
+        _wait_session_gone(proc)  # nothing writes to the stores any more (removed below, reopened by the next)
+    with open(log_path, errors="replace") as f:
+        text = f.read()
+    assert proc.returncode == -signal.SIGKILL, text[-4000:]
+    assert "SIGKILL at after-metadata-commit" in text[offset:], text[-4000:]
+    assert _committed_times(out) >= before
+    assert not _moves_since(log_path, offset), "resumed on the store, it does not move again"
     shutil.rmtree(local)
+    # 4: a new machine.
     proc = _driver(ckpt, out, log_path, **store_env)
     before = _committed_times(out)
     try:
@@ -251,14 +320,10 @@ def test_driver_killed_with_a_million_key_executor_state_store_resumes_exactly_o
               proc, log_path)
     finally:
         _stop(proc)
-    assert _head(ckpt)["epoch"] == 3
-    from dstreams.recovery.store import open_store
-
-    store = open_store(ckpt, endpoint_url=RGW, access_key="AKTEST", secret_key="SKTEST")
-    manifests = [k for k in store.list("checkpoints/") if k.endswith("MANIFEST.json") and "StoreUpdateStateNode" in k]
-    assert manifests, "the large state was checkpointed by the executor state store"
+    assert _head(ckpt)["epoch"] == 4
+    assert any(m is not None for m in moves_checkpointed().values())
     # The reference: the same application on the RDD state, in this process.
-    monkeypatch.setenv(STATE_KEYS_ENV, keys)
+    monkeypatch.setenv(STATE_KEYS_ENV, str(keys))
     monkeypatch.setenv("DSTREAMS_STATE_STORE", "rdd")
     _check_against_reference(sc, tmp_path, ckpt, out)
     got = read_outputs(out)

@@ -42,8 +42,8 @@ from ..node import DStreamNode
 from ..spark import jvm
 from ..spark.partitioned import segmented_merge
 from ..statestore import PART_HEADER, key_bytes, value_bytes
-from ..time import BatchTime
-from .state import Merge, keep_idle, running_reduce_merge, update_state_merge
+from ..time import BatchTime, Duration
+from .state import Merge, keep_idle, running_reduce_merge, track_merge, update_state_merge
 from .store_state import (
     StoreRunningReduceNode,
     StoreStateNode,
@@ -52,6 +52,8 @@ from .store_state import (
     _LatestPerPartition,
     state_diff,
 )
+from .store_track import StoreTrackNode
+from .timers import Timer, timer_track_merge
 
 if TYPE_CHECKING:
     from ..graph import DStreamGraph
@@ -106,9 +108,19 @@ class AutoStateNode(StoreStateNode):
                      _initial_marked=False)
         return state
 
-    def rdd_merge(self) -> Merge:
-        """The RDD state's merge of a state partition with the batch's (prepared) records."""
+    def rdd_merge(self, time: BatchTime) -> Merge:
+        """The RDD state's merge of a state partition with batch ``time``'s (prepared) records."""
         raise NotImplementedError
+
+    def store_entry(self) -> Callable[[Any], Any] | None:
+        """How a value of the RDD state becomes one of the store (None: the same layout). Applied when the stream
+        moves and when a checkpoint of the RDD state is written, so that every checkpoint is in the store's
+        layout (a delta after the move may build on one)."""
+        return None
+
+    def rdd_entry(self) -> Callable[[Any], Any] | None:
+        """The inverse of :meth:`store_entry`, applied when a checkpoint of the RDD state is read back."""
+        return None
 
     def on_store(self, time_ms: int) -> bool:
         """Whether the stream's RDD at ``time_ms`` is a store handle (else an RDD state)."""
@@ -146,7 +158,10 @@ class AutoStateNode(StoreStateNode):
     def _move(self, before: BatchTime) -> RDD:
         """The handle at ``before`` (the batch before the move): every partition's store loaded with the RDD state
         of ``before``."""
-        handle = self._loaded_handle(before.ms, self._rdd_previous(before + self.slide_duration))
+        state, convert = self._rdd_previous(before + self.slide_duration), self.store_entry()
+        if state is not None and convert is not None:
+            state = state.mapValues(convert)  # keeps the partitioning
+        handle = self._loaded_handle(before.ms, state)
         self._moved_handle = handle
         return handle
 
@@ -180,13 +195,16 @@ class AutoStateNode(StoreStateNode):
     def _rdd_compute(self, time: BatchTime) -> RDD | None:
         previous = self._rdd_previous(time)
         batch = self.parent.get_or_compute(time)
-        if batch is None or (previous is not None and jvm.has_no_partitions(batch)):
-            # no batch: nothing (as the RDD state); a batch without partitions leaves the state as it was (as
-            # RunningReduceNode), but before any state it makes an empty one, so outputs see a (empty) state
+        if batch is None and (previous is None or not self.applies_every_batch):
+            return previous  # no batch: nothing (as the RDD state)
+        if (batch is not None and previous is not None and not self.applies_every_batch
+                and jvm.has_no_partitions(batch)):
+            # a batch without partitions leaves the state as it was (as RunningReduceNode), but before any state
+            # it makes an empty one, so outputs see a (empty) state
             return previous
         if self._rdd_stats is None:
             self._rdd_stats = self.graph.sc.accumulator({}, _LatestPerPartition())
-        merge, stats, t = self.rdd_merge(), self._rdd_stats, time.ms
+        merge, stats, t = self.rdd_merge(time), self._rdd_stats, time.ms
 
         def counted(i: int, segments: list[list[Any]]) -> Iterable[Any]:
             touched = len({kv[0] for kv in segments[1]})
@@ -196,7 +214,7 @@ class AutoStateNode(StoreStateNode):
             stats.add({i: (t, len(out), touched)})
             return out
 
-        groups = [[previous] if previous is not None else [], [self.prepare(batch)]]
+        groups = [[previous] if previous is not None else [], [self.prepare(batch)] if batch is not None else []]
         return segmented_merge(self.graph.sc, groups, self.partitioner, counted, with_index=True)
 
     # ------------------------------------------------------------------ views
@@ -223,11 +241,12 @@ class AutoStateNode(StoreStateNode):
             entries["state"]["auto"] = {"switched_at": self.switched_at}
             return out, entries
         self._exported[time_ms] = []
+        convert = self.store_entry() or (lambda v: v)
 
         def export(it: Iterable[Any]) -> Iterable[Any]:
             yield (PART_HEADER, "snapshot")
             for k, v in it:
-                yield key_bytes(k), value_bytes(v)
+                yield key_bytes(k), value_bytes(convert(v))
 
         return rdd.mapPartitions(export, preservesPartitioning=True), {"state": {"chain": [],
                                                                                 "auto": {"switched_at": None}}}
@@ -247,7 +266,8 @@ class AutoStateNode(StoreStateNode):
         if self.on_store(time.ms):
             super().restore_from_checkpoint(time, reader)
             return
-        pairs = reader.map(lambda kv: (pickle.loads(kv[0]), pickle.loads(kv[1])), preservesPartitioning=True)
+        convert = self.rdd_entry() or (lambda v: v)
+        pairs = reader.map(lambda kv: (pickle.loads(kv[0]), convert(pickle.loads(kv[1]))), preservesPartitioning=True)
         DStreamNode.restore_from_checkpoint(self, time, pairs)
         if reader.is_cached:  # read whole to verify it (a restart): released with the RDD it feeds
             self._retired.setdefault(time.ms, []).append(reader)
@@ -266,7 +286,7 @@ class AutoRunningReduceNode(AutoStateNode, StoreRunningReduceNode):
         StoreRunningReduceNode.__init__(self, graph, parent, func, partitioner, local_dir, snapshot_every)
         self._auto_init(auto_keys)
 
-    def rdd_merge(self) -> Merge:
+    def rdd_merge(self, time: BatchTime) -> Merge:
         return running_reduce_merge(self.func)
 
 
@@ -284,8 +304,65 @@ class AutoUpdateStateNode(AutoStateNode, StoreUpdateStateNode):
     def describe_params(self) -> list[str]:
         return [*super().describe_params(), "updateIdleKeys=False"]
 
-    def rdd_merge(self) -> Merge:
+    def rdd_merge(self, time: BatchTime) -> Merge:
         return update_state_merge(keep_idle(self.update))
 
 
-__all__ = ["TOUCH_RATIO", "WINDOW", "AutoRunningReduceNode", "AutoStateNode", "AutoUpdateStateNode", "should_move"]
+def _plain_to_store(entry: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A :class:`~.state.TrackNode` entry ``(state, last_event_ms)`` in the store's (timers') layout."""
+    return (entry[0], entry[1], {}, [], True, False)
+
+
+def _store_to_plain(entry: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (entry[0], entry[1])
+
+
+class AutoTrackNode(AutoStateNode, StoreTrackNode):
+    """``track(init, update, timeout, ...)``, every form, with its state picked by size (module docstring).
+
+    On the RDD state it is :class:`~.timers.TimerTrackNode`'s merge with ``timers=`` or ``emit="updated"``, and
+    plain ``track``'s lighter :class:`~.state.TrackNode` merge (entries ``(state, last_event_ms)``) without them;
+    the store holds the timers' layout, so a plain ``track``'s entries are converted when the stream moves and
+    in the checkpoints of its RDD state. Timeouts and timers apply in every batch, one without a batch RDD too
+    (as on the store)."""
+
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode, init: Callable[[Any, Any], Any],
+                 update: Callable[[Any, Any, Any], Any], timeout: Duration, partitioner: Partitioner,
+                 on_timer: Callable[[Any, Any, Timer], Any] | None, plain: bool, local_dir: str | None,
+                 snapshot_every: int, auto_keys: int) -> None:
+        StoreTrackNode.__init__(self, graph, parent, init, update, timeout, partitioner, on_timer, local_dir,
+                                snapshot_every)
+        #: TrackNode's layout on the RDD state (no timers, every live key emitted).
+        self.plain = plain
+        self._auto_init(auto_keys)
+
+    def describe_params(self) -> list[str]:
+        return [*StoreTrackNode.describe_params(self)[:2], *(["plain"] if self.plain else []),
+                *super().describe_params()]
+
+    def rdd_merge(self, time: BatchTime) -> Merge:
+        if self.plain:
+            return track_merge(self.init, self.update, time.ms, self.timeout.ms)
+        return timer_track_merge(self, time)
+
+    def store_entry(self) -> Callable[[Any], Any] | None:
+        return _plain_to_store if self.plain else None
+
+    def rdd_entry(self) -> Callable[[Any], Any] | None:
+        return _store_to_plain if self.plain else None
+
+    def changes(self, time: BatchTime) -> RDD | None:
+        """What batch ``time`` wrote, as the store reports it (``emit="updated"`` and ``emitted()`` read it): on
+        the RDD state, the entries the batch touched, emitted records with or dropped (timers' layout), or the
+        keys with events (plain ``track``, whose dropped keys are gone)."""
+        current = self.get_or_compute(time)
+        if current is None or self.on_store(time.ms):
+            return super().changes(time)
+        if not self.plain:
+            return current.filter(lambda kv: kv[1][-1] or kv[1][-3] or not kv[1][-2])
+        now = time.ms
+        return current.filter(lambda kv: kv[1][1] == now).mapValues(lambda e: (e[0], e[1], {}, [], True, True))
+
+
+__all__ = ["TOUCH_RATIO", "WINDOW", "AutoRunningReduceNode", "AutoStateNode", "AutoTrackNode", "AutoUpdateStateNode",
+           "should_move"]

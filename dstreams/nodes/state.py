@@ -205,21 +205,27 @@ class TrackNode(StateNode):
         return pre_group_ordered(batch, self.partitioner, "track")
 
     def merge_function(self, time: BatchTime) -> Merge:
-        init, update, now, timeout = self.init, self.update, time.ms, self.timeout.ms
+        return track_merge(self.init, self.update, time.ms, self.timeout.ms)
 
-        def merge(segments: list[list[Any]]) -> Iterable[Any]:
-            state = dict(segments[0])
-            out = []
-            for k, events in segments[1]:
-                entry = state.pop(k, None)
-                s = entry[0] if entry is not None else None
-                for ev in events:
-                    s = init(k, ev) if s is None else update(k, s, ev)
-                if s is not None:
-                    out.append((k, (s, now)))
-            for k, entry in state.items():
-                if now - entry[1] < timeout:
-                    out.append((k, entry))
-            return out
 
-        return merge
+def track_merge(init: Callable[[Any, Any], Any], update: Callable[[Any, Any, Any], Any], now: int,
+                timeout: int) -> Merge:
+    """:class:`TrackNode`'s merge of a state partition (``(key, (state, last_event_ms))``) with the batch at
+    ``now`` ms (``(key, [events])``, in input order)."""
+
+    def merge(segments: list[list[Any]]) -> Iterable[Any]:
+        state = dict(segments[0])
+        out = []
+        for k, events in segments[1]:
+            entry = state.pop(k, None)
+            s = entry[0] if entry is not None else None
+            for ev in events:
+                s = init(k, ev) if s is None else update(k, s, ev)
+            if s is not None:
+                out.append((k, (s, now)))
+        for k, entry in state.items():
+            if now - entry[1] < timeout:
+                out.append((k, entry))
+        return out
+
+    return merge

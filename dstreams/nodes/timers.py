@@ -182,14 +182,20 @@ class TimerTrackNode(TrackNode):
         return ["timers" if self.on_timer is not None else "no-timers", *super().describe_params()]
 
     def merge_function(self, time: BatchTime) -> Merge:
-        init, update, on_timer = self.init, self.update, self.on_timer
-        now, timeout, wm = time.ms, self.timeout.ms, watermark_at(self, time)
+        return timer_track_merge(self, time)
 
-        def merge(segments: list[list[Any]]) -> Iterable[Any]:
-            return track_batch(segments[0], segments[1], init=init, update=update, on_timer=on_timer, now_ms=now,
-                               timeout_ms=timeout, watermark_ms=wm)
 
-        return merge
+def timer_track_merge(node: Any, time: BatchTime) -> Merge:
+    """The merge of batch ``time`` of a ``track`` node with timers (its ``init``, ``update``, ``on_timer`` and
+    ``timeout``): :func:`track_batch` at the batch's time and watermark."""
+    init, update, on_timer = node.init, node.update, node.on_timer
+    now, timeout, wm = time.ms, node.timeout.ms, watermark_at(node, time)
+
+    def merge(segments: list[list[Any]]) -> Iterable[Any]:
+        return track_batch(segments[0], segments[1], init=init, update=update, on_timer=on_timer, now_ms=now,
+                           timeout_ms=timeout, watermark_ms=wm)
+
+    return merge
 
 
 def upgrade_entry(entry: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -292,8 +298,9 @@ def _apply(result: Any, timers: TimerTable, emitted: list[Any], changed: set[str
 # The public streams read the last three fields, ``emitted, alive, touched``: the same in both layouts, so a
 # restored checkpoint of the one-timer layout reads without a conversion.
 def live_states(it: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
-    """Partition function: ``(key, state)`` of the live keys."""
-    return ((k, e[0]) for k, e in it if e[-2])
+    """Partition function: ``(key, state)`` of the live keys (an entry of :class:`TrackNode`'s layout,
+    ``(state, last_event_ms)``, is always live)."""
+    return ((k, e[0]) for k, e in it if len(e) == 2 or e[-2])
 
 
 def updated_states(it: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
