@@ -21,8 +21,8 @@ import urllib.request
 
 import pytest
 
-from dstreams import ManualClock, StreamingContext
-from dstreams.nodes.auto_state import TOUCH_RATIO, AutoStateNode, should_move
+from dstreams import ManualClock, StreamingContext, TrackUpdate
+from dstreams.nodes.auto_state import TOUCH_RATIO, AutoStateNode, AutoTrackNode, should_move
 from dstreams.recovery.checkpointer import list_checkpoints, load_manifest
 from dstreams.recovery.store import open_store
 
@@ -64,6 +64,16 @@ def _sum_or_drop(values, state):
     return None if total > 8 else total
 
 
+def _opened(key, event):
+    """A ``track`` key's first event: a processing-time timer 3 s after the batch that made the key (``k<2b>-p``
+    or ``k<2b+1>-p`` at batch b)."""
+    return TrackUpdate(event, processingTime=int(key[1:].split("-")[0]) // 2 + 3)
+
+
+def _fired(key, state, timer):
+    return TrackUpdate(state + 100, emit=[(key, state, timer.time)])
+
+
 def _app(sc, ckpt: str, out: str, clock) -> StreamingContext:
     ssc = StreamingContext(sc, 1, clock=clock)
     ssc.checkpoint(ckpt)
@@ -73,6 +83,14 @@ def _app(sc, ckpt: str, out: str, clock) -> StreamingContext:
     touched = pairs.updateStateByKey(_sum_or_drop, 3, initialRDD=INITIAL, updateIdleKeys=False).checkpoint("2s")
     touched.saveAsTextFiles(os.path.join(out, "touched"))
     touched.changes().saveAsTextFiles(os.path.join(out, "changes"))
+    # track: plain (the lighter layout on the RDD state, converted at the move), and with timers, emit="updated"
+    # and emitted(); each state grows by the keys of a batch, neither times out.
+    sessions = pairs.track(lambda k, e: e, lambda k, s, e: s + e, "1h", 2).checkpoint("2s")
+    sessions.saveAsTextFiles(os.path.join(out, "sessions"))
+    timed = pairs.filter(lambda kv: kv[0][0] == "k").track(_opened, lambda k, s, e: s + e, "1h", 2, timers=_fired,
+                                                           emit="updated").checkpoint("2s")
+    timed.saveAsTextFiles(os.path.join(out, "updated"))
+    timed.emitted().saveAsTextFiles(os.path.join(out, "emitted"))
     return ssc
 
 
@@ -84,7 +102,9 @@ def _env(monkeypatch, tmp_path, store: str) -> None:
 
 
 def _moves(ssc: StreamingContext) -> dict[str, int | None]:
-    return {n.label: n.switched_at for n in ssc._graph.nodes if isinstance(n, AutoStateNode)}
+    """When each state moved into the store (None: it has not), by operator (``track-plain``, ``track-timers``)."""
+    return {n.label + ({True: "-plain", False: "-timers"}[n.plain] if isinstance(n, AutoTrackNode) else ""):
+            n.switched_at for n in ssc._graph.nodes if isinstance(n, AutoStateNode)}
 
 
 @pytest.mark.parametrize("store", ["rdd", "auto"])
@@ -143,13 +163,15 @@ def test_auto_moves_into_the_store_mid_run_and_gives_the_rdd_states_outputs(sc, 
     # little later on a machine so busy that a batch is built before the one before it ended).
     assert moves["updateStateByKey"] == 2000, moves
     assert moves["runningReduce"] is not None and 11_000 <= moves["runningReduce"] <= 13_000, moves
+    assert moves["track-plain"] is not None and moves["track-timers"] is not None, moves
     # The status page says where each state is kept, and since when.
     for kind, label in (("AutoRunningReduceNode", "runningReduce"), ("AutoUpdateStateNode", "updateStateByKey")):
         assert (api[kind]["kept_in"], api[kind]["picked_by_size"], api[kind]["moved_at_ms"]) == \
             ("executor", True, moves[label]), api[kind]
     got = read_outputs(out)
     assert sorted(got) == sorted(rdd_reference)
-    assert len(rdd_reference) == 3 * BATCHES
+    assert len(rdd_reference) == 6 * BATCHES
+    assert any(lines for name, lines in rdd_reference.items() if name.startswith("emitted-")), "timers fired"
     for name in sorted(rdd_reference):
         assert got[name] == rdd_reference[name], name
     # The checkpoints: the RDD state's are snapshots saying the stream had not moved, the store's say when it
@@ -191,6 +213,8 @@ def test_restarts_before_and_after_the_move_give_the_uninterrupted_outputs(sc, t
     assert moves[0]["updateStateByKey"] == 2000 and moves[0]["runningReduce"] is None, moves
     assert moves[1]["runningReduce"] is not None, moves
     assert moves[2]["updateStateByKey"] == 2000 and moves[2]["runningReduce"] == moves[1]["runningReduce"], moves
+    for kind in ("track-plain", "track-timers"):  # both moved by the end, and resumed on the side they were on
+        assert moves[2][kind] is not None and moves[2][kind] == (moves[1][kind] or moves[2][kind]), moves
     got = read_outputs(out)
     assert sorted(got) == sorted(rdd_reference)
     for name in sorted(rdd_reference):
