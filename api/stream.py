@@ -20,7 +20,7 @@ from pyspark.resultiterable import ResultIterable
 
 from dstreams import config
 from dstreams.node import DStreamNode
-from dstreams.nodes.auto_state import AutoRunningReduceNode, AutoUpdateStateNode
+from dstreams.nodes.auto_state import AutoRunningReduceNode, AutoTrackNode, AutoUpdateStateNode, AutoWindowNode
 from dstreams.nodes.output import OutputNode
 from dstreams.nodes.reduced_window import ReducedWindowNode
 from dstreams.nodes.state import RunningReduceNode, TrackNode, UpdateStateNode, keep_idle
@@ -306,13 +306,18 @@ class DStream:
         combined = TransformedNode(graph, [self._node],
                                    lambda rdds, t: pre_combine(rdds[0], func, part, label, combine),
                                    "reduceByKey")
-        store = self._state_store()
-        if store is not None and invFunc is not None and w.ms >= 5 * s.ms:  # ReducedWindowNode.incremental()
+        store, auto = self._state_store(), self._auto_state()
+        incremental = invFunc is not None and w.ms >= 5 * s.ms  # ReducedWindowNode.incremental()
+        if store is not None and incremental:
             from dstreams.nodes.store_window import StoreWindowNode
 
             local_dir, every = store
             return self._derive(StateViewNode(graph, StoreWindowNode(graph, combined, func, invFunc, w, s, part,
                                                                      filterFunc, local_dir, every)))
+        if auto is not None and incremental:
+            local_dir, every, keys = auto
+            return self._derive(StateViewNode(graph, AutoWindowNode(graph, combined, func, invFunc, w, s, part,
+                                                                    filterFunc, local_dir, every, keys)))
         return self._derive(ReducedWindowNode(graph, combined, func, invFunc, w, s, part, filterFunc))
 
     def reduceByWindow(self, reduceFunc: Callable[[Any, Any], Any], invReduceFunc: Callable[[Any, Any], Any] | None,
@@ -470,8 +475,6 @@ class DStream:
                                   changes=StateChangesNode(graph, view))
         auto = self._auto_state()
         if auto is not None:
-            from dstreams.nodes.auto_state import AutoTrackNode
-
             from .event_time import TrackedDStream
 
             local_dir, every, keys = auto

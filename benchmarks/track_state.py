@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python -m benchmarks.track_state                       # 100K, 1M and 3M keys, both stores
+    python -m benchmarks.track_state                       # 100K, 1M and 3M keys, each engine
     python -m benchmarks.track_state --sizes 10000000 --batches 10
 
 Contract:
@@ -15,8 +15,9 @@ Contract:
   apart), so each batch's processing time is its own, with no queue in front of it; the state is checkpointed
   every 10 batches (deltas on the store).
 * **Engines**, each (engine, keys) in its own child process with its own ``SparkContext("local[2]")`` from
-  ``create_spark_context``: ``rdd`` (the default state, a batch merges every key) and ``store``
-  (``spark.dstreams.state.store=executor``: a batch reads the keys with events and the keys due).
+  ``create_spark_context``: ``rdd`` (``spark.dstreams.state.store=rdd``: a batch merges every key), ``store``
+  (``executor``: a batch reads the keys with events and the keys due) and ``auto`` (the default: the RDD state
+  until the state is large next to what a batch touches, then the store).
 * **Measure**: the median and p95 processing time of the ``--batches`` batches after ``--warmup`` (3) update
   batches, the first (loading) batch's time, peak RSS of every process. Writes
   ``benchmarks/results/track_state.json`` (``--out``) and prints the table; the load average is recorded per
@@ -42,7 +43,9 @@ ROOT = Path(__file__).resolve().parent
 OUT = ROOT / "results" / "track_state.json"
 MARKER = "TRACK_BENCH_RESULT "
 SIZES = [100_000, 1_000_000, 3_000_000]
-ENGINES = ["rdd", "store"]
+ENGINES = ["rdd", "store", "auto"]
+#: ``spark.dstreams.state.store`` of each engine.
+STORE_SETTING = {"rdd": "rdd", "store": "executor", "auto": "auto"}
 HOT_KEYS = 1000
 PARTITIONS = 2
 HOUR_S = 3600
@@ -87,9 +90,8 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
     from .memory import PeakMemory
 
     tmp = tempfile.mkdtemp(prefix="bench-track-")
-    if case["engine"] == "store":
-        os.environ["DSTREAMS_STATE_STORE"] = "executor"
-        os.environ["DSTREAMS_STATE_LOCAL_DIR"] = os.path.join(tmp, "local")
+    os.environ["DSTREAMS_STATE_STORE"] = STORE_SETTING[case["engine"]]
+    os.environ["DSTREAMS_STATE_LOCAL_DIR"] = os.path.join(tmp, "local")
     sc = create_spark_context("local[2]", "bench-track", {"spark.driver.memory": case["driver_memory"],
                                                           "spark.dstreams.ui.enabled": "false"})
     sc.setLogLevel("ERROR")
@@ -113,6 +115,7 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
             ssc.awaitBatch(b * 1000, 3600)
         infos = sorted((i for i in ssc.batchInfos() if i.processing_end_time_ms is not None),
                        key=lambda i: i.batch_time_ms)
+        moved = [n.switched_at for n in ssc._graph.nodes if hasattr(n, "switched_at")]
     finally:
         ssc.stop(stopSparkContext=False)
         peaks = memory.peaks()
@@ -125,7 +128,8 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
             "median_processing_s": round(_median(measured), 3) if measured else None,
             "p95_processing_s": round(_p95(measured), 3) if measured else None,
             "updated_keys_last_batch": counts[-1] if counts else None, "memory_peak_mb": peaks,
-            "batches_measured": len(measured)}
+            "batches_measured": len(measured),
+            "moved_to_store_at_batch": (moved[0] // 1000 if moved and moved[0] is not None else None)}
 
 
 def run_case(case: dict[str, Any]) -> dict[str, Any]:

@@ -272,3 +272,62 @@ def test_a_checkpoint_written_under_rdd_names_the_setting_that_resumes_it(sc, tm
     finally:
         second.stop(stopSparkContext=False)
     assert read_outputs(out) == read_outputs(ref_out)
+
+
+def _unique_users(seed: int, t: int, partition: int, n: int):
+    """Two new users a partition each batch (one of them twice)."""
+    b = t // 1000
+    return [f"u{b}-{partition}", f"u{b}-{partition}", f"v{b}-{partition}"]
+
+
+def _window_app(sc, ckpt: str, out: str, clock) -> StreamingContext:
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.checkpoint(ckpt)
+    users = ssc.generatorStream(3, 2, seed=3, recordFunc=_unique_users).map(lambda u: (u, 1))
+    window = users.reduceByKeyAndWindow(operator.add, operator.sub, "20s", "1s", 2, lambda kv: kv[1] > 0)
+    window.checkpoint("3s").saveAsTextFiles(os.path.join(out, "window"))
+    users.countByValueAndWindow("8s", "2s", 2).saveAsTextFiles(os.path.join(out, "count"))  # 4 slides: no state
+    return ssc
+
+
+@pytest.mark.slow
+def test_an_incremental_window_moves_and_gives_the_rdd_windows_outputs(sc, tmp_path, monkeypatch) -> None:
+    """``reduceByKeyAndWindow`` with an inverse function over 20 slides of new users (4 keys a batch, the window
+    full at batch 20, keys leaving from batch 21): the window's state reaches 10 times the keys a slide touches
+    near batch 10 and moves into the store; a driver restart at batch 15 with the executors' stores lost resumes
+    it there (from the store's checkpoint chain), and every output equals the RDD state's, batch by batch."""
+    last = 24
+    _env(monkeypatch, tmp_path, "rdd")
+    clock = ManualClock()
+    ref = _window_app(sc, str(tmp_path / "ref-ckpt"), str(tmp_path / "ref"), clock)
+    try:
+        ref.start()
+        drive_batches(ref, clock, last * 1000)
+    finally:
+        ref.stop(stopSparkContext=False)
+    expected = read_outputs(str(tmp_path / "ref"))
+    assert len(expected) == last + last // 2
+
+    _env(monkeypatch, tmp_path, "auto")
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    moves: list[dict[str, int | None]] = []
+    start = 0
+    for run, stop_at in enumerate((15, last)):
+        if run:
+            shutil.rmtree(tmp_path / "local")  # the executors' disks are gone before the restart
+        clock = ManualClock(start + (500 if run else 0))
+        ssc = StreamingContext.getOrCreate(ckpt, lambda c=clock: _window_app(sc, ckpt, out, c), clock=clock)
+        try:
+            ssc.start()
+            _step(ssc, clock, stop_at * 1000)
+            moves.append(_moves(ssc))
+        finally:
+            ssc.stop(stopSparkContext=False)
+        start = stop_at * 1000
+    moved = moves[0]["reduceByKeyAndWindow"]
+    assert moved is not None and 9000 <= moved <= 13_000, moves
+    assert moves[1]["reduceByKeyAndWindow"] == moved, moves  # resumed on the store
+    got = read_outputs(out)
+    assert sorted(got) == sorted(expected)
+    for name in sorted(expected):
+        assert got[name] == expected[name], name

@@ -1,6 +1,7 @@
-"""State picked by size (``spark.dstreams.state.store=auto``, the default): ``runningReduce`` and
-``updateStateByKey(..., updateIdleKeys=False)`` start on the RDD state and move into the executor state store once
-the state is large next to what a batch touches.
+"""State picked by size (``spark.dstreams.state.store=auto``, the default): ``runningReduce``,
+``updateStateByKey(..., updateIdleKeys=False)``, ``track`` (every form) and the incremental
+``reduceByKeyAndWindow`` start on the RDD state and move into the executor state store once the state is large next
+to what a batch touches (for a window: the keys of the batches entering and leaving it).
 
 Why: the RDD state (:mod:`.state`) rebuilds every key each batch, about 0.56 us a key on this project's 2 cores,
 and is the faster one for small state; the executor state store (:mod:`.store_state`) costs about 5 us per key a
@@ -43,6 +44,7 @@ from ..spark import jvm
 from ..spark.partitioned import segmented_merge
 from ..statestore import PART_HEADER, key_bytes, value_bytes
 from ..time import BatchTime, Duration
+from .reduced_window import window_plan
 from .state import Merge, keep_idle, running_reduce_merge, track_merge, update_state_merge
 from .store_state import (
     StoreRunningReduceNode,
@@ -53,6 +55,7 @@ from .store_state import (
     state_diff,
 )
 from .store_track import StoreTrackNode
+from .store_window import StoreWindowNode
 from .timers import Timer, timer_track_merge
 
 if TYPE_CHECKING:
@@ -202,19 +205,25 @@ class AutoStateNode(StoreStateNode):
             # a batch without partitions leaves the state as it was (as RunningReduceNode), but before any state
             # it makes an empty one, so outputs see a (empty) state
             return previous
+        groups = [[previous] if previous is not None else [], [self.prepare(batch)] if batch is not None else []]
+        return self._counted_merge(time, groups, self.rdd_merge(time), 1)
+
+    def _counted_merge(self, time: BatchTime, groups: list[list[RDD]], merge: Merge, batches_from: int) -> RDD:
+        """The RDD state at ``time``: ``merge`` of ``groups``' segments per partition (the segments from
+        ``batches_from`` on are the batch's records, keyed), each partition reporting the keys of its state and
+        the keys the batch touched."""
         if self._rdd_stats is None:
             self._rdd_stats = self.graph.sc.accumulator({}, _LatestPerPartition())
-        merge, stats, t = self.rdd_merge(time), self._rdd_stats, time.ms
+        stats, t = self._rdd_stats, time.ms
 
         def counted(i: int, segments: list[list[Any]]) -> Iterable[Any]:
-            touched = len({kv[0] for kv in segments[1]})
+            touched = len({kv[0] for segment in segments[batches_from:] for kv in segment})
             out = merge(segments)
             if not isinstance(out, (list, tuple)):
                 out = list(out)
             stats.add({i: (t, len(out), touched)})
             return out
 
-        groups = [[previous] if previous is not None else [], [self.prepare(batch)] if batch is not None else []]
         return segmented_merge(self.graph.sc, groups, self.partitioner, counted, with_index=True)
 
     # ------------------------------------------------------------------ views
@@ -364,5 +373,32 @@ class AutoTrackNode(AutoStateNode, StoreTrackNode):
         return current.filter(lambda kv: kv[1][1] == now).mapValues(lambda e: (e[0], e[1], {}, [], True, True))
 
 
+class AutoWindowNode(AutoStateNode, StoreWindowNode):
+    """``reduceByKeyAndWindow(func, invFunc, window, slide, ...)`` updated incrementally (an inverse function and a
+    window of at least 5 slides), with its state picked by size (module docstring): on the RDD state it is
+    :class:`~.reduced_window.ReducedWindowNode`'s window (:func:`~.reduced_window.window_plan`), on the store
+    :class:`~.store_window.StoreWindowNode`'s; both hold the window's reduce per key. The keys a slide touches
+    are those of the batches entering and leaving the window."""
+
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode, func: Callable[[Any, Any], Any],
+                 inv_func: Callable[[Any, Any], Any], window: Duration, slide: Duration, partitioner: Partitioner,
+                 filter_func: Callable[[Any], bool] | None, local_dir: str | None, snapshot_every: int,
+                 auto_keys: int) -> None:
+        StoreWindowNode.__init__(self, graph, parent, func, inv_func, window, slide, partitioner, filter_func,
+                                 local_dir, snapshot_every)
+        self._auto_init(auto_keys)
+
+    def describe_params(self) -> list[str]:
+        return [f"window={self.window.ms}", "inverse", *super().describe_params()]
+
+    def _rdd_compute(self, time: BatchTime) -> RDD | None:
+        previous = self._rdd_previous(time)
+        plan = window_plan(self, time, previous)
+        if plan is None or isinstance(plan, RDD):
+            return plan
+        groups, merge = plan
+        return self._counted_merge(time, groups, merge, 1 if previous is not None else 0)
+
+
 __all__ = ["TOUCH_RATIO", "WINDOW", "AutoRunningReduceNode", "AutoStateNode", "AutoTrackNode", "AutoUpdateStateNode",
-           "should_move"]
+           "AutoWindowNode", "should_move"]

@@ -85,41 +85,56 @@ class ReducedWindowNode(OneParentNode):
         return self.inv_func is not None and self.window.ms >= 5 * self._slide.ms
 
     def compute(self, time: BatchTime) -> RDD | None:
-        sc = self.graph.sc
-        pslide = self.parent.slide_duration
-        begin = time - self.window
         previous = self.get_or_compute(time - self._slide) if self.incremental() else None
-        func, inv, keep = self.func, self.inv_func, self.filter_func
-        if previous is not None:
-            old = self.parent.slice(begin - self._slide + pslide, begin)
-            new = self.parent.slice(time - self._slide + pslide, time)
+        plan = window_plan(self, time, previous)
+        if plan is None or isinstance(plan, RDD):
+            return plan
+        groups, merge = plan
+        return segmented_merge(self.graph.sc, groups, self.partitioner, merge)
 
-            leaving = len(old)
 
-            def merge(segments: list[list[Any]]) -> Iterable[Any]:
-                window = dict(segments[0])
-                left = reduce_segments(func, segments[1:1 + leaving])
-                for k, v in left.items():
-                    if k in window:
-                        window[k] = inv(window[k], v)
-                fold(func, reduce_segments(func, segments[1 + leaving:]).items(), window)
-                if keep is None:
-                    return window.items()
-                return [kv for kv in window.items() if keep(kv)]
+#: What :func:`window_plan` gives for a merge: the groups (in the node's partitioner) and the merge of their
+#: segments.
+WindowPlan = tuple[list[list[RDD]], Callable[[list[list[Any]]], Iterable[Any]]]
 
-            # One segment per batch: each batch is reduced on its own before the batches are combined.
-            groups = [[previous], *([r] for r in old), *([r] for r in new)]
-            return segmented_merge(sc, groups, self.partitioner, merge)
 
-        current = self.parent.slice(begin + pslide, time)
-        if not current:
-            return None if self.inv_func is not None else sc.emptyRDD()
+def window_plan(node: Any, time: BatchTime, previous: RDD | None) -> WindowPlan | RDD | None:
+    """The window of ``node`` (a reduceByKeyAndWindow node: its ``func``, ``inv_func``, ``filter_func``,
+    ``window``, ``slide_duration`` and parent) at ``time``: incrementally from ``previous``
+    (the window one slide before; the module docstring), else the reduce of the batches in it. A plan of one
+    merge (its first group is ``previous``'s when incremental), an RDD to stand as is, or None (no batch)."""
+    sc, slide = node.graph.sc, node.slide_duration
+    pslide = node.parent.slide_duration
+    begin = time - node.window
+    func, inv, keep = node.func, node.inv_func, node.filter_func
+    if previous is not None:
+        old = node.parent.slice(begin - slide + pslide, begin)
+        new = node.parent.slice(time - slide + pslide, time)
+        leaving = len(old)
 
-        def reduce_all(segments: list[list[Any]]) -> Iterable[Any]:
-            acc = reduce_segments(func, segments)
+        def merge(segments: list[list[Any]]) -> Iterable[Any]:
+            window = dict(segments[0])
+            left = reduce_segments(func, segments[1:1 + leaving])
+            for k, v in left.items():
+                if k in window:
+                    window[k] = inv(window[k], v)
+            fold(func, reduce_segments(func, segments[1 + leaving:]).items(), window)
             if keep is None:
-                return acc.items()
-            return [kv for kv in acc.items() if keep(kv)]
+                return window.items()
+            return [kv for kv in window.items() if keep(kv)]
 
         # One segment per batch: each batch is reduced on its own before the batches are combined.
-        return segmented_merge(sc, [[r] for r in current], self.partitioner, reduce_all)
+        return [[previous], *([r] for r in old), *([r] for r in new)], merge
+
+    current = node.parent.slice(begin + pslide, time)
+    if not current:
+        return None if inv is not None else sc.emptyRDD()
+
+    def reduce_all(segments: list[list[Any]]) -> Iterable[Any]:
+        acc = reduce_segments(func, segments)
+        if keep is None:
+            return acc.items()
+        return [kv for kv in acc.items() if keep(kv)]
+
+    # One segment per batch: each batch is reduced on its own before the batches are combined.
+    return [[r] for r in current], reduce_all
