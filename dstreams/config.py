@@ -523,8 +523,9 @@ STATE_STORE = Setting(
         "keys changed since the previous one. `auto` (the default): `runningReduce`, "
         "`updateStateByKey(..., updateIdleKeys=False)`, `track` and the incremental windows start on the RDD state "
         "and move into the executor store once the state is large next to what a batch touches "
-        "(`spark.dstreams.state.autoKeys`); the event-time windows and sessions keep the RDD state. README, \"Large state\". Read when the operator is defined: a restart runs "
-        "the graph stored in its checkpoint, built under the value it was written with (with "
+        "(`spark.dstreams.state.autoKeys`); the event-time windows and sessions keep the RDD state. README, "
+        "\"Large state\". Read when the operator is defined: a restart runs the graph stored in its checkpoint, "
+        "built under the value it was written with (with "
         "`spark.dstreams.checkpoint.graph=off` a graph rebuilt under another value is another graph, and the "
         "error names the value to set).",
 )
