@@ -46,8 +46,11 @@ from typing import Any
 #: Rows per ``IN (...)`` lookup (below SQLite's default limit of host parameters).
 LOOKUP_CHUNK = 900
 BUSY_TIMEOUT_S = 600.0
-#: First record of every checkpoint part of a store-backed stream: ``(PART_HEADER, "snapshot" | "delta")``.
+#: First record of every checkpoint part of a store-backed stream: ``(PART_HEADER, kind)``, ``kind`` one of
+#: :data:`SNAPSHOT` and :data:`DELTA` (then ``(key bytes, value bytes or None)`` records) or :data:`PAIRS_SNAPSHOT`
+#: (then plain ``(key, value)`` records: a state picked by size before it moved, written as its RDD holds it).
 PART_HEADER = "dstreams-state-part"
+SNAPSHOT, DELTA, PAIRS_SNAPSHOT = "snapshot", "delta", "pairs"
 #: The layout of a store's file, in its name: a store of another layout is not opened (a new one is loaded from
 #: the checkpoint instead). 2: the log as one row per version.
 STORE_FORMAT = 2

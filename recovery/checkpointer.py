@@ -64,6 +64,7 @@ from dstreams.contracts import CommitEvents, FaultHook, Fence, NoFence, NoOutage
 from dstreams.events import CheckpointCommitted
 from dstreams.records import consume
 from dstreams.spark.partitioned import partition_aligned_rdd
+from dstreams.statestore import PAIRS_SNAPSHOT, SNAPSHOT, key_bytes, value_bytes
 from dstreams.statestore import PART_HEADER as STATE_PART_HEADER
 from dstreams.time import BatchTime
 
@@ -187,12 +188,15 @@ def _state_reader_rdd(sc: SparkContext, spec: StoreSpec, manifest: dict[str, Any
                 raise CorruptCheckpointError(f"checkpoint part {prefix}/{p['key']} is not a part of a store-backed "
                                              "state")
             parts.append(records)
-            if records[0][1] == "snapshot":
+            if records[0][1] in (SNAPSHOT, PAIRS_SNAPSHOT):
                 break
         else:
             raise CorruptCheckpointError(f"no snapshot of partition {i} of {node_key} on the chain {chain}")
         state: dict[bytes, bytes] = {}
         for records in reversed(parts):
+            if records[0][1] == PAIRS_SNAPSHOT:  # plain (key, value) pairs: a state picked by size, not yet moved
+                state = {key_bytes(k): value_bytes(v) for k, v in records[1:]}
+                continue
             for k, v in records[1:]:
                 if v is None:
                     state.pop(k, None)

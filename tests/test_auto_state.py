@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import operator
 import os
+import pickle
 import shutil
 import urllib.request
 
@@ -186,6 +187,15 @@ def test_auto_moves_into_the_store_mid_run_and_gives_the_rdd_states_outputs(sc, 
     assert all(m["state"]["auto"]["switched_at"] is None and m["state"]["chain"] == [] for m in before)
     assert all(m["state"]["auto"]["switched_at"] == moves["runningReduce"] for m in after)
     assert any(m["state"]["chain"] for m in after), "a delta after the move"
+    # Before the move a checkpoint holds the pairs as they are; a store's chain reads it as its base: every
+    # checkpoint reads back as the state that batch output.
+    from recovery.checkpointer import checkpoint_prefix, reader_rdd
+    from recovery.storespec import StoreSpec
+
+    for t, m in manifests.items():
+        reader = reader_rdd(sc, StoreSpec(ckpt), checkpoint_prefix(running, t), m, None)
+        state = sorted(str((pickle.loads(k), pickle.loads(v))) for k, v in reader.collect())
+        assert state == rdd_reference[f"running-{t}"], t
     assert any(os.scandir(tmp_path / "local")), "the stores were used"
 
 

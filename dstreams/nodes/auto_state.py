@@ -23,7 +23,8 @@ Contract:
   or after it store handles, in every rebuild (a lineage cut, a retry, a restart's replay).
 * Both hold the same state, so the outputs are the same whenever the move happens: the move is not recorded in
   the metadata log. Checkpoints carry it: every checkpoint is written in the store's format (one before the
-  move is a snapshot of the RDD state), its manifest's ``state.auto.switched_at`` says when the stream moved
+  move is a snapshot of the RDD state's pairs as they are, :data:`~dstreams.statestore.PAIRS_SNAPSHOT`, which the
+  store's chain reader takes as a base), its manifest's ``state.auto.switched_at`` says when the stream moved
   (None: not yet), and a restarted driver resumes in the representation its checkpoint was written in
   (:meth:`AutoStateNode.checkpoint_manifest`); one resumed before the move decides again.
 """
@@ -42,7 +43,7 @@ from pyspark.rdd import Partitioner
 from ..node import DStreamNode
 from ..spark import jvm
 from ..spark.partitioned import segmented_merge
-from ..statestore import PART_HEADER, key_bytes, value_bytes
+from ..statestore import PAIRS_SNAPSHOT, PART_HEADER
 from ..time import BatchTime, Duration
 from .reduced_window import window_plan
 from .state import Merge, keep_idle, running_reduce_merge, track_merge, update_state_merge
@@ -243,7 +244,7 @@ class AutoStateNode(StoreStateNode):
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_export(self, time_ms: int, rdd: RDD) -> tuple[RDD, dict[str, Any]]:
-        """Before the move: a snapshot of the RDD state in the store's checkpoint format; after it, the store's
+        """Before the move: a snapshot of the RDD state's pairs (a store's chain may build on it); after it, the store's
         delta or snapshot. The manifest says when the stream moved."""
         if self.on_store(time_ms):
             out, entries = super().checkpoint_export(time_ms, rdd)
@@ -253,9 +254,9 @@ class AutoStateNode(StoreStateNode):
         convert = self.store_entry() or (lambda v: v)
 
         def export(it: Iterable[Any]) -> Iterable[Any]:
-            yield (PART_HEADER, "snapshot")
+            yield (PART_HEADER, PAIRS_SNAPSHOT)  # the pairs as they are: as compact as the RDD state's checkpoint
             for k, v in it:
-                yield key_bytes(k), value_bytes(convert(v))
+                yield k, convert(v)
 
         return rdd.mapPartitions(export, preservesPartitioning=True), {"state": {"chain": [],
                                                                                 "auto": {"switched_at": None}}}
