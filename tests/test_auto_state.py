@@ -341,3 +341,35 @@ def test_an_incremental_window_moves_and_gives_the_rdd_windows_outputs(sc, tmp_p
     assert sorted(got) == sorted(expected)
     for name in sorted(expected):
         assert got[name] == expected[name], name
+
+
+@pytest.mark.slow
+def test_a_restart_before_the_initial_states_checkpoint_committed_has_the_initial_state(sc, tmp_path, monkeypatch,
+                                                                                      rdd_reference) -> None:
+    """A driver that dies before the zero time's checkpoint of ``updateStateByKey``'s ``initialRDD`` commits
+    (here: every checkpoint of the stream is gone) restarts with the initial state from the stored graph, as on
+    the RDD state (the ``executor`` setting's node keeps it in that checkpoint only, and says so)."""
+    _env(monkeypatch, tmp_path, "auto")
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    start = 0
+    for run, stop_at in enumerate((3000, 6000)):
+        if run:
+            store = open_store(ckpt)
+            keys = {k.split("/")[1] for k in store.list("checkpoints/") if "AutoUpdateStateNode" in k}
+            assert keys
+            for key in keys:
+                for k in store.list(f"checkpoints/{key}/"):
+                    store.delete(k)
+            shutil.rmtree(tmp_path / "local")
+        clock = ManualClock(start + (500 if run else 0))
+        ssc = StreamingContext.getOrCreate(ckpt, lambda c=clock: _app(sc, ckpt, out, c), clock=clock)
+        try:
+            ssc.start()
+            _step(ssc, clock, stop_at)
+        finally:
+            ssc.stop(stopSparkContext=False)
+        start = stop_at
+    got = read_outputs(out)
+    for name in ("touched", "changes"):
+        for t in range(1000, 6001, 1000):
+            assert got[f"{name}-{t}"] == rdd_reference[f"{name}-{t}"], (name, t)

@@ -42,7 +42,7 @@ from pyspark.rdd import Partitioner
 
 from ..node import DStreamNode
 from ..spark import jvm
-from ..spark.partitioned import segmented_merge
+from ..spark.partitioned import ensure_partitioned, segmented_merge
 from ..statestore import PAIRS_SNAPSHOT, PART_HEADER
 from ..time import BatchTime, Duration
 from .reduced_window import window_plan
@@ -107,9 +107,14 @@ class AutoStateNode(StoreStateNode):
         return [f"partitions={self.partitioner.numPartitions}", "store=auto"]
 
     def __getstate__(self) -> dict[str, Any]:
+        """As the RDD state's, a stored graph holds the initial state's records (collected once, when the graph is
+        stored): a driver that dies before the zero time's checkpoint commits is restarted with it (the store's
+        own node relies on that checkpoint alone)."""
         state = super().__getstate__()
         state.update(switched_at=None, _rdd_stats=None, _touched=[], _sampled=-1, _moved_handle=None,
                      _initial_marked=False)
+        if self.initial is not None:
+            state["_initial_records"] = self.initial.collect()
         return state
 
     def rdd_merge(self, time: BatchTime) -> Merge:
@@ -179,6 +184,10 @@ class AutoStateNode(StoreStateNode):
     # ------------------------------------------------------------------ the RDD state
     def _rdd_initial(self) -> RDD | None:
         """The state before the first batch: the initial RDD (its zero-time checkpoint marked once), or None."""
+        records = getattr(self, "_initial_records", None)
+        if self.initial is None and records is not None:  # a restored graph
+            self.initial = ensure_partitioned(self.graph.sc.parallelize(records), self.partitioner)
+            self._initial_records = None
         if self.initial is None:
             self._check_initial()
             return None
