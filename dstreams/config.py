@@ -539,7 +539,7 @@ STATE_AUTO_KEYS = Setting(
     example="1000000",
     doc="With `spark.dstreams.state.store=auto`: the fewest keys of state at which a stream moves from the RDD "
         "state into the executor state store (it moves once it also holds at least 10 times the keys one of its "
-        "last 10 batches touched; it does not move back).",
+        "last 10 batches touched, the largest of them left out; it does not move back).",
 )
 
 STATE_LOCAL_DIR = Setting(

@@ -49,6 +49,11 @@ def test_a_state_moves_once_it_is_large_next_to_what_its_batches_touch() -> None
     assert not should_move(1000, [101], 100)  # a batch touches more than a tenth of the state
     assert should_move(1000, [100, 3], 100)
     assert should_move(1000, [], 100)
+    # The largest batch of the last ones is left out once two reported: a first load does not hold a stream back,
+    # bursts that come twice do.
+    assert should_move(1000, [1000, 50, 60], 100)
+    assert not should_move(1000, [1000, 500, 60], 100)
+    assert not should_move(1000, [1000], 100)
     assert TOUCH_RATIO == 10
 
 

@@ -16,7 +16,8 @@ Contract:
   its state and the keys the batch touched.
 * When the driver builds a new batch, it reads the newest reports: once every partition has reported and the
   state holds at least ``spark.dstreams.state.autoKeys`` keys and :data:`TOUCH_RATIO` times the most keys one of
-  the last :data:`WINDOW` batches touched (:func:`should_move`), the stream moves to the store at that batch
+  the last :data:`WINDOW` batches touched, the largest of them left out (:func:`should_move`,
+  :func:`typical_touched`), the stream moves to the store at that batch
   (:attr:`AutoStateNode.switched_at`) and stays there. That batch loads the RDD state of the batch before into
   each partition's store (as an initial state is loaded: :meth:`PartitionStore.ensure_base`) and applies itself;
   from there on the node is its store-backed class. Batches before ``switched_at`` are RDD states, batches at
@@ -71,9 +72,17 @@ TOUCH_RATIO = 10
 WINDOW = 10
 
 
+def typical_touched(touched: Sequence[int]) -> int:
+    """The keys the newest batches touch, as the rule counts them: the most one of them touched, leaving out the
+    single largest once two batches reported (one bulk batch, a first load or a catch-up, does not hold a stream
+    back for :data:`WINDOW` batches; bursts that come twice in that many batches do)."""
+    ordered = sorted(touched, reverse=True)
+    return ordered[1] if len(ordered) > 1 else (ordered[0] if ordered else 0)
+
+
 def should_move(keys: int, touched: Sequence[int], min_keys: int) -> bool:
     """Whether a state of ``keys`` keys, whose newest batches touched ``touched`` keys each, belongs in the store."""
-    return keys >= min_keys and keys >= TOUCH_RATIO * max(touched, default=0)
+    return keys >= min_keys and keys >= TOUCH_RATIO * typical_touched(touched)
 
 
 def _moved_at(manifest: dict[str, Any]) -> int | None:
@@ -154,7 +163,7 @@ class AutoStateNode(StoreStateNode):
             # Only a new batch moves the stream: a rebuild of earlier ones (a lineage cut) keeps their kind.
             self.switched_at = time.ms
             log.info("%s moves into the executor state store at batch %d (state of at least %d keys, batches "
-                     "touching at most %d)", self.name, time.ms, self.auto_keys, max(self._touched, default=0))
+                     "touching %d)", self.name, time.ms, self.auto_keys, typical_touched(self._touched))
         if self.on_store(time.ms):
             return super().compute(time)
         return self._rdd_compute(time)
@@ -411,4 +420,4 @@ class AutoWindowNode(AutoStateNode, StoreWindowNode):
 
 
 __all__ = ["TOUCH_RATIO", "WINDOW", "AutoRunningReduceNode", "AutoStateNode", "AutoTrackNode", "AutoUpdateStateNode",
-           "AutoWindowNode", "should_move"]
+           "AutoWindowNode", "should_move", "typical_touched"]
