@@ -205,11 +205,14 @@ class TimedDStream(DStream):
         part = hash_partitioner(self._default_partitions(numPartitions))
         graph, aggregate = self._timed.graph, aggregate if aggregate is not None else list
         late = late_session_records(g.ms)
-        store = self._state_store()
-        if store is not None:
+        store, auto = self._state_store(), self._auto_state()
+        if store is not None or auto is not None:
+            from dstreams.nodes.auto_state import AutoSessionWindowNode
             from dstreams.nodes.store_event_window import StoreSessionWindowNode, written
 
-            view = StateViewNode(graph, StoreSessionWindowNode(graph, self._timed, g, aggregate, part, *store))
+            state = StoreSessionWindowNode(graph, self._timed, g, aggregate, part, *store) if store is not None \
+                else AutoSessionWindowNode(graph, self._timed, g, aggregate, part, *auto)
+            view = StateViewNode(graph, state)
             changes = StateChangesNode(graph, view)
             late_written = written(late)
             return EventWindowView(view, written(emitted_sessions), "sessions", self._ssc,

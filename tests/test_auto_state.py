@@ -295,6 +295,14 @@ def _unique_users(seed: int, t: int, partition: int, n: int):
     return [f"u{b}-{partition}", f"u{b}-{partition}", f"v{b}-{partition}"]
 
 
+def _timed_users(seed: int, t: int, partition: int, n: int):
+    """``user@event_ms``: the users of :func:`_unique_users` a little before the batch time, and every fifth batch
+    one record 25 s back (at 0 before batch 25; from batch 15 on its session would have closed: late)."""
+    b = t // 1000
+    out = [f"{u}@{t - 100 * (i + 1)}" for i, u in enumerate(_unique_users(seed, t, partition, n))]
+    return out + ([f"late{b}@{max(0, t - 25_000)}"] if partition == 0 and b % 5 == 0 else [])
+
+
 def _window_app(sc, ckpt: str, out: str, clock) -> StreamingContext:
     ssc = StreamingContext(sc, 1, clock=clock)
     ssc.checkpoint(ckpt)
@@ -302,15 +310,23 @@ def _window_app(sc, ckpt: str, out: str, clock) -> StreamingContext:
     window = users.reduceByKeyAndWindow(operator.add, operator.sub, "20s", "1s", 2, lambda kv: kv[1] > 0)
     window.checkpoint("3s").saveAsTextFiles(os.path.join(out, "window"))
     users.countByValueAndWindow("8s", "2s", 2).saveAsTextFiles(os.path.join(out, "count"))  # 4 slides: no state
+    # Sessions of the same users by event time (12 s gap: a user's session closes 12 s after its batch).
+    timed = ssc.generatorStream(3, 2, seed=3, recordFunc=_timed_users).withEventTime(
+        lambda r: int(r.rsplit("@", 1)[1]) / 1000)
+    sessions = timed.map(lambda r: (r.rsplit("@", 1)[0], 1)).sessionWindow("12s", len, 2)
+    sessions.checkpoint("3s").saveAsTextFiles(os.path.join(out, "sessions"))
+    sessions.lateRecords().saveAsTextFiles(os.path.join(out, "late"))
     return ssc
 
 
 @pytest.mark.slow
-def test_an_incremental_window_moves_and_gives_the_rdd_windows_outputs(sc, tmp_path, monkeypatch) -> None:
+def test_an_incremental_window_and_sessions_move_and_give_the_rdd_states_outputs(sc, tmp_path, monkeypatch) -> None:
     """``reduceByKeyAndWindow`` with an inverse function over 20 slides of new users (4 keys a batch, the window
     full at batch 20, keys leaving from batch 21): the window's state reaches 10 times the keys a slide touches
-    near batch 10 and moves into the store; a driver restart at batch 15 with the executors' stores lost resumes
-    it there (from the store's checkpoint chain), and every output equals the RDD state's, batch by batch."""
+    near batch 10 and moves into the store. ``sessionWindow`` of the same users by event time (12 s gap, so the
+    sessions open at a time reach about 48, closing from batch 14 on, late records every fifth batch) moves too.
+    A driver restart at batch 15 with the executors' stores lost resumes them there (from the store's checkpoint
+    chains), and every output equals the RDD state's, batch by batch."""
     last = 24
     _env(monkeypatch, tmp_path, "rdd")
     clock = ManualClock()
@@ -321,7 +337,9 @@ def test_an_incremental_window_moves_and_gives_the_rdd_windows_outputs(sc, tmp_p
     finally:
         ref.stop(stopSparkContext=False)
     expected = read_outputs(str(tmp_path / "ref"))
-    assert len(expected) == last + last // 2
+    assert len(expected) == 3 * last + last // 2
+    assert any(expected[f"sessions-{t}"] for t in range(14_000, last * 1000 + 1, 1000)), "sessions closed"
+    assert any(expected[f"late-{t}"] for t in range(1000, last * 1000 + 1, 1000)), "late records"
 
     _env(monkeypatch, tmp_path, "auto")
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
@@ -342,6 +360,7 @@ def test_an_incremental_window_moves_and_gives_the_rdd_windows_outputs(sc, tmp_p
     moved = moves[0]["reduceByKeyAndWindow"]
     assert moved is not None and 9000 <= moved <= 13_000, moves
     assert moves[1]["reduceByKeyAndWindow"] == moved, moves  # resumed on the store
+    assert moves[1]["sessionWindow"] is not None, moves
     got = read_outputs(out)
     assert sorted(got) == sorted(expected)
     for name in sorted(expected):

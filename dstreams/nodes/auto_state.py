@@ -1,7 +1,9 @@
 """State picked by size (``spark.dstreams.state.store=auto``, the default): ``runningReduce``,
-``updateStateByKey(..., updateIdleKeys=False)``, ``track`` (every form) and the incremental
-``reduceByKeyAndWindow`` start on the RDD state and move into the executor state store once the state is large next
-to what a batch touches (for a window: the keys of the batches entering and leaving it).
+``updateStateByKey(..., updateIdleKeys=False)``, ``track`` (every form), the incremental
+``reduceByKeyAndWindow`` and ``sessionWindow`` start on the RDD state and move into the executor state store
+once the state is large next to what a batch touches (for a window: the keys of the batches entering and leaving
+it). The event-time windows do not: their store entries carry the window closed through, which the RDD state's do
+not.
 
 Why: the RDD state (:mod:`.state`) rebuilds every key each batch, about 0.56 us a key on this project's 2 cores,
 and is the faster one for small state; the executor state store (:mod:`.store_state`) costs about 5 us per key a
@@ -46,8 +48,11 @@ from ..spark import jvm
 from ..spark.partitioned import ensure_partitioned, segmented_merge
 from ..statestore import PAIRS_SNAPSHOT, PART_HEADER
 from ..time import BatchTime, Duration
+from .event_time import watermark_at
+from .event_window import session_merge, session_step
 from .reduced_window import window_plan
 from .state import Merge, keep_idle, running_reduce_merge, track_merge, update_state_merge
+from .store_event_window import StoreSessionWindowNode
 from .store_state import (
     StoreRunningReduceNode,
     StoreStateNode,
@@ -419,5 +424,31 @@ class AutoWindowNode(AutoStateNode, StoreWindowNode):
         return self._counted_merge(time, groups, merge, 1 if previous is not None else 0)
 
 
+class AutoSessionWindowNode(AutoStateNode, StoreSessionWindowNode):
+    """``sessionWindow(gap, aggregate)`` with its state picked by size (module docstring): on the RDD state
+    :class:`~.event_window.SessionWindowNode`'s merge, on the store
+    :class:`~.store_event_window.StoreSessionWindowNode`'s; both hold per key ``(open sessions, emitted, late
+    records)``. The keys a batch touches are those with records in it."""
+
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode, gap: Duration, aggregate: Callable[[list[Any]], Any],
+                 partitioner: Partitioner, local_dir: str | None, snapshot_every: int, auto_keys: int) -> None:
+        StoreSessionWindowNode.__init__(self, graph, parent, gap, aggregate, partitioner, local_dir, snapshot_every)
+        self._auto_init(auto_keys)
+
+    def describe_params(self) -> list[str]:
+        return [f"gap={self.gap.ms}", *super().describe_params()]
+
+    def rdd_merge(self, time: BatchTime) -> Merge:
+        return session_merge(session_step(self.gap.ms, self.aggregate, watermark_at(self, time)))
+
+    def changes(self, time: BatchTime) -> RDD | None:
+        """What batch ``time`` wrote, as far as the public streams read it: on the RDD state, the entries holding
+        sessions it emitted or records it found late (each entry holds only its batch's)."""
+        current = self.get_or_compute(time)
+        if current is None or self.on_store(time.ms):
+            return super().changes(time)
+        return current.filter(lambda kv: kv[1][1] or kv[1][2])
+
+
 __all__ = ["TOUCH_RATIO", "WINDOW", "AutoRunningReduceNode", "AutoStateNode", "AutoTrackNode", "AutoUpdateStateNode",
-           "AutoWindowNode", "should_move", "typical_touched"]
+           "AutoSessionWindowNode", "AutoWindowNode", "should_move", "typical_touched"]

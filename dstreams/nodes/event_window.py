@@ -280,19 +280,23 @@ class SessionWindowNode(StateNode):
         return session_batch(batch, self.partitioner)
 
     def merge_function(self, time: BatchTime) -> Merge:
-        step = session_step(self.gap.ms, self.aggregate, watermark_at(self, time))
+        return session_merge(session_step(self.gap.ms, self.aggregate, watermark_at(self, time)))
 
-        def merge(segments: list[list[Any]]) -> Iterable[Any]:
-            state = {k: st[0] for k, st in segments[0]}
-            new = dict(segments[1])
-            out = []
-            for k in [*state, *(k for k in new if k not in state)]:
-                kept, emitted, late = step(state.get(k, []), new.get(k))
-                if kept or emitted or late:
-                    out.append((k, (kept, emitted, late)))
-            return out
 
-        return merge
+def session_merge(step: SessionStep) -> Merge:
+    """:class:`SessionWindowNode`'s merge of a state partition with a batch's records, by ``step``."""
+
+    def merge(segments: list[list[Any]]) -> Iterable[Any]:
+        state = {k: st[0] for k, st in segments[0]}
+        new = dict(segments[1])
+        out = []
+        for k in [*state, *(k for k in new if k not in state)]:
+            kept, emitted, late = step(state.get(k, []), new.get(k))
+            if kept or emitted or late:
+                out.append((k, (kept, emitted, late)))
+        return out
+
+    return merge
 
 
 SessionStep = Callable[[list[list[tuple[int, Any]]], list[tuple[int, Any]] | None],
