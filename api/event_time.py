@@ -161,12 +161,15 @@ class TimedDStream(DStream):
         part = hash_partitioner(self._default_partitions(numPartitions))
         timed = self._timed
         late = lambda: WindowLateRecordsNode(timed.graph, timed, w, s, keyed)  # noqa: E731
-        store = self._state_store()
-        if store is not None:
+        store, auto = self._state_store(), self._auto_state()
+        if store is not None or auto is not None:
+            from dstreams.nodes.auto_state import AutoEventWindowNode
             from dstreams.nodes.store_event_window import StoreEventWindowNode, written
 
             graph = timed.graph
-            view = StateViewNode(graph, StoreEventWindowNode(graph, timed, func, invFunc, w, s, emit, part, *store))
+            state = StoreEventWindowNode(graph, timed, func, invFunc, w, s, emit, part, *store) if store is not None \
+                else AutoEventWindowNode(graph, timed, func, invFunc, w, s, emit, part, *auto)
+            view = StateViewNode(graph, state)
             return EventWindowView(view, written(emitted_windows(w.ms, s.ms, keyed=keyed)), "eventWindows",
                                    self._ssc, late, source=StateChangesNode(graph, view))
         node = EventWindowNode(timed.graph, timed, func, invFunc, w, s, emit, part)

@@ -316,6 +316,10 @@ def _window_app(sc, ckpt: str, out: str, clock) -> StreamingContext:
     sessions = timed.map(lambda r: (r.rsplit("@", 1)[0], 1)).sessionWindow("12s", len, 2)
     sessions.checkpoint("3s").saveAsTextFiles(os.path.join(out, "sessions"))
     sessions.lateRecords().saveAsTextFiles(os.path.join(out, "late"))
+    # Event-time windows of 20 s sliding every 5 s (a key held about 20 s after its records), incremental.
+    windows = timed.map(lambda r: (r.rsplit("@", 1)[0], 1)).reduceByKeyAndEventWindow(
+        operator.add, "20s", "5s", invFunc=operator.sub, numPartitions=2)
+    windows.checkpoint("3s").saveAsTextFiles(os.path.join(out, "eventWindows"))
     return ssc
 
 
@@ -324,7 +328,9 @@ def test_an_incremental_window_and_sessions_move_and_give_the_rdd_states_outputs
     """``reduceByKeyAndWindow`` with an inverse function over 20 slides of new users (4 keys a batch, the window
     full at batch 20, keys leaving from batch 21): the window's state reaches 10 times the keys a slide touches
     near batch 10 and moves into the store. ``sessionWindow`` of the same users by event time (12 s gap, so the
-    sessions open at a time reach about 48, closing from batch 14 on, late records every fifth batch) moves too.
+    sessions open at a time reach about 48, closing from batch 14 on, late records every fifth batch) and
+    ``reduceByKeyAndEventWindow`` (20 s windows sliding every 5 s, with an inverse function) move too (all three
+    near batches 11-13).
     A driver restart at batch 15 with the executors' stores lost resumes them there (from the store's checkpoint
     chains), and every output equals the RDD state's, batch by batch."""
     last = 24
@@ -337,7 +343,8 @@ def test_an_incremental_window_and_sessions_move_and_give_the_rdd_states_outputs
     finally:
         ref.stop(stopSparkContext=False)
     expected = read_outputs(str(tmp_path / "ref"))
-    assert len(expected) == 3 * last + last // 2
+    assert len(expected) == 4 * last + last // 2
+    assert sum(bool(expected[f"eventWindows-{t}"]) for t in range(1000, last * 1000 + 1, 1000)) >= 3
     assert any(expected[f"sessions-{t}"] for t in range(14_000, last * 1000 + 1, 1000)), "sessions closed"
     assert any(expected[f"late-{t}"] for t in range(1000, last * 1000 + 1, 1000)), "late records"
 
@@ -360,7 +367,7 @@ def test_an_incremental_window_and_sessions_move_and_give_the_rdd_states_outputs
     moved = moves[0]["reduceByKeyAndWindow"]
     assert moved is not None and 9000 <= moved <= 13_000, moves
     assert moves[1]["reduceByKeyAndWindow"] == moved, moves  # resumed on the store
-    assert moves[1]["sessionWindow"] is not None, moves
+    assert moves[1]["sessionWindow"] is not None and moves[1]["reduceByKeyAndEventWindow"] is not None, moves
     got = read_outputs(out)
     assert sorted(got) == sorted(expected)
     for name in sorted(expected):

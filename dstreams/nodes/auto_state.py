@@ -1,9 +1,8 @@
 """State picked by size (``spark.dstreams.state.store=auto``, the default): ``runningReduce``,
 ``updateStateByKey(..., updateIdleKeys=False)``, ``track`` (every form), the incremental
-``reduceByKeyAndWindow`` and ``sessionWindow`` start on the RDD state and move into the executor state store
-once the state is large next to what a batch touches (for a window: the keys of the batches entering and leaving
-it). The event-time windows do not: their store entries carry the window closed through, which the RDD state's do
-not.
+``reduceByKeyAndWindow``, the event-time windows and ``sessionWindow`` start on the RDD state and move into the
+executor state store once the state is large next to what a batch touches (for a window: the keys of the batches
+entering and leaving it).
 
 Why: the RDD state (:mod:`.state`) rebuilds every key each batch, about 0.56 us a key on this project's 2 cores,
 and is the faster one for small state; the executor state store (:mod:`.store_state`) costs about 5 us per key a
@@ -49,10 +48,10 @@ from ..spark.partitioned import ensure_partitioned, segmented_merge
 from ..statestore import PAIRS_SNAPSHOT, PART_HEADER
 from ..time import BatchTime, Duration
 from .event_time import watermark_at
-from .event_window import session_merge, session_step
+from .event_window import _closed_through, event_window_merge, session_merge, session_step
 from .reduced_window import window_plan
 from .state import Merge, keep_idle, running_reduce_merge, track_merge, update_state_merge
-from .store_event_window import StoreSessionWindowNode
+from .store_event_window import StoreEventWindowNode, StoreSessionWindowNode
 from .store_state import (
     StoreRunningReduceNode,
     StoreStateNode,
@@ -135,10 +134,10 @@ class AutoStateNode(StoreStateNode):
         """The RDD state's merge of a state partition with batch ``time``'s (prepared) records."""
         raise NotImplementedError
 
-    def store_entry(self) -> Callable[[Any], Any] | None:
-        """How a value of the RDD state becomes one of the store (None: the same layout). Applied when the stream
-        moves and when a checkpoint of the RDD state is written, so that every checkpoint is in the store's
-        layout (a delta after the move may build on one)."""
+    def store_entry(self, time_ms: int) -> Callable[[Any], Any] | None:
+        """How a value of the RDD state at batch ``time_ms`` becomes one of the store (None: the same layout).
+        Applied when the stream moves and when a checkpoint of the RDD state is written, so that every checkpoint
+        is in the store's layout (a delta after the move may build on one)."""
         return None
 
     def rdd_entry(self) -> Callable[[Any], Any] | None:
@@ -181,7 +180,7 @@ class AutoStateNode(StoreStateNode):
     def _move(self, before: BatchTime) -> RDD:
         """The handle at ``before`` (the batch before the move): every partition's store loaded with the RDD state
         of ``before``."""
-        state, convert = self._rdd_previous(before + self.slide_duration), self.store_entry()
+        state, convert = self._rdd_previous(before + self.slide_duration), self.store_entry(before.ms)
         if state is not None and convert is not None:
             state = state.mapValues(convert)  # keeps the partitioning
         handle = self._loaded_handle(before.ms, state)
@@ -274,7 +273,7 @@ class AutoStateNode(StoreStateNode):
             entries["state"]["auto"] = {"switched_at": self.switched_at}
             return out, entries
         self._exported[time_ms] = []
-        convert = self.store_entry() or (lambda v: v)
+        convert = self.store_entry(time_ms) or (lambda v: v)
 
         def export(it: Iterable[Any]) -> Iterable[Any]:
             yield (PART_HEADER, PAIRS_SNAPSHOT)  # the pairs as they are: as compact as the RDD state's checkpoint
@@ -378,7 +377,7 @@ class AutoTrackNode(AutoStateNode, StoreTrackNode):
             return track_merge(self.init, self.update, time.ms, self.timeout.ms)
         return timer_track_merge(self, time)
 
-    def store_entry(self) -> Callable[[Any], Any] | None:
+    def store_entry(self, time_ms: int) -> Callable[[Any], Any] | None:
         return _plain_to_store if self.plain else None
 
     def rdd_entry(self) -> Callable[[Any], Any] | None:
@@ -450,5 +449,43 @@ class AutoSessionWindowNode(AutoStateNode, StoreSessionWindowNode):
         return current.filter(lambda kv: kv[1][1] or kv[1][2])
 
 
+class AutoEventWindowNode(AutoStateNode, StoreEventWindowNode):
+    """``reduceByKeyAndEventWindow`` (both ``emit`` modes, with and without ``invFunc``) with its state picked by
+    size (module docstring): on the RDD state :class:`~.event_window.EventWindowNode`'s merge, entries ``(panes or
+    windows, carry, emitted)``; on the store :class:`~.store_event_window.StoreEventWindowNode`'s, whose entries
+    also carry the window closed through (``jmax``) and the mode for the deadline index. An RDD entry of batch
+    ``t`` gets ``t``'s ``jmax`` when it moves or is checkpointed: on the RDD state every key steps every batch, so
+    every window through it is closed for every key. The keys a batch touches are those with records in it."""
+
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode, func: Callable[[Any, Any], Any],
+                 inv_func: Callable[[Any, Any], Any] | None, window: Duration, slide: Duration, emit: str,
+                 partitioner: Partitioner, local_dir: str | None, snapshot_every: int, auto_keys: int) -> None:
+        StoreEventWindowNode.__init__(self, graph, parent, func, inv_func, window, slide, emit, partitioner,
+                                      local_dir, snapshot_every)
+        self._auto_init(auto_keys)
+
+    def describe_params(self) -> list[str]:
+        return [*StoreEventWindowNode.describe_params(self)[:-2], *super().describe_params()]
+
+    def rdd_merge(self, time: BatchTime) -> Merge:
+        return event_window_merge(self, time)
+
+    def store_entry(self, time_ms: int) -> Callable[[Any], Any] | None:
+        jmax = _closed_through(watermark_at(self, BatchTime(time_ms)), self.window.ms, self.slide.ms)
+        mode = self.emit
+        return lambda e: (e[0], e[1], e[2], jmax, mode)
+
+    def rdd_entry(self) -> Callable[[Any], Any] | None:
+        return lambda e: (e[0], e[1], e[2])
+
+    def changes(self, time: BatchTime) -> RDD | None:
+        """What batch ``time`` wrote, as far as the public stream reads it: on the RDD state, the entries holding
+        windows it emitted (each entry holds only its batch's)."""
+        current = self.get_or_compute(time)
+        if current is None or self.on_store(time.ms):
+            return super().changes(time)
+        return current.filter(lambda kv: kv[1][2])
+
+
 __all__ = ["TOUCH_RATIO", "WINDOW", "AutoRunningReduceNode", "AutoStateNode", "AutoTrackNode", "AutoUpdateStateNode",
-           "AutoSessionWindowNode", "AutoWindowNode", "should_move", "typical_touched"]
+           "AutoEventWindowNode", "AutoSessionWindowNode", "AutoWindowNode", "should_move", "typical_touched"]

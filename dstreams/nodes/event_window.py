@@ -130,24 +130,30 @@ class EventWindowNode(StateNode):
         return pane_batch(batch, self.func, self.slide.ms, self.partitioner)
 
     def merge_function(self, time: BatchTime) -> Merge:
-        w, s = self.window.ms, self.slide.ms
-        jmax = _closed_through(watermark_at(self, time), w, s)
-        jprev = _closed_through(previous_watermark_at(self, time), w, s)
-        step = final_step(self.func, self.inv_func, w // s, jprev, jmax) if self.emit == "final" else \
-            updates_step(self.func, w // s, jmax)
+        return event_window_merge(self, time)
 
-        def merge(segments: list[list[Any]]) -> Iterable[Any]:
-            state = {k: st for k, st in segments[0]}
-            new = dict(segments[1])
-            out = []
-            for k in [*state, *(k for k in new if k not in state)]:
-                st = state.get(k)
-                kept, carry, emitted = step(st[0] if st else {}, st[1] if st else None, new.get(k, {}))
-                if kept or carry is not None or emitted:
-                    out.append((k, (kept, carry, emitted)))
-            return out
 
-        return merge
+def event_window_merge(node: Any, time: BatchTime) -> Merge:
+    """:class:`EventWindowNode`'s merge of batch ``time`` for ``node`` (its ``func``, ``inv_func``, ``window``,
+    ``slide`` and ``emit``), at the batch's watermark and the one before."""
+    w, s = node.window.ms, node.slide.ms
+    jmax = _closed_through(watermark_at(node, time), w, s)
+    jprev = _closed_through(previous_watermark_at(node, time), w, s)
+    step = final_step(node.func, node.inv_func, w // s, jprev, jmax) if node.emit == "final" else \
+        updates_step(node.func, w // s, jmax)
+
+    def merge(segments: list[list[Any]]) -> Iterable[Any]:
+        state = {k: st for k, st in segments[0]}
+        new = dict(segments[1])
+        out = []
+        for k in [*state, *(k for k in new if k not in state)]:
+            st = state.get(k)
+            kept, carry, emitted = step(st[0] if st else {}, st[1] if st else None, new.get(k, {}))
+            if kept or carry is not None or emitted:
+                out.append((k, (kept, carry, emitted)))
+        return out
+
+    return merge
 
 
 Step = Callable[[dict[int, Any], Any, dict[int, Any]], tuple[dict[int, Any], Any, list[tuple[int, Any]]]]
