@@ -93,7 +93,7 @@ def track_entries(it: Iterator[Any]) -> Iterator[tuple[int, int]]:
 
 
 def _state_of(node: Any) -> Any:
-    """The node holding ``track``'s state (behind its view when picked by size, the default)."""
+    """The node holding a state stream's state (behind its view when picked by size, the default)."""
     from dstreams.nodes.store_state import StateViewNode
 
     return node.state if isinstance(node, StateViewNode) else node
@@ -126,7 +126,8 @@ def test_event_time_state_stays_flat_on_an_unbounded_key_space(sc, monkeypatch) 
 
     (windows.map(lambda w: ("windows", w[1])).union(sessions.map(lambda s: ("sessions", s[1])))
      .union(tracked.emitted().map(lambda e: ("timers", e[1]))).foreachRDD(tally))
-    state_nodes = {"window": (windows._state, window_entries), "session": (sessions._state, session_entries),
+    state_nodes = {"window": (_state_of(windows._state), window_entries),
+                   "session": (_state_of(sessions._state), session_entries),
                    "track": (_state_of(tracked._state), track_entries)}
     event_node = timed._event
     nodes = graph_nodes(ssc)
