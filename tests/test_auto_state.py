@@ -138,15 +138,22 @@ def rdd_reference(sc, tmp_path_factory) -> dict[str, list[str]]:
     mp = pytest.MonkeyPatch()
     tmp = tmp_path_factory.mktemp("auto-ref")
     _env(mp, tmp, "rdd")
+    try:
+        return _uninterrupted(sc, _app, tmp, BATCHES * 1000)
+    finally:
+        mp.undo()
+
+
+def _uninterrupted(sc, app, tmp, last_ms: int) -> dict[str, list[str]]:
+    """The outputs of ``app`` run without a restart through batch ``last_ms`` (under ``tmp``)."""
     clock = ManualClock()
-    ssc = _app(sc, str(tmp / "ckpt"), str(tmp / "out"), clock)
+    ssc = app(sc, str(tmp / "ref-ckpt"), str(tmp / "ref"), clock)
     try:
         ssc.start()
-        drive_batches(ssc, clock, BATCHES * 1000)
+        drive_batches(ssc, clock, last_ms)
     finally:
         ssc.stop(stopSparkContext=False)
-        mp.undo()
-    return read_outputs(str(tmp / "out"))
+    return read_outputs(str(tmp / "ref"))
 
 
 @pytest.mark.slow
@@ -335,14 +342,7 @@ def test_an_incremental_window_and_sessions_move_and_give_the_rdd_states_outputs
     chains), and every output equals the RDD state's, batch by batch."""
     last = 24
     _env(monkeypatch, tmp_path, "rdd")
-    clock = ManualClock()
-    ref = _window_app(sc, str(tmp_path / "ref-ckpt"), str(tmp_path / "ref"), clock)
-    try:
-        ref.start()
-        drive_batches(ref, clock, last * 1000)
-    finally:
-        ref.stop(stopSparkContext=False)
-    expected = read_outputs(str(tmp_path / "ref"))
+    expected = _uninterrupted(sc, _window_app, tmp_path, last * 1000)
     assert len(expected) == 4 * last + last // 2
     assert sum(bool(expected[f"eventWindows-{t}"]) for t in range(1000, last * 1000 + 1, 1000)) >= 3
     assert any(expected[f"sessions-{t}"] for t in range(14_000, last * 1000 + 1, 1000)), "sessions closed"
