@@ -414,6 +414,11 @@ class AutoWindowNode(AutoStateNode, StoreWindowNode):
     def describe_params(self) -> list[str]:
         return [f"window={self.window.ms}", "inverse", *super().describe_params()]
 
+    def incremental(self) -> bool:
+        """Always (as :meth:`ReducedWindowNode.incremental <.reduced_window.ReducedWindowNode.incremental>`): a
+        window recomputed each slide keeps no state and is not picked by size."""
+        return True
+
     def _rdd_compute(self, time: BatchTime) -> RDD | None:
         previous = self._rdd_previous(time)
         plan = window_plan(self, time, previous)
