@@ -264,8 +264,14 @@ def test_driver_killed_around_the_move_of_a_million_key_state_resumes_exactly_on
         """Batch time -> ``switched_at`` of every committed checkpoint of the large state (None: of the RDD
         state)."""
         nodes = {k.split("/")[1] for k in store.list("checkpoints/") if "AutoUpdateStateNode" in k}
-        return {t: load_manifest(store, n, t)["state"]["auto"]["switched_at"] for n in nodes
-                for t in list_checkpoints(store, n)}
+        found: dict[int, int | None] = {}
+        for n in nodes:
+            for t in list_checkpoints(store, n):
+                try:
+                    found[t] = load_manifest(store, n, t)["state"]["auto"]["switched_at"]
+                except FileNotFoundError:  # deleted by the driver's deletion rule since it was listed
+                    continue
+        return found
 
     def store_checkpoint_behind_us() -> bool:
         """A checkpoint of the store is committed, and two batches after it (so a restart resumes from it)."""
