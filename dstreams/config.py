@@ -567,6 +567,30 @@ STATE_SNAPSHOT_EVERY = Setting(
 )
 
 
+def _changelog(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in ("auto", "on", "off"):
+        raise ValueError(raw)
+    return value
+
+
+STATE_CHANGELOG = Setting(
+    key="spark.dstreams.state.changelog",
+    env="DSTREAMS_STATE_CHANGELOG",
+    default="auto",
+    parse=_changelog,
+    accepts="auto, on or off",
+    example="on",
+    doc="With the executor state store and a checkpoint location: `on` writes each batch's changes of each state "
+        "partition to the checkpoint location (`changelogs/`, one object per partition and batch), so that a task "
+        "that runs on another host than its partition's store (or finds the store lost or behind) brings a store "
+        "there up to date from the newest checkpoint and the changes after it, instead of failing the batch "
+        "(whose retry then rebuilds the store through lineage). `auto` (the default): `on` under a cluster master "
+        "(`spark://`, `yarn`, `k8s://`...), `off` under `local` and `local-cluster`, whose executors share one "
+        "disk. README, \"Large state\".",
+)
+
+
 CLASS_DATA_SHARING = Setting(
     key="spark.dstreams.jvm.classDataSharing",
     env="DSTREAMS_CLASS_DATA_SHARING",
@@ -589,7 +613,8 @@ SETTINGS: tuple[Setting, ...] = (JVM_MODE, CLASS_DATA_SHARING, CHECKPOINT_GRAPH,
                                  UI_SHOW_PROGRESS,
                                  STOP_ON_SIGNAL,
                                  GRACEFUL_STOP_TIMEOUT, BATCH_MAX_ATTEMPTS, BATCH_ON_FAILURE,
-                                 STATE_STORE, STATE_AUTO_KEYS, STATE_LOCAL_DIR, STATE_SNAPSHOT_EVERY)
+                                 STATE_STORE, STATE_AUTO_KEYS, STATE_LOCAL_DIR, STATE_SNAPSHOT_EVERY,
+                                 STATE_CHANGELOG)
 
 #: Test-only fault injection (``dstreams.recovery.faults``): environment variables, no conf key.
 TEST_ONLY: tuple[EnvVar, ...] = (

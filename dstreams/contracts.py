@@ -9,7 +9,8 @@ no journal, no fence.
 * :class:`Checkpointer`: a stateful node's RDD is due for a data checkpoint (``mark``); after each
   batch the checkpointer may start writing (``batch_completed``); a restarted driver tells it what
   it restored (``resumed``); the engine tells it when a committed checkpoint has been adopted
-  (``adopted``), on the event loop's thread.
+  (``adopted``), on the event loop's thread; ``state_changelog(node_key)`` gives a store-backed state stream
+  the :class:`StateChangelog` its tasks write each batch's changes to.
 * :class:`BatchJournal`: the metadata log seen from the scheduler. ``batch_generated(t)`` runs
   after batch ``t``'s RDDs are built and before it runs (records its input offsets);
   ``batch_completed(t)`` after every batch up to ``t`` completed. Raising stops this driver.
@@ -71,6 +72,31 @@ class Checkpointer(Protocol):
         """A restarted driver restored ``node`` from its checkpoint at ``restored_ms`` (None: none
         usable); ``existing`` are the node's checkpoints found in the store."""
         ...
+
+    def state_changelog(self, node_key: str) -> StateChangelog:
+        """Where the tasks of the store-backed state stream ``node_key`` write each batch's changes per partition,
+        and read them back with the stream's checkpoints (picklable: shipped to the tasks)."""
+        ...
+
+
+class StateChangelog(Protocol):
+    """Each batch's changes of each partition of one store-backed state stream, next to its checkpoints, so that a
+    task can bring a partition's store to any version since the newest checkpoint on any host
+    (:mod:`dstreams.nodes.store_state`). Called in tasks; every method may raise on a store error.
+
+    * ``write(run, version, partition, entries)``: the ``(key bytes, value bytes or None: deleted)`` that batch
+      ``version`` of driver run ``run`` wrote to ``partition``; written again identically by a retried task.
+    * ``read(run, version, partition)``: those entries; ``FileNotFoundError`` when none were written (or they were
+      deleted: only versions after the stream's oldest kept checkpoint are kept).
+    * ``checkpoint_state(time_ms, partition)``: the partition's ``(key bytes, value bytes)`` at the committed
+      checkpoint of ``time_ms`` (its newest snapshot and the deltas after it).
+    """
+
+    def write(self, run: str, version: int, partition: int, entries: list[tuple[bytes, bytes | None]]) -> None: ...
+
+    def read(self, run: str, version: int, partition: int) -> list[tuple[bytes, bytes | None]]: ...
+
+    def checkpoint_state(self, time_ms: int, partition: int) -> Any: ...
 
 
 class BatchJournal(Protocol):

@@ -64,11 +64,21 @@ from dstreams.contracts import CommitEvents, FaultHook, Fence, NoFence, NoOutage
 from dstreams.events import CheckpointCommitted
 from dstreams.records import consume
 from dstreams.spark.partitioned import partition_aligned_rdd
-from dstreams.statestore import PAIRS_SNAPSHOT, SNAPSHOT, key_bytes, value_bytes
-from dstreams.statestore import PART_HEADER as STATE_PART_HEADER
 from dstreams.time import BatchTime
 
-from .codec import CorruptCheckpointError, decode_partition, encode_partition
+from .changelog import StoreChangelog, delete_changelogs_through
+from .checkpoint_files import (
+    MANIFEST,
+    checkpoint_prefix,
+    list_checkpoints,
+    load_manifest,
+    read_part,
+    read_state_partition,
+    state_chain,
+    state_layers,
+    verify_state_chain,
+)
+from .codec import decode_partition, encode_partition
 from .outage import ride_out
 from .storespec import StoreSpec
 
@@ -77,7 +87,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "MANIFEST.json"
+#: Kept importable from here (the checkpoint layout moved to :mod:`.checkpoint_files`).
+__all__ = ["MANIFEST", "CheckpointError", "CheckpointWrite", "StoreCheckpointer", "StoreWriteAheadLog",
+           "checkpoint_prefix", "list_checkpoints", "load_manifest", "reader_rdd", "verify_state_chain"]
+
 KEEP_NEWER = 2
 #: How many :class:`CheckpointWrite` records ``StoreCheckpointer.recent_writes`` keeps.
 RECENT_WRITES = 100
@@ -126,14 +139,20 @@ class CheckpointWrite:
         return self.error is None
 
 
-def _node_root(node_key: str) -> str:
-    return f"checkpoints/{node_key}/"
+def _state_reader_rdd(sc: SparkContext, spec: StoreSpec, manifest: dict[str, Any],
+                      partitioner: Partitioner | None) -> RDD:
+    """The reader of a store-backed stream's checkpoint (:mod:`dstreams.nodes.store_state`): partition ``i`` is
+    the state at the checkpoint's time as (key bytes, value bytes), rebuilt from the newest snapshot part of
+    ``i`` on the checkpoint's chain and the delta parts after it. Lazy: nothing is read until iterated."""
+    n = int(manifest["num_partitions"])
+    layers = state_layers(spec.open(), manifest)
 
+    def read(i: int) -> Iterable[Any]:
+        return read_state_partition(spec, layers, i)
 
-def checkpoint_prefix(node_key: str, time_ms: int) -> str:
-    """Where the checkpoint of ``node_key`` at ``time_ms`` lives (with :func:`list_checkpoints`, the one
-    place that spells the key format)."""
-    return f"{_node_root(node_key)}{time_ms:015d}"
+    if partitioner is not None and partitioner.numPartitions == n:
+        return partition_aligned_rdd(sc, n, read)
+    return sc.parallelize(range(n), n).mapPartitionsWithIndex(lambda i, it: (consume(it), read(i))[1])
 
 
 def reader_rdd(sc: SparkContext, spec: StoreSpec, prefix: str, manifest: dict[str, Any],
@@ -144,86 +163,13 @@ def reader_rdd(sc: SparkContext, spec: StoreSpec, prefix: str, manifest: dict[st
 
     def read(i: int, it: Iterable[Any]) -> list[Any]:
         consume(it)  # the partition number: read it, or the Python worker is not reused
-        return _read_part(spec, prefix, parts[i])
+        return read_part(spec, prefix, parts[i])
 
     if "state" in manifest:
         return _state_reader_rdd(sc, spec, manifest, partitioner)
     if partitioner is not None and partitioner.numPartitions == n:
         return partition_aligned_rdd(sc, n, lambda i: read(i, ()))
     return sc.parallelize(range(n), n).mapPartitionsWithIndex(read)
-
-
-def _read_part(spec: StoreSpec, prefix: str, part: dict[str, Any]) -> list[Any]:
-    """The records of one part a manifest names, its checksum verified (a missing part: a corrupt checkpoint)."""
-    key = f"{prefix}/{part['key']}"
-    try:
-        data = spec.open().get(key)
-    except FileNotFoundError:
-        raise CorruptCheckpointError(f"checkpoint part {key} named by its manifest is missing") from None
-    return decode_partition(data, part["sha256"], key)
-
-
-def _state_reader_rdd(sc: SparkContext, spec: StoreSpec, manifest: dict[str, Any],
-                      partitioner: Partitioner | None) -> RDD:
-    """The reader of a store-backed stream's checkpoint (:mod:`dstreams.nodes.store_state`): partition ``i`` is
-    the state at the checkpoint's time as (key bytes, value bytes), rebuilt from the newest snapshot part of
-    ``i`` on the checkpoint's chain and the delta parts after it. Lazy: nothing is read until iterated."""
-    node_key, n = manifest["node"], int(manifest["num_partitions"])
-    store = spec.open()
-    chain = [*manifest["state"]["chain"], int(manifest["time_ms"])]
-    manifests = [load_manifest(store, node_key, t) for t in chain[:-1]] + [manifest]
-    layers: list[tuple[str, dict[int, dict[str, Any]]]] = []
-    for m in manifests:
-        if int(m["num_partitions"]) != n:
-            raise CorruptCheckpointError(f"checkpoint of {node_key} at {m['time_ms']} has {m['num_partitions']} "
-                                         f"partitions, the chain it belongs to has {n}")
-        layers.append((checkpoint_prefix(node_key, int(m["time_ms"])), {int(p["index"]): p for p in m["parts"]}))
-
-    def read(i: int) -> Iterable[Any]:
-        parts: list[list[Any]] = []
-        for prefix, by_index in reversed(layers):  # newest first, down to the newest snapshot
-            p = by_index[i]
-            records = _read_part(spec, prefix, p)
-            if not records or not isinstance(records[0], tuple) or records[0][0] != STATE_PART_HEADER:
-                raise CorruptCheckpointError(f"checkpoint part {prefix}/{p['key']} is not a part of a store-backed "
-                                             "state")
-            parts.append(records)
-            if records[0][1] in (SNAPSHOT, PAIRS_SNAPSHOT):
-                break
-        else:
-            raise CorruptCheckpointError(f"no snapshot of partition {i} of {node_key} on the chain {chain}")
-        state: dict[bytes, bytes] = {}
-        for records in reversed(parts):
-            if records[0][1] == PAIRS_SNAPSHOT:  # plain (key, value) pairs: a state picked by size, not yet moved
-                state = {key_bytes(k): value_bytes(v) for k, v in records[1:]}
-                continue
-            for k, v in records[1:]:
-                if v is None:
-                    state.pop(k, None)
-                else:
-                    state[k] = v
-        yield from state.items()
-
-    if partitioner is not None and partitioner.numPartitions == n:
-        return partition_aligned_rdd(sc, n, read)
-    return sc.parallelize(range(n), n).mapPartitionsWithIndex(lambda i, it: (consume(it), read(i))[1])
-
-
-def verify_state_chain(store: Any, manifest: dict[str, Any]) -> None:
-    """Raise :class:`CorruptCheckpointError` unless every manifest and part a store-backed stream's checkpoint
-    builds on is in ``store`` (one existence check per part; the contents are checked when read)."""
-    node_key = manifest["node"]
-    for t in [*state_chain(manifest), int(manifest["time_ms"])]:
-        m = manifest if t == int(manifest["time_ms"]) else load_manifest(store, node_key, t)
-        prefix = checkpoint_prefix(node_key, t)
-        for p in m["parts"]:
-            if not store.exists(f"{prefix}/{p['key']}"):
-                raise CorruptCheckpointError(f"checkpoint part {prefix}/{p['key']} named by its manifest is missing")
-
-
-def state_chain(manifest: dict[str, Any]) -> list[int]:
-    """The checkpoint times a store-backed stream's checkpoint builds on (empty for any other)."""
-    return [int(t) for t in manifest.get("state", {}).get("chain", [])]
 
 
 class StoreCheckpointer:
@@ -326,6 +272,9 @@ class StoreCheckpointer:
                 self._built_through.setdefault((node.key, t), -1)
             times = self.committed[node.key]
             times[:] = sorted(set(times) | older)
+
+    def state_changelog(self, node_key: str) -> StoreChangelog:
+        return StoreChangelog(self.spec, node_key)
 
     def batch_completed(self, time: BatchTime) -> None:
         with self._lock:
@@ -462,16 +411,24 @@ class StoreCheckpointer:
     def _deletable(self, node_key: str) -> bool:
         """Whether the oldest committed checkpoint of ``node_key`` may go (caller holds the lock).
 
-        It may once ``KEEP_NEWER`` newer ones are committed and the next one has taken over: every
-        batch built on the older lineage has completed, and the node's RDDs before the next
-        checkpoint have left its remember window.
+        It may once it is obsolete (:meth:`_obsolete`) and so is every kept checkpoint that is a delta on it
+        (a store-backed stream's chain goes as a whole, oldest first, once its newest delta is obsolete).
         """
         times = self.committed[node_key]
-        if len(times) <= KEEP_NEWER + 1 or self._completed_ms is None:
+        if not self._obsolete(node_key, 0):
             return False
-        if any(times[0] in self._chains.get((node_key, t), ()) for t in times[1:]):
-            return False  # a kept checkpoint is a delta on it
-        successor = times[1]
+        return all(self._obsolete(node_key, j) for j in range(1, len(times))
+                   if times[0] in self._chains.get((node_key, times[j]), ()))
+
+    def _obsolete(self, node_key: str, j: int) -> bool:
+        """Whether nothing but the checkpoints it builds on needs checkpoint ``j`` (by age) of ``node_key``: at least
+        ``KEEP_NEWER`` newer ones are committed after its successor and the successor has taken over: every batch
+        built on the older lineage has completed, and the node's RDDs before the successor have left its remember
+        window."""
+        times = self.committed[node_key]
+        if len(times) - j <= KEEP_NEWER + 1 or self._completed_ms is None:
+            return False
+        successor = times[j + 1]
         # A restart resumes every stream from its newest checkpoint at or before the oldest of the streams'
         # newest ones (recovery.resume): that one stays until a newer one is at or before it too.
         common = min((ts[-1] for ts in self.committed.values() if ts), default=None)
@@ -519,32 +476,9 @@ class StoreCheckpointer:
                 self.store.delete(f"{prefix}/{MANIFEST}")
                 for part in self.store.list(prefix + "/"):
                     self.store.delete(part)
+                delete_changelogs_through(self.store, key, old)  # what only this checkpoint's lineage reads
             except Exception as e:
                 log.warning("could not delete old checkpoint %s: %s", prefix, e)
-
-
-def load_manifest(store, node_key: str, time_ms: int) -> dict[str, Any]:
-    prefix = checkpoint_prefix(node_key, time_ms)
-    raw = store.get(f"{prefix}/{MANIFEST}")
-    try:
-        manifest = json.loads(raw)
-    except ValueError:
-        raise CorruptCheckpointError(f"{prefix}/{MANIFEST} is not valid JSON") from None
-    if manifest.get("format") not in (1, 2) or manifest.get("node") != node_key:
-        raise CorruptCheckpointError(f"{prefix}/{MANIFEST} is not a format-1 manifest of {node_key}")
-    return manifest
-
-
-def list_checkpoints(store, node_key: str) -> list[int]:
-    """Times of the committed checkpoints of ``node_key`` (newest first)."""
-    times = set()
-    root = _node_root(node_key)
-    for key in store.list(root):
-        rest = key[len(root):]
-        t, _, name = rest.partition("/")
-        if name == MANIFEST and t.isdigit():
-            times.add(int(t))
-    return sorted(times, reverse=True)
 
 
 class StoreWriteAheadLog:

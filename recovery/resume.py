@@ -31,14 +31,8 @@ from pyspark import RDD, SparkContext
 from dstreams.contracts import Checkpointer
 from dstreams.time import BatchTime
 
-from .checkpointer import (
-    checkpoint_prefix,
-    list_checkpoints,
-    load_manifest,
-    reader_rdd,
-    state_chain,
-    verify_state_chain,
-)
+from .checkpoint_files import checkpoint_prefix, list_checkpoints, load_manifest, state_chain, verify_state_chain
+from .checkpointer import reader_rdd
 from .storespec import StoreSpec
 
 if TYPE_CHECKING:

@@ -389,3 +389,109 @@ def test_stores_removed_without_retries_stop_the_stream_and_the_named_restart_lo
     assert sorted(got) == sorted(removal_reference)
     for name in sorted(removal_reference):
         assert got[name] == removal_reference[name], name
+
+
+# ------------------------------------------------------------------ the changelog (spark.dstreams.state.changelog)
+
+
+def _changelog_versions(ckpt: str) -> dict[int, set[str]]:
+    """Per version: the changelog objects in the checkpoint location (``<run>-p<partition>``)."""
+    versions: dict[int, set[str]] = {}
+    for key in open_store(ckpt).list("changelogs/"):
+        _, _node, version, name = key.split("/")
+        versions.setdefault(int(version), set()).add(name)
+    return versions
+
+
+def _run_with_store_fault(sc, tmp_path, monkeypatch, fault: str) -> tuple[dict[int, int], str]:
+    """:func:`_removal_app` on the executor store with the changelog on, through batch 10, the executors' stores
+    damaged after batch 7: ``removed`` (a host that never ran the partitions, a disk wiped), ``behind`` (the stores
+    as they were after batch 5: a host the partitions ran on before), or ``removed-no-changelog`` (removed, and the
+    changelog objects since the checkpoint deleted too). Returns each batch's tries and the checkpoint location."""
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", "executor")
+    monkeypatch.setenv("DSTREAMS_STATE_SNAPSHOT_EVERY", "2")
+    monkeypatch.setenv("DSTREAMS_STATE_CHANGELOG", "on")
+    local_dir, copy = tmp_path / "local", tmp_path / "local-at-5"
+    monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(local_dir))
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    clock = ManualClock()
+    ssc = StreamingContext.getOrCreate(ckpt, lambda: _removal_app(sc, ckpt, out, clock))
+    try:
+        ssc.start()
+        _drive(ssc, clock, 5000)
+        shutil.copytree(local_dir, copy)
+        _drive(ssc, clock, 7000)
+        shutil.rmtree(local_dir)
+        if fault == "behind":
+            shutil.copytree(copy, local_dir)
+        if fault == "removed-no-changelog":
+            store = open_store(ckpt)
+            for key in store.list("changelogs/"):
+                store.delete(key)
+        _drive(ssc, clock, 10_000)
+        attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
+    finally:
+        ssc.stop(stopSparkContext=False)
+    return attempts, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["removed", "behind"])
+def test_stores_lost_or_behind_are_brought_up_to_date_from_the_changelog(sc, tmp_path, monkeypatch,
+                                                                        removal_reference, fault):
+    """With ``spark.dstreams.state.changelog=on`` a task that finds its partition's store missing (another host, a
+    wiped disk) or at an older version of this run (a host the partition ran on before) brings it up to date inside
+    the task, from the newest adopted checkpoint and each batch's changes since: the batch does not fail, and the
+    outputs are those of a run without the fault."""
+    attempts, out = _run_with_store_fault(sc, tmp_path, monkeypatch, fault)
+    assert set(attempts.values()) == {1}, attempts  # no batch failed: no retry rebuilt anything through lineage
+    got = read_outputs(out)
+    assert sorted(got) == sorted(removal_reference)
+    for name in sorted(removal_reference):
+        assert got[name] == removal_reference[name], name
+    # One object per batch and partition of each store-backed stream (two streams), each run's under its token.
+    versions = _changelog_versions(str(tmp_path / "ckpt"))
+    assert set(versions) == set(range(1000, 11_000, 1000)), sorted(versions)
+    assert all(len(names) == 2 * len({n.rsplit("-p", 1)[1] for n in names}) for names in versions.values())
+
+
+@pytest.mark.slow
+def test_a_changelog_that_cannot_be_read_falls_back_to_the_batchs_retry(sc, tmp_path, monkeypatch,
+                                                                        removal_reference):
+    """The changelog objects deleted as well as the stores: the catch-up fails with a ``StateStoreError`` naming
+    the changelog, and the batch's retry rebuilds the stores through lineage (as without a changelog): the outputs
+    are still those of a run without the fault."""
+    attempts, out = _run_with_store_fault(sc, tmp_path, monkeypatch, "removed-no-changelog")
+    assert attempts[8000] == 2, attempts
+    got = read_outputs(out)
+    assert sorted(got) == sorted(removal_reference)
+    for name in sorted(removal_reference):
+        assert got[name] == removal_reference[name], name
+
+
+@pytest.mark.slow
+def test_the_changelog_is_deleted_with_the_checkpoints_it_builds_on(sc, tmp_path, monkeypatch):
+    """Old checkpoints go (two newer ones kept) and the changelog objects at or before them with them: what is
+    left reaches back from the oldest kept checkpoint, and every version after it is there."""
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", "executor")
+    monkeypatch.setenv("DSTREAMS_STATE_CHANGELOG", "on")
+    monkeypatch.setenv("DSTREAMS_STATE_SNAPSHOT_EVERY", "2")  # a snapshot every other checkpoint: older chains go
+    monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(tmp_path / "local"))
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.checkpoint(ckpt)
+    pairs = ssc.generatorStream(5, 2, seed=1, recordFunc=_records).map(lambda w: (w, 1))
+    pairs.runningReduce(operator.add).checkpoint("2s").saveAsTextFiles(os.path.join(out, "running"))
+    try:
+        ssc.start()
+        _drive(ssc, clock, 16_000)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    store = open_store(ckpt)
+    (key,) = {k.split("/")[1] for k in store.list("checkpoints/") if "StoreRunningReduceNode" in k}
+    oldest_kept = min(list_checkpoints(store, key))
+    assert oldest_kept > 4000  # checkpoints every 2 s: some were deleted
+    versions = _changelog_versions(ckpt)
+    assert min(versions) > oldest_kept - 2000, (oldest_kept, sorted(versions))  # none at or before a deleted one
+    assert set(range(oldest_kept + 1000, 17_000, 1000)) <= set(versions)

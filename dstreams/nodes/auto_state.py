@@ -144,6 +144,10 @@ class AutoStateNode(StoreStateNode):
         """The inverse of :meth:`store_entry`, applied when a checkpoint of the RDD state is read back."""
         return None
 
+    def catchup_valid(self, start_ms: int) -> bool:
+        """Only the batch before the move and later are in the store's versions and the changelog."""
+        return self.switched_at is not None and start_ms >= self.switched_at - self.slide_duration.ms
+
     def on_store(self, time_ms: int) -> bool:
         """Whether the stream's RDD at ``time_ms`` is a store handle (else an RDD state)."""
         return self.switched_at is not None and time_ms >= self.switched_at
@@ -301,6 +305,7 @@ class AutoStateNode(StoreStateNode):
         convert = self.rdd_entry() or (lambda v: v)
         pairs = reader.map(lambda kv: (pickle.loads(kv[0]), convert(pickle.loads(kv[1]))), preservesPartitioning=True)
         DStreamNode.restore_from_checkpoint(self, time, pairs)
+        self._catchup_starts(time.ms)  # a checkpoint of the batch before the move is where the store starts
         if reader.is_cached:  # read whole to verify it (a restart): released with the RDD it feeds
             self._retired.setdefault(time.ms, []).append(reader)
 

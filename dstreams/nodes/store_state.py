@@ -31,6 +31,7 @@ store's log when an earlier run's store is past it, else reloaded from the check
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import pickle
 import uuid
@@ -41,6 +42,7 @@ from pyspark import RDD, StorageLevel
 from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.rdd import Partitioner
 
+from .. import config
 from ..node import DStreamNode, OneParentNode
 from ..spark.partitioned import (
     ensure_partitioned,
@@ -54,6 +56,7 @@ from ..statestore import PART_HEADER, Indexer, PartitionStore, StateStoreError, 
 from ..time import BatchTime
 
 if TYPE_CHECKING:
+    from ..contracts import StateChangelog
     from ..graph import DStreamGraph
 
 #: What a batch does to one partition's store: (store, the partition's batch records) -> (writes, old values).
@@ -63,6 +66,10 @@ SegmentsUpdater = Callable[[PartitionStore, list[list[Any]]], tuple[dict[bytes, 
 
 #: Per partition: (version, keys, bytes on disk) as the newest task that touched its store reported them.
 PartitionStats = dict[int, tuple[int, int, int]]
+#: How a task brings a store that is not where its batch builds on up to date from the changelog: (the checkpoint
+#: time it starts from, whether that start is the empty state at the zero time instead, the versions this run
+#: applied after it, oldest first).
+CatchUp = tuple[int, bool, tuple[int, ...]]
 
 
 class _LatestPerPartition(AccumulatorParam):
@@ -93,6 +100,47 @@ def _error_text(error: BaseException) -> str:
 def _report(stats: Accumulator | None, partition: int, store: PartitionStore) -> None:
     if stats is not None and store.version is not None:
         stats.add({partition: (store.version, store.keys, store.disk_bytes())})
+
+
+def catch_up(store: PartitionStore, changelog: StateChangelog, run: str, partition: int, target: int,
+             plan: CatchUp) -> bool:
+    """Inside a transaction: bring ``store`` to version ``target`` of ``run`` from the changelog (False: ``plan`` does
+    not reach ``target``). A store of this run at a version of the plan before ``target`` applies the versions after
+    its own; any other is reloaded from the plan's checkpoint (or emptied) and applies every version up to ``target``.
+    Raises :class:`StateStoreError` when the changelog or the checkpoint cannot be read."""
+    start, empty, applied = plan
+    versions = [v for v in applied if v <= target]
+    if target != (versions[-1] if versions else start):
+        return False
+    current = store.version
+    try:
+        if store.run == run and current is not None and (current == start or current in versions) and current < target:
+            todo = [v for v in versions if v > current]
+        else:
+            store.reload(start, run, () if empty else changelog.checkpoint_state(start, partition))
+            todo = versions
+        for v in todo:
+            writes: dict[bytes, bytes | None] = dict(changelog.read(run, v, partition))
+            store.write_many(v, writes, store.get_many(writes))
+            store.set_version(v, run)
+    except StateStoreError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure to read: the batch's retry rebuilds through lineage
+        raise StateStoreError(f"the state store of partition {partition} ({store.path}) could not be brought to "
+                              f"version {target} from the changelog: {type(e).__name__}: {e}") from e
+    return True
+
+
+def _at_version(store: PartitionStore, version: int, run: str, catchup: tuple[StateChangelog, CatchUp] | None,
+                partition: int) -> None:
+    """Before reading ``store`` as of ``version``: where it is not this run's or has not got that far, bring it there
+    from the changelog (when the stream writes one; else the read raises as it would)."""
+    current = store.version
+    if catchup is None or (store.run == run and current is not None and current >= version):
+        return
+    with store.transaction():
+        if store.run != run or store.version is None or store.version < version:
+            catch_up(store, catchup[0], run, partition, version, catchup[1])
 
 
 class StoreStateNode(OneParentNode):
@@ -127,7 +175,16 @@ class StoreStateNode(OneParentNode):
         self._stats: Accumulator | None = None
         #: The handle at the zero time (the initial state loaded), once built.
         self._zero_handle: RDD | None = None
+        self._reset_changelog()
         self.persist(StorageLevel.MEMORY_ONLY)
+
+    def _reset_changelog(self) -> None:
+        #: This run's changelog (``spark.dstreams.state.changelog``), resolved with the first batch; False: not yet.
+        self._changelog: StateChangelog | None | bool = False
+        #: Where a store brought up to date from the changelog starts: (time, the empty state), None: nowhere.
+        self._catchup_from: tuple[int, bool] | None = None
+        #: The versions this run applied after ``_catchup_from`` (oldest first).
+        self._applied: list[int] = []
 
     # ------------------------------------------------------------------ definition
     @property
@@ -143,7 +200,8 @@ class StoreStateNode(OneParentNode):
         state = super().__getstate__()
         state["_had_initial"] = self.initial is not None or self._had_initial
         state["initial"] = None
-        state.update(_chain=[], _exported={}, _marked=set(), _stats=None, _zero_handle=None)
+        state.update(_chain=[], _exported={}, _marked=set(), _stats=None, _zero_handle=None, _changelog=False,
+                     _catchup_from=None, _applied=[])
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -200,6 +258,35 @@ class StoreStateNode(OneParentNode):
         """The stores' deadline function (:meth:`PartitionStore.due_keys`), or None: no deadlines."""
         return None
 
+    # ------------------------------------------------------------------ the changelog
+    def state_changelog(self) -> StateChangelog | None:
+        """This run's changelog, or None: ``spark.dstreams.state.changelog`` (``auto``: on under a cluster master,
+        where a partition's task may run on another host than its store)."""
+        if self._changelog is False:
+            sc, checkpointer = self.graph.sc, self.graph.checkpointer
+            mode = config.get(config.STATE_CHANGELOG, sc.getConf())
+            on = mode == "on" or (mode == "auto" and not str(sc.master).startswith("local"))
+            self._changelog = checkpointer.state_changelog(self.key) if on and checkpointer is not None else None
+        return self._changelog  # type: ignore[return-value]
+
+    def catchup_valid(self, start_ms: int) -> bool:
+        """Whether a store loaded with the checkpoint at ``start_ms`` and this run's changelog after it is this
+        stream's state (a state picked by size: only from the batch before it moved on)."""
+        return True
+
+    def _catchup_plan(self, upto_ms: int) -> tuple[StateChangelog, CatchUp] | None:
+        """What a task needs to bring a store to a version up to ``upto_ms`` from the changelog, or None."""
+        changelog, start = self.state_changelog(), self._catchup_from
+        if changelog is None or start is None or not self.catchup_valid(start[0]):
+            return None
+        return changelog, (start[0], start[1], tuple(v for v in self._applied if start[0] < v <= upto_ms))
+
+    def _catchup_starts(self, time_ms: int, empty: bool = False) -> None:
+        """Stores can be brought up to date from the state at ``time_ms`` (a checkpoint read back or adopted; the
+        empty state at the zero time) and this run's changelog after it."""
+        self._catchup_from = (time_ms, empty)
+        self._applied = [v for v in self._applied if v > time_ms]
+
     # ------------------------------------------------------------------ RDDs
     def _initial_handle(self) -> RDD:
         """The handle at the zero time: every partition's store holds the initial state (empty without one)."""
@@ -207,6 +294,8 @@ class StoreStateNode(OneParentNode):
         self._check_initial()
         handle = self._loaded_handle(self.zero_time.ms, self.initial)  # streamed into the store
         self._zero_handle = handle
+        if self.initial is None:
+            self._catchup_starts(self.zero_time.ms, empty=True)
         checkpointer = self.graph.checkpointer
         if self.initial is not None and checkpointer is not None:
             # a snapshot at the zero time: what a restart before the next one needs
@@ -300,6 +389,10 @@ class StoreStateNode(OneParentNode):
         t, run, local_dir, store_id = time.ms, self._run, self.local_dir, self.store_id()
         floor, name = self._log_floor(time.ms), self.name
         stats, indexer = self._stats_accumulator(), self.indexer()
+        catchup = self._catchup_plan(t - 1)
+        changelog = self.state_changelog()
+        if t not in self._applied:
+            bisect.insort(self._applied, t)
 
         def apply(i: int, segments: list[list[Any]]) -> list[int]:
             base = segments[0][0] if segments[0] else None
@@ -309,7 +402,9 @@ class StoreStateNode(OneParentNode):
                     version, owner = store.version, store.run
                     if owner == run and version is not None and version >= t:
                         return [t]  # applied already (a recomputed handle, a retried or speculative task)
-                    if owner != run or version != base:
+                    if (owner != run or version != base) and not (
+                            catchup is not None and base is not None
+                            and catch_up(store, catchup[0], run, i, base, catchup[1])):
                         raise StateStoreError(
                             f"{name}: the state store of partition {i} ({store.path}) is at version {version} of "
                             f"run {owner}, not at {base} of this run ({run}), so batch {t} cannot be applied. "
@@ -317,6 +412,8 @@ class StoreStateNode(OneParentNode):
                             "folder was removed while the stream ran; restart the stream from its checkpoint")
                     writes, old = update(store, segments[1:])
                     store.write_many(t, writes, old)
+                    if changelog is not None:  # before the store commits: a version in a store is in the changelog
+                        changelog.write(run, t, i, list(writes.items()))
                     store.set_version(t, run)
                     store.prune_log(floor)
                 _report(stats, i, store)
@@ -334,12 +431,13 @@ class StoreStateNode(OneParentNode):
         chain = list(self._chain) if 0 < len(self._chain) < self.snapshot_every else []
         self._exported[time_ms] = chain
         base = chain[-1] if chain else None
-        local_dir, store_id = self.local_dir, self.store_id()
+        local_dir, store_id, run, catchup = self.local_dir, self.store_id(), self._run, self._catchup_plan(time_ms)
 
         def export(i: int, it: Iterable[Any]) -> Iterable[Any]:
             (version,) = list(it)
             store = PartitionStore.open(local_dir, store_id, i)
             try:
+                _at_version(store, version, run, catchup, i)
                 with store.reading():
                     floor = store.log_floor
                     if base is not None and floor is not None and floor <= base:
@@ -381,6 +479,7 @@ class StoreStateNode(OneParentNode):
 
         handle = reader.mapPartitionsWithIndex(restore, preservesPartitioning=True)
         super().restore_from_checkpoint(time, handle)
+        self._catchup_starts(time.ms)
         if not self._chain or self._chain[-1] != time.ms:
             self._chain = []
 
@@ -394,12 +493,13 @@ class StoreStateNode(OneParentNode):
         handle = self.get_or_compute(time)
         if handle is None:
             return None
-        local_dir, store_id = self.local_dir, self.store_id()
+        local_dir, store_id, run, catchup = self.local_dir, self.store_id(), self._run, self._catchup_plan(time.ms)
 
         def read(i: int, it: Iterable[Any]) -> Iterable[Any]:
             (version,) = list(it)
             store = PartitionStore.open(local_dir, store_id, i)
             try:
+                _at_version(store, version, run, catchup, i)
                 with store.reading():
                     for kb, vb in store.items_as_of(version):
                         yield pickle.loads(kb), pickle.loads(vb)
@@ -416,6 +516,7 @@ class StoreStateNode(OneParentNode):
         if handle is None:
             return None
         t, local_dir, store_id = time.ms, self.local_dir, self.store_id()
+        run, catchup = self._run, self._catchup_plan(time.ms)
 
         def read(i: int, it: Iterable[Any]) -> Iterable[Any]:
             (version,) = list(it)
@@ -423,6 +524,7 @@ class StoreStateNode(OneParentNode):
                 return  # an empty batch: the handle before it stands for it
             store = PartitionStore.open(local_dir, store_id, i)
             try:
+                _at_version(store, version, run, catchup, i)
                 with store.reading():
                     for kb, vb in store.changed_at(version):
                         yield pickle.loads(kb), None if vb is None else pickle.loads(vb)

@@ -1,0 +1,129 @@
+"""The layout of data checkpoints in a store, and reading them back (no Spark job: plain functions that the
+checkpointer's reader RDDs and the state changelog's tasks call).
+
+* ``checkpoints/<node key>/<time, 15 digits>/MANIFEST.json`` commits a checkpoint: it names its parts
+  (``part-NNNNN``, :mod:`.codec`) and their checksums; nothing reads a part that no manifest names.
+* A store-backed state stream's checkpoint (:mod:`dstreams.nodes.store_state`) is a snapshot or a delta on the
+  chain of checkpoints its manifest names (``state.chain``): :func:`state_layers` and :func:`read_state_partition`
+  rebuild one partition from the newest snapshot on the chain and the deltas after it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from dstreams.statestore import PAIRS_SNAPSHOT, SNAPSHOT, key_bytes, value_bytes
+from dstreams.statestore import PART_HEADER as STATE_PART_HEADER
+
+from .codec import CorruptCheckpointError, decode_partition
+from .storespec import StoreSpec
+
+MANIFEST = "MANIFEST.json"
+
+#: A state checkpoint's chain as read back: per checkpoint (oldest first), its prefix and its parts by index.
+StateLayers = list[tuple[str, dict[int, dict[str, Any]]]]
+
+
+def _node_root(node_key: str) -> str:
+    return f"checkpoints/{node_key}/"
+
+
+def checkpoint_prefix(node_key: str, time_ms: int) -> str:
+    """Where the checkpoint of ``node_key`` at ``time_ms`` lives (with :func:`list_checkpoints`, the one
+    place that spells the key format)."""
+    return f"{_node_root(node_key)}{time_ms:015d}"
+
+
+def read_part(spec: StoreSpec, prefix: str, part: dict[str, Any]) -> list[Any]:
+    """The records of one part a manifest names, its checksum verified (a missing part: a corrupt checkpoint)."""
+    key = f"{prefix}/{part['key']}"
+    try:
+        data = spec.open().get(key)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"checkpoint part {key} named by its manifest is missing") from None
+    return decode_partition(data, part["sha256"], key)
+
+
+def load_manifest(store: Any, node_key: str, time_ms: int) -> dict[str, Any]:
+    prefix = checkpoint_prefix(node_key, time_ms)
+    raw = store.get(f"{prefix}/{MANIFEST}")
+    try:
+        manifest = json.loads(raw)
+    except ValueError:
+        raise CorruptCheckpointError(f"{prefix}/{MANIFEST} is not valid JSON") from None
+    if manifest.get("format") not in (1, 2) or manifest.get("node") != node_key:
+        raise CorruptCheckpointError(f"{prefix}/{MANIFEST} is not a format-1 manifest of {node_key}")
+    return manifest
+
+
+def list_checkpoints(store: Any, node_key: str) -> list[int]:
+    """Times of the committed checkpoints of ``node_key`` (newest first)."""
+    times = set()
+    root = _node_root(node_key)
+    for key in store.list(root):
+        rest = key[len(root):]
+        t, _, name = rest.partition("/")
+        if name == MANIFEST and t.isdigit():
+            times.add(int(t))
+    return sorted(times, reverse=True)
+
+
+def state_chain(manifest: dict[str, Any]) -> list[int]:
+    """The checkpoint times a store-backed stream's checkpoint builds on (empty for any other)."""
+    return [int(t) for t in manifest.get("state", {}).get("chain", [])]
+
+
+def verify_state_chain(store: Any, manifest: dict[str, Any]) -> None:
+    """Raise :class:`CorruptCheckpointError` unless every manifest and part a store-backed stream's checkpoint
+    builds on is in ``store`` (one existence check per part; the contents are checked when read)."""
+    node_key = manifest["node"]
+    for t in [*state_chain(manifest), int(manifest["time_ms"])]:
+        m = manifest if t == int(manifest["time_ms"]) else load_manifest(store, node_key, t)
+        prefix = checkpoint_prefix(node_key, t)
+        for p in m["parts"]:
+            if not store.exists(f"{prefix}/{p['key']}"):
+                raise CorruptCheckpointError(f"checkpoint part {prefix}/{p['key']} named by its manifest is missing")
+
+
+def state_layers(store: Any, manifest: dict[str, Any]) -> StateLayers:
+    """The chain a store-backed stream's checkpoint builds on, its own parts last (manifests read, parts not)."""
+    node_key, n = manifest["node"], int(manifest["num_partitions"])
+    manifests = [load_manifest(store, node_key, t) for t in state_chain(manifest)] + [manifest]
+    layers: StateLayers = []
+    for m in manifests:
+        if int(m["num_partitions"]) != n:
+            raise CorruptCheckpointError(f"checkpoint of {node_key} at {m['time_ms']} has {m['num_partitions']} "
+                                         f"partitions, the chain it belongs to has {n}")
+        layers.append((checkpoint_prefix(node_key, int(m["time_ms"])), {int(p["index"]): p for p in m["parts"]}))
+    return layers
+
+
+def read_state_partition(spec: StoreSpec, layers: StateLayers, i: int) -> Iterator[tuple[bytes, bytes]]:
+    """Partition ``i`` of the state at the newest checkpoint of ``layers``, as (key bytes, value bytes): its newest
+    snapshot part and the delta parts after it (a pairs snapshot, written before a state picked by size moved,
+    encoded as the store encodes)."""
+    parts: list[list[Any]] = []
+    for prefix, by_index in reversed(layers):  # newest first, down to the newest snapshot
+        p = by_index[i]
+        records = read_part(spec, prefix, p)
+        if not records or not isinstance(records[0], tuple) or records[0][0] != STATE_PART_HEADER:
+            raise CorruptCheckpointError(f"checkpoint part {prefix}/{p['key']} is not a part of a store-backed "
+                                         "state")
+        parts.append(records)
+        if records[0][1] in (SNAPSHOT, PAIRS_SNAPSHOT):
+            break
+    else:
+        raise CorruptCheckpointError(f"no snapshot of partition {i} on the chain {[prefix for prefix, _ in layers]}")
+    state: dict[bytes, bytes] = {}
+    for records in reversed(parts):
+        if records[0][1] == PAIRS_SNAPSHOT:  # plain (key, value) pairs: a state picked by size, not yet moved
+            state = {key_bytes(k): value_bytes(v) for k, v in records[1:]}
+            continue
+        for k, v in records[1:]:
+            if v is None:
+                state.pop(k, None)
+            else:
+                state[k] = v
+    yield from state.items()
