@@ -23,6 +23,7 @@ import urllib.request
 import pytest
 
 from dstreams import ManualClock, StreamingContext
+from dstreams.nodes.store_state import StoreStateNode
 from dstreams.recovery.checkpointer import list_checkpoints, load_manifest
 from dstreams.recovery.store import open_store
 from dstreams.statestore import PartitionStore, StateStoreError, key_bytes
@@ -407,7 +408,8 @@ def _run_with_store_fault(sc, tmp_path, monkeypatch, fault: str) -> tuple[dict[i
     """:func:`_removal_app` on the executor store with the changelog on, through batch 10, the executors' stores
     damaged after batch 7: ``removed`` (a host that never ran the partitions, a disk wiped), ``behind`` (the stores
     as they were after batch 5: a host the partitions ran on before), or ``removed-no-changelog`` (removed, and the
-    changelog objects since the checkpoint deleted too). Returns each batch's tries and the checkpoint location."""
+    changelog objects since the checkpoint deleted too). Returns each batch's tries, the output folder and how many
+    times a task brought a store up to date from the changelog (the streams' ``store_metrics``)."""
     monkeypatch.setenv("DSTREAMS_STATE_STORE", "executor")
     monkeypatch.setenv("DSTREAMS_STATE_SNAPSHOT_EVERY", "2")
     monkeypatch.setenv("DSTREAMS_STATE_CHANGELOG", "on")
@@ -430,9 +432,11 @@ def _run_with_store_fault(sc, tmp_path, monkeypatch, fault: str) -> tuple[dict[i
                 store.delete(key)
         _drive(ssc, clock, 10_000)
         attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
+        stores = [n.store_metrics() for n in ssc._graph.nodes if isinstance(n, StoreStateNode)]
     finally:
         ssc.stop(stopSparkContext=False)
-    return attempts, out
+    assert len(stores) == 2 and all(m is not None and m["changelog"] for m in stores), stores
+    return attempts, out, sum(m["caught_up"] for m in stores)
 
 
 @pytest.mark.slow
@@ -443,8 +447,9 @@ def test_stores_lost_or_behind_are_brought_up_to_date_from_the_changelog(sc, tmp
     wiped disk) or at an older version of this run (a host the partition ran on before) brings it up to date inside
     the task, from the newest adopted checkpoint and each batch's changes since: the batch does not fail, and the
     outputs are those of a run without the fault."""
-    attempts, out = _run_with_store_fault(sc, tmp_path, monkeypatch, fault)
+    attempts, out, caught_up = _run_with_store_fault(sc, tmp_path, monkeypatch, fault)
     assert set(attempts.values()) == {1}, attempts  # no batch failed: no retry rebuilt anything through lineage
+    assert caught_up >= 2, caught_up  # each stream's partitions (at least one each) caught up
     got = read_outputs(out)
     assert sorted(got) == sorted(removal_reference)
     for name in sorted(removal_reference):
@@ -461,7 +466,7 @@ def test_a_changelog_that_cannot_be_read_falls_back_to_the_batchs_retry(sc, tmp_
     """The changelog objects deleted as well as the stores: the catch-up fails with a ``StateStoreError`` naming
     the changelog, and the batch's retry rebuilds the stores through lineage (as without a changelog): the outputs
     are still those of a run without the fault."""
-    attempts, out = _run_with_store_fault(sc, tmp_path, monkeypatch, "removed-no-changelog")
+    attempts, out, _ = _run_with_store_fault(sc, tmp_path, monkeypatch, "removed-no-changelog")
     assert attempts[8000] == 2, attempts
     got = read_outputs(out)
     assert sorted(got) == sorted(removal_reference)

@@ -132,15 +132,16 @@ def catch_up(store: PartitionStore, changelog: StateChangelog, run: str, partiti
 
 
 def _at_version(store: PartitionStore, version: int, run: str, catchup: tuple[StateChangelog, CatchUp] | None,
-                partition: int) -> None:
+                partition: int, caught_up: Accumulator) -> None:
     """Before reading ``store`` as of ``version``: where it is not this run's or has not got that far, bring it there
     from the changelog (when the stream writes one; else the read raises as it would)."""
     current = store.version
     if catchup is None or (store.run == run and current is not None and current >= version):
         return
     with store.transaction():
-        if store.run != run or store.version is None or store.version < version:
-            catch_up(store, catchup[0], run, partition, version, catchup[1])
+        if (store.run != run or store.version is None or store.version < version) and catch_up(
+                store, catchup[0], run, partition, version, catchup[1]):
+            caught_up.add(1)
 
 
 class StoreStateNode(OneParentNode):
@@ -173,6 +174,8 @@ class StoreStateNode(OneParentNode):
         self._marked: set[int] = set()
         #: The stores' reports (keys, bytes on disk), created on the driver with the first RDD.
         self._stats: Accumulator | None = None
+        #: How many times a task brought a store up to date from the changelog (created with the first RDD).
+        self._caught_up: Accumulator | None = None
         #: The handle at the zero time (the initial state loaded), once built.
         self._zero_handle: RDD | None = None
         self._reset_changelog()
@@ -200,7 +203,8 @@ class StoreStateNode(OneParentNode):
         state = super().__getstate__()
         state["_had_initial"] = self.initial is not None or self._had_initial
         state["initial"] = None
-        state.update(_chain=[], _exported={}, _marked=set(), _stats=None, _zero_handle=None, _changelog=False,
+        state.update(_chain=[], _exported={}, _marked=set(), _stats=None, _caught_up=None, _zero_handle=None,
+                     _changelog=False,
                      _catchup_from=None, _applied=[])
         return state
 
@@ -221,6 +225,11 @@ class StoreStateNode(OneParentNode):
             self._stats = self.graph.sc.accumulator({}, _LatestPerPartition())
         return self._stats
 
+    def _caught_up_accumulator(self) -> Accumulator:
+        if self._caught_up is None:
+            self._caught_up = self.graph.sc.accumulator(0)
+        return self._caught_up
+
     def store_metrics(self) -> dict[str, Any] | None:
         """Keys and bytes on disk of this stream's stores, summed over the partitions reported so far (each as of
         the newest version a task of it applied or restored), or None before any report."""
@@ -229,7 +238,8 @@ class StoreStateNode(OneParentNode):
             return None
         return {"keys": sum(s[1] for s in stats.values()), "disk_bytes": sum(s[2] for s in stats.values()),
                 "partitions_reported": len(stats), "partitions": self.partitioner.numPartitions,
-                "as_of_ms": min(s[0] for s in stats.values())}
+                "as_of_ms": min(s[0] for s in stats.values()), "changelog": self.state_changelog() is not None,
+                "caught_up": self._caught_up.value if self._caught_up is not None else 0}
 
     # ------------------------------------------------------------------ per operator
     def prepare(self, batch: RDD) -> RDD:
@@ -389,7 +399,7 @@ class StoreStateNode(OneParentNode):
         t, run, local_dir, store_id = time.ms, self._run, self.local_dir, self.store_id()
         floor, name = self._log_floor(time.ms), self.name
         stats, indexer = self._stats_accumulator(), self.indexer()
-        catchup = self._catchup_plan(t - 1)
+        catchup, caught_up = self._catchup_plan(t - 1), self._caught_up_accumulator()
         changelog = self.state_changelog()
         if t not in self._applied:
             bisect.insort(self._applied, t)
@@ -402,14 +412,18 @@ class StoreStateNode(OneParentNode):
                     version, owner = store.version, store.run
                     if owner == run and version is not None and version >= t:
                         return [t]  # applied already (a recomputed handle, a retried or speculative task)
-                    if (owner != run or version != base) and not (
-                            catchup is not None and base is not None
-                            and catch_up(store, catchup[0], run, i, base, catchup[1])):
-                        raise StateStoreError(
-                            f"{name}: the state store of partition {i} ({store.path}) is at version {version} of "
-                            f"run {owner}, not at {base} of this run ({run}), so batch {t} cannot be applied. "
-                            "Another driver may be writing the same checkpoint location's state, or the store's "
-                            "folder was removed while the stream ran; restart the stream from its checkpoint")
+                    if owner != run or version != base:
+                        if catchup is not None and base is not None and catch_up(store, catchup[0], run, i, base,
+                                                                                 catchup[1]):
+                            caught_up.add(1)
+                        else:
+                            raise StateStoreError(
+                                f"{name}: the state store of partition {i} ({store.path}) is at version {version} "
+                                f"of run {owner}, not at {base} of this run ({run}), so batch {t} cannot be "
+                                "applied. Another driver may be writing the same checkpoint location's state, the "
+                                "store's folder was removed while the stream ran, or the task runs on another host "
+                                "than the partition's store (spark.dstreams.state.changelog=on lets it catch up); "
+                                "restart the stream from its checkpoint")
                     writes, old = update(store, segments[1:])
                     store.write_many(t, writes, old)
                     if changelog is not None:  # before the store commits: a version in a store is in the changelog
@@ -432,12 +446,13 @@ class StoreStateNode(OneParentNode):
         self._exported[time_ms] = chain
         base = chain[-1] if chain else None
         local_dir, store_id, run, catchup = self.local_dir, self.store_id(), self._run, self._catchup_plan(time_ms)
+        caught_up = self._caught_up_accumulator()
 
         def export(i: int, it: Iterable[Any]) -> Iterable[Any]:
             (version,) = list(it)
             store = PartitionStore.open(local_dir, store_id, i)
             try:
-                _at_version(store, version, run, catchup, i)
+                _at_version(store, version, run, catchup, i, caught_up)
                 with store.reading():
                     floor = store.log_floor
                     if base is not None and floor is not None and floor <= base:
@@ -494,12 +509,13 @@ class StoreStateNode(OneParentNode):
         if handle is None:
             return None
         local_dir, store_id, run, catchup = self.local_dir, self.store_id(), self._run, self._catchup_plan(time.ms)
+        caught_up = self._caught_up_accumulator()
 
         def read(i: int, it: Iterable[Any]) -> Iterable[Any]:
             (version,) = list(it)
             store = PartitionStore.open(local_dir, store_id, i)
             try:
-                _at_version(store, version, run, catchup, i)
+                _at_version(store, version, run, catchup, i, caught_up)
                 with store.reading():
                     for kb, vb in store.items_as_of(version):
                         yield pickle.loads(kb), pickle.loads(vb)
@@ -516,7 +532,7 @@ class StoreStateNode(OneParentNode):
         if handle is None:
             return None
         t, local_dir, store_id = time.ms, self.local_dir, self.store_id()
-        run, catchup = self._run, self._catchup_plan(time.ms)
+        run, catchup, caught_up = self._run, self._catchup_plan(time.ms), self._caught_up_accumulator()
 
         def read(i: int, it: Iterable[Any]) -> Iterable[Any]:
             (version,) = list(it)
@@ -524,7 +540,7 @@ class StoreStateNode(OneParentNode):
                 return  # an empty batch: the handle before it stands for it
             store = PartitionStore.open(local_dir, store_id, i)
             try:
-                _at_version(store, version, run, catchup, i)
+                _at_version(store, version, run, catchup, i, caught_up)
                 with store.reading():
                     for kb, vb in store.changed_at(version):
                         yield pickle.loads(kb), None if vb is None else pickle.loads(vb)
