@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             clock.set_time(t)
             info = ssc.awaitBatch(t, args.timeout)
             failures = {str(k): op.failure_reason for k, op in info.output_operations.items() if op.failure_reason}
-            status["batches"].append({"t": t, "processing_ms": info.processing_delay_ms, "failures": failures})
+            status["batches"].append({"t": t, "processing_ms": info.processing_delay_ms, "failures": failures,
+                                      "attempts": info.attempts})
             save_status()
             print(f"BATCH {t} {info.processing_delay_ms} ms failures={len(failures)}", flush=True)
             if failures:
@@ -285,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         from dstreams.nodes.auto_state import AutoStateNode
 
         status["state_moves"] = {n.label: n.switched_at for n in ssc._graph.nodes if isinstance(n, AutoStateNode)}
+        status["state_stores"] = {n.label: n.store_metrics() for n in ssc._graph.nodes if isinstance(n, AutoStateNode)}
         err = ssc.awaitTerminationOrTimeout(0.01)  # raises a batch's error, if any
         status["terminated"] = err
         status["ok"] = True
