@@ -503,11 +503,19 @@ def _sharing(raw: str) -> str:
     raise ValueError(raw)
 
 
-def _state_store(raw: str) -> str:
-    value = raw.strip().lower()
-    if value not in ("auto", "rdd", "executor"):
-        raise ValueError(raw)
-    return value
+def _one_of(*values: str) -> Callable[[str], str]:
+    """A parser of one of ``values`` (any case, surrounding blanks ignored)."""
+
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in values:
+            raise ValueError(raw)
+        return value
+
+    return parse
+
+
+_state_store = _one_of("auto", "rdd", "executor")
 
 
 STATE_STORE = Setting(
@@ -567,18 +575,11 @@ STATE_SNAPSHOT_EVERY = Setting(
 )
 
 
-def _changelog(raw: str) -> str:
-    value = raw.strip().lower()
-    if value not in ("auto", "on", "off"):
-        raise ValueError(raw)
-    return value
-
-
 STATE_CHANGELOG = Setting(
     key="spark.dstreams.state.changelog",
     env="DSTREAMS_STATE_CHANGELOG",
     default="auto",
-    parse=_changelog,
+    parse=_one_of("auto", "on", "off"),
     accepts="auto, on or off",
     example="on",
     doc="With the executor state store and a checkpoint location: `on` writes each batch's changes of each state "
