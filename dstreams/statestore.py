@@ -54,6 +54,11 @@ SNAPSHOT, DELTA, PAIRS_SNAPSHOT = "snapshot", "delta", "pairs"
 #: The layout of a store's file, in its name: a store of another layout is not opened (a new one is loaded from
 #: the checkpoint instead). 2: the log as one row per version.
 STORE_FORMAT = 2
+#: SQLite's page size for a new store: a batch's random updates each dirty a page, and every dirty page is written
+#: at commit (WAL) and again by the WAL's checkpoint, so smaller pages write less. Measured (50,000 random updates
+#: into 5M keys, one process, interleaved, 3 runs each): 0.62 s a batch with 1 KB pages, 0.75 s with SQLite's
+#: default 4 KB (512 B: 0.60 s, a larger file); reading every key took the same.
+PAGE_SIZE = 1024
 #: Variable naming the folder of executor state stores when the driver does not pass one.
 LOCAL_DIR_ENV = "DSTREAMS_STATE_LOCAL_DIR"
 
@@ -130,7 +135,8 @@ class PartitionStore:
         #: Keeps the deadline index (:meth:`due_keys`) for every value written, also by a rollback or a reload.
         self.indexer = indexer
         self.db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        for pragma in ("journal_mode=WAL", "synchronous=OFF", "cache_size=-131072", "mmap_size=1073741824"):
+        # PAGE_SIZE applies to a new file only (set before WAL fixes it); an older store keeps its pages.
+        for pragma in (f"page_size={PAGE_SIZE}", "journal_mode=WAL", "synchronous=OFF", "cache_size=-131072", "mmap_size=1073741824"):
             self.db.execute(f"PRAGMA {pragma}")
         for stmt in _SCHEMA:
             self.db.execute(stmt)
