@@ -136,7 +136,8 @@ class PartitionStore:
         self.indexer = indexer
         self.db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         # PAGE_SIZE applies to a new file only (set before WAL fixes it); an older store keeps its pages.
-        for pragma in (f"page_size={PAGE_SIZE}", "journal_mode=WAL", "synchronous=OFF", "cache_size=-131072", "mmap_size=1073741824"):
+        for pragma in (f"page_size={PAGE_SIZE}", "journal_mode=WAL", "synchronous=OFF", "cache_size=-131072",
+                       "mmap_size=1073741824"):
             self.db.execute(f"PRAGMA {pragma}")
         for stmt in _SCHEMA:
             self.db.execute(stmt)
