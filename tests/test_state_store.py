@@ -432,11 +432,17 @@ def _run_with_store_fault(sc, tmp_path, monkeypatch, fault: str) -> tuple[dict[i
                 store.delete(key)
         _drive(ssc, clock, 10_000)
         attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
-        stores = [n.store_metrics() for n in ssc._graph.nodes if isinstance(n, StoreStateNode)]
+        stores = {n.key: n.store_metrics() for n in ssc._graph.nodes if isinstance(n, StoreStateNode)}
+        metrics = ""
+        if ssc.uiWebUrl:
+            with urllib.request.urlopen(f"{ssc.uiWebUrl}/metrics", timeout=30) as r:
+                metrics = r.read().decode()
     finally:
         ssc.stop(stopSparkContext=False)
-    assert len(stores) == 2 and all(m is not None and m["changelog"] for m in stores), stores
-    return attempts, out, sum(m["caught_up"] for m in stores)
+    assert len(stores) == 2 and all(m is not None and m["changelog"] for m in stores.values()), stores
+    for key, m in stores.items():  # /metrics counts each stream's catch-ups
+        assert f'dstreams_state_caught_up_total{{stream="{key}"}} {float(m["caught_up"])}' in metrics, metrics
+    return attempts, out, sum(m["caught_up"] for m in stores.values())
 
 
 @pytest.mark.slow

@@ -187,6 +187,10 @@ class StatusMetrics:
                                 "stream's newest committed checkpoint.", labels=["stream"])
         newest = GaugeMetricFamily("dstreams_checkpoint_last_batch_time_seconds", "Batch time of a stateful "
                                    "stream's newest committed checkpoint (epoch seconds).", labels=["stream"])
+        caught_up = CounterMetricFamily("dstreams_state_caught_up", "Times a task brought a partition's executor "
+                                        "state store up to date from the state changelog (a task on another host "
+                                        "than the store, a store lost or behind; spark.dstreams.state.changelog).",
+                                        labels=["stream"])
         streams: dict[str, Any] = self.model.streams()
         for node in streams["nodes"]:
             state = node["state"]
@@ -198,12 +202,14 @@ class StatusMetrics:
                 size.add_metric(label, state["bytes"])
             if state.get("store") is not None:
                 disk.add_metric(label, state["store"]["disk_bytes"])
+                if state["store"].get("changelog"):
+                    caught_up.add_metric(label, state["store"]["caught_up"])
             if state.get("checkpoint_bytes") is not None:
                 ckpt.add_metric(label, state["checkpoint_bytes"])
             if state["newest_checkpoint_ms"] is not None:
                 age.add_metric(label, state["newest_checkpoint_age_ms"] / 1000.0)
                 newest.add_metric(label, state["newest_checkpoint_ms"] / 1000.0)
-        yield from (keys, size, disk, ckpt, age, newest)
+        yield from (keys, size, disk, ckpt, age, newest, caught_up)
         yield CounterMetricFamily("dstreams_checkpoint_failures", "Data checkpoints that failed or were given up.",
                                   value=self.model.sources.runtime.checkpointer.error_count)
 
