@@ -18,7 +18,6 @@ or before ``t`` go with it, every run's: what is kept reaches back from every ke
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +25,6 @@ from typing import Any
 from .checkpoint_files import load_manifest, read_state_partition, state_layers
 from .codec import decode_partition, encode_partition
 from .storespec import StoreSpec
-
-log = logging.getLogger(__name__)
 
 
 def changelog_root(node_key: str) -> str:

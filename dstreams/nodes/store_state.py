@@ -204,8 +204,7 @@ class StoreStateNode(OneParentNode):
         state["_had_initial"] = self.initial is not None or self._had_initial
         state["initial"] = None
         state.update(_chain=[], _exported={}, _marked=set(), _stats=None, _caught_up=None, _zero_handle=None,
-                     _changelog=False,
-                     _catchup_from=None, _applied=[])
+                     _changelog=False, _catchup_from=None, _applied=[])
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
