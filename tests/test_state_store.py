@@ -395,6 +395,63 @@ def test_stores_removed_without_retries_stop_the_stream_and_the_named_restart_lo
 # ------------------------------------------------------------------ the changelog (spark.dstreams.state.changelog)
 
 
+class _DictChangelog:
+    """A changelog in memory (the contract :class:`dstreams.contracts.StateChangelog`), recording what it was asked."""
+
+    def __init__(self, checkpoint: dict[bytes, bytes]) -> None:
+        self.checkpoint, self.entries, self.asked = checkpoint, {}, []
+
+    def write(self, run, version, partition, entries):
+        self.entries[(run, version, partition)] = list(entries)
+
+    def read(self, run, version, partition):
+        self.asked.append(("read", version))
+        return self.entries[(run, version, partition)]  # KeyError: never written, or deleted
+
+    def checkpoint_state(self, time_ms, partition):
+        self.asked.append(("checkpoint", time_ms))
+        return iter(self.checkpoint.items())
+
+
+def test_catch_up_reloads_a_foreign_store_applies_only_what_a_store_behind_lacks_and_names_a_missing_change(tmp_path):
+    """``catch_up`` alone (what a task does on a store that is not where its batch builds on): a store of another run
+    is reloaded from the plan's checkpoint and every version since is applied; a store of this run left behind applies
+    only the versions after its own; a plan that does not reach the target is refused (False); a change that cannot be
+    read is a ``StateStoreError`` (the batch's retry then rebuilds through lineage)."""
+    from dstreams.nodes.store_state import catch_up
+
+    changelog = _DictChangelog({key_bytes("a"): pickle.dumps(1), key_bytes("b"): pickle.dumps(2)})
+    changelog.write("run", 2000, 0, [(key_bytes("a"), pickle.dumps(10)), (key_bytes("c"), pickle.dumps(3))])
+    changelog.write("run", 3000, 0, [(key_bytes("b"), None)])
+    plan = (1000, False, (2000, 3000))
+    store = PartitionStore(str(tmp_path / "s.sqlite"))
+    _commit(store, 5000, "an-older-run", {"z": 26})  # another run's store: nothing of it may survive
+    with store.transaction():
+        assert catch_up(store, changelog, "run", 0, 3000, plan)
+    assert (store.version, store.run) == (3000, "run") and _kv(store) == {"a": 10, "c": 3}
+    assert changelog.asked == [("checkpoint", 1000), ("read", 2000), ("read", 3000)]
+    assert _kv(store, 2000) == {"a": 10, "b": 2, "c": 3}  # the versions it applied are in its log
+
+    behind = PartitionStore(str(tmp_path / "behind.sqlite"))
+    with behind.transaction():
+        assert catch_up(behind, changelog, "run", 0, 2000, plan)  # this run's store, at 2000
+    changelog.asked.clear()
+    with behind.transaction():
+        assert catch_up(behind, changelog, "run", 0, 3000, plan)
+    assert changelog.asked == [("read", 3000)] and _kv(behind) == {"a": 10, "c": 3}
+
+    with behind.transaction():
+        assert not catch_up(behind, changelog, "run", 0, 4000, plan)  # the plan does not reach 4000
+    lost = PartitionStore(str(tmp_path / "lost.sqlite"))
+    del changelog.entries[("run", 3000, 0)]
+    with pytest.raises(StateStoreError, match="could not be brought to version 3000 from the changelog"):
+        with lost.transaction():
+            catch_up(lost, changelog, "run", 0, 3000, plan)
+    assert lost.version is None  # rolled back with the task's transaction
+
+
+
+
 def _changelog_versions(ckpt: str) -> dict[int, set[str]]:
     """Per version: the changelog objects in the checkpoint location (``<run>-p<partition>``)."""
     versions: dict[int, set[str]] = {}
