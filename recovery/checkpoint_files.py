@@ -5,16 +5,20 @@ checkpointer's reader RDDs and the state changelog's tasks call).
   (``part-NNNNN``, :mod:`.codec`) and their checksums; nothing reads a part that no manifest names.
 * A store-backed state stream's checkpoint (:mod:`dstreams.nodes.store_state`) is a snapshot or a delta on the
   chain of checkpoints its manifest names (``state.chain``): :func:`state_layers` and :func:`read_state_partition`
-  rebuild one partition from the newest snapshot on the chain and the deltas after it.
+  rebuild one partition from the newest snapshot on the chain and the deltas after it. A snapshot part written by
+  this version is the partition's store file (:data:`~dstreams.statestore.FILE_SNAPSHOT`), read from a temporary
+  copy on the reading executor; older parts hold one record per key.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from dstreams.statestore import PAIRS_SNAPSHOT, SNAPSHOT, key_bytes, value_bytes
+from dstreams.statestore import FILE_SNAPSHOT, PAIRS_SNAPSHOT, SNAPSHOT, file_rows, key_bytes, value_bytes
 from dstreams.statestore import PART_HEADER as STATE_PART_HEADER
 
 from .codec import CorruptCheckpointError, decode_partition
@@ -112,10 +116,13 @@ def read_state_partition(spec: StoreSpec, layers: StateLayers, i: int) -> Iterat
             raise CorruptCheckpointError(f"checkpoint part {prefix}/{p['key']} is not a part of a store-backed "
                                          "state")
         parts.append(records)
-        if records[0][1] in (SNAPSHOT, PAIRS_SNAPSHOT):
+        if records[0][1] in (SNAPSHOT, PAIRS_SNAPSHOT, FILE_SNAPSHOT):
             break
     else:
         raise CorruptCheckpointError(f"no snapshot of partition {i} on the chain {[prefix for prefix, _ in layers]}")
+    if parts[-1][0][1] == FILE_SNAPSHOT:
+        yield from _file_snapshot_with_deltas(parts)
+        return
     state: dict[bytes, bytes] = {}
     for records in reversed(parts):
         if records[0][1] == PAIRS_SNAPSHOT:  # plain (key, value) pairs: a state picked by size, not yet moved
@@ -127,3 +134,36 @@ def read_state_partition(spec: StoreSpec, layers: StateLayers, i: int) -> Iterat
             else:
                 state[k] = v
     yield from state.items()
+
+
+
+def _file_snapshot_with_deltas(parts: list[list[Any]]) -> Iterator[tuple[bytes, bytes]]:
+    """A partition from a store-file snapshot (``parts[-1]``) and the deltas after it (newest first), streamed: the
+    file's rows that no delta wrote, then the deltas' values (memory: the deltas, not the state)."""
+    changed: dict[bytes, bytes | None] = {}
+    for records in reversed(parts[:-1]):
+        changed.update(records[1:])
+    data = parts[-1][0][3]
+    del parts[:]
+    fd, path = tempfile.mkstemp(prefix="dstreams-snapshot-", suffix=".sqlite")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        del data
+        for k, v in file_rows(path):
+            if k not in changed:
+                yield k, v
+    finally:
+        os.remove(path)
+    for k, v in changed.items():
+        if v is not None:
+            yield k, v
+
+
+def part_keys(records: list[Any]) -> int | None:
+    """How many keys a store-backed state's checkpoint part holds (None: not such a part)."""
+    if not records or not isinstance(records[0], tuple) or len(records[0]) < 2 or records[0][0] != STATE_PART_HEADER:
+        return None
+    if records[0][1] == FILE_SNAPSHOT:
+        return int(records[0][2])
+    return len(records) - 1

@@ -72,6 +72,7 @@ from .checkpoint_files import (
     checkpoint_prefix,
     list_checkpoints,
     load_manifest,
+    part_keys,
     read_part,
     read_state_partition,
     state_chain,
@@ -362,10 +363,14 @@ class StoreCheckpointer:
         spec = self.spec
 
         def write(i: int, it: Iterable[Any]) -> list[dict[str, Any]]:
-            data, sha, count = encode_partition(it)
+            records = list(it)
+            keys = part_keys(records)  # a store-backed state's part: its keys, shown by the status page
+            data, sha, count = encode_partition(records)
+            del records
             key = f"part-{i:05d}"
             spec.open().put(f"{prefix}/{key}", data)
-            return [{"index": i, "key": key, "sha256": sha, "records": count, "bytes": len(data)}]
+            entry = {"index": i, "key": key, "sha256": sha, "records": count, "bytes": len(data)}
+            return [entry if keys is None else {**entry, "keys": keys}]
 
         rdd, extra = node.checkpoint_export(t, rdd)
         self.fence.check_owner()  # before the tasks replace parts of the same checkpoint another driver wrote

@@ -115,6 +115,96 @@ def test_equal_keys_are_one_key_and_shared_hashes_stay_apart(tmp_path, monkeypat
     store.close()
 
 
+def test_the_store_matches_a_dict_batch_by_batch_with_some_keys_sharing_a_hash(tmp_path, monkeypatch):
+    """A model check: random batches of writes and deletes over 40 keys, on 7 row ids (so every batch mixes
+    keys on their own row, keys in ``kvx`` and keys of one batch sharing a row id); after each batch the store,
+    its key count, a lookup of any keys, every older version the log reaches and the delta since each of them
+    equal a dict's; rollbacks go back to an older dict."""
+    import random
+
+    import dstreams.statestore as statestore
+
+    real_hash = statestore.key_hash
+    monkeypatch.setattr(statestore, "key_hash", lambda kb: real_hash(kb) % 7)
+    rnd = random.Random(23)
+    keys = [f"k{i}" for i in range(30)] + [(i, "t") for i in range(10)]
+    store = PartitionStore(str(tmp_path / "p.sqlite"))
+    store.ensure_base(0, "r", lambda: [(key_bytes(k), pickle.dumps(-1)) for k in keys[:5]])
+    history = {0: {k: -1 for k in keys[:5]}}
+    model = dict(history[0])
+    version = 0
+    for step in range(60):
+        if step % 9 == 8 and len(history) > 2:  # back to an older version the log reaches
+            back = rnd.choice(sorted(history)[:-1])
+            with store.transaction():
+                store.rollback(back)
+            history = {v: m for v, m in history.items() if v <= back}
+            model, version = dict(history[back]), back
+        else:
+            version += 1000
+            batch = {k: (None if rnd.random() < 0.3 else rnd.randrange(100))
+                     for k in rnd.sample(keys, rnd.randrange(1, 15))}
+            _commit(store, version, "r", batch)
+            for k, v in batch.items():
+                if v is None:
+                    model.pop(k, None)
+                else:
+                    model[k] = v
+            history[version] = dict(model)
+        assert _kv(store) == model and store.keys == len(model) and store.count() == len(model)
+        wanted = rnd.sample(keys, 12)
+        with store.reading():
+            got = store.get_many([key_bytes(k) for k in wanted])
+        assert {pickle.loads(k): pickle.loads(v) for k, v in got.items()} == {k: model[k] for k in wanted if k in model}
+        for old_version, old_model in history.items():
+            assert _kv(store, old_version) == old_model
+            delta = {pickle.loads(k): (None if v is None else pickle.loads(v))
+                     for k, v in store.changed_since(old_version, version)}
+            assert all(v == model.get(k) for k, v in delta.items())  # each key written since, as it is now
+            assert delta.keys() >= {k for k in model.keys() | old_model.keys() if model.get(k) != old_model.get(k)}
+    store.close()
+
+
+def test_a_snapshot_is_the_store_file_as_of_its_version_and_reads_back_with_the_deltas_after_it(tmp_path):
+    """A snapshot part is the store's file copied and rolled back to the checkpoint's version (a writer went on
+    meanwhile); read back through the checkpoint reader with a delta after it (an update, a delete, a new key), it
+    is the state at the delta's version; the part says how many keys it holds."""
+    from dstreams.recovery.checkpoint_files import part_keys, read_state_partition
+    from dstreams.recovery.codec import encode_partition
+    from dstreams.recovery.storespec import StoreSpec
+    from dstreams.statestore import DELTA, FILE_SNAPSHOT, PART_HEADER, file_rows
+
+    store = PartitionStore(str(tmp_path / "p.sqlite"))
+    store.ensure_base(0, "r", lambda: [(key_bytes(("k", i)), pickle.dumps(i)) for i in range(500)])
+    _commit(store, 1000, "r", {("k", 1): 100, ("k", 2): None, "new": 7})
+    _commit(store, 2000, "r", {("k", 3): 300, "new": None, "later": 8})  # after the snapshot's version
+    at_1000 = _kv(store, 1000)
+    keys = store.export_file(1000, str(tmp_path / "snap"))
+    assert keys == len(at_1000) == 500
+    assert sorted(os.listdir(tmp_path)) == ["p.sqlite", "p.sqlite-shm", "p.sqlite-wal", "snap"]  # one file
+    assert {pickle.loads(k): pickle.loads(v) for k, v in file_rows(str(tmp_path / "snap"))} == at_1000
+    copy = PartitionStore(str(tmp_path / "snap"))
+    assert (copy.version, copy.log_floor, copy.keys) == (1000, 1000, 500)
+    copy.close()
+    assert _kv(store) == {**{("k", i): i for i in range(500) if i != 2}, ("k", 1): 100, ("k", 3): 300, "later": 8}
+    with pytest.raises(StateStoreError, match="cannot export version 3000"):
+        store.export_file(3000, str(tmp_path / "nope"))
+
+    snapshot = [(PART_HEADER, FILE_SNAPSHOT, keys, (tmp_path / "snap").read_bytes())]
+    delta = [(PART_HEADER, DELTA), *store.changed_since(1000, 2000)]
+    assert part_keys(snapshot) == 500 and part_keys(delta) == 3 and part_keys([("a", 1)]) is None
+    folder = tmp_path / "ckpt"
+    layers = []
+    for name, records in (("s", snapshot), ("d", delta)):
+        data, sha, _ = encode_partition(records)
+        (folder / name).mkdir(parents=True)
+        (folder / name / "part-00000").write_bytes(data)
+        layers.append((name, {0: {"index": 0, "key": "part-00000", "sha256": sha}}))
+    rebuilt = read_state_partition(StoreSpec(folder.as_uri()), layers, 0)
+    assert {pickle.loads(k): pickle.loads(v) for k, v in rebuilt} == _kv(store)
+    store.close()
+
+
 # ---------------------------------------------------------------------------------------------- streams
 def _records(seed: int, t: int, partition: int, n: int):
     return [f"w{(t // 1000 * 7 + partition * 3 + i * (t // 1000 % 3 + 1)) % 13}" for i in range(n)]

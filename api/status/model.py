@@ -323,7 +323,8 @@ class ManifestSizes:
             manifest = load_manifest(self._store, key, t)
             parts = manifest.get("parts", [])
             header = 1 if "state" in manifest else 0  # a store-format part starts with its header record
-            sizes = {"keys": sum(max(0, int(p.get("records", 0)) - header) for p in parts),
+            sizes = {"keys": sum(int(p["keys"]) if "keys" in p else max(0, int(p.get("records", 0)) - header)
+                                 for p in parts),
                      "bytes": sum(int(p.get("bytes", 0)) for p in parts)}
         except FileNotFoundError:  # deleted meanwhile: a newer one is committed
             return

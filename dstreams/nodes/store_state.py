@@ -20,7 +20,8 @@ store (:meth:`StoreStateNode.updater` or :meth:`StoreStateNode.batch_plan`) and,
 Checkpoints go through the engine's checkpointer (same manifest commit, fencing and outage rule): the
 checkpoint of ``t`` writes, per partition, the keys changed since the previous committed checkpoint (a
 **delta**, with deletions) or, every ``spark.dstreams.state.snapshotEvery`` checkpoints and where the store's
-log no longer reaches the previous checkpoint, the whole partition (a **snapshot**); a restarted driver goes on
+log no longer reaches the previous checkpoint, the whole partition (a **snapshot**: the store's file copied as of the
+checkpoint's version, :meth:`PartitionStore.export_file`); a restarted driver goes on
 with the chain it resumed from (:meth:`StoreStateNode.checkpoint_restored`). Its
 manifest names the chain of checkpoints it builds on; the reader rebuilds a partition from its newest
 snapshot and the deltas after it, and the checkpointer deletes no checkpoint a kept one builds on. A
@@ -32,7 +33,9 @@ store's log when an earlier run's store is past it, else reloaded from the check
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
+import os
 import pickle
 import uuid
 from collections.abc import Callable, Iterable
@@ -52,7 +55,7 @@ from ..spark.partitioned import (
     pre_group_ordered,
     segmented_merge,
 )
-from ..statestore import PART_HEADER, Indexer, PartitionStore, StateStoreError, key_bytes, value_bytes
+from ..statestore import FILE_SNAPSHOT, PART_HEADER, Indexer, PartitionStore, StateStoreError, key_bytes, value_bytes
 from ..time import BatchTime
 
 if TYPE_CHECKING:
@@ -458,8 +461,15 @@ class StoreStateNode(OneParentNode):
                         yield (PART_HEADER, "delta")
                         yield from store.changed_since(base, version)
                     else:
-                        yield (PART_HEADER, "snapshot")
-                        yield from store.items_as_of(version)
+                        path = f"{store.path}.snapshot-{version}-{os.getpid()}"
+                        try:
+                            keys = store.export_file(version, path)
+                            with open(path, "rb") as f:
+                                data = f.read()
+                        finally:
+                            with contextlib.suppress(FileNotFoundError):
+                                os.remove(path)
+                        yield (PART_HEADER, FILE_SNAPSHOT, keys, data)
             finally:
                 store.close()
 
