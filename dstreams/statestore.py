@@ -142,11 +142,13 @@ class PartitionStore:
         self.indexer = indexer
         self.db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         # PAGE_SIZE applies to a new file only (set before WAL fixes it); an older store keeps its pages.
-        for pragma in (f"page_size={PAGE_SIZE}", "journal_mode=WAL", "synchronous=OFF", "cache_size=-131072",
+        for pragma in (f"page_size={PAGE_SIZE}", "main.journal_mode=WAL", "synchronous=OFF", "cache_size=-131072",
                        "mmap_size=1073741824"):
             self.db.execute(f"PRAGMA {pragma}")
         for stmt in _SCHEMA:
             self.db.execute(stmt)
+        #: Store files attached for a reload (:meth:`_load_file`), detached when its transaction ends.
+        self._attached: list[str] = []
         #: What the last :meth:`get_many` found (key hashes, row owners, hashes with no row), reused by the
         #: :meth:`write_many` that follows it in the same transaction.
         self._forget_lookups()
@@ -200,8 +202,14 @@ class PartitionStore:
             yield
         except BaseException:
             self.db.execute("ROLLBACK")
+            self._detach()
             raise
         self.db.execute("COMMIT")
+        self._detach()
+
+    def _detach(self) -> None:
+        while self._attached:
+            self.db.execute(f"DETACH DATABASE {self._attached.pop()}")
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:
@@ -432,21 +440,57 @@ class PartitionStore:
         self._set_meta("version", version)
 
     def reload(self, version: int, run: str, records: Iterable[tuple[bytes, bytes]]) -> None:
-        """Inside a transaction: replace everything by ``records`` as ``version`` of ``run`` (empty log)."""
+        """Inside a transaction: replace everything by ``records`` as ``version`` of ``run`` (empty log).
+
+        ``records`` may offer ``file_snapshot()`` (a checkpoint's partition,
+        :class:`dstreams.recovery.checkpoint_files.StatePartition`): a store file's bytes and the changes after it,
+        loaded by copying the file's rows in SQL (no Python step per key), then applying the changes."""
         for table in ("kv", "kvx", "log", "meta", "due"):
             self.db.execute(f"DELETE FROM {table}")
-        chunk: list[tuple[int, bytes, bytes]] = []
-        for k, v in records:
-            chunk.append((key_hash(k), k, v))
-            if len(chunk) >= 100_000:
+        snapshot = records.file_snapshot() if hasattr(records, "file_snapshot") else None
+        if snapshot is not None:
+            self._load_file(*snapshot)
+        else:
+            chunk: list[tuple[int, bytes, bytes]] = []
+            for k, v in records:
+                chunk.append((key_hash(k), k, v))
+                if len(chunk) >= 100_000:
+                    self._bulk_load(chunk)
+                    chunk = []
+            if chunk:
                 self._bulk_load(chunk)
-                chunk = []
-        if chunk:
-            self._bulk_load(chunk)
-        self._set_meta("keys", self.count())
+            self._set_meta("keys", self.count())
         self._set_meta("version", version)
         self._set_meta("run", run)
         self._set_meta("log_floor", version)
+
+    def _load_file(self, data: bytes, changes: dict[bytes, bytes | None]) -> None:
+        """Inside a transaction, the store emptied: the rows of a store file (:meth:`export_file`'s) copied in SQL, then
+        ``changes`` (None: deleted) applied; the deadline index rebuilt when the store keeps one."""
+        path = f"{self.path}.load-{os.getpid()}"
+        name = f"snapshot{len(self._attached)}"
+        try:
+            with open(path, "wb") as f:
+                f.write(data)
+            single = sqlite3.connect(path, isolation_level=None)
+            try:  # one file, whatever mode it was copied in: nothing of it is left beside the store once removed
+                single.execute("PRAGMA journal_mode=DELETE")
+            finally:
+                single.close()
+            self.db.execute(f"ATTACH DATABASE ? AS {name}", (path,))
+            self._attached.append(name)  # detached when the transaction ends (not allowed inside it)
+            self.db.execute(f"INSERT INTO kv SELECT h, k, v FROM {name}.kv")
+            self.db.execute(f"INSERT INTO kvx SELECT k, v FROM {name}.kvx")
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)  # an attached file stays readable until detached
+        self._set_meta("keys", self.count())
+        if self.indexer is not None:
+            rows = self.db.execute("SELECT k, v FROM kv UNION ALL SELECT k, v FROM kvx")
+            while chunk := rows.fetchmany(100_000):
+                self._index(chunk)
+        if changes:
+            self.write_many(0, dict(changes), self.get_many(changes), log=False)
 
     def _bulk_load(self, rows: list[tuple[int, bytes, bytes]]) -> None:
         """Insert (hash, key, value) rows into a store being reloaded: in row order, a later value of the same key

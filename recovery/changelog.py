@@ -18,7 +18,7 @@ or before ``t`` go with it, every run's: what is kept reaches back from every ke
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +50,7 @@ class StoreChangelog:
         key = changelog_key(self.node_key, run, version, partition)
         return decode_partition(self.spec.open().get(key), None, key)
 
-    def checkpoint_state(self, time_ms: int, partition: int) -> Iterator[tuple[bytes, bytes]]:
+    def checkpoint_state(self, time_ms: int, partition: int) -> Iterable[tuple[bytes, bytes]]:
         store = self.spec.open()
         return read_state_partition(self.spec, state_layers(store, load_manifest(store, self.node_key, time_ms)),
                                     partition)

@@ -104,25 +104,70 @@ def state_layers(store: Any, manifest: dict[str, Any]) -> StateLayers:
     return layers
 
 
-def read_state_partition(spec: StoreSpec, layers: StateLayers, i: int) -> Iterator[tuple[bytes, bytes]]:
-    """Partition ``i`` of the state at the newest checkpoint of ``layers``, as (key bytes, value bytes): its newest
-    snapshot part and the delta parts after it (a pairs snapshot, written before a state picked by size moved,
-    encoded as the store encodes)."""
-    parts: list[list[Any]] = []
-    for prefix, by_index in reversed(layers):  # newest first, down to the newest snapshot
-        p = by_index[i]
-        records = read_part(spec, prefix, p)
-        if not records or not isinstance(records[0], tuple) or records[0][0] != STATE_PART_HEADER:
-            raise CorruptCheckpointError(f"checkpoint part {prefix}/{p['key']} is not a part of a store-backed "
-                                         "state")
-        parts.append(records)
-        if records[0][1] in (SNAPSHOT, PAIRS_SNAPSHOT, FILE_SNAPSHOT):
-            break
-    else:
-        raise CorruptCheckpointError(f"no snapshot of partition {i} on the chain {[prefix for prefix, _ in layers]}")
-    if parts[-1][0][1] == FILE_SNAPSHOT:
-        yield from _file_snapshot_with_deltas(parts)
-        return
+def read_state_partition(spec: StoreSpec, layers: StateLayers, i: int) -> StatePartition:
+    """Partition ``i`` of the state at the newest checkpoint of ``layers`` (read lazily, :class:`StatePartition`)."""
+    return StatePartition(spec, layers, i)
+
+
+class StatePartition:
+    """One partition of a store-backed state at a checkpoint: its newest snapshot part on the chain and the delta parts
+    after it. Nothing is read until it is used.
+
+    * Iterating it yields the state as (key bytes, value bytes) (a pairs snapshot, written before a state picked by
+      size moved, encoded as the store encodes); from a store-file snapshot, streamed (memory: the deltas).
+    * :meth:`file_snapshot` gives a store-file snapshot's bytes and the changes after it, which
+      :meth:`dstreams.statestore.PartitionStore.reload` copies in SQL instead of inserting key by key; None for an
+      older snapshot part (then the records are read by iterating).
+    """
+
+    def __init__(self, spec: StoreSpec, layers: StateLayers, i: int) -> None:
+        self.spec, self.layers, self.partition = spec, layers, i
+        self._parts: list[list[Any]] | None = None
+
+    def _read(self) -> list[list[Any]]:
+        """The parts, newest first, down to the newest snapshot (read once and kept until iterated)."""
+        if self._parts is not None:
+            return self._parts
+        parts: list[list[Any]] = []
+        for prefix, by_index in reversed(self.layers):  # newest first, down to the newest snapshot
+            p = by_index[self.partition]
+            records = read_part(self.spec, prefix, p)
+            if not records or not isinstance(records[0], tuple) or records[0][0] != STATE_PART_HEADER:
+                raise CorruptCheckpointError(f"checkpoint part {prefix}/{p['key']} is not a part of a store-backed "
+                                             "state")
+            parts.append(records)
+            if records[0][1] in (SNAPSHOT, PAIRS_SNAPSHOT, FILE_SNAPSHOT):
+                break
+        else:
+            raise CorruptCheckpointError(f"no snapshot of partition {self.partition} on the chain "
+                                         f"{[prefix for prefix, _ in self.layers]}")
+        self._parts = parts
+        return parts
+
+    def file_snapshot(self) -> tuple[bytes, dict[bytes, bytes | None]] | None:
+        parts = self._read()
+        if parts[-1][0][1] != FILE_SNAPSHOT:
+            return None
+        self._parts = None
+        return parts[-1][0][3], _changes_after(parts)
+
+    def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
+        parts = self._read()
+        self._parts = None  # the records go as they are read
+        if parts[-1][0][1] == FILE_SNAPSHOT:
+            return _file_snapshot_with_deltas(parts)
+        return _records_state(parts)
+
+
+def _changes_after(parts: list[list[Any]]) -> dict[bytes, bytes | None]:
+    """What the delta parts (all but the last of ``parts``, newest first) write, oldest applied first."""
+    changed: dict[bytes, bytes | None] = {}
+    for records in reversed(parts[:-1]):
+        changed.update(records[1:])
+    return changed
+
+
+def _records_state(parts: list[list[Any]]) -> Iterator[tuple[bytes, bytes]]:
     state: dict[bytes, bytes] = {}
     for records in reversed(parts):
         if records[0][1] == PAIRS_SNAPSHOT:  # plain (key, value) pairs: a state picked by size, not yet moved
@@ -136,13 +181,10 @@ def read_state_partition(spec: StoreSpec, layers: StateLayers, i: int) -> Iterat
     yield from state.items()
 
 
-
 def _file_snapshot_with_deltas(parts: list[list[Any]]) -> Iterator[tuple[bytes, bytes]]:
     """A partition from a store-file snapshot (``parts[-1]``) and the deltas after it (newest first), streamed: the
     file's rows that no delta wrote, then the deltas' values (memory: the deltas, not the state)."""
-    changed: dict[bytes, bytes | None] = {}
-    for records in reversed(parts[:-1]):
-        changed.update(records[1:])
+    changed = _changes_after(parts)
     data = parts[-1][0][3]
     del parts[:]
     fd, path = tempfile.mkstemp(prefix="dstreams-snapshot-", suffix=".sqlite")

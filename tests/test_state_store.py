@@ -202,6 +202,31 @@ def test_a_snapshot_is_the_store_file_as_of_its_version_and_reads_back_with_the_
         layers.append((name, {0: {"index": 0, "key": "part-00000", "sha256": sha}}))
     rebuilt = read_state_partition(StoreSpec(folder.as_uri()), layers, 0)
     assert {pickle.loads(k): pickle.loads(v) for k, v in rebuilt} == _kv(store)
+
+    class FileOnly:  # a reload takes the file and the changes, never the records
+        def __init__(self, partition):
+            self.partition = partition
+
+        def file_snapshot(self):
+            return self.partition.file_snapshot()
+
+        def __iter__(self):
+            raise AssertionError("reloaded record by record")
+
+    def indexer(vb):  # the store's deadline index: an even value comes due at batch time "value"
+        return (pickle.loads(vb), None) if pickle.loads(vb) % 2 == 0 else (None, None)
+
+    loaded = PartitionStore(str(tmp_path / "loaded.sqlite"), indexer)
+    _commit(loaded, 500, "old", {"stale": 1})
+    with loaded.transaction():
+        loaded.reload(2000, "r2", FileOnly(read_state_partition(StoreSpec(folder.as_uri()), layers, 0)))
+    assert _kv(loaded) == _kv(store) and loaded.keys == len(_kv(store)) and loaded.count() == loaded.keys
+    assert (loaded.version, loaded.run, loaded.log_floor) == (2000, "r2", 2000)
+    assert {pickle.loads(k) for k in loaded.due_keys(10_000, None)} == {k for k, v in _kv(store).items() if v % 2 == 0}
+    assert not [f for f in os.listdir(tmp_path) if ".load-" in f]  # the file it attached is gone
+    _commit(loaded, 3000, "r2", {"later": 9})  # the attached file detached: the store goes on
+    assert _kv(loaded, 2000) == _kv(store)
+    loaded.close()
     store.close()
 
 
