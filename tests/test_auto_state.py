@@ -57,6 +57,28 @@ def test_a_state_moves_once_it_is_large_next_to_what_its_batches_touch() -> None
     assert TOUCH_RATIO == 10
 
 
+def test_a_track_batch_counts_the_keys_its_timers_and_timeouts_touch_as_the_store_would() -> None:
+    """The rule's count for ``track`` on the RDD state: the keys with events, the keys whose timer fired and the keys
+    that timed out (the store reads and writes each of them), not the idle ones."""
+    from dstreams.nodes.auto_state import track_touched
+    from dstreams.nodes.state import track_merge
+    from dstreams.nodes.timers import PROCESSING, track_batch
+
+    previous = [("fires", (1, 0, {"t": (PROCESSING, 1500)}, [], True, False)),
+                ("idle", (1, 0, {"later": (PROCESSING, 9000)}, [], True, False)),
+                ("times-out", (1, -20_000, {}, [], True, False)),
+                ("event", (1, 0, {}, [], True, False))]
+    events = [("event", [5]), ("new", [7])]
+    out = track_batch(previous, events, init=lambda k, e: e, update=lambda k, s, e: s + e,
+                      on_timer=lambda k, s, timer: s + 100, now_ms=2000, timeout_ms=10_000, watermark_ms=None)
+    assert {k for k, _ in out} == {"fires", "idle", "event", "new"}
+    assert track_touched(False)(previous, out, {"event", "new"}) == 4  # fires, times-out, event, new
+    plain_previous = [("idle", (1, 0)), ("times-out", (1, -20_000)), ("event", (1, 0))]
+    plain_out = list(track_merge(lambda k, e: e, lambda k, s, e: s + e, 2000, 10_000)([plain_previous, events]))
+    assert {k for k, _ in plain_out} == {"idle", "event", "new"}
+    assert track_touched(True)(plain_previous, plain_out, {"event", "new"}) == 3  # times-out, event, new
+
+
 def _records(seed: int, t: int, partition: int, n: int):
     b = t // 1000
     # Per partition: two new keys (one twice) for the running reduce, whose state grows by 4 keys a batch with 4
@@ -71,9 +93,13 @@ def _sum_or_drop(values, state):
 
 
 def _opened(key, event):
-    """A ``track`` key's first event: a processing-time timer 3 s after the batch that made the key (``k<2b>-p``
-    or ``k<2b+1>-p`` at batch b)."""
-    return TrackUpdate(event, processingTime=int(key[1:].split("-")[0]) // 2 + 3)
+    """A ``track`` key's first event: for the keys of batches 0 and 10 (``k<2b>-p`` or ``k<2b+1>-p`` at batch b), a
+    processing-time timer 3 s after that batch, so timers fire at batch 3 (on the RDD state) and 13 (on the store
+    when the stream moved at batch 11 or 12, as it does unless the machine is very busy: set before the move).
+    The store touches each key a timer fires for, and so does the rule's count: timers firing every batch would
+    keep this small state on the RDD state."""
+    b = int(key[1:].split("-")[0]) // 2
+    return TrackUpdate(event, processingTime=b + 3) if b % 10 == 0 else event
 
 
 def _fired(key, state, timer):

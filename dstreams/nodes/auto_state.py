@@ -14,7 +14,9 @@ Contract:
 
 * A stream starts on the RDD state: its RDD at ``t`` is the state itself, as :class:`~.state.RunningReduceNode`'s
   or :class:`~.state.UpdateStateNode`'s, and each partition's merge also reports (an accumulator) the keys of
-  its state and the keys the batch touched.
+  its state and the keys the batch touched as the store would touch them (:meth:`AutoStateNode.touch_counter`:
+  the keys of the batch's records; for ``track`` also the keys that timed out, ended or fired a timer,
+  :func:`track_touched`).
 * When the driver builds a new batch, it reads the newest reports: once every partition has reported and the
   state holds at least ``spark.dstreams.state.autoKeys`` keys and :data:`TOUCH_RATIO` times the most keys one of
   the last :data:`WINDOW` batches touched, the largest of them left out (:func:`should_move`,
@@ -82,6 +84,30 @@ def typical_touched(touched: Sequence[int]) -> int:
     back for :data:`WINDOW` batches; bursts that come twice in that many batches do)."""
     ordered = sorted(touched, reverse=True)
     return ordered[1] if len(ordered) > 1 else (ordered[0] if ordered else 0)
+
+
+#: ``(previous entries, entries after the batch, keys of the batch's records) -> keys the batch touched``.
+TouchCounter = Callable[[list[Any], list[Any], set[Any]], int]
+
+
+def _keys_with_records(previous: list[Any], out: list[Any], keys: set[Any]) -> int:
+    return len(keys)
+
+
+def track_touched(plain: bool) -> TouchCounter:
+    """The keys a ``track`` batch touches, as its store touches them: keys with events, keys gone from the state
+    (timed out, or ended by the user's function) and, with timers, keys whose timer fired (their entry's
+    ``touched`` flag). The store reads and writes each of them, so the rule must count them all: a state whose
+    keys mostly time out or fire every batch costs the same on either side."""
+
+    def count(previous: list[Any], out: list[Any], keys: set[Any]) -> int:
+        kept = {kv[0] for kv in out}
+        touched = keys | {kv[0] for kv in previous if kv[0] not in kept}
+        if not plain:
+            touched.update(kv[0] for kv in out if kv[1][-1])
+        return len(touched)
+
+    return count
 
 
 def should_move(keys: int, touched: Sequence[int], min_keys: int) -> bool:
@@ -235,20 +261,25 @@ class AutoStateNode(StoreStateNode):
         groups = [[previous] if previous is not None else [], [self.prepare(batch)] if batch is not None else []]
         return self._counted_merge(time, groups, self.rdd_merge(time), 1)
 
+    def touch_counter(self) -> TouchCounter:
+        """How a partition counts the keys a batch touched on the RDD state, as the store would touch them: by
+        default the keys of the batch's records."""
+        return _keys_with_records
+
     def _counted_merge(self, time: BatchTime, groups: list[list[RDD]], merge: Merge, batches_from: int) -> RDD:
         """The RDD state at ``time``: ``merge`` of ``groups``' segments per partition (the segments from
         ``batches_from`` on are the batch's records, keyed), each partition reporting the keys of its state and
         the keys the batch touched."""
         if self._rdd_stats is None:
             self._rdd_stats = self.graph.sc.accumulator({}, _LatestPerPartition())
-        stats, t = self._rdd_stats, time.ms
+        stats, t, count = self._rdd_stats, time.ms, self.touch_counter()
 
         def counted(i: int, segments: list[list[Any]]) -> Iterable[Any]:
-            touched = len({kv[0] for segment in segments[batches_from:] for kv in segment})
+            keys = {kv[0] for segment in segments[batches_from:] for kv in segment}
             out = merge(segments)
             if not isinstance(out, (list, tuple)):
                 out = list(out)
-            stats.add({i: (t, len(out), touched)})
+            stats.add({i: (t, len(out), count(segments[0], out, keys))})
             return out
 
         return segmented_merge(self.graph.sc, groups, self.partitioner, counted, with_index=True)
@@ -384,6 +415,9 @@ class AutoTrackNode(AutoStateNode, StoreTrackNode):
 
     def store_entry(self, time_ms: int) -> Callable[[Any], Any] | None:
         return _plain_to_store if self.plain else None
+
+    def touch_counter(self) -> TouchCounter:
+        return track_touched(self.plain)
 
     def rdd_entry(self) -> Callable[[Any], Any] | None:
         return _store_to_plain if self.plain else None
