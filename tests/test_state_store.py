@@ -590,12 +590,16 @@ def _run_with_store_fault(sc, tmp_path, monkeypatch, fault: str) -> tuple[dict[i
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
     clock = ManualClock()
     ssc = StreamingContext.getOrCreate(ckpt, lambda: _removal_app(sc, ckpt, out, clock))
+    retried: list[tuple[int, str]] = []
     try:
         ssc.start()
         _drive(ssc, clock, 5000)
         shutil.copytree(local_dir, copy)
         _drive(ssc, clock, 7000)
-        shutil.rmtree(local_dir)
+        if fault == "changelog-write-fails":
+            _block_changelog_writes(ssc, ckpt, 8000, retried)
+        else:
+            shutil.rmtree(local_dir)
         if fault == "behind":
             shutil.copytree(copy, local_dir)
         if fault == "removed-no-changelog":
@@ -614,7 +618,31 @@ def _run_with_store_fault(sc, tmp_path, monkeypatch, fault: str) -> tuple[dict[i
     assert len(stores) == 2 and all(m is not None and m["changelog"] for m in stores.values()), stores
     for key, m in stores.items():  # /metrics counts each stream's catch-ups
         assert f'dstreams_state_caught_up_total{{stream="{key}"}} {float(m["caught_up"])}' in metrics, metrics
+    if fault == "changelog-write-fails":
+        assert retried and retried[0][0] == 8000 and "changelogs/" in retried[0][1], retried
     return attempts, out, sum(m["caught_up"] for m in stores.values())
+
+
+def _block_changelog_writes(ssc, ckpt: str, version: int, retried: list[tuple[int, str]]) -> None:
+    """Make every store-backed stream's changelog writes of batch ``version`` fail (a file where the batch's folder
+    of changelog objects goes: the store's put fails, as a store that refuses the write would), until the batch's
+    first try failed: the blockers go just before its retry (the scheduler's ``before_batch_retry``)."""
+    nodes = [n for n in ssc._graph.nodes if isinstance(n, StoreStateNode)]
+    blockers = [os.path.join(ckpt, "changelogs", n.key, f"{version:015d}") for n in nodes]
+    for path in blockers:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("not a folder")
+    original = nodes[0].before_batch_retry
+
+    def unblock(time, error):
+        retried.append((time.ms, str(error)))
+        for path in blockers:
+            if os.path.isfile(path):
+                os.remove(path)
+        original(time, error)
+
+    nodes[0].before_batch_retry = unblock
 
 
 @pytest.mark.slow
@@ -650,6 +678,24 @@ def test_a_changelog_that_cannot_be_read_falls_back_to_the_batchs_retry(sc, tmp_
     assert sorted(got) == sorted(removal_reference)
     for name in sorted(removal_reference):
         assert got[name] == removal_reference[name], name
+
+
+@pytest.mark.slow
+def test_a_changelog_write_that_fails_fails_the_task_inside_the_stores_transaction(sc, tmp_path, monkeypatch,
+                                                                                  removal_reference):
+    """Batch 8's changelog objects cannot be written: its tasks fail after applying the batch to their stores but
+    before the stores commit, so each store rolls back to batch 7; the batch's retry applies it again (no store
+    says "applied already" without its changelog) and writes the changelog; the outputs are those of a run without
+    the fault, and every batch's changelog objects are there."""
+    attempts, out, _ = _run_with_store_fault(sc, tmp_path, monkeypatch, "changelog-write-fails")
+    assert attempts[8000] == 2 and {a for t, a in attempts.items() if t != 8000} == {1}, attempts
+    got = read_outputs(out)
+    assert sorted(got) == sorted(removal_reference)
+    for name in sorted(removal_reference):
+        assert got[name] == removal_reference[name], name
+    versions = _changelog_versions(str(tmp_path / "ckpt"))
+    assert set(versions) == set(range(1000, 11_000, 1000)), sorted(versions)
+    assert len(versions[8000]) == len(versions[7000]), versions
 
 
 @pytest.mark.slow
