@@ -19,7 +19,7 @@ if [ -f scripts/services.sh ]; then bash scripts/services.sh start; fi
 # a build that fails is reported by tests/test_jvm_cds.py, which builds it again.
 "$VENV_PY" -m dstreams.spark.jvm_cds || echo "WARNING: no class-data-sharing archive (tests/test_jvm_cds.py says why)" >&2
 set +e
-"$VENV_PY" -m pytest -q -ra "$@"
+"$VENV_PY" -m pytest -q -ra --durations=25 "$@"  # the 25 slowest: where CI time goes
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then echo "ERROR: pytest collected no tests" >&2; exit 1; fi
