@@ -38,6 +38,7 @@ import io
 import operator
 import os
 import pickle
+import re
 import sqlite3
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -156,7 +157,9 @@ class PartitionStore:
     @classmethod
     def open(cls, local_dir: str | None, store_id: str, partition: int,
              indexer: Indexer | None = None) -> PartitionStore:
-        return cls(store_path(local_dir, store_id, partition), indexer)
+        path = store_path(local_dir, store_id, partition)
+        sweep(path)
+        return cls(path, indexer)
 
     def close(self) -> None:
         self.db.close()
@@ -442,15 +445,20 @@ class PartitionStore:
     def reload(self, version: int, run: str, records: Iterable[tuple[bytes, bytes]]) -> None:
         """Inside a transaction: replace everything by ``records`` as ``version`` of ``run`` (empty log).
 
-        ``records`` may offer ``file_snapshot()`` (a checkpoint's partition,
-        :class:`dstreams.recovery.checkpoint_files.StatePartition`): a store file's bytes and the changes after it,
-        loaded by copying the file's rows in SQL (no Python step per key), then applying the changes."""
+        ``records`` may offer ``file_snapshot(path)`` (a checkpoint's partition,
+        :class:`dstreams.recovery.checkpoint_files.StatePartition`): it writes a store file (:meth:`export_file`'s)
+        at ``path`` and returns the changes after it (None: no such file, read the records), loaded by copying the
+        file's rows in SQL (no Python step per key), then applying the changes."""
         for table in ("kv", "kvx", "log", "meta", "due"):
             self.db.execute(f"DELETE FROM {table}")
-        snapshot = records.file_snapshot() if hasattr(records, "file_snapshot") else None
-        if snapshot is not None:
-            self._load_file(*snapshot)
-        else:
+        path = f"{self.path}.load-{os.getpid()}"
+        try:
+            changes = records.file_snapshot(path) if hasattr(records, "file_snapshot") else None
+            if changes is not None:
+                self._load_file(path, changes)
+        finally:
+            remove_store_files(path)  # an attached file stays readable until detached
+        if changes is None:
             chunk: list[tuple[int, bytes, bytes]] = []
             for k, v in records:
                 chunk.append((key_hash(k), k, v))
@@ -464,26 +472,16 @@ class PartitionStore:
         self._set_meta("run", run)
         self._set_meta("log_floor", version)
 
-    def _load_file(self, data: bytes, changes: dict[bytes, bytes | None]) -> None:
-        """Inside a transaction, the store emptied: the rows of a store file (:meth:`export_file`'s) copied in SQL, then
-        ``changes`` (None: deleted) applied; the deadline index rebuilt when the store keeps one."""
-        path = f"{self.path}.load-{os.getpid()}"
+    def _load_file(self, path: str, changes: dict[bytes, bytes | None]) -> None:
+        """Inside a transaction, the store emptied: the rows of the store file at ``path`` (:meth:`export_file`'s)
+        copied in SQL, then ``changes`` (None: deleted) applied; the deadline index rebuilt when the store keeps
+        one. The file stays attached until the transaction ends (detaching is not allowed inside it)."""
+        _single_file(path)  # whatever mode it was copied in: nothing of it is left beside the store once removed
         name = f"snapshot{len(self._attached)}"
-        try:
-            with open(path, "wb") as f:
-                f.write(data)
-            single = sqlite3.connect(path, isolation_level=None)
-            try:  # one file, whatever mode it was copied in: nothing of it is left beside the store once removed
-                single.execute("PRAGMA journal_mode=DELETE")
-            finally:
-                single.close()
-            self.db.execute(f"ATTACH DATABASE ? AS {name}", (path,))
-            self._attached.append(name)  # detached when the transaction ends (not allowed inside it)
-            self.db.execute(f"INSERT INTO kv SELECT h, k, v FROM {name}.kv")
-            self.db.execute(f"INSERT INTO kvx SELECT k, v FROM {name}.kvx")
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)  # an attached file stays readable until detached
+        self.db.execute(f"ATTACH DATABASE ? AS {name}", (path,))
+        self._attached.append(name)
+        self.db.execute(f"INSERT INTO kv SELECT h, k, v FROM {name}.kv")
+        self.db.execute(f"INSERT INTO kvx SELECT k, v FROM {name}.kvx")
         self._set_meta("keys", self.count())
         if self.indexer is not None:
             rows = self.db.execute("SELECT k, v FROM kv UNION ALL SELECT k, v FROM kvx")
@@ -509,31 +507,37 @@ class PartitionStore:
 
     def export_file(self, version: int, path: str) -> int:
         """Write the state at ``version`` (the current one or one the log reaches) to a new single-file store at
-        ``path``, its log and deadline index empty; returns its number of keys. The database is copied page by
-        page (SQLite's backup, one consistent read) and the copy rolled back through its own log, so the cost is
-        the file's size, not a Python step per key; a writer of this store may commit meanwhile (WAL)."""
+        ``path``, its log and deadline index empty and its free pages dropped; returns its number of keys. The
+        database is copied page by page (SQLite's backup, one consistent read; a writer of this store may commit
+        meanwhile: WAL), the copy rolled back through its own log and compacted into ``path`` (``VACUUM INTO``), so
+        the cost is the file's size, not a Python step per key."""
         current = self.version
         if current is None or version > current or (self.log_floor is not None and version < self.log_floor):
             raise StateStoreError(
                 f"state store {self.path} is at version {current} and its log reaches back to {self.log_floor}: "
                 f"it cannot export version {version}")
-        target = sqlite3.connect(path, isolation_level=None)
+        scratch = f"{path}.copy"
         try:
-            self.db.backup(target)
+            target = sqlite3.connect(scratch, isolation_level=None)
+            try:
+                self.db.backup(target)
+            finally:
+                target.close()
+            copy = PartitionStore(scratch)
+            try:
+                with copy.transaction():
+                    if copy.version != version:
+                        copy.rollback(version)
+                    copy.db.execute("DELETE FROM log")
+                    copy.db.execute("DELETE FROM due")
+                    copy._set_meta("log_floor", version)
+                    keys = copy.keys
+                copy.db.execute("VACUUM INTO ?", (path,))
+            finally:
+                copy.close()
+            _single_file(path)
         finally:
-            target.close()
-        copy = PartitionStore(path)
-        try:
-            with copy.transaction():
-                if copy.version != version:
-                    copy.rollback(version)
-                copy.db.execute("DELETE FROM log")
-                copy.db.execute("DELETE FROM due")
-                copy._set_meta("log_floor", version)
-                keys = copy.keys
-            copy.db.execute("PRAGMA journal_mode=DELETE")  # one self-contained file (the WAL checkpointed)
-        finally:
-            copy.close()
+            remove_store_files(scratch)
         return keys
 
     def ensure_base(self, version: int, run: str, records: Callable[[], Iterable[tuple[bytes, bytes]]]) -> str:
@@ -560,3 +564,51 @@ def file_rows(path: str) -> Iterator[tuple[bytes, bytes]]:
         yield from db.execute("SELECT k, v FROM kvx")
     finally:
         db.close()
+
+
+def _single_file(path: str) -> None:
+    """Make the store file at ``path`` a rollback-journal database (no ``-wal``/``-shm`` files beside it)."""
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode=DELETE")
+    finally:
+        db.close()
+
+
+def remove_store_files(path: str) -> None:
+    """Remove a database file and the files SQLite keeps beside it (missing ones are fine)."""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path + suffix)
+
+
+def sweep(path: str) -> None:
+    """Remove what a killed task left beside the store at ``path``: the temporary files of an export or a reload
+    (``<store>.snapshot-<version>-<pid>``, ``<store>.load-<pid>``, with SQLite's files beside them) whose process is
+    gone, and the files of the same partition's store in an older layout (never opened again)."""
+    folder, name = os.path.split(path)
+    partition = name.split(".", 1)[0]  # p-NNNNN
+    temp = re.compile(rf"{re.escape(name)}\.(?:snapshot-\d+|load)-(\d+)(?:\.copy)?(?:-wal|-shm|-journal)?")
+    older = re.compile(rf"{re.escape(partition)}\.f(\d+)\.sqlite(?:-wal|-shm|-journal)?")
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    for n in names:
+        if (m := temp.fullmatch(n)) is not None:
+            doomed = not _alive(int(m.group(1)))
+        else:
+            doomed = (m := older.fullmatch(n)) is not None and int(m.group(1)) != STORE_FORMAT
+        if doomed:
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                os.remove(os.path.join(folder, n))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

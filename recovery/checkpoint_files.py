@@ -144,12 +144,17 @@ class StatePartition:
         self._parts = parts
         return parts
 
-    def file_snapshot(self) -> tuple[bytes, dict[bytes, bytes | None]] | None:
+    def file_snapshot(self, path: str) -> dict[bytes, bytes | None] | None:
+        """With a store-file snapshot: the file written at ``path`` and the changes after it (None: the newest
+        snapshot is of an older kind, read the records)."""
         parts = self._read()
         if parts[-1][0][1] != FILE_SNAPSHOT:
             return None
         self._parts = None
-        return parts[-1][0][3], _changes_after(parts)
+        changes = _changes_after(parts)
+        with open(path, "wb") as f:
+            f.write(parts[-1][0][3])
+        return changes
 
     def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
         parts = self._read()
@@ -204,7 +209,8 @@ def _file_snapshot_with_deltas(parts: list[list[Any]]) -> Iterator[tuple[bytes, 
 
 def part_keys(records: list[Any]) -> int | None:
     """How many keys a store-backed state's checkpoint part holds (None: not such a part)."""
-    if not records or not isinstance(records[0], tuple) or len(records[0]) < 2 or records[0][0] != STATE_PART_HEADER:
+    first = records[0] if records else None
+    if type(first) is not tuple or len(first) < 2 or type(first[0]) is not str or first[0] != STATE_PART_HEADER:
         return None
     if records[0][1] == FILE_SNAPSHOT:
         return int(records[0][2])

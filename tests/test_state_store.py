@@ -207,8 +207,8 @@ def test_a_snapshot_is_the_store_file_as_of_its_version_and_reads_back_with_the_
         def __init__(self, partition):
             self.partition = partition
 
-        def file_snapshot(self):
-            return self.partition.file_snapshot()
+        def file_snapshot(self, path):
+            return self.partition.file_snapshot(path)
 
         def __iter__(self):
             raise AssertionError("reloaded record by record")
@@ -228,6 +228,29 @@ def test_a_snapshot_is_the_store_file_as_of_its_version_and_reads_back_with_the_
     assert _kv(loaded, 2000) == _kv(store)
     loaded.close()
     store.close()
+
+
+def test_opening_a_store_sweeps_what_killed_tasks_and_older_layouts_left_beside_it(tmp_path):
+    """The temporary files of an export or a reload whose process is gone and the partition's store files of an
+    older layout are removed when the partition's store is opened; a live process's files, the store's own files and
+    other partitions' are kept."""
+    import subprocess
+    import sys
+
+    from dstreams.statestore import STORE_FORMAT, store_path
+
+    path = store_path(str(tmp_path), "s", 0)
+    folder, name = os.path.split(path)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True, timeout=60).stdout.strip()
+    doomed = [f"{name}.snapshot-5000-{gone}", f"{name}.snapshot-5000-{gone}.copy-wal", f"{name}.load-{gone}",
+              f"p-00000.f{STORE_FORMAT - 1}.sqlite", f"p-00000.f{STORE_FORMAT - 1}.sqlite-wal"]
+    kept = [f"{name}.load-{os.getpid()}", f"p-00001.f{STORE_FORMAT - 1}.sqlite", "notes.txt"]
+    for n in doomed + kept:
+        (tmp_path / "s" / n).write_bytes(b"x")
+    PartitionStore.open(str(tmp_path), "s", 0).close()
+    left = [n for n in os.listdir(folder) if n not in (f"{name}-shm", f"{name}-wal")]  # SQLite's, while open
+    assert sorted(left) == sorted([name, *kept])
 
 
 # ---------------------------------------------------------------------------------------------- streams

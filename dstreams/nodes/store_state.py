@@ -33,7 +33,6 @@ store's log when an earlier run's store is past it, else reloaded from the check
 from __future__ import annotations
 
 import bisect
-import contextlib
 import hashlib
 import os
 import pickle
@@ -55,7 +54,16 @@ from ..spark.partitioned import (
     pre_group_ordered,
     segmented_merge,
 )
-from ..statestore import FILE_SNAPSHOT, PART_HEADER, Indexer, PartitionStore, StateStoreError, key_bytes, value_bytes
+from ..statestore import (
+    FILE_SNAPSHOT,
+    PART_HEADER,
+    Indexer,
+    PartitionStore,
+    StateStoreError,
+    key_bytes,
+    remove_store_files,
+    value_bytes,
+)
 from ..time import BatchTime
 
 if TYPE_CHECKING:
@@ -467,8 +475,7 @@ class StoreStateNode(OneParentNode):
                             with open(path, "rb") as f:
                                 data = f.read()
                         finally:
-                            with contextlib.suppress(FileNotFoundError):
-                                os.remove(path)
+                            remove_store_files(path)
                         yield (PART_HEADER, FILE_SNAPSHOT, keys, data)
             finally:
                 store.close()
