@@ -494,10 +494,7 @@ def test_stores_removed_under_a_running_stream_are_rebuilt_by_the_batchs_retry(s
     finally:
         ssc.stop(stopSparkContext=False)
     assert attempts[8000] == 2, attempts  # the first try failed on the removed stores, the retry rebuilt them
-    got = read_outputs(out)
-    assert sorted(got) == sorted(removal_reference)
-    for name in sorted(removal_reference):
-        assert got[name] == removal_reference[name], name
+    _assert_same_outputs(out, removal_reference)
 
 
 @pytest.mark.slow
@@ -524,10 +521,7 @@ def test_stores_removed_without_retries_stop_the_stream_and_the_named_restart_lo
         _drive(second, clock2, 10_000)
     finally:
         second.stop(stopSparkContext=False)
-    got = read_outputs(out)
-    assert sorted(got) == sorted(removal_reference)
-    for name in sorted(removal_reference):
-        assert got[name] == removal_reference[name], name
+    _assert_same_outputs(out, removal_reference)
 
 
 # ------------------------------------------------------------------ the changelog (spark.dstreams.state.changelog)
@@ -597,6 +591,14 @@ def _changelog_versions(ckpt: str) -> dict[int, set[str]]:
         _, _node, version, name = key.split("/")
         versions.setdefault(int(version), set()).add(name)
     return versions
+
+
+def _assert_same_outputs(out: str, reference: dict[str, list[str]]) -> None:
+    """Every output of the run in ``out`` equals the fault-free run's, batch by batch."""
+    got = read_outputs(out)
+    assert sorted(got) == sorted(reference)
+    for name in sorted(reference):
+        assert got[name] == reference[name], name
 
 
 def _run_with_store_fault(sc, tmp_path, monkeypatch, fault: str) -> tuple[dict[int, int], str]:
@@ -679,10 +681,7 @@ def test_stores_lost_or_behind_are_brought_up_to_date_from_the_changelog(sc, tmp
     attempts, out, caught_up = _run_with_store_fault(sc, tmp_path, monkeypatch, fault)
     assert set(attempts.values()) == {1}, attempts  # no batch failed: no retry rebuilt anything through lineage
     assert caught_up >= 2, caught_up  # each stream's partitions (at least one each) caught up
-    got = read_outputs(out)
-    assert sorted(got) == sorted(removal_reference)
-    for name in sorted(removal_reference):
-        assert got[name] == removal_reference[name], name
+    _assert_same_outputs(out, removal_reference)
     # One object per batch and partition of each store-backed stream (two streams), each run's under its token.
     versions = _changelog_versions(str(tmp_path / "ckpt"))
     assert set(versions) == set(range(1000, 11_000, 1000)), sorted(versions)
@@ -697,10 +696,7 @@ def test_a_changelog_that_cannot_be_read_falls_back_to_the_batchs_retry(sc, tmp_
     are still those of a run without the fault."""
     attempts, out, _ = _run_with_store_fault(sc, tmp_path, monkeypatch, "removed-no-changelog")
     assert attempts[8000] == 2, attempts
-    got = read_outputs(out)
-    assert sorted(got) == sorted(removal_reference)
-    for name in sorted(removal_reference):
-        assert got[name] == removal_reference[name], name
+    _assert_same_outputs(out, removal_reference)
 
 
 @pytest.mark.slow
@@ -712,10 +708,7 @@ def test_a_changelog_write_that_fails_fails_the_task_inside_the_stores_transacti
     the fault, and every batch's changelog objects are there."""
     attempts, out, _ = _run_with_store_fault(sc, tmp_path, monkeypatch, "changelog-write-fails")
     assert attempts[8000] == 2 and {a for t, a in attempts.items() if t != 8000} == {1}, attempts
-    got = read_outputs(out)
-    assert sorted(got) == sorted(removal_reference)
-    for name in sorted(removal_reference):
-        assert got[name] == removal_reference[name], name
+    _assert_same_outputs(out, removal_reference)
     versions = _changelog_versions(str(tmp_path / "ckpt"))
     assert set(versions) == set(range(1000, 11_000, 1000)), sorted(versions)
     assert len(versions[8000]) == len(versions[7000]), versions
