@@ -596,7 +596,7 @@ def sweep(path: str) -> None:
         return
     for n in names:
         if (m := temp.fullmatch(n)) is not None:
-            doomed = not _alive(int(m.group(1)))
+            doomed = not process_alive(int(m.group(1)))
         else:
             doomed = (m := older.fullmatch(n)) is not None and int(m.group(1)) != STORE_FORMAT
         if doomed:
@@ -604,7 +604,8 @@ def sweep(path: str) -> None:
                 os.remove(os.path.join(folder, n))
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` runs on this host (one of another user counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -12,13 +12,23 @@ checkpointer's reader RDDs and the state changelog's tasks call).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from dstreams.statestore import FILE_SNAPSHOT, PAIRS_SNAPSHOT, SNAPSHOT, file_rows, key_bytes, value_bytes
+from dstreams.statestore import (
+    FILE_SNAPSHOT,
+    PAIRS_SNAPSHOT,
+    SNAPSHOT,
+    file_rows,
+    key_bytes,
+    process_alive,
+    value_bytes,
+)
 from dstreams.statestore import PART_HEADER as STATE_PART_HEADER
 
 from .codec import CorruptCheckpointError, decode_partition
@@ -192,7 +202,9 @@ def _file_snapshot_with_deltas(parts: list[list[Any]]) -> Iterator[tuple[bytes, 
     changed = _changes_after(parts)
     data = parts[-1][0][3]
     del parts[:]
-    fd, path = tempfile.mkstemp(prefix="dstreams-snapshot-", suffix=".sqlite")
+    folder = tempfile.gettempdir()
+    sweep_reader_files(folder)
+    fd, path = tempfile.mkstemp(prefix=f"{READER_PREFIX}{os.getpid()}-", suffix=".sqlite", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -205,6 +217,24 @@ def _file_snapshot_with_deltas(parts: list[list[Any]]) -> Iterator[tuple[bytes, 
     for k, v in changed.items():
         if v is not None:
             yield k, v
+
+
+#: A streaming reader's copy of a store-file snapshot in the system temp folder: ``<prefix><pid>-<random>.sqlite``.
+READER_PREFIX = "dstreams-snapshot-"
+_READER_FILE = re.compile(rf"{re.escape(READER_PREFIX)}(\d+)-[^.]+\.sqlite(?:-wal|-shm|-journal)?")
+
+
+def sweep_reader_files(folder: str) -> None:
+    """Remove the snapshot copies in ``folder`` of readers whose process is gone (a task killed while it streamed
+    a snapshot leaves its copy behind; the next reader on the host removes it)."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    for n in names:
+        if (m := _READER_FILE.fullmatch(n)) is not None and not process_alive(int(m.group(1))):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
+                os.remove(os.path.join(folder, n))
 
 
 def part_keys(records: list[Any]) -> int | None:

@@ -170,7 +170,6 @@ def test_a_snapshot_is_the_store_file_as_of_its_version_and_reads_back_with_the_
     meanwhile); read back through the checkpoint reader with a delta after it (an update, a delete, a new key), it
     is the state at the delta's version; the part says how many keys it holds."""
     from dstreams.recovery.checkpoint_files import part_keys, read_state_partition
-    from dstreams.recovery.codec import encode_partition
     from dstreams.recovery.storespec import StoreSpec
     from dstreams.statestore import DELTA, FILE_SNAPSHOT, PART_HEADER, file_rows
 
@@ -194,12 +193,7 @@ def test_a_snapshot_is_the_store_file_as_of_its_version_and_reads_back_with_the_
     delta = [(PART_HEADER, DELTA), *store.changed_since(1000, 2000)]
     assert part_keys(snapshot) == 500 and part_keys(delta) == 3 and part_keys([("a", 1)]) is None
     folder = tmp_path / "ckpt"
-    layers = []
-    for name, records in (("s", snapshot), ("d", delta)):
-        data, sha, _ = encode_partition(records)
-        (folder / name).mkdir(parents=True)
-        (folder / name / "part-00000").write_bytes(data)
-        layers.append((name, {0: {"index": 0, "key": "part-00000", "sha256": sha}}))
+    layers = _write_layers(folder, {"s": snapshot, "d": delta})
     rebuilt = read_state_partition(StoreSpec(folder.as_uri()), layers, 0)
     assert {pickle.loads(k): pickle.loads(v) for k, v in rebuilt} == _kv(store)
 
@@ -230,19 +224,69 @@ def test_a_snapshot_is_the_store_file_as_of_its_version_and_reads_back_with_the_
     store.close()
 
 
+def _write_layers(folder, parts: dict[str, list]) -> list:
+    """Checkpoint layers (oldest first) of one partition each, as :func:`state_layers` gives them."""
+    from dstreams.recovery.codec import encode_partition
+
+    layers = []
+    for name, records in parts.items():
+        data, sha, _ = encode_partition(records)
+        (folder / name).mkdir(parents=True)
+        (folder / name / "part-00000").write_bytes(data)
+        layers.append((name, {0: {"index": 0, "key": "part-00000", "sha256": sha}}))
+    return layers
+
+
+def _gone_pid() -> str:
+    """The pid of a process that has ended."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True, timeout=60).stdout.strip()
+
+
+def test_a_reader_streaming_a_snapshot_removes_the_copies_that_killed_readers_left(tmp_path, monkeypatch):
+    """A reader that streams a store-file snapshot (the state read back as an RDD) copies it into the system temp
+    folder and removes its copy when done; the copies of readers whose process is gone (a killed task) are removed
+    by the next reader, a live reader's are kept."""
+    import tempfile
+
+    from dstreams.recovery.checkpoint_files import READER_PREFIX, read_state_partition
+    from dstreams.recovery.storespec import StoreSpec
+    from dstreams.statestore import FILE_SNAPSHOT, PART_HEADER
+
+    store = PartitionStore(str(tmp_path / "p.sqlite"))
+    store.ensure_base(0, "r", lambda: [(key_bytes(i), pickle.dumps(i)) for i in range(50)])
+    keys = store.export_file(0, str(tmp_path / "snap"))
+    store.close()
+    layers = _write_layers(tmp_path / "ckpt", {"s": [(PART_HEADER, FILE_SNAPSHOT, keys,
+                                                      (tmp_path / "snap").read_bytes())]})
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    gone = _gone_pid()
+    doomed = [f"{READER_PREFIX}{gone}-abc123.sqlite", f"{READER_PREFIX}{gone}-abc123.sqlite-journal"]
+    kept = [f"{READER_PREFIX}{os.getpid()}-live.sqlite", f"{READER_PREFIX}notes.txt", "other.sqlite"]
+    for n in doomed + kept:
+        (temp / n).write_bytes(b"x")
+    rows = iter(read_state_partition(StoreSpec((tmp_path / "ckpt").as_uri()), layers, 0))
+    first = next(rows)
+    mine = [n for n in os.listdir(temp) if n not in kept]
+    assert len(mine) == 1 and mine[0].startswith(f"{READER_PREFIX}{os.getpid()}-"), mine  # its copy, while read
+    assert {pickle.loads(k): pickle.loads(v) for k, v in [first, *rows]} == {i: i for i in range(50)}
+    assert sorted(os.listdir(temp)) == sorted(kept)
+
+
 def test_opening_a_store_sweeps_what_killed_tasks_and_older_layouts_left_beside_it(tmp_path):
     """The temporary files of an export or a reload whose process is gone and the partition's store files of an
     older layout are removed when the partition's store is opened; a live process's files, the store's own files and
     other partitions' are kept."""
-    import subprocess
-    import sys
-
     from dstreams.statestore import STORE_FORMAT, store_path
 
     path = store_path(str(tmp_path), "s", 0)
     folder, name = os.path.split(path)
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True, timeout=60).stdout.strip()
+    gone = _gone_pid()
     doomed = [f"{name}.snapshot-5000-{gone}", f"{name}.snapshot-5000-{gone}.copy-wal", f"{name}.load-{gone}",
               f"p-00000.f{STORE_FORMAT - 1}.sqlite", f"p-00000.f{STORE_FORMAT - 1}.sqlite-wal"]
     kept = [f"{name}.load-{os.getpid()}", f"p-00001.f{STORE_FORMAT - 1}.sqlite", "notes.txt"]
