@@ -31,8 +31,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.s3, pytest.mark.c
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = int(os.environ.get("DSTREAMS_TEST_SEED") or 7)
 MINUTES = 2  # with gaps of 14-20 s: one fault of each kind (the first round of the schedule)
-STEADY_WAIT_S = 30  # a loaded machine may never be steady at 2 s batches; the faults then come sooner
-RUN_TIMEOUT_S = 1500  # ~5-7 min on a quiet machine: set-up, 2 min of faults and recoveries, the reference
+# The longest wait for a steady stream before each fault (3x before the first and after the last). The pipeline
+# catches a backlog up at about 2 batches per batch interval, so after a restart it is rarely steady within 30 s
+# even on a quiet machine (a run of 2026-11-26 timed out before 7 of 9 faults: 5 min of faults, 147 batches to
+# compare, 472 s in all); 10 s lets the faults come at about their scheduled times, a harsher schedule (a fault
+# may meet a recovery under way) in less CI time. DSTREAMS_TEST_CHAOS_STEADY_WAIT_S to choose.
+STEADY_WAIT_S = float(os.environ.get("DSTREAMS_TEST_CHAOS_STEADY_WAIT_S") or 10)
+RUN_TIMEOUT_S = 1500  # ~4-5 min on a quiet machine: set-up, 2-3 min of faults and recoveries, the reference
 
 
 def _services() -> None:
