@@ -617,7 +617,8 @@ SETTINGS: tuple[Setting, ...] = (JVM_MODE, CLASS_DATA_SHARING, CHECKPOINT_GRAPH,
                                  STATE_STORE, STATE_AUTO_KEYS, STATE_LOCAL_DIR, STATE_SNAPSHOT_EVERY,
                                  STATE_CHANGELOG)
 
-#: Test-only fault injection (``dstreams.recovery.faults``): environment variables, no conf key.
+#: Test-only fault injection (``dstreams.recovery.faults``, ``dstreams.task_faults``): environment variables, no conf
+#: key.
 TEST_ONLY: tuple[EnvVar, ...] = (
     EnvVar("DSTREAMS_FAULT_KILL", "", "Test-only: the driver SIGKILLs itself at this point "
            "(`mid-batch`, `checkpoint-write`, `after-metadata-commit`)."),
@@ -634,6 +635,9 @@ TEST_ONLY: tuple[EnvVar, ...] = (
     EnvVar("DSTREAMS_FAULT_SLOW_SECONDS", "", "Test-only: extra seconds per slowed task (1 when "
            "neither this nor `DSTREAMS_FAULT_SLOW_FACTOR` is set)."),
     EnvVar("DSTREAMS_FAULT_SLOW_FACTOR", "1", "Test-only: a slowed task takes this many times as long."),
+    EnvVar("DSTREAMS_FAULT_TASK_KILL", "", "Test-only: `<point>:<marker file>`: the first task to reach the point "
+           "(`state-export`) while the marker file exists removes it and SIGKILLs its Python worker "
+           "(`dstreams.task_faults`)."),
 )
 
 

@@ -399,7 +399,11 @@ def test_store_backed_state_gives_the_rdd_states_outputs_batch_by_batch(sc, tmp_
     assert any(m["state"]["chain"] for m in manifests.values())
 
 
-def _restart_case(sc, tmp_path, monkeypatch, local: str) -> None:
+def _restart_case(sc, tmp_path, monkeypatch, local: str, caplog=None) -> None:
+    """A store-backed run stopped after batch 7 and resumed from its checkpoint at 10.5 s (``local``: its stores
+    kept or lost) gives the outputs of an uninterrupted run on the RDD state. With ``caplog``: the first task that
+    writes a snapshot of a store for a checkpoint SIGKILLs its Python worker with the file written
+    (``dstreams.task_faults``), and the checkpoint's failure is logged."""
     monkeypatch.setenv("DSTREAMS_STATE_SNAPSHOT_EVERY", "2")
     monkeypatch.setenv("DSTREAMS_STATE_STORE", "rdd")
     expected_out = str(tmp_path / "ref-out")
@@ -417,12 +421,26 @@ def _restart_case(sc, tmp_path, monkeypatch, local: str) -> None:
     monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(local_dir))
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
     clock = ManualClock()
+    marker = tmp_path / "kill-export"
+    kill_export = caplog is not None
+    if kill_export:
+        from dstreams.task_faults import TASK_KILL_ENV
+
+        marker.write_text("the first task to export a snapshot removes this file and kills itself\n")
+        monkeypatch.setitem(sc.environment, TASK_KILL_ENV, f"state-export:{marker}")
     first = StreamingContext.getOrCreate(ckpt, lambda: _app(sc, ckpt, out, clock))
     try:
         first.start()
         _drive(first, clock, 7000)
     finally:
         first.stop(stopSparkContext=False)  # the driver "dies" after batch 7 (its stores are at 7 s)
+    if kill_export:
+        assert not marker.exists(), "no task reached the export's kill point"
+        monkeypatch.delitem(sc.environment, TASK_KILL_ENV)
+        left = [p.name for p in local_dir.rglob("*") if ".snapshot-" in p.name]
+        assert not left, left  # the killed task's file was swept when its partition's store was opened again
+        assert any("failed (the next one will be tried)" in r.getMessage() for r in caplog.records
+                   if r.name == "dstreams.recovery.checkpointer"), "the killed export failed no checkpoint"
     if local == "lost":
         shutil.rmtree(local_dir)  # the executors' disks are gone: every store is read back from checkpoints
     clock2 = ManualClock(10_500)
@@ -442,6 +460,16 @@ def _restart_case(sc, tmp_path, monkeypatch, local: str) -> None:
 @pytest.mark.parametrize("local", ["kept", "lost"])
 def test_restart_from_checkpoint_gives_the_uninterrupted_outputs(sc, tmp_path, monkeypatch, local):
     _restart_case(sc, tmp_path, monkeypatch, local)
+
+
+@pytest.mark.slow
+def test_a_task_killed_while_it_exports_a_snapshot_loses_nothing_and_leaves_nothing(sc, tmp_path, monkeypatch,
+                                                                                     caplog):
+    """A task SIGKILLed inside a checkpoint's snapshot export (its store file written beside the store, not yet
+    read): the checkpoint is written again or by the next one, the outputs equal the RDD state's, the killed task's
+    file is removed when the partition's store is opened again, and a restart with the stores lost, read back from
+    the checkpoints written after the kill, gives the uninterrupted outputs."""
+    _restart_case(sc, tmp_path, monkeypatch, "lost", caplog)
 
 
 @pytest.mark.slow

@@ -64,6 +64,7 @@ from ..statestore import (
     remove_store_files,
     value_bytes,
 )
+from ..task_faults import task_reached
 from ..time import BatchTime
 
 if TYPE_CHECKING:
@@ -472,6 +473,7 @@ class StoreStateNode(OneParentNode):
                         path = f"{store.path}.snapshot-{version}-{os.getpid()}"
                         try:
                             keys = store.export_file(version, path)
+                            task_reached("state-export")  # tests: a task killed with the file written
                             with open(path, "rb") as f:
                                 data = f.read()
                         finally:
