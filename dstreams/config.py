@@ -636,7 +636,7 @@ TEST_ONLY: tuple[EnvVar, ...] = (
            "neither this nor `DSTREAMS_FAULT_SLOW_FACTOR` is set)."),
     EnvVar("DSTREAMS_FAULT_SLOW_FACTOR", "1", "Test-only: a slowed task takes this many times as long."),
     EnvVar("DSTREAMS_FAULT_TASK_KILL", "", "Test-only: `<point>:<marker file>`: the first task to reach the point "
-           "(`state-export`) while the marker file exists removes it and SIGKILLs its Python worker "
+           "(`state-export`, `state-reload`) while the marker file exists removes it and SIGKILLs its Python worker "
            "(`dstreams.task_faults`)."),
 )
 

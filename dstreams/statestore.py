@@ -44,6 +44,8 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from .task_faults import task_reached
+
 #: Rows per ``IN (...)`` lookup (below SQLite's default limit of host parameters).
 LOOKUP_CHUNK = 900
 BUSY_TIMEOUT_S = 600.0
@@ -454,6 +456,7 @@ class PartitionStore:
         path = f"{self.path}.load-{os.getpid()}"
         try:
             changes = records.file_snapshot(path) if hasattr(records, "file_snapshot") else None
+            task_reached("state-reload")  # tests: a task killed with the file written, inside the transaction
             if changes is not None:
                 self._load_file(path, changes)
         finally:

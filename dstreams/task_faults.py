@@ -7,7 +7,9 @@ of the jobs submitted after it (a worker daemon of their own). With it unset, :f
 environment lookup.
 
 Points: ``state-export`` (a snapshot of a partition's state store is written beside the store and not yet read,
-:mod:`dstreams.nodes.store_state`). The driver-side points are :mod:`dstreams.recovery.faults`'.
+:mod:`dstreams.nodes.store_state`); ``state-reload`` (a store being reloaded from a checkpoint: the snapshot's file
+written beside it, inside the store's transaction, :meth:`dstreams.statestore.PartitionStore.reload`). The
+driver-side points are :mod:`dstreams.recovery.faults`'.
 """
 
 from __future__ import annotations

@@ -399,11 +399,33 @@ def test_store_backed_state_gives_the_rdd_states_outputs_batch_by_batch(sc, tmp_
     assert any(m["state"]["chain"] for m in manifests.values())
 
 
-def _restart_case(sc, tmp_path, monkeypatch, local: str, caplog=None) -> None:
+def _arm_task_kill(sc, monkeypatch, tmp_path, point: str):
+    """The first task to reach ``point`` (``dstreams.task_faults``) SIGKILLs its Python worker; returns the marker
+    file that task removes."""
+    from dstreams.task_faults import TASK_KILL_ENV
+
+    marker = tmp_path / f"kill-{point}"
+    marker.write_text(f"the first task to reach {point} removes this file and kills itself\n")
+    monkeypatch.setitem(sc.environment, TASK_KILL_ENV, f"{point}:{marker}")
+    return marker
+
+
+def _killed_and_swept(sc, monkeypatch, marker, local_dir, leftover: str) -> None:
+    """The armed kill happened, is disarmed, and the killed task's ``leftover`` file is gone."""
+    from dstreams.task_faults import TASK_KILL_ENV
+
+    assert not marker.exists(), f"no task reached the kill point ({marker.name})"
+    monkeypatch.delitem(sc.environment, TASK_KILL_ENV)
+    left = [p.name for p in local_dir.rglob("*") if leftover in p.name]
+    assert not left, left  # the killed task's file was swept when its partition's store was opened again
+
+
+def _restart_case(sc, tmp_path, monkeypatch, local: str, kill: str | None = None, caplog=None) -> None:
     """A store-backed run stopped after batch 7 and resumed from its checkpoint at 10.5 s (``local``: its stores
-    kept or lost) gives the outputs of an uninterrupted run on the RDD state. With ``caplog``: the first task that
-    writes a snapshot of a store for a checkpoint SIGKILLs its Python worker with the file written
-    (``dstreams.task_faults``), and the checkpoint's failure is logged."""
+    kept or lost) gives the outputs of an uninterrupted run on the RDD state. ``kill``: a task point
+    (``dstreams.task_faults``) at which the first task to reach it SIGKILLs its Python worker: ``state-export`` in
+    the first run (a checkpoint's snapshot written beside the store), ``state-reload`` in the second (a lost store's
+    snapshot written beside it inside the reload's transaction); ``caplog`` sees the failure logged."""
     monkeypatch.setenv("DSTREAMS_STATE_SNAPSHOT_EVERY", "2")
     monkeypatch.setenv("DSTREAMS_STATE_STORE", "rdd")
     expected_out = str(tmp_path / "ref-out")
@@ -421,35 +443,31 @@ def _restart_case(sc, tmp_path, monkeypatch, local: str, caplog=None) -> None:
     monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(local_dir))
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
     clock = ManualClock()
-    marker = tmp_path / "kill-export"
-    kill_export = caplog is not None
-    if kill_export:
-        from dstreams.task_faults import TASK_KILL_ENV
-
-        marker.write_text("the first task to export a snapshot removes this file and kills itself\n")
-        monkeypatch.setitem(sc.environment, TASK_KILL_ENV, f"state-export:{marker}")
+    marker = _arm_task_kill(sc, monkeypatch, tmp_path, kill) if kill == "state-export" else None
     first = StreamingContext.getOrCreate(ckpt, lambda: _app(sc, ckpt, out, clock))
     try:
         first.start()
         _drive(first, clock, 7000)
     finally:
         first.stop(stopSparkContext=False)  # the driver "dies" after batch 7 (its stores are at 7 s)
-    if kill_export:
-        assert not marker.exists(), "no task reached the export's kill point"
-        monkeypatch.delitem(sc.environment, TASK_KILL_ENV)
-        left = [p.name for p in local_dir.rglob("*") if ".snapshot-" in p.name]
-        assert not left, left  # the killed task's file was swept when its partition's store was opened again
+    if marker is not None:
+        _killed_and_swept(sc, monkeypatch, marker, local_dir, ".snapshot-")
         assert any("failed (the next one will be tried)" in r.getMessage() for r in caplog.records
                    if r.name == "dstreams.recovery.checkpointer"), "the killed export failed no checkpoint"
     if local == "lost":
         shutil.rmtree(local_dir)  # the executors' disks are gone: every store is read back from checkpoints
     clock2 = ManualClock(10_500)
+    marker = _arm_task_kill(sc, monkeypatch, tmp_path, kill) if kill == "state-reload" else None
     second = StreamingContext.getOrCreate(ckpt, lambda: _app(sc, ckpt, out, clock2), clock=clock2)
     try:
         second.start()
         _drive(second, clock2, 14_000)
     finally:
         second.stop(stopSparkContext=False)
+    if marker is not None:
+        _killed_and_swept(sc, monkeypatch, marker, local_dir, ".load-")
+        assert any("trying the batch again" in r.getMessage() for r in caplog.records
+                   if r.name == "dstreams.scheduler"), "the killed reload failed no batch"
     got = read_outputs(out)
     assert sorted(got) == sorted(expected)
     for name in sorted(expected):
@@ -463,13 +481,17 @@ def test_restart_from_checkpoint_gives_the_uninterrupted_outputs(sc, tmp_path, m
 
 
 @pytest.mark.slow
-def test_a_task_killed_while_it_exports_a_snapshot_loses_nothing_and_leaves_nothing(sc, tmp_path, monkeypatch,
-                                                                                     caplog):
-    """A task SIGKILLed inside a checkpoint's snapshot export (its store file written beside the store, not yet
-    read): the checkpoint is written again or by the next one, the outputs equal the RDD state's, the killed task's
-    file is removed when the partition's store is opened again, and a restart with the stores lost, read back from
-    the checkpoints written after the kill, gives the uninterrupted outputs."""
-    _restart_case(sc, tmp_path, monkeypatch, "lost", caplog)
+@pytest.mark.parametrize("point", ["state-export", "state-reload"])
+def test_a_task_killed_while_it_exports_or_reloads_a_snapshot_loses_nothing_and_leaves_nothing(
+        sc, tmp_path, monkeypatch, caplog, point):
+    """``state-export``: a task SIGKILLed inside a checkpoint's snapshot export (its store file written beside the
+    store, not yet read): that checkpoint fails and the next one is tried; the outputs equal the RDD state's, the
+    killed task's file is removed when the partition's store is opened again, and a restart with the stores lost,
+    read back from the checkpoints written after the kill, gives the uninterrupted outputs. ``state-reload``: after
+    that restart, a task SIGKILLed while it reloads its lost store from the snapshot (the file written beside the
+    store, inside the store's transaction): the batch's retry reloads it, the outputs are the same, the file is
+    gone."""
+    _restart_case(sc, tmp_path, monkeypatch, "lost", point, caplog)
 
 
 @pytest.mark.slow
