@@ -456,7 +456,7 @@ class PartitionStore:
         path = f"{self.path}.load-{os.getpid()}"
         try:
             changes = records.file_snapshot(path) if hasattr(records, "file_snapshot") else None
-            task_reached("state-reload")  # tests: a task killed with the file written, inside the transaction
+            task_reached("state-reload")  # tests: a task killed inside the transaction (a snapshot file written)
             if changes is not None:
                 self._load_file(path, changes)
         finally:
