@@ -27,8 +27,10 @@ as a supervisor would. The run owns everything it breaks, so the shared services
   the key ``sink-run`` of the run's Redis server, through the proxy like the source;
 * its own bucket ``chaos-<seed>-<random>`` and temporary folder (removed at the end unless ``--keep``).
 
-**The schedule** (:func:`make_schedule`, a pure function of ``--seed`` and ``--minutes``): faults spaced
-``gap`` seconds apart, their kinds drawn in rounds (each round a shuffled copy of every kind, so that each
+**The schedule** (:func:`make_schedule`, a pure function of ``--seed``, ``--minutes`` and ``--gap``): faults
+spaced ``gap`` seconds apart (drawn from 14-20 s in a schedule of 5 minutes or less, 22-40 s otherwise; ``--gap
+9,13`` for a denser one: the CI test's, so that a fault more often meets the recovery from the one before), their
+kinds drawn in rounds (each round a shuffled copy of every kind, so that each
 kind comes back every ``len(KINDS)`` faults). Kinds (:data:`KINDS`):
 
 * ``driver-kill``: SIGKILL of the driver's process group (Python driver, JVM, workers) at that moment;
@@ -179,13 +181,16 @@ class Fault:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-def make_schedule(seed: int, minutes: float, kinds: tuple[str, ...] = KINDS) -> list[Fault]:
+def make_schedule(seed: int, minutes: float, kinds: tuple[str, ...] = KINDS,
+                  gap: tuple[float, float] | None = None) -> list[Fault]:
     """The seeded schedule: see the module docstring. A pure function of its arguments (``kinds``: a
-    subset of :data:`KINDS`, for experiments)."""
+    subset of :data:`KINDS`, for experiments; ``gap``: the range of seconds between two faults, by default
+    chosen by ``minutes``)."""
     rng = random.Random(seed)
     span = minutes * 60.0
     short = minutes <= 5
-    gap = (14.0, 20.0) if short else (22.0, 40.0)
+    if gap is None:
+        gap = (14.0, 20.0) if short else (22.0, 40.0)
     faults: list[Fault] = []
     at = rng.uniform(*gap) / 2
     pool: list[str] = []
@@ -466,7 +471,7 @@ class ChaosRun:
         self.work = Path(args.workdir or tempfile.mkdtemp(prefix=f"{self.run_id}-")).resolve()
         self.work.mkdir(parents=True, exist_ok=True)
         self.batch_ms = int(args.batch_seconds * 1000)
-        self.schedule = make_schedule(self.seed, args.minutes, tuple(args.kinds))
+        self.schedule = make_schedule(self.seed, args.minutes, tuple(args.kinds), args.gap)
         self.incarnations: list[Incarnation] = []
         self.proc: subprocess.Popen[bytes] | None = None
         self.current: Incarnation | None = None
@@ -1133,6 +1138,18 @@ class ChaosRun:
                 shutil.rmtree(self.work, ignore_errors=True)
 
 
+def _parse_gap(text: str) -> tuple[float, float]:
+    """``--gap LO,HI``: two numbers of seconds, 0 < LO <= HI."""
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gap {text!r}: expected two numbers of seconds, LO,HI (e.g. 9,13)"
+                                         ) from None
+    if not 0 < lo <= hi:
+        raise argparse.ArgumentTypeError(f"--gap {text!r}: expected 0 < LO <= HI (e.g. 9,13)")
+    return lo, hi
+
+
 def _parse_pair(line: str) -> tuple[str, int]:
     word, _, n = line.strip("()").partition(", ")
     return word.strip("'"), int(n)
@@ -1176,6 +1193,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=22)
     p.add_argument("--minutes", type=float, default=3.0, help="length of the fault schedule")
     p.add_argument("--batch-seconds", type=float, default=2.0)
+    p.add_argument("--gap", type=_parse_gap, metavar="LO,HI",
+                   help="seconds between two faults, drawn from LO-HI (default: 14,20 for a schedule of 5 minutes "
+                        "or less, 22,40 otherwise)")
     p.add_argument("--steady-wait", type=float, default=90.0,
                    help="longest wait (s) for a steady stream before each fault (3x before the first and after the "
                         "last); a loaded machine may never be steady at this batch interval (default %(default)s)")
@@ -1197,7 +1217,7 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = {
         "benchmark": "chaos",
         "command": "python -m benchmarks chaos " + " ".join(sys.argv[1:] if argv is None else argv),
-        "seed": args.seed, "minutes": args.minutes, "batch_ms": run.batch_ms,
+        "seed": args.seed, "minutes": args.minutes, "gap_s": args.gap, "batch_ms": run.batch_ms,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_at_start": _load()},
         "mode": "stop-gateway" if args.stop_gateway else "proxy", "ok": False}

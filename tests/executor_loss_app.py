@@ -5,7 +5,8 @@ Pipeline (:func:`build`): deterministic generator source (4 partitions, 6 words 
 and stateless ``countByValue`` of word lengths and ``count``; and a second generator source of words with
 an event time (out of order by up to 3 s, some 6-9 s late) -> ``withEventTime(allowedLateness=2s)`` ->
 ``reduceByKeyAndEventWindow`` (4 s windows sliding every 2 s, inverse function, ``emit="final"``) and the
-count of ``lateRecords()``. Each batch's output goes to ``sink(name, batch_ms, sorted rows)``.
+count of ``lateRecords()``; with ``--redis``, the same word outputs over Redis Streams too (``redis_counts``, ...).
+Each batch's output goes to ``sink(name, batch_ms, sorted rows)``.
 
 As a script (``python executor_loss_app.py OUT_DIR``) it starts ``local-cluster[2,1,1024]``, waits for
 both executors, runs the pipeline on a ManualClock started at 0 (batch times 1000, 2000, ...) one batch
@@ -104,33 +105,38 @@ def write_redis_words(client: Any, keys: list[str], batches: int) -> None:
 STATE_KEYS_ENV = "EXECUTOR_LOSS_STATE_KEYS"
 
 
-def build(sc: Any, clock: Clock, sink: Sink, checkpoint: str,
-          redis: tuple[str, list[str]] | None = None, state_keys: int = 0) -> StreamingContext:
-    """The stateful + windowed + stateless pipeline, outputs sent to ``sink``.
-
-    ``redis=(url, keys)`` reads the words from those Redis stream keys (written by
-    :func:`write_redis_words`, ``REDIS_RATE`` per key per batch) instead of the generator source;
-    ``state_keys=N`` adds the large state (:data:`STATE_KEYS_ENV`).
-    """
-    ssc = StreamingContext(sc, 1, clock=clock)
-    ssc.checkpoint(checkpoint)
-    if redis is None:
-        source = ssc.generatorStream(6, 4, seed=7, recordFunc=records)
-    else:
-        source = ssc.redisStream(redis[1], url=redis[0], maxRatePerPartition=REDIS_RATE).map(lambda r: r[2]["w"])
+def _word_outputs(source: Any, prefix: str) -> list[tuple[str, Any]]:
+    """The stateful, windowed and stateless outputs over a stream of words, named ``prefix + name``."""
     words = source.map(lambda w: (w, 1))
     counts = words.runningReduce(operator.add).checkpoint("3s")
     window = words.reduceByKeyAndWindow(operator.add, operator.sub, "5s", "1s", filterFunc=lambda kv: kv[1] > 0)
     window.checkpoint("3s")
     lengths = words.map(lambda kv: len(kv[0])).countByValue()
     total = words.count()
+    return [(f"{prefix}counts", counts), (f"{prefix}window", window), (f"{prefix}lengths", lengths),
+            (f"{prefix}total", total)]
+
+
+def build(sc: Any, clock: Clock, sink: Sink, checkpoint: str,
+          redis: tuple[str, list[str]] | None = None, state_keys: int = 0) -> StreamingContext:
+    """The stateful + windowed + stateless pipeline, outputs sent to ``sink``.
+
+    ``redis=(url, keys)`` adds the same word outputs over those Redis stream keys (written by
+    :func:`write_redis_words`, ``REDIS_RATE`` per key per batch), named ``redis_counts`` and so on;
+    ``state_keys=N`` adds the large state (:data:`STATE_KEYS_ENV`).
+    """
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.checkpoint(checkpoint)
+    outputs = _word_outputs(ssc.generatorStream(6, 4, seed=7, recordFunc=records), "")
+    if redis is not None:
+        source = ssc.redisStream(redis[1], url=redis[0], maxRatePerPartition=REDIS_RATE).map(lambda r: r[2]["w"])
+        outputs += _word_outputs(source, "redis_")
     timed = ssc.generatorStream(6, 4, seed=11, recordFunc=timed_records).withEventTime(event_seconds,
                                                                                        allowedLateness="2s")
     event_window = timed.map(event_word).reduceByKeyAndEventWindow(operator.add, "4s", "2s", invFunc=operator.sub)
     event_window.checkpoint("3s")
     late = timed.lateRecords().count()
-    outputs = [("counts", counts), ("window", window), ("lengths", lengths), ("total", total),
-               ("event_window", event_window), ("late", late)]
+    outputs += [("event_window", event_window), ("late", late)]
     if state_keys:
         initial = sc.range(0, state_keys, numSlices=4).map(lambda i: (f"k{i}", 0))
         big = ssc.generatorStream(8, 4, seed=2, recordFunc=functools.partial(state_updates, keys=state_keys))

@@ -6,7 +6,8 @@ and stateless pipeline on a ManualClock, one batch at a time. After batch 5 it S
 JVM (its cached state partitions and shuffle outputs are lost), runs 8 more batches, waits for the
 replacement executor and runs 2 more. Every batch must complete, and every batch's output must equal
 that of a failure-free run of the same pipeline on the session's ``local[2]`` context over the same
-batch times.
+batch times. One driver run covers the generator source and Redis Streams side by side (one cluster start
+instead of two); a second runs with a large state in the executor state store.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ KILL_AFTER, AFTER_KILL, AFTER_RECOVERY = 5, 8, 2
 LAST_MS = (KILL_AFTER + AFTER_KILL + AFTER_RECOVERY) * 1000
 MOVE_AT = 2000  # the large state (``state-store``) moves into the store at this batch
 NAMES = ("counts", "window", "lengths", "total", "event_window", "late")
+REDIS_NAMES = ("counts", "window", "lengths", "total")  # the word outputs, over Redis Streams as well
 DRIVER_TIMEOUT_S = 330  # generous: the machine may be shared; ~75-100 s when quiet
 _FAULT_ENV = (faults.SLOW_EXECUTOR_ENV, faults.SLOW_PARTITION_ENV, faults.SLOW_SECONDS_ENV, faults.SLOW_FACTOR_ENV,
               "DSTREAMS_FAULT_KILL", "DSTREAMS_FAULT_KILL_AFTER")
@@ -177,11 +179,12 @@ def _cleanup(proc: subprocess.Popen, status_path: str) -> None:
 @pytest.mark.fault
 @pytest.mark.timeout(DRIVER_TIMEOUT_S + 90)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds executor JVMs through /proc")
-@pytest.mark.parametrize("source", ["generator", pytest.param("redis", marks=pytest.mark.redis), "state-store"])
+@pytest.mark.parametrize("source", [pytest.param("generator+redis", marks=pytest.mark.redis), "state-store"])
 def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, tmp_path, source, request,
                                                                           monkeypatch):
-    """The same with the generator source and with Redis Streams (words written beforehand, read
-    ``REDIS_RATE`` per key per batch): the lost executor's partitions are read again from Redis. ``state-store``:
+    """``generator+redis``: the pipeline over the generator source and the same word outputs over Redis Streams
+    beside it, in one driver (words written beforehand, read ``REDIS_RATE`` per key per batch): the lost executor's
+    partitions are generated again and read again from Redis. ``state-store``:
     the generator source with a state of 1M keys (issue 23; 250,000 under ``CI=true``, :data:`CI_STATE_KEYS`) on
     the default ``spark.dstreams.state.store=auto``: it starts on the RDD state, moves into the executor state store
     at batch 2 (``autoKeys`` is half its keys), and the executor dies right after that batch, with the move's cached
@@ -189,7 +192,7 @@ def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, t
     batch already in the partition's store; the reference runs on the RDD state."""
     redis = None
     state_keys = large_state_keys() if source == "state-store" else 0
-    if source == "redis":
+    if source == "generator+redis":
         url, client, prefix = (request.getfixturevalue(f) for f in ("redis_url", "redis_client", "redis_prefix"))
         keys = [f"{prefix}{i}" for i in range(4)]
         write_redis_words(client, keys, LAST_MS // 1000)
@@ -252,10 +255,14 @@ def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, t
     # Every batch's output equals the failure-free run's.
     got = _read_batches(str(out / "batches.jsonl"))
     names = (*NAMES, "big") if state_keys else NAMES
+    if redis is not None:
+        names = (*names, *(f"redis_{n}" for n in REDIS_NAMES))
     assert sorted(got) == sorted(expected) == sorted((t, n) for t in times for n in names)
     for key in sorted(expected):
         assert got[key] == expected[key], f"batch {key[0]} output {key[1]} differs"
     assert all(got[(t, "total")] == [24] for t in times), "each batch holds 4 partitions x 6 words"
+    if redis is not None:
+        assert all(got[(t, "redis_total")] == [24] for t in times), "each batch reads 4 keys x REDIS_RATE words"
     # The event-time outputs had something to say: windows closed and late records were dropped.
     assert sum(len(got[(t, "event_window")]) for t in times) > 0
     assert sum(got[(t, "late")][0] for t in times) > 0
