@@ -420,24 +420,35 @@ def _killed_and_swept(sc, monkeypatch, marker, local_dir, leftover: str) -> None
     assert not left, left  # the killed task's file was swept when its partition's store was opened again
 
 
-def _restart_case(sc, tmp_path, monkeypatch, local: str, kill: str | None = None, caplog=None) -> None:
+@pytest.fixture(scope="module")
+def restart_reference(sc, tmp_path_factory) -> dict[str, list[str]]:
+    """The outputs of :func:`_app` through batch 14 on the RDD state, uninterrupted: computed once for every
+    :func:`_restart_case`."""
+    mp = pytest.MonkeyPatch()
+    tmp = tmp_path_factory.mktemp("restart-ref")
+    mp.setenv("DSTREAMS_STATE_STORE", "rdd")
+    try:
+        clock = ManualClock()
+        ref = _app(sc, str(tmp / "ref-ckpt"), str(tmp / "ref-out"), clock)
+        try:
+            ref.start()
+            _drive(ref, clock, 14_000)
+        finally:
+            ref.stop(stopSparkContext=False)
+        return read_outputs(str(tmp / "ref-out"))
+    finally:
+        mp.undo()
+
+
+def _restart_case(sc, tmp_path, monkeypatch, expected: dict[str, list[str]], local: str, kill: str | None = None,
+                  caplog=None) -> None:
     """A store-backed run stopped after batch 7 and resumed from its checkpoint at 10.5 s (``local``: its stores
-    kept or lost) gives the outputs of an uninterrupted run on the RDD state. ``kill``: a task point
+    kept or lost) gives the outputs of an uninterrupted run on the RDD state (``expected``: the
+    ``restart_reference`` fixture's). ``kill``: a task point
     (``dstreams.task_faults``) at which the first task to reach it SIGKILLs its Python worker: ``state-export`` in
     the first run (a checkpoint's snapshot written beside the store), ``state-reload`` in the second (a lost store's
     snapshot written beside it inside the reload's transaction); ``caplog`` sees the failure logged."""
     monkeypatch.setenv("DSTREAMS_STATE_SNAPSHOT_EVERY", "2")
-    monkeypatch.setenv("DSTREAMS_STATE_STORE", "rdd")
-    expected_out = str(tmp_path / "ref-out")
-    ref_clock = ManualClock()
-    ref = _app(sc, str(tmp_path / "ref-ckpt"), expected_out, ref_clock)
-    try:
-        ref.start()
-        _drive(ref, ref_clock, 14_000)
-    finally:
-        ref.stop(stopSparkContext=False)
-    expected = read_outputs(expected_out)
-
     monkeypatch.setenv("DSTREAMS_STATE_STORE", "executor")
     local_dir = tmp_path / "local"
     monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(local_dir))
@@ -476,14 +487,14 @@ def _restart_case(sc, tmp_path, monkeypatch, local: str, kill: str | None = None
 
 @pytest.mark.slow
 @pytest.mark.parametrize("local", ["kept", "lost"])
-def test_restart_from_checkpoint_gives_the_uninterrupted_outputs(sc, tmp_path, monkeypatch, local):
-    _restart_case(sc, tmp_path, monkeypatch, local)
+def test_restart_from_checkpoint_gives_the_uninterrupted_outputs(sc, tmp_path, monkeypatch, restart_reference, local):
+    _restart_case(sc, tmp_path, monkeypatch, restart_reference, local)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["state-export", "state-reload"])
 def test_a_task_killed_while_it_exports_or_reloads_a_snapshot_loses_nothing_and_leaves_nothing(
-        sc, tmp_path, monkeypatch, caplog, point):
+        sc, tmp_path, monkeypatch, caplog, restart_reference, point):
     """``state-export``: a task SIGKILLed inside a checkpoint's snapshot export (its store file written beside the
     store, not yet read): that checkpoint fails and the next one is tried; the outputs equal the RDD state's, the
     killed task's file is removed when the partition's store is opened again, and a restart with the stores lost,
@@ -491,7 +502,7 @@ def test_a_task_killed_while_it_exports_or_reloads_a_snapshot_loses_nothing_and_
     that restart, a task SIGKILLed while it reloads its lost store from the snapshot (the file written beside the
     store, inside the store's transaction): the batch's retry reloads it, the outputs are the same, the file is
     gone."""
-    _restart_case(sc, tmp_path, monkeypatch, "lost", point, caplog)
+    _restart_case(sc, tmp_path, monkeypatch, restart_reference, "lost", point, caplog)
 
 
 @pytest.mark.slow
