@@ -187,7 +187,8 @@ def test_driver_side_error_in_foreach_is_raised_as_is(sc):
 
 
 @pytest.mark.parametrize("op", ["runningReduce", "reduceByKey", "window", "updateStateByKey", "join"])
-def test_non_pair_stream_to_pair_operator(sc, op):
+def test_non_pair_stream_to_pair_operator(sc, op, monkeypatch):
+    monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "1")  # the same error on every try: no retries to wait for
     clock = ManualClock()
     ssc = StreamingContext(sc, 1, clock=clock)
     s = ssc.queueStream([["not-a-pair", "not-a-pair-either"]])
