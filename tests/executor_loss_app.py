@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--after-kill", type=int, default=8, help="batches run after the kill")
     p.add_argument("--after-recovery", type=int, default=2, help="batches run once the replacement registered")
     p.add_argument("--timeout", type=float, default=60.0, help="bound of every wait, seconds")
-    p.add_argument("--redis", nargs=2, metavar=("URL", "KEYS"), help="read Redis stream keys (comma-separated)")
+    p.add_argument("--redis", nargs=2, metavar=("URL", "KEYS"),
+                   help="also read these Redis stream keys (comma-separated)")
     args = p.parse_args(argv)
 
     out = os.path.abspath(args.out_dir)
