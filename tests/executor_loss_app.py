@@ -204,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--after-kill", type=int, default=8, help="batches run after the kill")
     p.add_argument("--after-recovery", type=int, default=2, help="batches run once the replacement registered")
     p.add_argument("--timeout", type=float, default=60.0, help="bound of every wait, seconds")
+    p.add_argument("--checkpoint", help="the checkpoint location (default OUT_DIR/checkpoint; an s3:// URL takes the "
+                   "endpoint and credentials from the AWS_* variables, which the executors inherit)")
     p.add_argument("--redis", nargs=2, metavar=("URL", "KEYS"),
                    help="also read these Redis stream keys (comma-separated)")
     args = p.parse_args(argv)
@@ -257,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         monitor.start()
         clock = ManualClock(0)
         redis = (args.redis[0], args.redis[1].split(",")) if args.redis else None
-        ssc = build(sc, clock, sink, os.path.join(out, "checkpoint"), redis,
+        ssc = build(sc, clock, sink, args.checkpoint or os.path.join(out, "checkpoint"), redis,
                     int(os.environ.get(STATE_KEYS_ENV) or 0))
         ssc.start()
         kill_at = args.kill_after

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ from dstreams import ManualClock
 from dstreams.recovery import faults
 
 from .executor_loss_app import EXECUTORS, STATE_KEYS_ENV, build, normalise, write_redis_words
+from .process_support import s3_client
+from .support import RGW_ENDPOINT, service_unavailable
 from .support import state_keys as large_state_keys
 
 APP = os.path.join(os.path.dirname(__file__), "executor_loss_app.py")
@@ -107,6 +110,25 @@ def test_kill_executor_refuses_local_mode(sc):
 
 
 # ------------------------------------------------------------------------------------ executor loss
+def _ceph_bucket() -> str:
+    """A new bucket on the project's Ceph gateway (a failure when it is not reachable under ``CI=true``)."""
+    bucket = f"executor-loss-{uuid.uuid4().hex[:8]}"
+    try:
+        s3_client().create_bucket(Bucket=bucket)
+    except Exception as e:  # noqa: BLE001
+        service_unavailable(f"Ceph RGW at {RGW_ENDPOINT} is not reachable ({e}); run `bash scripts/services.sh start`")
+    return bucket
+
+
+def _object_keys(url: str) -> list[str]:
+    """Every object key under the ``s3://bucket/prefix`` URL (relative to the prefix)."""
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    keys: list[str] = []
+    for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        keys += [o["Key"][len(prefix) + 1:] for o in page.get("Contents", [])]
+    return keys
+
+
 def _reference(sc: Any, tmp_path: Any, last_ms: int, redis: tuple[str, list[str]] | None = None,
                state_keys: int = 0) -> dict[tuple[int, str], list[Any]]:
     """Failure-free outputs of the same pipeline on the session's ``local[2]`` context."""
@@ -179,7 +201,8 @@ def _cleanup(proc: subprocess.Popen, status_path: str) -> None:
 @pytest.mark.fault
 @pytest.mark.timeout(DRIVER_TIMEOUT_S + 90)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds executor JVMs through /proc")
-@pytest.mark.parametrize("source", [pytest.param("generator+redis", marks=pytest.mark.redis), "state-store"])
+@pytest.mark.parametrize("source", [pytest.param("generator+redis", marks=pytest.mark.redis),
+                                    pytest.param("state-store", marks=[pytest.mark.s3, pytest.mark.ceph])])
 def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, tmp_path, source, request,
                                                                           monkeypatch):
     """``generator+redis``: the pipeline over the generator source and the same word outputs over Redis Streams
@@ -189,7 +212,8 @@ def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, t
     the default ``spark.dstreams.state.store=auto``: it starts on the RDD state, moves into the executor state store
     at batch 2 (``autoKeys`` is half its keys), and the executor dies right after that batch, with the move's cached
     handles on it. They are recomputed through lineage (the RDD state of batch 1, then the load), each finding its
-    batch already in the partition's store; the reference runs on the RDD state."""
+    batch already in the partition's store; the reference runs on the RDD state. Its checkpoints, and the changelog
+    the executors write, are on the Ceph gateway of ``scripts/services.sh``."""
     redis = None
     state_keys = large_state_keys() if source == "state-store" else 0
     if source == "generator+redis":
@@ -211,11 +235,20 @@ def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, t
                     STATE_KEYS_ENV: str(state_keys), "DSTREAMS_STATE_LOCAL_DIR": "stores",
                     "DSTREAMS_STATE_CHANGELOG": "on"})
         kill_after = MOVE_AT // 1000  # right after the batch that moves
+    ckpt = None
+    if state_keys:
+        ckpt = f"s3://{_ceph_bucket()}/executor-loss-{uuid.uuid4().hex[:6]}"
+        env.update(AWS_ENDPOINT_URL_S3=RGW_ENDPOINT, AWS_ACCESS_KEY_ID="AKTEST", AWS_SECRET_ACCESS_KEY="SKTEST",
+                   AWS_DEFAULT_REGION="us-east-1")
+        env.pop("AWS_ENDPOINT_URL", None)
+        env.pop("AWS_PROFILE", None)
     args = [sys.executable, APP, str(out), "--kill-after", str(kill_after),
             "--after-kill", str(KILL_AFTER + AFTER_KILL - kill_after), "--after-recovery", str(AFTER_RECOVERY),
             "--timeout", "90"]
     if redis is not None:
         args += ["--redis", redis[0], ",".join(redis[1])]
+    if ckpt is not None:
+        args += ["--checkpoint", ckpt]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path),
                                 start_new_session=True)
@@ -280,5 +313,8 @@ def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, t
         assert len(stores) >= 2, stores
         big = status["state_stores"]["updateStateByKey"]
         assert big["changelog"], big
+        written = _object_keys(ckpt)  # the checkpoints and the executors' changelog objects went to Ceph
+        assert any(k.startswith("checkpoints/") for k in written), sorted(written)[:20]
+        assert any(k.startswith("changelogs/") for k in written), sorted(written)[:20]
         print("executors with stores:", sorted(stores), "catch-ups from the changelog:", big["caught_up"],
               "tries per batch:", [b["attempts"] for b in status["batches"]])
