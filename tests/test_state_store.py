@@ -420,24 +420,27 @@ def _killed_and_swept(sc, monkeypatch, marker, local_dir, leftover: str) -> None
     assert not left, left  # the killed task's file was swept when its partition's store was opened again
 
 
+def _rdd_reference(sc, tmp_path_factory, app, name: str, last_ms: int) -> dict[str, list[str]]:
+    """The outputs of ``app`` on the RDD state through batch ``last_ms``, uninterrupted (for a module fixture)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DSTREAMS_STATE_STORE", "rdd")
+    tmp = tmp_path_factory.mktemp(name)
+    clock = ManualClock()
+    ssc = app(sc, str(tmp / "ckpt"), str(tmp / "out"), clock)
+    try:
+        ssc.start()
+        _drive(ssc, clock, last_ms)
+    finally:
+        ssc.stop(stopSparkContext=False)
+        mp.undo()
+    return read_outputs(str(tmp / "out"))
+
+
 @pytest.fixture(scope="module")
 def restart_reference(sc, tmp_path_factory) -> dict[str, list[str]]:
     """The outputs of :func:`_app` through batch 14 on the RDD state, uninterrupted: computed once for every
     :func:`_restart_case`."""
-    mp = pytest.MonkeyPatch()
-    tmp = tmp_path_factory.mktemp("restart-ref")
-    mp.setenv("DSTREAMS_STATE_STORE", "rdd")
-    try:
-        clock = ManualClock()
-        ref = _app(sc, str(tmp / "ref-ckpt"), str(tmp / "ref-out"), clock)
-        try:
-            ref.start()
-            _drive(ref, clock, 14_000)
-        finally:
-            ref.stop(stopSparkContext=False)
-        return read_outputs(str(tmp / "ref-out"))
-    finally:
-        mp.undo()
+    return _rdd_reference(sc, tmp_path_factory, _app, "restart-ref", 14_000)
 
 
 def _restart_case(sc, tmp_path, monkeypatch, expected: dict[str, list[str]], local: str, kill: str | None = None,
@@ -556,18 +559,7 @@ def _removal_app(sc, ckpt: str, out: str, clock) -> StreamingContext:
 @pytest.fixture(scope="module")
 def removal_reference(sc, tmp_path_factory) -> dict[str, list[str]]:
     """The outputs of :func:`_removal_app` on the RDD state, batches 1-10, computed once."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("DSTREAMS_STATE_STORE", "rdd")
-    tmp = tmp_path_factory.mktemp("removal-ref")
-    clock = ManualClock()
-    ssc = _removal_app(sc, str(tmp / "ckpt"), str(tmp / "out"), clock)
-    try:
-        ssc.start()
-        _drive(ssc, clock, 10_000)
-    finally:
-        ssc.stop(stopSparkContext=False)
-        mp.undo()
-    return read_outputs(str(tmp / "out"))
+    return _rdd_reference(sc, tmp_path_factory, _removal_app, "removal-ref", 10_000)
 
 
 def _start_and_remove_stores(sc, tmp_path, monkeypatch, ckpt: str, out: str) -> tuple[StreamingContext, ManualClock]:
