@@ -160,13 +160,22 @@ def s3_client():
                                       connect_timeout=2, read_timeout=10))
 
 
+def with_gateway(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the gateway's endpoint and credentials for a driver process (and the executors it starts, which
+    inherit them), and without the variables that would point boto3 elsewhere."""
+    env.update(AWS_ENDPOINT_URL_S3=RGW_ENDPOINT, AWS_ACCESS_KEY_ID="AKTEST", AWS_SECRET_ACCESS_KEY="SKTEST",
+               AWS_DEFAULT_REGION="us-east-1")
+    for k in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
+        env.pop(k, None)
+    return env
+
+
 def driver_env() -> dict[str, str]:
     """The catch-up driver's environment: the gateway's endpoint and credentials, no fault injection."""
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
-               AWS_ENDPOINT_URL_S3=RGW_ENDPOINT, AWS_ACCESS_KEY_ID="AKTEST", AWS_SECRET_ACCESS_KEY="SKTEST",
-               AWS_DEFAULT_REGION="us-east-1", DSTREAMS_STORE_RETRY_SECONDS="5",
-               DSTREAMS_STORE_OUTAGE_SECONDS="900", PYTHONUNBUFFERED="1")
-    for k in ("DSTREAMS_FAULT_KILL", "DSTREAMS_FAULT_KILL_AFTER", "AWS_ENDPOINT_URL", "AWS_PROFILE"):
+    env = with_gateway(dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
+                            DSTREAMS_STORE_RETRY_SECONDS="5", DSTREAMS_STORE_OUTAGE_SECONDS="900",
+                            PYTHONUNBUFFERED="1"))
+    for k in ("DSTREAMS_FAULT_KILL", "DSTREAMS_FAULT_KILL_AFTER"):
         env.pop(k, None)
     return env
 

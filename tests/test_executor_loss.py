@@ -30,7 +30,7 @@ from dstreams import ManualClock
 from dstreams.recovery import faults
 
 from .executor_loss_app import EXECUTORS, STATE_KEYS_ENV, build, normalise, write_redis_words
-from .process_support import s3_client
+from .process_support import s3_client, with_gateway
 from .support import RGW_ENDPOINT, service_unavailable
 from .support import state_keys as large_state_keys
 
@@ -238,10 +238,7 @@ def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, t
     ckpt = None
     if state_keys:
         ckpt = f"s3://{_ceph_bucket()}/executor-loss-{uuid.uuid4().hex[:6]}"
-        env.update(AWS_ENDPOINT_URL_S3=RGW_ENDPOINT, AWS_ACCESS_KEY_ID="AKTEST", AWS_SECRET_ACCESS_KEY="SKTEST",
-                   AWS_DEFAULT_REGION="us-east-1")
-        env.pop("AWS_ENDPOINT_URL", None)
-        env.pop("AWS_PROFILE", None)
+        with_gateway(env)
     args = [sys.executable, APP, str(out), "--kill-after", str(kill_after),
             "--after-kill", str(KILL_AFTER + AFTER_KILL - kill_after), "--after-recovery", str(AFTER_RECOVERY),
             "--timeout", "90"]
