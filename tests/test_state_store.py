@@ -1,8 +1,8 @@
 """The executor state store (issue 23): the store itself, and store-backed state streams against the RDD state.
 
 * :class:`PartitionStore` on its own: versions, reads as of an older version through the undo log, the
-  changes since a version (a delta checkpoint), rollback, ``ensure_base``'s three ways, canonical keys and
-  the path of two keys with one hash.
+  changes since a version (a delta checkpoint), rollback, ``ensure_base``'s three ways, canonical keys, and
+  snapshots of the store's files (also those of the older layout, store format 3).
 * Store-backed ``runningReduce`` and ``updateStateByKey`` (with and without ``updateIdleKeys``, with an initial
   state, keys dropped) give the RDD state's outputs batch by batch, with checkpoints every 2 batches and a
   snapshot every 2 checkpoints (deltas, chains, adoption and deletion all run).
@@ -90,16 +90,13 @@ def test_ensure_base_keeps_rolls_back_or_reloads(tmp_path):
     store.close()
 
 
-def test_equal_keys_are_one_key_and_shared_hashes_stay_apart(tmp_path, monkeypatch):
+def test_equal_keys_are_one_key_and_a_bulk_load_keeps_a_keys_last_value(tmp_path):
     a = "x" * 3
     b = "".join(["x", "xx"])  # equal to a, another object
     assert key_bytes((a, a)) == key_bytes((a, b))
-    import dstreams.statestore as statestore
-
-    monkeypatch.setattr(statestore, "key_hash", lambda kb: 42)  # every key on one row id
     store = PartitionStore(str(tmp_path / "p.sqlite"))
     initial = [(key_bytes(k), pickle.dumps(v)) for k, v in [("x", 1), ("y", 2), ("x", 3)]]
-    store.ensure_base(0, "r", lambda: initial)  # a bulk load: one row, one key in kvx, a duplicate replaced
+    store.ensure_base(0, "r", lambda: initial)  # a bulk load: a duplicate key replaced
     assert _kv(store) == {"x": 3, "y": 2} and store.keys == 2
     with store.transaction():
         store.reload(0, "r", [])
@@ -115,17 +112,27 @@ def test_equal_keys_are_one_key_and_shared_hashes_stay_apart(tmp_path, monkeypat
     store.close()
 
 
-def test_the_store_matches_a_dict_batch_by_batch_with_some_keys_sharing_a_hash(tmp_path, monkeypatch):
-    """A model check: random batches of writes and deletes over 40 keys, on 7 row ids (so every batch mixes
-    keys on their own row, keys in ``kvx`` and keys of one batch sharing a row id); after each batch the store,
-    its key count, a lookup of any keys, every older version the log reaches and the delta since each of them
+def test_a_bulk_load_indexes_a_repeated_keys_last_value_only(tmp_path):
+    """Records that give a key twice (an initial state with a repeated key): the key's last value is its state,
+    and its deadline is the last value's (none here), whichever chunk of the load the first one fell in."""
+    def indexer(vb):
+        return (pickle.loads(vb), None) if pickle.loads(vb) >= 0 else (None, None)
+
+    store = PartitionStore(str(tmp_path / "p.sqlite"), indexer)
+    records = [(key_bytes("x"), pickle.dumps(5)), (key_bytes("y"), pickle.dumps(6)), (key_bytes("x"), pickle.dumps(-1)),
+               *((key_bytes(i), pickle.dumps(-1)) for i in range(100_000)), (key_bytes("y"), pickle.dumps(-2))]
+    store.ensure_base(0, "r", lambda: records)
+    assert _kv(store)["x"] == -1 and _kv(store)["y"] == -2 and store.keys == 100_002
+    assert store.due_keys(10, None) == []
+    store.close()
+
+
+def test_the_store_matches_a_dict_batch_by_batch(tmp_path):
+    """A model check: random batches of writes and deletes over 40 keys (strings and tuples); after each batch the
+    store, its key count, a lookup of any keys, every older version the log reaches and the delta since each of them
     equal a dict's; rollbacks go back to an older dict."""
     import random
 
-    import dstreams.statestore as statestore
-
-    real_hash = statestore.key_hash
-    monkeypatch.setattr(statestore, "key_hash", lambda kb: real_hash(kb) % 7)
     rnd = random.Random(23)
     keys = [f"k{i}" for i in range(30)] + [(i, "t") for i in range(10)]
     store = PartitionStore(str(tmp_path / "p.sqlite"))
@@ -221,6 +228,53 @@ def test_a_snapshot_is_the_store_file_as_of_its_version_and_reads_back_with_the_
     _commit(loaded, 3000, "r2", {"later": 9})  # the attached file detached: the store goes on
     assert _kv(loaded, 2000) == _kv(store)
     loaded.close()
+    store.close()
+
+
+def _format3_file(path: str, rows: dict) -> int:
+    """A store file as store format 3 wrote its snapshots: the state keyed by a 63-bit hash of the key as the row
+    id, a key whose hash another key held in the side table ``kvx``; returns its number of keys."""
+    import sqlite3
+
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("CREATE TABLE kv(h INTEGER PRIMARY KEY, k BLOB NOT NULL, v BLOB NOT NULL)")
+    db.execute("CREATE TABLE kvx(k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID")
+    db.execute("CREATE TABLE log(ver INTEGER PRIMARY KEY, data BLOB NOT NULL)")
+    db.execute("CREATE TABLE meta(name TEXT PRIMARY KEY, value) WITHOUT ROWID")
+    items = [(key_bytes(k), pickle.dumps(v)) for k, v in rows.items()]
+    for i, (k, v) in enumerate(items[:-1]):
+        db.execute("INSERT INTO kv VALUES (?, ?, ?)", ((i * 7919) % 1009, k, v))  # row ids out of key order
+    db.execute("INSERT INTO kvx VALUES (?, ?)", items[-1])
+    db.execute("INSERT INTO meta VALUES ('version', 1000), ('keys', ?)", (len(items),))
+    db.close()
+    return len(items)
+
+
+def test_a_snapshot_of_the_older_store_layout_reads_back_and_reloads(tmp_path):
+    """A checkpoint written before store format 4 holds snapshots of the older layout (rows keyed by a hash, a side
+    table): the checkpoint reader and a store's reload still read every key of it, with a delta after it."""
+    from dstreams.recovery.checkpoint_files import read_state_partition
+    from dstreams.recovery.storespec import StoreSpec
+    from dstreams.statestore import DELTA, FILE_SNAPSHOT, PART_HEADER, file_rows
+
+    at_1000 = {**{("k", i): i for i in range(300)}, "shared": 11}
+    keys = _format3_file(str(tmp_path / "old"), at_1000)
+    assert {pickle.loads(k): pickle.loads(v) for k, v in file_rows(str(tmp_path / "old"))} == at_1000
+    snapshot = [(PART_HEADER, FILE_SNAPSHOT, keys, (tmp_path / "old").read_bytes())]
+    delta = [(PART_HEADER, DELTA), (key_bytes(("k", 1)), pickle.dumps(100)), (key_bytes("shared"), None),
+             (key_bytes("new"), pickle.dumps(8))]
+    expected = {**at_1000, ("k", 1): 100, "new": 8}
+    del expected["shared"]
+    layers = _write_layers(tmp_path / "ckpt", {"s": snapshot, "d": delta})
+    spec = StoreSpec((tmp_path / "ckpt").as_uri())
+    assert {pickle.loads(k): pickle.loads(v) for k, v in read_state_partition(spec, layers, 0)} == expected
+    store = PartitionStore(str(tmp_path / "p.sqlite"), lambda vb: (pickle.loads(vb), None))
+    with store.transaction():
+        store.reload(2000, "r", read_state_partition(spec, layers, 0))
+    assert _kv(store) == expected and store.keys == store.count() == len(expected)
+    assert {pickle.loads(k) for k in store.due_keys(5, None)} == {("k", i) for i in range(6) if i != 1}
+    _commit(store, 3000, "r", {("k", 2): None, "later": 1})
+    assert _kv(store, 2000) == expected
     store.close()
 
 
