@@ -217,3 +217,27 @@ def test_per_batch_combined_rdds_need_no_python_stage_after_the_shuffle(sc: Any)
     assert seen["window"] == [[("a", 4), ("b", 2)], [("a", 8), ("b", 2), ("c", 1)], [("a", 4), ("b", 5), ("c", 1)]]
     assert seen["running"] == [[("a", 4), ("b", 2)], [("a", 8), ("b", 2), ("c", 1)], [("a", 8), ("b", 7), ("c", 1)]]
     assert seen["counts"] == [[("a", 2), ("b", 1)], [("a", 3), ("b", 1), ("c", 1)], [("a", 1), ("b", 1), ("c", 1)]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.sampled_from("abcd"), st.integers()), max_size=8), min_size=1, max_size=4),
+       st.randoms(use_true_random=False))
+def test_merge_ordered_gives_each_keys_values_in_input_order_whatever_the_fetch_order(partitions, rnd) -> None:
+    """The chunks of :func:`shuffle_ordered` (a key's values per map partition, tagged with it) merged by
+    :func:`merge_ordered` in any order of arrival: each key once, its values in input order (map partition, then
+    position), as one pass over the input would group them."""
+    from dstreams.spark.partitioned import merge_ordered
+
+    chunks = []
+    for index, records in enumerate(partitions):
+        per_key: dict[str, list[int]] = {}
+        for k, v in records:
+            per_key.setdefault(k, []).append(v)
+        chunks.extend((k, (index, vs)) for k, vs in per_key.items())
+    rnd.shuffle(chunks)
+    expected: dict[str, list[int]] = {}
+    for records in partitions:
+        for k, v in records:
+            expected.setdefault(k, []).append(v)
+    merged = list(merge_ordered(chunks))
+    assert len(merged) == len(expected) and dict(merged) == expected

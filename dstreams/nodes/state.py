@@ -17,7 +17,15 @@ from pyspark.rdd import Partitioner
 
 from ..node import DStreamNode, OneParentNode
 from ..spark import jvm
-from ..spark.partitioned import ensure_partitioned, fold, pre_combine, pre_group_ordered, segmented_merge
+from ..spark.partitioned import (
+    ensure_partitioned,
+    fold,
+    merge_ordered,
+    pre_combine,
+    pre_group_ordered,
+    segmented_merge,
+    shuffle_ordered,
+)
 from ..time import BatchTime, Duration
 
 if TYPE_CHECKING:
@@ -50,12 +58,13 @@ def keep_idle(update: Callable[[list[Any], Any], Any]) -> Callable[[list[Any], A
 
 
 def update_state_merge(update: Callable[[list[Any], Any], Any]) -> Merge:
-    """``updateStateByKey``'s merge of a state partition (segment 0) with the batch's ``(key, values)`` groups
-    (segment 1): ``update`` runs for every key with a state or new values (``[]`` for a key without)."""
+    """``updateStateByKey``'s merge of a state partition (segment 0) with the batch's records of
+    :func:`shuffle_ordered` (segment 1, grouped here by :func:`merge_ordered`): ``update`` runs for every key with
+    a state or new values (``[]`` for a key without)."""
 
     def merge(segments: list[list[Any]]) -> Iterable[Any]:
         state = dict(segments[0])
-        new = dict(segments[1])
+        new = dict(merge_ordered(segments[1]))
         out = []
         for k, s in state.items():
             r = update(new.pop(k, []), s)
@@ -174,7 +183,7 @@ class UpdateStateNode(StateNode):
         self.update = update
 
     def prepare(self, batch: RDD) -> RDD:
-        return pre_group_ordered(batch, self.partitioner, "updateStateByKey")
+        return shuffle_ordered(batch, self.partitioner, "updateStateByKey")  # merged by update_state_merge
 
     def merge_function(self, time: BatchTime) -> Merge:
         return update_state_merge(self.update)

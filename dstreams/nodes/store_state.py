@@ -49,10 +49,11 @@ from ..node import DStreamNode, OneParentNode
 from ..spark.partitioned import (
     ensure_partitioned,
     fold,
+    merge_ordered,
     partition_aligned_rdd,
     pre_combine,
-    pre_group_ordered,
     segmented_merge,
+    shuffle_ordered,
 )
 from ..statestore import (
     FILE_SNAPSHOT,
@@ -615,13 +616,13 @@ class StoreUpdateStateNode(StoreStateNode):
         return [*super().describe_params(), f"updateIdleKeys={self.update_idle_keys}"]
 
     def prepare(self, batch: RDD) -> RDD:
-        return pre_group_ordered(batch, self.partitioner, "updateStateByKey")
+        return shuffle_ordered(batch, self.partitioner, "updateStateByKey")  # merged in the applying task
 
     def updater(self, time: BatchTime) -> Updater:
         update, idle = self.update, self.update_idle_keys
 
         def apply(store: PartitionStore, records: list[Any]) -> tuple[dict[bytes, bytes | None], dict[bytes, bytes]]:
-            new = {key_bytes(k): (k, vs) for k, vs in records}
+            new = {key_bytes(k): (k, vs) for k, vs in merge_ordered(records)}
             writes: dict[bytes, bytes | None] = {}
             if idle:
                 old = dict(store.items())

@@ -434,13 +434,12 @@ def pre_combine(rdd: RDD, func: Callable[[Any, Any], Any], partitioner: Partitio
     return out
 
 
-def pre_group_ordered(rdd: RDD, partitioner: Partitioner, op: str) -> RDD:
-    """Per-batch group by key that keeps each key's values in input order (deterministic).
-
-    Records are tagged with their input partition on the map side; after the shuffle each key's
-    chunks are ordered by that tag, so the value list is the same whatever order the shuffle
-    fetched the map outputs in. Output records: ``(key, [values...])``.
-    """
+def shuffle_ordered(rdd: RDD, partitioner: Partitioner, op: str) -> RDD:
+    """Per-batch group by key, before its merge: each map partition's values of a key as one chunk tagged with the
+    map partition, shuffled into ``partitioner``. A consumer merges a partition's records with
+    :func:`merge_ordered` in its own task (no Python stage after the shuffle: the chunks are read by the task that
+    uses them, as :func:`pre_combine`'s). The result is a JVM RDD read with the context's serializer, so it can be
+    unioned with the engine's Python RDDs partition-wise. Records: ``(key, (map partition, [values...]))``."""
 
     def combine(index: int, it: Iterable[Any]) -> Iterable[tuple[Any, tuple[int, list[Any]]]]:
         acc: dict[Any, list[Any]] = {}
@@ -453,20 +452,35 @@ def pre_group_ordered(rdd: RDD, partitioner: Partitioner, op: str) -> RDD:
                 lst.append(v)
         return ((k, (index, vs)) for k, vs in acc.items())
 
-    def merge(it: Iterable[tuple[Any, tuple[int, list[Any]]]]) -> Iterable[tuple[Any, list[Any]]]:
-        acc: dict[Any, list[tuple[int, list[Any]]]] = {}
-        for k, chunk in it:
-            lst = acc.get(k)
-            if lst is None:
-                acc[k] = [chunk]
-            else:
-                lst.append(chunk)
-        for k, chunks in acc.items():
-            if len(chunks) == 1:
-                yield k, chunks[0][1]
-            else:
-                chunks.sort(key=lambda c: c[0])
-                yield k, [v for _, vs in chunks for v in vs]
+    out = jvm.shuffle(rdd.mapPartitionsWithIndex(combine), partitioner)
+    out._jrdd_deserializer = rdd.ctx.serializer
+    return out
 
-    grouped = jvm.shuffle(rdd.mapPartitionsWithIndex(combine), partitioner)
-    return grouped.mapPartitions(merge, preservesPartitioning=True)
+
+def merge_ordered(it: Iterable[tuple[Any, tuple[int, list[Any]]]]) -> Iterator[tuple[Any, list[Any]]]:
+    """A partition of :func:`shuffle_ordered`'s records grouped by key: ``(key, [values...])``, each key's values in
+    input order (its chunks ordered by map partition), whatever order the shuffle fetched the map outputs in."""
+    acc: dict[Any, list[tuple[int, list[Any]]]] = {}
+    for k, chunk in it:
+        lst = acc.get(k)
+        if lst is None:
+            acc[k] = [chunk]
+        else:
+            lst.append(chunk)
+    for k, chunks in acc.items():
+        if len(chunks) == 1:
+            yield k, chunks[0][1]
+        else:
+            chunks.sort(key=_chunk_order)
+            yield k, [v for _, vs in chunks for v in vs]
+
+
+def _chunk_order(chunk: tuple[int, list[Any]]) -> int:
+    return chunk[0]
+
+
+def pre_group_ordered(rdd: RDD, partitioner: Partitioner, op: str) -> RDD:
+    """Per-batch group by key that keeps each key's values in input order (deterministic): the records of
+    :func:`shuffle_ordered` merged by :func:`merge_ordered` in a Python stage after the shuffle. Output records:
+    ``(key, [values...])``."""
+    return shuffle_ordered(rdd, partitioner, op).mapPartitions(merge_ordered, preservesPartitioning=True)
