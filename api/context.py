@@ -16,7 +16,7 @@ import os
 import threading
 import time as _time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pyspark import RDD, SparkConf, SparkContext, StorageLevel
 
@@ -47,6 +47,11 @@ from .driver import DriverSetup, StartedDriver
 from .functions import positional_arity
 from .owner import OutputEnvironment
 from .shutdown import SignalStop
+
+if TYPE_CHECKING:
+    from dstreams.kafka.records import KafkaRecord
+
+    from .kafka import KafkaDStream
 from .stream import DStream
 
 log = logging.getLogger(__name__)
@@ -368,6 +373,39 @@ class StreamingContext:
                                      decoder, maxRatePerPartition, onTrimmed, missingKeys, commitToGroup,
                                      eventTimeFromIds)
         return DStream(node, self)
+
+    def kafkaStream(self, topics: str | Sequence[str] | None = None, kafkaParams: dict[str, Any] | None = None,
+                    pattern: str | None = None, bootstrapServers: str | None = None,
+                    startingOffsets: str | dict[Any, int] = "latest",
+                    decoder: Callable[[KafkaRecord], Any] | None = None, maxRatePerPartition: float | None = None,
+                    failOnDataLoss: bool = True, minPartitions: int | None = None,
+                    commitToGroup: str | None = None, onDecodeError: str = "fail") -> KafkaDStream:
+        """The records of Kafka topics, read directly (no receiver), exactly once.
+
+        ``topics``: a name or a list of names, or ``pattern``: a regular expression matched against whole topic
+        names (topics created later are read too). ``kafkaParams``: librdkafka settings (``bootstrap.servers``,
+        security, ...; pyspark 2.4's ``metadata.broker.list`` is accepted), or just ``bootstrapServers``.
+        Each batch holds, per topic-partition, the offsets from where the previous batch ended to the last stable
+        offset (read_committed; at most ``maxRatePerPartition`` per second of batch interval when set), fixed in
+        the metadata log before the batch runs, so recovery and failover read exactly the same records. Records
+        are :class:`~dstreams.kafka.records.KafkaRecord` (``topic, partition, offset, timestamp, key, value,
+        headers, timestampType``; ``withEventTime(lambda r: r.timestamp)`` for event time) or ``decoder(record)``.
+        ``startingOffsets``: ``"latest"`` (default), ``"earliest"`` or ``{TopicAndPartition(topic, p): offset}``.
+        Offsets gone from the broker fail the batch unless ``failOnDataLoss=False`` (then skipped and counted).
+        ``minPartitions``: split the batch into at least this many tasks. ``commitToGroup``: a consumer group whose
+        committed offsets follow the completed batches, for lag monitoring only. ``onDecodeError="deadLetter"``:
+        records the decoder refuses go to ``stream.deadLetters()`` instead of failing the batch. Each RDD has
+        ``offsetRanges()``. See :mod:`dstreams.kafka.source`. Needs confluent-kafka (``pip install
+        'dstreams[kafka]'``).
+        """
+        from .kafka import kafka_stream
+
+        self._check_can_add_input()
+        params = dict(kafkaParams or {})
+        if bootstrapServers is not None:
+            params.setdefault("bootstrap.servers", bootstrapServers)
+        return kafka_stream(self, self._graph, topics, params, pattern, startingOffsets, decoder,
+                            maxRatePerPartition, failOnDataLoss, minPartitions, commitToGroup, onDecodeError)
 
     # ------------------------------------------------------------------ combinators
     def union(self, *dstreams: DStream) -> DStream:

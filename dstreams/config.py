@@ -319,6 +319,39 @@ SOURCE_MAX_RATE_PER_PARTITION = Setting(
         "(pyspark applications that set Spark's Kafka key keep working).",
 )
 
+KAFKA_POLL_MS = Setting(
+    key="spark.dstreams.kafka.pollMs",
+    spark_key="spark.streaming.kafka.consumer.poll.ms",
+    env="DSTREAMS_KAFKA_POLL_MS",
+    default=120_000,
+    parse=_at_least_one,
+    accepts="a number of milliseconds >= 1",
+    example="30000",
+    doc="Kafka source: a range reader that gets nothing from a partition for this long fails its task (a broker "
+        "down); Spark retries the task, then the batch's retries apply.",
+)
+
+KAFKA_MIN_PARTITIONS = Setting(
+    key="spark.dstreams.kafka.minPartitions",
+    env="DSTREAMS_KAFKA_MIN_PARTITIONS",
+    default=None,
+    parse=_count_or_unlimited,
+    accepts="a number of tasks (0 = as many as topic-partitions with records)",
+    example="8",
+    doc="Kafka source: split a batch's offset ranges into at least this many tasks (larger ranges get more), as "
+        "Structured Streaming's `minPartitions`; `kafkaStream(minPartitions=...)` overrides it.",
+)
+
+KAFKA_MAX_RECORDS_PER_TASK = Setting(
+    key="spark.dstreams.kafka.maxRecordsPerTask",
+    env="DSTREAMS_KAFKA_MAX_RECORDS_PER_TASK",
+    default=None,
+    parse=_count_or_unlimited,
+    accepts="a number of offsets (0 = no limit)",
+    example="200000",
+    doc="Kafka source: a topic-partition's range larger than this is read by several tasks (consecutive pieces).",
+)
+
 RECEIVER_MAX_RATE = Setting(
     key="spark.dstreams.receiver.maxRate",
     spark_key="spark.streaming.receiver.maxRate",
@@ -607,7 +640,8 @@ CLASS_DATA_SHARING = Setting(
 
 SETTINGS: tuple[Setting, ...] = (JVM_MODE, CLASS_DATA_SHARING, CHECKPOINT_GRAPH, STORE_RETRY_SECONDS,
                                  STORE_OUTAGE_SECONDS, SPARK_LOG_LEVEL,
-                                 SPARK_LOCAL_DIR, SOURCE_MAX_RATE_PER_PARTITION, RECEIVER_MAX_RATE,
+                                 SPARK_LOCAL_DIR, SOURCE_MAX_RATE_PER_PARTITION, KAFKA_POLL_MS, KAFKA_MIN_PARTITIONS,
+                                 KAFKA_MAX_RECORDS_PER_TASK, RECEIVER_MAX_RATE,
                                  FILES_MAX_FILES_PER_BATCH, BACKPRESSURE_ENABLED, BACKPRESSURE_INITIAL_RATE,
                                  BACKPRESSURE_PID_PROPORTIONAL, BACKPRESSURE_PID_INTEGRAL, BACKPRESSURE_PID_DERIVED,
                                  BACKPRESSURE_PID_MIN_RATE, LISTENER_BUS_CAPACITY, UI_ENABLED, UI_PORT,

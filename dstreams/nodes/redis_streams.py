@@ -214,28 +214,32 @@ class GroupPositionWriter:
     coalesce: per key only the newest one waits (bounded by the number of keys), so after an outage the
     group jumps to where the stream is, with one call per key. A position is never moved backwards, and an
     update that fails is logged and dropped (the groups are for monitoring only; the next batch's position
-    goes on). ``move(key, entry_id)`` does one update (with the Redis client's own retries).
+    goes on). ``move(key, entry_id)`` does one update (with the Redis client's own retries). ``newer(a, b)``
+    says whether position ``a`` is past ``b`` (entry ids by default; the Kafka source offers all its partitions'
+    offsets under one key, a batch's positions being past the batch's before it).
     """
 
-    def __init__(self, name: str, move: Callable[[str, str], None], what: str) -> None:
+    def __init__(self, name: str, move: Callable[[str, Any], None], what: str,
+                 newer: Callable[[Any, Any], bool] = id_after) -> None:
         self._move = move
+        self._newer = newer
         self._what = what
         self._cond = threading.Condition()
-        self._pending: dict[str, str] = {}
-        self._offered: dict[str, str] = {}  # the newest id offered per key: a group never moves back
+        self._pending: dict[str, Any] = {}
+        self._offered: dict[str, Any] = {}  # the newest id offered per key: a group never moves back
         self._busy = False
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def offer(self, positions: Mapping[str, str]) -> None:
+    def offer(self, positions: Mapping[str, Any]) -> None:
         """Move these keys' group to these ids, later and in the background (never blocks on Redis)."""
         with self._cond:
             if self._stopping:
                 return
             for key, entry_id in positions.items():
                 newest = self._offered.get(key)
-                if newest is None or id_after(entry_id, newest):
+                if newest is None or self._newer(entry_id, newest):
                     self._pending[key] = self._offered[key] = entry_id
             self._cond.notify_all()
 

@@ -1,0 +1,220 @@
+"""The Kafka source against the real broker (scripts/services.sh start kafka): offsets fixed per batch from the last
+stable offset, pyspark 2.4's KafkaUtils API, rate limits, new partitions, data loss, decode errors and dead letters.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dstreams import ManualClock, StreamingContext
+from tests.kafka_support import add_partitions, create_topic, produce
+
+pytest.importorskip("confluent_kafka")
+
+
+def _run(sc, build, batches: int, before_batch=None, timeout_s: float = 60.0, conf_ssc=None):
+    """Start a context on a manual clock, run ``batches`` 1 s batches (``before_batch(i)`` runs before batch i is
+    generated) and return what ``build(ssc, out)`` collected."""
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1.0, clock=clock)
+    out: dict[str, list] = {}
+    build(ssc, out)
+    ssc.start()
+    try:
+        for i in range(1, batches + 1):
+            if before_batch is not None:
+                before_batch(i)
+            clock.advance(1000)
+            info = ssc.awaitBatch(i * 1000, timeout_s)
+            failed = {op.output_name: op.failure_reason for op in info.output_operations.values() if op.failure_reason}
+            assert not failed, f"batch {i} failed: {failed}"
+    finally:
+        ssc.stop(stopSparkContext=False)
+    return out
+
+
+def _collect(out, name):
+    def save(rdd):
+        out.setdefault(name, []).append(rdd.collect())
+    return save
+
+
+def test_direct_stream_reads_each_record_once_with_offset_ranges(sc, kafka_bootstrap):
+    from dstreams.kafka import KafkaUtils, OffsetRange
+
+    topic = create_topic(kafka_bootstrap, partitions=2)
+    produce(kafka_bootstrap, topic, [(f"k{i}", f"v{i}") for i in range(10)], partition=0)
+    ranges_seen: list[list[OffsetRange]] = []
+
+    def build(ssc, out):
+        kvs = KafkaUtils.createDirectStream(ssc, [topic], {"metadata.broker.list": kafka_bootstrap,
+                                                           "auto.offset.reset": "smallest"})
+        kvs.foreachRDD(lambda rdd: ranges_seen.append(rdd.offsetRanges()))
+        kvs.transform(lambda rdd: rdd.context.parallelize([str(r) for r in rdd.offsetRanges()])).foreachRDD(
+            _collect(out, "transformed"))
+        kvs.foreachRDD(_collect(out, "records"))
+
+    def feed(i):
+        if i == 2:
+            produce(kafka_bootstrap, topic, [(None, f"w{j}") for j in range(5)], partition=1)
+
+    out = _run(sc, build, 3, feed)
+    assert sorted(out["records"][0]) == sorted((f"k{i}", f"v{i}") for i in range(10))
+    assert sorted(out["records"][1]) == sorted((None, f"w{j}") for j in range(5))
+    assert out["records"][2] == []
+    assert ranges_seen[0] == [OffsetRange(topic, 0, 0, 10), OffsetRange(topic, 1, 0, 0)]
+    assert ranges_seen[1] == [OffsetRange(topic, 0, 10, 10), OffsetRange(topic, 1, 0, 5)]
+    assert out["transformed"][0] == [str(OffsetRange(topic, 0, 0, 10)), str(OffsetRange(topic, 1, 0, 0))]
+
+
+def test_default_start_is_latest_and_message_handler_gets_metadata(sc, kafka_bootstrap):
+    from dstreams.kafka import KafkaUtils, TopicAndPartition
+
+    topic = create_topic(kafka_bootstrap, partitions=1)
+    produce(kafka_bootstrap, topic, [("old", "old")], partition=0)
+
+    def build(ssc, out):
+        s = KafkaUtils.createDirectStream(ssc, [topic], {"bootstrap.servers": kafka_bootstrap},
+                                          messageHandler=lambda m: (m.topic, m.partition, m.offset, m.key, m.message))
+        s.foreachRDD(_collect(out, "latest"))
+        s2 = KafkaUtils.createDirectStream(ssc, [topic], {"bootstrap.servers": kafka_bootstrap},
+                                           fromOffsets={TopicAndPartition(topic, 0): 1},
+                                           valueDecoder=lambda b: b.decode().upper())
+        s2.foreachRDD(_collect(out, "from"))
+
+    out = _run(sc, build, 2, lambda i: produce(kafka_bootstrap, topic, [("k", f"new{i}")], partition=0))
+    assert out["latest"] == [[(topic, 0, 1, "k", "new1")], [(topic, 0, 2, "k", "new2")]]
+    assert out["from"] == [[("k", "NEW1")], [("k", "NEW2")]]
+
+
+def test_read_committed_skips_aborted_and_never_waits_for_an_open_transaction(sc, kafka_bootstrap):
+    from confluent_kafka import Producer
+
+    topic = create_topic(kafka_bootstrap, partitions=1)
+    produce(kafka_bootstrap, topic, [(None, "a1"), (None, "a2")], transactional_id=f"{topic}-tx")
+    produce(kafka_bootstrap, topic, [(None, "aborted")], transactional_id=f"{topic}-tx", abort=True)
+    produce(kafka_bootstrap, topic, [(None, "b1")], transactional_id=f"{topic}-tx")
+    # An open transaction: its records must not show, and the batch must not wait for it.
+    p = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"{topic}-open"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(topic, value=b"pending", partition=0)
+    p.flush(30)
+
+    def build(ssc, out):
+        ssc.kafkaStream(topic, bootstrapServers=kafka_bootstrap, startingOffsets="earliest",
+                        decoder=lambda r: r.value.decode()).foreachRDD(_collect(out, "v"))
+
+    def feed(i):
+        if i == 2:
+            p.commit_transaction(30)
+
+    try:
+        out = _run(sc, build, 3, feed)
+    finally:
+        p.flush(5)
+    assert out["v"][0] == ["a1", "a2", "b1"]
+    assert out["v"][1] + out["v"][2] == ["pending"]
+
+
+def test_rate_limit_splits_a_backlog_over_batches_and_new_partitions_are_read(sc, kafka_bootstrap):
+    topic = create_topic(kafka_bootstrap, partitions=1)
+    produce(kafka_bootstrap, topic, [(None, str(i)) for i in range(25)], partition=0)
+
+    def build(ssc, out):
+        s = ssc.kafkaStream([topic], {"bootstrap.servers": kafka_bootstrap}, startingOffsets="earliest",
+                            maxRatePerPartition=10, minPartitions=3,
+                            decoder=lambda r: (r.partition, int(r.value)))
+        s.foreachRDD(_collect(out, "v"))
+        s.foreachRDD(lambda rdd: out.setdefault("tasks", []).append(rdd.getNumPartitions()))
+
+    def feed(i):
+        if i == 2:
+            add_partitions(kafka_bootstrap, topic, 2)
+            produce(kafka_bootstrap, topic, [(None, "100"), (None, "101")], partition=1)
+
+    out = _run(sc, build, 4, feed)
+    assert out["v"][0] == [(0, i) for i in range(10)]
+    assert out["tasks"][0] == 3  # minPartitions: the 10 offsets in 3 consecutive pieces
+    assert sorted(out["v"][1]) == sorted([(0, i) for i in range(10, 20)] + [(1, 100), (1, 101)])
+    assert out["v"][2] == [(0, i) for i in range(20, 25)]
+    assert out["v"][3] == []
+
+
+def test_pattern_subscription_reads_matching_topics_also_created_later(sc, kafka_bootstrap):
+    import uuid
+
+    prefix = f"pat-{uuid.uuid4().hex[:8]}"
+    first = create_topic(kafka_bootstrap, f"{prefix}-a")
+    produce(kafka_bootstrap, first, [(None, "a")])
+    create_topic(kafka_bootstrap, f"other-{prefix}")
+
+    def build(ssc, out):
+        ssc.kafkaStream(pattern=rf"{prefix}-.*", bootstrapServers=kafka_bootstrap, startingOffsets="earliest",
+                        decoder=lambda r: (r.topic, r.value.decode())).foreachRDD(_collect(out, "v"))
+
+    def feed(i):
+        if i == 2:
+            second = create_topic(kafka_bootstrap, f"{prefix}-b")
+            produce(kafka_bootstrap, second, [(None, "b")])
+
+    out = _run(sc, build, 2, feed)
+    assert out["v"] == [[(first, "a")], [(f"{prefix}-b", "b")]]
+
+
+def test_missing_topic_and_bad_params_fail_clearly(sc, kafka_bootstrap):
+    from dstreams.kafka import KafkaConfigError
+
+    ssc = StreamingContext(sc, 1.0, clock=ManualClock())
+    with pytest.raises(KafkaConfigError, match="bootstrap.servers"):
+        ssc.kafkaStream("x", {})
+    with pytest.raises(ValueError, match="startingOffsets"):
+        ssc.kafkaStream("x", bootstrapServers=kafka_bootstrap, startingOffsets="newest")
+    ssc.kafkaStream("no-such-topic-dstreams", bootstrapServers=kafka_bootstrap).foreachRDD(lambda r: None)
+    with pytest.raises(ValueError, match=r"do not exist.*create them first"):
+        ssc.start()
+    ssc.stop(stopSparkContext=False)
+
+
+def test_decode_error_names_topic_partition_offset_and_dead_letters_route_it(sc, kafka_bootstrap):
+    from dstreams.kafka.source import KafkaDeadLetter
+
+    topic = create_topic(kafka_bootstrap, partitions=1)
+    produce(kafka_bootstrap, topic, [(None, "1"), (None, "x"), (None, "3")], partition=0)
+
+    def build(ssc, out):
+        s = ssc.kafkaStream(topic, bootstrapServers=kafka_bootstrap, startingOffsets="earliest",
+                            decoder=lambda r: int(r.value), onDecodeError="deadLetter")
+        s.foreachRDD(_collect(out, "good"))
+        s.deadLetters().foreachRDD(_collect(out, "dead"))
+
+    out = _run(sc, build, 1)
+    assert out["good"] == [[1, 3]]
+    [[dead]] = out["dead"]
+    assert isinstance(dead, KafkaDeadLetter)
+    assert (dead.topic, dead.partition, dead.offset, dead.value, dead.batchTime) == (topic, 0, 1, b"x", 1000)
+    assert "ValueError" in dead.error
+
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1.0, clock=clock)
+    ssc.kafkaStream(topic, bootstrapServers=kafka_bootstrap, startingOffsets="earliest",
+                    decoder=lambda r: int(r.value)).foreachRDD(lambda rdd: rdd.collect())
+    ssc.start()
+    try:
+        clock.advance(1000)
+        info = ssc.awaitBatch(1000, 60)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    reasons = [op.failure_reason or "" for op in info.output_operations.values()]
+    assert any(f"topic '{topic}' partition 0 offset 1" in r for r in reasons), reasons
+
+
+def test_create_rdd_reads_given_ranges(sc, kafka_bootstrap):
+    from dstreams.kafka import KafkaUtils, OffsetRange
+
+    topic = create_topic(kafka_bootstrap, partitions=1)
+    produce(kafka_bootstrap, topic, [(f"k{i}", f"v{i}") for i in range(6)], partition=0)
+    rdd = KafkaUtils.createRDD(sc, {"metadata.broker.list": kafka_bootstrap}, [OffsetRange(topic, 0, 2, 5)])
+    assert rdd.collect() == [("k2", "v2"), ("k3", "v3"), ("k4", "v4")]
+    assert rdd.offsetRanges() == [OffsetRange(topic, 0, 2, 5)]
+    assert rdd.map(lambda kv: kv[1]).collect() == ["v2", "v3", "v4"]
