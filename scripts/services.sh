@@ -7,7 +7,12 @@
 # cluster under .postgres/data (initdb, trust authentication on loopback, user and database `dstreams`), run by
 # pg_ctl as the `postgres` system user when this script runs as root (root cannot run postgres; when that user
 # cannot enter the checkout, e.g. one under a `mktemp -d` folder, the cluster lives in /tmp/dstreams-postgres-<hash>).
-# usage: scripts/services.sh start|stop|status|restart [ceph|moto|redis|postgres|chromium ...]
+# A single-node Apache Kafka broker (KRaft: broker and controller in one JVM) on 127.0.0.1:9192
+# (DSTREAMS_TEST_KAFKA_PORT; its controller on 9193, DSTREAMS_TEST_KAFKA_CONTROLLER_PORT): Kafka 4.1's jars from
+# Maven Central gathered by Maven from scripts/kafka/pom.xml into .kafka/jars (cached), data under .kafka/data (kept
+# across restarts: `restart kafka` is a broker restart the tests use as a fault), needs Java 17+ and mvn (Debian's
+# openjdk-17-jre-headless and maven, installed with apt-get when missing).
+# usage: scripts/services.sh start|stop|status|restart [ceph|moto|redis|postgres|kafka|chromium ...]
 # With no service named, start/stop/status act on all of them; `restart redis` stops and starts Redis only.
 # `chromium` is not a server: Debian's chromium and chromium-driver (apt-get), which the status page's
 # browser test (tests/test_status_browser.py) drives headless; the test starts and stops the browser itself.
@@ -17,8 +22,8 @@
 # Required mode (CI=true or DSTREAMS_REQUIRE_SERVICES=1; DSTREAMS_REQUIRE_SERVICES=0 turns it off): a
 # service that does not start makes `start` exit 1 with an ERROR naming the service and its log, and the
 # tests fail instead of skipping (tests/support.py). Every wait is a bounded polling loop. Nothing is
-# exported: tests read DSTREAMS_TEST_RGW_ENDPOINT, DSTREAMS_TEST_MOTO_ENDPOINT, DSTREAMS_TEST_REDIS_URL and
-# DSTREAMS_TEST_POSTGRES_DSN,
+# exported: tests read DSTREAMS_TEST_RGW_ENDPOINT, DSTREAMS_TEST_MOTO_ENDPOINT, DSTREAMS_TEST_REDIS_URL,
+# DSTREAMS_TEST_POSTGRES_DSN and DSTREAMS_TEST_KAFKA_BOOTSTRAP,
 # whose defaults are the endpoints below; when one is set to another address, that server is checked, not
 # started or stopped here.
 set -u
@@ -68,6 +73,18 @@ PG_USER=dstreams
 PG_DB=dstreams
 PG_DSN="postgresql://$PG_USER@127.0.0.1:$PG_PORT/$PG_DB"
 PG_FAILURE=""                       # why PostgreSQL did not start, set by start_postgres
+KAFKA_BASE="$ROOT/.kafka"
+KAFKA_DATA="$KAFKA_BASE/data"
+KAFKA_JARS="$KAFKA_BASE/jars"
+KAFKA_CONF="$KAFKA_BASE/server.properties"
+KAFKA_PID="$KAFKA_BASE/kafka.pid"
+KAFKA_LOG="$KAFKA_BASE/kafka.log"
+KAFKA_FAILURE="$KAFKA_BASE/kafka.failure"  # why Kafka did not start (start_kafka may run in a subshell)
+KAFKA_POM="$ROOT/scripts/kafka/pom.xml"
+KAFKA_LOG4J="$ROOT/scripts/kafka/log4j2.properties"
+KAFKA_PORT="${DSTREAMS_TEST_KAFKA_PORT:-9192}"
+KAFKA_CONTROLLER_PORT="${DSTREAMS_TEST_KAFKA_CONTROLLER_PORT:-9193}"
+KAFKA_BOOTSTRAP="127.0.0.1:$KAFKA_PORT"
 CHROMIUM_PACKAGES="chromium chromium-driver"
 CHROMIUM_FAILURE=""                 # why the browser is not available, set by start_chromium
 T0=$(date +%s%N)
@@ -659,6 +676,286 @@ postgres_status() {
   else echo "postgres: stopped"; fi
 }
 
+# ---------------------------------------------------------------- Kafka broker (the Kafka source's and sink's tests)
+
+# kafka_java: the java that runs the broker (JAVA_HOME's when set, as scripts/env.sh picks it).
+kafka_java() { echo "${JAVA_HOME:+$JAVA_HOME/bin/}java"; }
+
+# java_major: the major version of kafka_java, 0 when there is none (as scripts/env.sh reads it).
+java_major() {
+  local v
+  command -v "$(kafka_java)" >/dev/null 2>&1 || { echo 0; return; }
+  v=$("$(kafka_java)" -version 2>&1 | awk -F'"' '/version/ {split($2, v, "."); print (v[1] == "1" ? v[2] : v[1]); exit}')
+  case "$v" in '' | *[!0-9]*) echo 0 ;; *) echo "$v" ;; esac
+}
+
+# kafka_python: a python that can import confluent_kafka (the project's .venv first), for the readiness check.
+kafka_python() {
+  local py
+  for py in "$ROOT/.venv/bin/python" python3; do
+    if command -v "$py" >/dev/null 2>&1 &&
+      "$py" -c "import importlib.util as u; exit(not u.find_spec('confluent_kafka'))" >/dev/null 2>&1; then
+      echo "$py"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# kafka_metadata BOOTSTRAP: a broker at BOOTSTRAP answers a metadata request (an admin client lists its topics)
+# within a few seconds. Without confluent_kafka: only that its first host:port accepts TCP connections.
+kafka_metadata() {
+  local py hostport
+  if py=$(kafka_python); then
+    timeout 10 "$py" - "$1" <<'PY' >/dev/null 2>&1
+import sys
+from confluent_kafka.admin import AdminClient
+md = AdminClient({"bootstrap.servers": sys.argv[1], "socket.connection.setup.timeout.ms": 2000}).list_topics(timeout=4)
+sys.exit(0 if md.brokers else 1)
+PY
+  else
+    hostport="${1%%,*}"
+    timeout 3 bash -c "exec 3<>/dev/tcp/${hostport%:*}/${hostport##*:}" >/dev/null 2>&1
+  fi
+}
+
+# kafka_ours: this project's broker (its pid file names a running kafka.Kafka with .kafka/server.properties).
+kafka_ours() { pid_alive "$KAFKA_PID" "kafka.Kafka $KAFKA_CONF"; }
+
+# kafka_ready: our broker runs, logged that it started, and answers on KAFKA_BOOTSTRAP.
+kafka_ready() {
+  kafka_ours && grep -q "Kafka Server started" "$KAFKA_LOG" 2>/dev/null && port_open "$KAFKA_PORT" &&
+    kafka_metadata "$KAFKA_BOOTSTRAP"
+}
+
+kafka_failed() { echo "$1" >"$KAFKA_FAILURE"; }
+
+# install_kafka_tools: Java 17+ and Maven (Debian's openjdk-17-jre-headless and maven) when missing.
+install_kafka_tools() {
+  local need=()
+  [ "$(java_major)" -ge 17 ] 2>/dev/null || need+=(openjdk-17-jre-headless)
+  command -v mvn >/dev/null 2>&1 || need+=(maven)
+  [ "${#need[@]}" = 0 ] && return 0
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 || [ -n "${DSTREAMS_NO_APT:-}" ]; then
+    warn "the Kafka broker needs Java 17+ and Maven, which cannot be installed here (needs root and apt-get, DSTREAMS_NO_APT unset)."
+    warn "Install them with: apt-get install --no-install-recommends ${need[*]}"
+    kafka_failed "${need[*]} missing and cannot be installed here (needs root and apt-get; no log)"
+    return 1
+  fi
+  log "installing ${need[*]} (apt-get)"
+  apt_install "$KAFKA_BASE/apt.log" "${need[-1]}" "${need[@]}" || {
+    warn "apt-get install failed, see $KAFKA_BASE/apt.log"
+    kafka_failed "installing ${need[*]} with apt-get failed (log: $KAFKA_BASE/apt.log)"
+    return 1
+  }
+  if [ "$(java_major)" -lt 17 ] 2>/dev/null || ! command -v mvn >/dev/null 2>&1; then
+    kafka_failed "${need[*]} installed but java 17+ or mvn is still not on PATH (JAVA_HOME=${JAVA_HOME:-}; log: $KAFKA_BASE/apt.log)"
+    return 1
+  fi
+}
+
+# kafka_jars: the broker's classpath in .kafka/jars, gathered by Maven from scripts/kafka/pom.xml; skipped when the
+# folder is complete for this pom (a stamp named by its md5). Maven's ~/.m2 caches the downloads too.
+kafka_jars() {
+  local stamp t
+  stamp="$KAFKA_JARS/.complete-$(md5sum <"$KAFKA_POM" | cut -c1-12)"
+  [ -f "$stamp" ] && return 0
+  t=$(date +%s%N)
+  log "kafka: gathering the broker's jars with Maven (first run downloads ~45 MB; log: $KAFKA_BASE/mvn.log)"
+  rm -rf "$KAFKA_JARS" "$KAFKA_JARS.tmp"
+  if ! timeout 900 mvn -B -q -Dstyle.color=never -f "$KAFKA_POM" dependency:copy-dependencies -DincludeScope=runtime \
+      -DoutputDirectory="$KAFKA_JARS.tmp" >"$KAFKA_BASE/mvn.log" 2>&1; then
+    tail -5 "$KAFKA_BASE/mvn.log" >&2
+    rm -rf "$KAFKA_JARS.tmp"
+    kafka_failed "Maven could not gather the broker's jars from $KAFKA_POM (log: $KAFKA_BASE/mvn.log)"
+    return 1
+  fi
+  mv "$KAFKA_JARS.tmp" "$KAFKA_JARS" && touch "$stamp"
+  log "kafka: $(ls "$KAFKA_JARS" | wc -l) jars in $KAFKA_JARS ($(( ($(date +%s%N) - t) / 1000000 ))ms)"
+}
+
+# Rewritten at every start, so that a changed port or setting applies; the data in .kafka/data is kept.
+write_kafka_conf() {
+  cat >"$KAFKA_CONF" <<CONF
+# Written by scripts/services.sh at every start: the dstreams tests' own single-node Kafka broker (KRaft: broker
+# and controller in one JVM). Loopback only, no authentication; data in $KAFKA_DATA, kept across restarts.
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$KAFKA_DATA
+num.partitions=1
+default.replication.factor=1
+min.insync.replicas=1
+auto.create.topics.enable=false
+# One broker: the internal topics with one replica, and one partition each (the default 50 makes the first group
+# commit or init_transactions wait for 50 partitions to be created and loaded).
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.num.partitions=1
+group.initial.rebalance.delay.ms=0
+# A transaction of a dead producer is aborted within 5 s of its transaction.timeout.ms (default check: every 10 s).
+transaction.abort.timed.out.transaction.cleanup.interval.ms=5000
+# The log cleaner (compacted internal topics) allocates this on the heap: 32 MB instead of 128 MB.
+log.cleaner.dedupe.buffer.size=33554432
+# After a kill, the restarted broker waits for its old registration's session to expire before it serves: 6 s
+# instead of 9 s (heartbeats every second instead of 2 s, so a stall of up to ~5 s does not fence it).
+broker.session.timeout.ms=6000
+broker.heartbeat.interval.ms=1000
+CONF
+}
+
+# kafka_cluster_id: the id this broker's storage is formatted with (kept in .kafka/cluster.id; read back from the
+# data when that file is gone; else a new one: 16 random bytes, URL-safe base64 without padding, no leading '-').
+kafka_cluster_id() {
+  local id
+  id=$(cat "$KAFKA_BASE/cluster.id" 2>/dev/null)
+  [ -n "$id" ] || id=$(sed -n 's/^cluster\.id=//p' "$KAFKA_DATA/meta.properties" 2>/dev/null)
+  while [ -z "$id" ] || [ "${id:0:1}" = - ]; do
+    id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
+  done
+  echo "$id" >"$KAFKA_BASE/cluster.id"
+  echo "$id"
+}
+
+# kafka_wait SECONDS: poll until the broker answers (kafka_ready), giving up early when its JVM exited.
+kafka_wait() {
+  local limit=$(( $1 * 5 )) i
+  for (( i = 0; i < limit; i++ )); do
+    kafka_ours || return 1
+    # The metadata check (a python start-up) only once the log said it started and the port is open.
+    if grep -q "Kafka Server started" "$KAFKA_LOG" 2>/dev/null && port_open "$KAFKA_PORT"; then
+      kafka_metadata "$KAFKA_BOOTSTRAP" && return 0
+    fi
+    sleep 0.2
+  done
+  return 1
+}
+
+start_kafka() {
+  local ext t t_format p
+  rm -f "$KAFKA_FAILURE"
+  if ext=$(external DSTREAMS_TEST_KAFKA_BOOTSTRAP "$KAFKA_BOOTSTRAP"); then
+    if kafka_metadata "$ext"; then
+      echo "kafka: using $ext (DSTREAMS_TEST_KAFKA_BOOTSTRAP; not started or stopped here)"
+      return 0
+    fi
+    warn "DSTREAMS_TEST_KAFKA_BOOTSTRAP=$ext does not answer (a broker there is not started by this script)."
+    kafka_failed "no broker answers at DSTREAMS_TEST_KAFKA_BOOTSTRAP=$ext (not started here; no log)"
+    echo "kafka: NOT AVAILABLE at $ext"
+    return 1
+  fi
+  case "$KAFKA_PORT" in
+    '' | *[!0-9]*)
+      kafka_failed "DSTREAMS_TEST_KAFKA_PORT=$KAFKA_PORT is not a port number"
+      echo "kafka: NOT STARTED (DSTREAMS_TEST_KAFKA_PORT=$KAFKA_PORT is not a port number)"
+      return 1
+      ;;
+  esac
+  # Ours on this port and running, perhaps still starting (recovering its logs after a kill): wait for it.
+  if kafka_ours && grep -qx "advertised.listeners=PLAINTEXT://$KAFKA_BOOTSTRAP" "$KAFKA_CONF" && kafka_wait 90; then
+    echo "kafka: running at $KAFKA_BOOTSTRAP (pid $(cat "$KAFKA_PID"), data in $KAFKA_DATA)"
+    return 0
+  fi
+  if kafka_ours; then  # a second broker must not share .kafka/data
+    warn "this project's Kafka broker (pid $(cat "$KAFKA_PID")) runs but does not answer on $KAFKA_BOOTSTRAP."
+    kafka_failed "this project's Kafka broker (pid $(cat "$KAFKA_PID"), data in $KAFKA_DATA) does not answer on $KAFKA_BOOTSTRAP (another DSTREAMS_TEST_KAFKA_PORT?): stop it first with \`bash scripts/services.sh stop kafka\` (log: $KAFKA_LOG)"
+    echo "kafka: NOT STARTED (the project's broker runs but does not answer on $KAFKA_BOOTSTRAP)"
+    return 1
+  fi
+  for p in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT"; do
+    if port_open "$p"; then
+      warn "something that is not this project's Kafka broker listens on 127.0.0.1:$p; Kafka not started."
+      kafka_failed "127.0.0.1:$p is taken by another process, not this project's Kafka broker (set DSTREAMS_TEST_KAFKA_PORT and DSTREAMS_TEST_KAFKA_CONTROLLER_PORT to free ports, or DSTREAMS_TEST_KAFKA_BOOTSTRAP to use that broker)"
+      echo "kafka: NOT STARTED (127.0.0.1:$p is taken)"
+      return 1
+    fi
+  done
+  if ! install_kafka_tools || ! kafka_jars; then
+    echo "kafka: NOT AVAILABLE ($(cat "$KAFKA_FAILURE" 2>/dev/null))"
+    return 1
+  fi
+  mkdir -p "$KAFKA_DATA"
+  write_kafka_conf
+  if [ ! -f "$KAFKA_DATA/meta.properties" ]; then
+    t_format=$(date +%s%N)
+    if ! timeout 120 "$(kafka_java)" -Xmx256m -Dlog4j2.configurationFile="$KAFKA_LOG4J" -cp "$KAFKA_JARS/*" \
+        kafka.tools.StorageTool format --ignore-formatted -t "$(kafka_cluster_id)" -c "$KAFKA_CONF" \
+        >"$KAFKA_BASE/format.log" 2>&1; then
+      tail -5 "$KAFKA_BASE/format.log" >&2
+      kafka_failed "formatting the broker's storage in $KAFKA_DATA failed (log: $KAFKA_BASE/format.log)"
+      echo "kafka: NOT STARTED (see $KAFKA_BASE/format.log)"
+      return 1
+    fi
+    log "kafka: storage formatted in $KAFKA_DATA (cluster $(cat "$KAFKA_BASE/cluster.id"); $(( ($(date +%s%N) - t_format) / 1000000 ))ms)"
+  fi
+  [ -f "$KAFKA_LOG" ] && mv -f "$KAFKA_LOG" "$KAFKA_LOG.1"  # the previous run's log; this run's starts empty
+  t=$(date +%s%N)
+  # The JVM options of Kafka's own kafka-run-class.sh (G1, short pauses), with a small heap.
+  setsid nohup "$(kafka_java)" -Xmx512m -Xms256m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+    -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$KAFKA_LOG4J" -Dkafka.logs.dir="$KAFKA_BASE" -cp "$KAFKA_JARS/*" \
+    kafka.Kafka "$KAFKA_CONF" >"$KAFKA_LOG" 2>&1 </dev/null &
+  echo $! >"$KAFKA_PID"
+  if ! kafka_wait 90; then
+    stop_kafka_pid
+    tail -5 "$KAFKA_LOG" >&2 2>/dev/null
+    warn "the Kafka broker did not answer on $KAFKA_BOOTSTRAP within 90 s; see $KAFKA_LOG"
+    kafka_failed "the Kafka broker did not answer on $KAFKA_BOOTSTRAP within 90 s (log: $KAFKA_LOG)"
+    echo "kafka: NOT STARTED (see $KAFKA_LOG)"
+    return 1
+  fi
+  echo "kafka: $KAFKA_BOOTSTRAP (KRaft, data in $KAFKA_DATA; start took $(( ($(date +%s%N) - t) / 1000000 )) ms)"
+}
+
+# stop_kafka_pid: SIGTERM (a controlled shutdown: logs flushed, no recovery at the next start), up to 30 s, then
+# KILL (the data survives: the next start recovers the logs).
+stop_kafka_pid() {
+  local p
+  if kafka_ours; then
+    p=$(cat "$KAFKA_PID")
+    kill "$p" 2>/dev/null
+    wait_for 30 pid_exited "$p" || {
+      warn "the Kafka broker (pid $p) did not exit within 30 s of SIGTERM: killing it"
+      kill -9 "$p" 2>/dev/null
+      wait_for 5 pid_exited "$p"
+    }
+    log "stopped kafka (pid $p)"
+  fi
+  rm -f "$KAFKA_PID"
+}
+
+stop_kafka() {
+  if external DSTREAMS_TEST_KAFKA_BOOTSTRAP "$KAFKA_BOOTSTRAP" >/dev/null; then
+    log "kafka: DSTREAMS_TEST_KAFKA_BOOTSTRAP is set: that broker is not stopped here"
+    return 0
+  fi
+  stop_kafka_pid
+}
+
+kafka_status() {
+  local ext
+  if ext=$(external DSTREAMS_TEST_KAFKA_BOOTSTRAP "$KAFKA_BOOTSTRAP"); then
+    if kafka_metadata "$ext"; then echo "kafka: using $ext (DSTREAMS_TEST_KAFKA_BOOTSTRAP)"
+    else echo "kafka: NOT answering at $ext (DSTREAMS_TEST_KAFKA_BOOTSTRAP)"; fi
+  elif kafka_ready; then
+    echo "kafka: running at $KAFKA_BOOTSTRAP (pid $(cat "$KAFKA_PID"), data in $KAFKA_DATA)"
+  elif kafka_ours; then
+    echo "kafka: starting or not answering at $KAFKA_BOOTSTRAP (pid $(cat "$KAFKA_PID"), log $KAFKA_LOG)"
+  else
+    echo "kafka: stopped"
+  fi
+}
+
 # ---------------------------------------------------------------- Chromium (headless browser for the page test)
 
 chromium_installed() { command -v chromium >/dev/null && command -v chromedriver >/dev/null; }
@@ -698,8 +995,8 @@ chromium_status() {
 # ---------------------------------------------------------------- main
 
 usage() {
-  echo "usage: $0 start|stop|status [ceph|moto|redis|postgres|chromium ...]   (no service named: all of them)" >&2
-  echo "       $0 restart ceph|moto|redis|postgres ...                (stops, then starts, only those named)" >&2
+  echo "usage: $0 start|stop|status [ceph|moto|redis|postgres|kafka|chromium ...]   (no service named: all of them)" >&2
+  echo "       $0 restart ceph|moto|redis|postgres|kafka ...                (stops, then starts, only those named)" >&2
 }
 
 # selected SERVICE: SERVICE was named on the command line, or none was.
@@ -722,14 +1019,19 @@ status() {
   fi
   if selected redis; then redis_status; fi
   if selected postgres; then postgres_status; fi
+  if selected kafka; then kafka_status; fi
   if selected chromium; then chromium_status; fi
 }
 
 start_services() {
-  local moto_job="" ceph_rc=0 moto_rc=0 redis_rc=0 postgres_rc=0 chromium_rc=0 failed=() f
+  local moto_job="" kafka_job="" ceph_rc=0 moto_rc=0 redis_rc=0 postgres_rc=0 kafka_rc=0 chromium_rc=0 failed=() f
   if selected moto; then
     start_moto &  # moto needs 1-3 s to import: start it while Ceph comes up
     moto_job=$!
+  fi
+  if selected kafka && [ "$(java_major)" -ge 17 ] 2>/dev/null && command -v mvn >/dev/null 2>&1; then
+    start_kafka &  # the broker's JVM needs ~10 s to answer: start it while Ceph comes up (no apt-get needed)
+    kafka_job=$!
   fi
   if selected ceph; then
     start_ceph
@@ -747,14 +1049,23 @@ start_services() {
     start_chromium
     chromium_rc=$?
   fi
+  if selected kafka && [ -z "$kafka_job" ]; then  # after Chromium: it installs Java or Maven with apt-get first
+    start_kafka
+    kafka_rc=$?
+  fi
   if [ -n "$moto_job" ]; then
     wait "$moto_job"
     moto_rc=$?
+  fi
+  if [ -n "$kafka_job" ]; then
+    wait "$kafka_job"
+    kafka_rc=$?
   fi
   [ "$ceph_rc" = 0 ] || failed+=("ceph-rgw: ${CEPH_FAILURE:-the Ceph RADOS Gateway did not start (logs: $D/log)}")
   [ "$moto_rc" = 0 ] || failed+=("moto: $(cat "$MOTO_FAILURE" 2>/dev/null || echo "the moto server did not start (log: $MOTO_LOG)")")
   [ "$redis_rc" = 0 ] || failed+=("redis: ${REDIS_FAILURE:-the Redis server did not start (log: $REDIS_LOG)}")
   [ "$postgres_rc" = 0 ] || failed+=("postgres: ${PG_FAILURE:-PostgreSQL did not start (log: $PG_LOG)}")
+  [ "$kafka_rc" = 0 ] || failed+=("kafka: $(cat "$KAFKA_FAILURE" 2>/dev/null || echo "the Kafka broker did not start (log: $KAFKA_LOG)")")
   [ "$chromium_rc" = 0 ] || failed+=("chromium: ${CHROMIUM_FAILURE:-chromium and chromium-driver are not available}")
   if [ "${#failed[@]}" -gt 0 ]; then
     if required; then
@@ -773,19 +1084,21 @@ stop_services() {
   if selected moto; then stop_pid "$MOTO_PID" moto.server & fi
   if selected redis; then stop_redis & fi
   if selected postgres; then stop_postgres & fi
+  if selected kafka; then stop_kafka & fi
   if selected ceph; then stop_ceph; fi
   wait
   if [ "${#SELECTED[@]}" = 0 ]; then echo "services stopped"; else echo "stopped: ${SELECTED[*]}"; fi
 }
 
-mkdir -p "$BASE" "$REDIS_BASE" "$PG_BASE"
+mkdir -p "$BASE" "$REDIS_BASE" "$PG_BASE" "$KAFKA_BASE"
 [ -f "$REDIS_BASE/.gitignore" ] || echo '*' >"$REDIS_BASE/.gitignore"  # .redis/ is local state, never committed
 [ -f "$PG_BASE/.gitignore" ] || echo '*' >"$PG_BASE/.gitignore"  # .postgres/ too
+[ -f "$KAFKA_BASE/.gitignore" ] || echo '*' >"$KAFKA_BASE/.gitignore"  # .kafka/ too
 cmd="${1:-}"
 [ "$#" = 0 ] || shift
 for s in "$@"; do
   case "$s" in
-    ceph | moto | redis | postgres | chromium) SELECTED+=("$s") ;;
+    ceph | moto | redis | postgres | kafka | chromium) SELECTED+=("$s") ;;
     *) echo "unknown service: $s" >&2; usage; exit 2 ;;
   esac
 done
@@ -795,7 +1108,7 @@ case "$cmd" in
   status) status ;;
   restart)
     if [ "${#SELECTED[@]}" = 0 ]; then
-      echo "restart needs the services to restart named (ceph, moto, redis, postgres, chromium)" >&2
+      echo "restart needs the services to restart named (ceph, moto, redis, postgres, kafka, chromium)" >&2
       usage
       exit 2
     fi

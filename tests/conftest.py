@@ -1,12 +1,13 @@
 """Shared fixtures: one SparkContext for the whole test run (a context costs seconds to start), and the
-Redis fixtures (``redis_url``, ``redis_client``, ``redis_prefix``) and ``postgres_dsn``.
+Redis fixtures (``redis_url``, ``redis_client``, ``redis_prefix``), ``postgres_dsn`` and ``kafka_bootstrap``.
 
 Also the services rule (see tests/support.py): ``--require-services`` (or ``CI=true`` /
 ``DSTREAMS_REQUIRE_SERVICES=1``) turns a missing server into a failure, and the run ends with a line
 per server saying how many tests ran against it (the Ceph RADOS Gateway, the Redis server). A test runs
 against Ceph when it uses an ``rgw_bucket`` fixture, is parametrised with the ``"rgw"`` backend, or is
 marked ``ceph``; against Redis when it uses the ``redis_url`` fixture (``redis_client`` does) or is
-marked ``redis``; against PostgreSQL when it uses ``postgres_dsn``. In required mode, tests of a server
+marked ``redis``; against PostgreSQL when it uses ``postgres_dsn``; against the Kafka broker when it uses
+``kafka_bootstrap`` or is marked ``kafka``. In required mode, tests of a server
 collected but none run against it fails the session.
 """
 
@@ -23,10 +24,12 @@ from typing import TYPE_CHECKING
 import pytest
 
 from .support import (
+    KAFKA_BOOTSTRAP,
     POSTGRES_DSN,
     REDIS_URL,
     REQUIRE_ENV,
     RGW_ENDPOINT,
+    require_kafka,
     required_by,
     service_unavailable,
     services_required,
@@ -84,6 +87,7 @@ _SERVICES = (
     _Service("ceph", "Ceph", "the Ceph RADOS Gateway", RGW_ENDPOINT, frozenset({"rgw_bucket"}), param="rgw"),
     _Service("redis", "Redis", "the Redis server", REDIS_URL, frozenset({"redis_url"})),
     _Service("postgres", "PostgreSQL", "the PostgreSQL server", POSTGRES_DSN, frozenset({"postgres_dsn"})),
+    _Service("kafka", "Kafka", "the Kafka broker", KAFKA_BOOTSTRAP, frozenset({"kafka_bootstrap"})),
 )
 
 
@@ -100,6 +104,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "ceph: runs against the Ceph RADOS Gateway (added automatically)")
     config.addinivalue_line("markers", "redis: runs against the Redis server (added automatically)")
     config.addinivalue_line("markers", "postgres: runs against the PostgreSQL server (added automatically)")
+    config.addinivalue_line("markers", "kafka: runs against the Kafka broker (added automatically)")
     if config.getoption("--require-services"):
         os.environ[REQUIRE_ENV] = "1"  # also seen by subprocesses and tests/support.py
 
@@ -258,3 +263,13 @@ def redis_client(redis_url: str, redis_prefix: str) -> Iterator[redis.Redis]:
             warnings.warn(f"could not delete the test's Redis keys {redis_prefix}* at {redis_url}: {e}", stacklevel=1)
         finally:
             client.close()
+
+
+# ---------------------------------------------------------------- Kafka (scripts/services.sh starts it)
+
+
+@pytest.fixture(scope="module")
+def kafka_bootstrap() -> str:
+    """The test Kafka broker's bootstrap servers, once it answered a metadata request within 5 s (checked once per
+    module); otherwise the tests skip, or fail when services are required (tests/support.py)."""
+    return require_kafka()

@@ -48,13 +48,14 @@ def create_topic(bootstrap: str, name: str | None = None, partitions: int = 1, c
 def add_partitions(bootstrap: str, name: str, total: int) -> None:
     from confluent_kafka.admin import NewPartitions
 
-    futures = admin(bootstrap).create_partitions([NewPartitions(name, total)], operation_timeout=TIMEOUT_S,
-                                                 request_timeout=TIMEOUT_S)
+    a = admin(bootstrap)  # kept until the futures resolve (a dropped client fails them with _DESTROY)
+    futures = a.create_partitions([NewPartitions(name, total)], operation_timeout=TIMEOUT_S, request_timeout=TIMEOUT_S)
     futures[name].result(TIMEOUT_S)
 
 
 def delete_topic(bootstrap: str, name: str) -> None:
-    futures = admin(bootstrap).delete_topics([name], operation_timeout=TIMEOUT_S, request_timeout=TIMEOUT_S)
+    a = admin(bootstrap)
+    futures = a.delete_topics([name], operation_timeout=TIMEOUT_S, request_timeout=TIMEOUT_S)
     futures[name].result(TIMEOUT_S)
 
 
@@ -96,6 +97,7 @@ def produce(bootstrap: str, topic: str, records: Iterable[tuple[Any, Any]], part
             except BufferError:
                 p.poll(0.1)
     if transactional_id:
+        p.flush(TIMEOUT_S)  # the records reach the log first: an aborted transaction's records take offsets
         if abort:
             p.abort_transaction(TIMEOUT_S)
         else:

@@ -1,6 +1,6 @@
 """Test harness: run a dstreams pipeline batch by batch on a ManualClock and collect its outputs; and
-the rule for tests whose server (Ceph RADOS Gateway, moto server, Redis server, standalone Spark
-cluster) is missing.
+the rule for tests whose server (Ceph RADOS Gateway, moto server, Redis server, PostgreSQL, Kafka broker,
+standalone Spark cluster) is missing.
 
 Services: by default a test whose server does not answer skips with the reason (a developer's
 machine). With ``CI=true``, ``DSTREAMS_REQUIRE_SERVICES=1`` or ``pytest --require-services`` it fails
@@ -39,10 +39,21 @@ REDIS_URL = (os.environ.get("DSTREAMS_TEST_REDIS_URL") or DEFAULT_REDIS_URL).rst
 # named by DSTREAMS_TEST_POSTGRES_DSN.
 POSTGRES_DSN = os.environ.get("DSTREAMS_TEST_POSTGRES_DSN") or "postgresql://dstreams@127.0.0.1:5440/dstreams"
 
+# The project's Kafka broker (scripts/services.sh: a single KRaft node on this port, data in .kafka/data), or an
+# external one named by DSTREAMS_TEST_KAFKA_BOOTSTRAP (then never started, stopped or restarted by the tests).
+KAFKA_PORT = int(os.environ.get("DSTREAMS_TEST_KAFKA_PORT") or 9192)
+DEFAULT_KAFKA_BOOTSTRAP = f"127.0.0.1:{KAFKA_PORT}"
+KAFKA_BOOTSTRAP = os.environ.get("DSTREAMS_TEST_KAFKA_BOOTSTRAP") or DEFAULT_KAFKA_BOOTSTRAP
+
 
 def redis_is_external() -> bool:
     """Whether the tests use a Redis server that scripts/services.sh does not own."""
     return REDIS_URL != DEFAULT_REDIS_URL
+
+
+def kafka_is_external() -> bool:
+    """Whether the tests use a Kafka broker that scripts/services.sh does not own."""
+    return KAFKA_BOOTSTRAP != DEFAULT_KAFKA_BOOTSTRAP
 
 
 def services_required() -> bool:
@@ -69,6 +80,26 @@ def service_unavailable(reason: str) -> NoReturn:
     if services_required():
         pytest.fail(f"{reason} [services are required: {required_by()}]", pytrace=False)
     pytest.skip(f"{reason} [set {REQUIRE_ENV}=1 to make this a failure]")
+
+
+def require_kafka() -> str:
+    """The test Kafka broker's bootstrap servers, once it answered a metadata request within 5 s; otherwise the
+    test skips, or fails when services are required (:func:`service_unavailable`)."""
+    try:
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+    except ImportError:
+        service_unavailable("confluent-kafka is not installed: pip install -e '.[test]'")
+    how = ("set DSTREAMS_TEST_KAFKA_BOOTSTRAP to a running broker" if kafka_is_external()
+           else "run `bash scripts/services.sh start kafka`")
+    admin = AdminClient({"bootstrap.servers": KAFKA_BOOTSTRAP, "socket.connection.setup.timeout.ms": 3000})
+    try:
+        metadata = admin.list_topics(timeout=5)
+    except KafkaException as e:
+        service_unavailable(f"Kafka broker at {KAFKA_BOOTSTRAP} is not reachable ({e}); {how}")
+    if not metadata.brokers:
+        service_unavailable(f"Kafka broker at {KAFKA_BOOTSTRAP} listed no brokers; {how}")
+    return KAFKA_BOOTSTRAP
 
 
 def collector(store: dict[str, list[Any]], name: str, normalise: Callable[[list[Any]], Any] = sorted):

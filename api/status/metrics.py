@@ -62,6 +62,10 @@ class StatusMetrics:
                                      "(spark.dstreams.batch.maxAttempts).", registry=r)
         self.input_records = Counter("dstreams_input_records", "Records read by each source, in completed batches.",
                                      ["source"], registry=r)
+        self.input_records_lost = Counter(
+            "dstreams_input_records_lost", "Offsets a source skipped because they were gone from its server "
+            "(Kafka with failOnDataLoss=False: retention, a deleted topic), in completed batches.", ["source"],
+            registry=r)
         self.output_records = Counter("dstreams_output_records", "Records written by each output operation whose "
                                       "sink reports them (saveAsTextFiles, saveToStore), in completed batches.",
                                       ["output", "name"], registry=r)
@@ -80,6 +84,7 @@ class StatusMetrics:
             )]
         for key in model.source_keys.values():  # every source shows, with 0, from the start
             self.input_records.labels(source=key)
+            self.input_records_lost.labels(source=key)
         self.checkpoint_writes = Histogram(
             "dstreams_checkpoint_write_seconds", "Duration of each data-checkpoint write (parts and manifest; waits "
             "for an unavailable store included), by outcome: committed or failed (given up).", ["outcome"],
@@ -111,6 +116,10 @@ class StatusMetrics:
         keys = self.model.source_keys
         for sid, n in info.records_per_input.items():
             self.input_records.labels(source=keys.get(sid, str(sid))).inc(n)
+        for sid, entries in info.input_metadata.items():
+            lost = entries.get("recordsLost")
+            if isinstance(lost, int) and lost > 0:
+                self.input_records_lost.labels(source=keys.get(sid, str(sid))).inc(lost)
         for op in info.output_operations.values():
             if op.records_written is not None:
                 self.output_records.labels(output=str(op.output_id), name=op.output_name).inc(op.records_written)
