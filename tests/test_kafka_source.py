@@ -218,3 +218,123 @@ def test_create_rdd_reads_given_ranges(sc, kafka_bootstrap):
     assert rdd.collect() == [("k2", "v2"), ("k3", "v3"), ("k4", "v4")]
     assert rdd.offsetRanges() == [OffsetRange(topic, 0, 2, 5)]
     assert rdd.map(lambda kv: kv[1]).collect() == ["v2", "v3", "v4"]
+
+
+def _delete_records_before(bootstrap: str, topic: str, partition: int, offset: int) -> None:
+    """Move the partition's log start to ``offset`` (what retention does), and wait until the broker shows it."""
+    import time
+
+    from confluent_kafka import TopicPartition
+
+    from tests.kafka_support import admin
+
+    a = admin(bootstrap)
+    futures = a.delete_records([TopicPartition(topic, partition, offset)], request_timeout=30, operation_timeout=30)
+    for f in futures.values():
+        f.result(30)
+    from confluent_kafka import Consumer
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "dstreams-tests"})
+    try:
+        deadline = time.monotonic() + 30
+        while c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)[0] < offset:
+            assert time.monotonic() < deadline, "the log start did not move"
+            time.sleep(0.1)
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_offsets_gone_from_the_broker_fail_the_batch_or_are_skipped_and_counted(sc, kafka_bootstrap, fail):
+    from dstreams.kafka import KafkaDataLossError
+
+    topic = create_topic(kafka_bootstrap, partitions=1)
+    produce(kafka_bootstrap, topic, [(None, str(i)) for i in range(10)], partition=0)
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1.0, clock=clock)
+    out: list = []
+    s = ssc.kafkaStream(topic, bootstrapServers=kafka_bootstrap, startingOffsets="earliest", maxRatePerPartition=3,
+                        failOnDataLoss=fail, decoder=lambda r: int(r.value))
+    s.foreachRDD(lambda rdd: out.append(rdd.collect()))
+    ssc.start()
+    try:
+        clock.advance(1000)
+        ssc.awaitBatch(1000, 60)
+        _delete_records_before(kafka_bootstrap, topic, 0, 7)  # offsets 3..6 never read: lost
+        clock.advance(1000)
+        if fail:
+            with pytest.raises(Exception) as caught:
+                ssc.awaitBatch(2000, 60)
+                ssc.awaitTermination(60)
+            text = f"{caught.value}"
+            cause = caught.value
+            while cause is not None and not isinstance(cause, KafkaDataLossError):
+                cause = cause.__cause__ or cause.__context__
+            assert isinstance(cause, KafkaDataLossError) or "KafkaDataLossError" in text, text
+            assert f"topic '{topic}' partition 0" in text and "failOnDataLoss=False" in text, text
+        else:
+            info = ssc.awaitBatch(2000, 60)
+            assert out == [[0, 1, 2], [7, 8, 9]]
+            [md] = [m for m in info.input_metadata.values()]
+            assert md["recordsLost"] == 4
+    finally:
+        ssc.stop(stopSparkContext=False)
+
+
+def test_a_range_read_after_its_offsets_were_deleted_fails_or_skips(sc, kafka_bootstrap):
+    from dstreams.kafka import KafkaUtils, OffsetRange
+
+    topic = create_topic(kafka_bootstrap, partitions=1)
+    produce(kafka_bootstrap, topic, [(None, str(i)) for i in range(10)], partition=0)
+    _delete_records_before(kafka_bootstrap, topic, 0, 5)
+    ranges = [OffsetRange(topic, 0, 2, 8)]
+    rdd = KafkaUtils.createRDD(sc, {"bootstrap.servers": kafka_bootstrap}, ranges)
+    with pytest.raises(Exception, match=r"offsets 2 to 4 of the batch range \[2, 8\) are no longer on the broker"):
+        rdd.collect()
+    skipping = KafkaUtils.createRDD(sc, {"bootstrap.servers": kafka_bootstrap, "failOnDataLoss": "false"}, ranges)
+    assert skipping.values().collect() == ["5", "6", "7"]
+
+
+def test_commit_to_group_moves_the_groups_offsets_after_each_batch(sc, kafka_bootstrap):
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = create_topic(kafka_bootstrap, partitions=2)
+    produce(kafka_bootstrap, topic, [(None, "a")], partition=0)
+    produce(kafka_bootstrap, topic, [(None, "b"), (None, "c")], partition=1)
+    group = f"{topic}-monitor"
+    holder: dict = {}
+
+    def build(ssc, out):
+        s = ssc.kafkaStream(topic, bootstrapServers=kafka_bootstrap, startingOffsets="earliest", commitToGroup=group)
+        holder["node"] = s._node
+        s.foreachRDD(lambda rdd: rdd.count())
+
+    _run(sc, build, 1)
+    c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group})
+    try:
+        committed = c.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=30)
+    finally:
+        c.close()
+    assert [tp.offset for tp in committed] == [1, 2]
+
+
+def test_a_deleted_topic_fails_with_its_name(sc, kafka_bootstrap):
+    from tests.kafka_support import delete_topic
+
+    topic = create_topic(kafka_bootstrap, partitions=1)
+    produce(kafka_bootstrap, topic, [(None, "a")], partition=0)
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1.0, clock=clock)
+    ssc.kafkaStream(topic, bootstrapServers=kafka_bootstrap, startingOffsets="earliest").foreachRDD(
+        lambda rdd: rdd.count())
+    ssc.start()
+    try:
+        clock.advance(1000)
+        ssc.awaitBatch(1000, 60)
+        delete_topic(kafka_bootstrap, topic)
+        clock.advance(1000)
+        with pytest.raises(Exception, match=rf"{topic}:0.*no longer exist"):
+            ssc.awaitBatch(2000, 60)
+            ssc.awaitTermination(60)
+    finally:
+        ssc.stop(stopSparkContext=False)
