@@ -190,9 +190,11 @@ class KafkaInputNode(InputNode):
     def admin(self) -> Any:
         if self._admin is None:
             ck = require_client()
+            from confluent_kafka.admin import AdminClient
+
             conf = admin_config(self.params)
             try:
-                self._admin = ck.admin.AdminClient(conf)
+                self._admin = AdminClient(conf)
             except ck.KafkaException as e:
                 raise client_error("admin client", conf, e) from e
         return self._admin
