@@ -226,16 +226,26 @@ class KafkaInputNode(InputNode):
             names = list(self.topics)
         for name in names:
             t = md.topics.get(name)
-            if t is None or t.error is not None:
+            if t is None or self._topic_gone(t):
                 continue
             for p in sorted(t.partitions):
                 out[(name, p)] = None
         if isinstance(self.start_from, dict):
             for tp in self.start_from:
                 t = md.topics.get(tp[0])
-                if t is not None and t.error is None and tp[1] in t.partitions:
+                if t is not None and not self._topic_gone(t) and tp[1] in t.partitions:
                     out.setdefault(tp, None)
         return out
+
+    def _topic_gone(self, t: Any) -> bool:
+        """Whether topic metadata ``t`` says the topic does not exist; any other error (no leader yet, a broker
+        that is starting) is an outage (:class:`~dstreams.contracts.SourceUnavailableError`), never a deletion."""
+        ck = require_client()
+        if t.error is None:
+            return False
+        if t.error.code() == ck.KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return True
+        raise SourceUnavailableError(f"Kafka at {self.servers}: topic {t.topic!r} is not available: {t.error}")
 
     def _list_offsets(self, tps: Sequence[TP], which: str) -> dict[TP, int]:
         """Per topic-partition its earliest offset or (read_committed) last stable offset, in one request."""
@@ -258,7 +268,7 @@ class KafkaInputNode(InputNode):
     def start(self) -> None:
         if self.pattern is None and self.topics:
             md = self._call("listing topics", lambda: self.admin().list_topics(timeout=REQUEST_TIMEOUT_S))
-            missing = [t for t in self.topics if t not in md.topics or md.topics[t].error is not None]
+            missing = [t for t in self.topics if t not in md.topics or self._topic_gone(md.topics[t])]
             if missing:
                 raise ValueError(
                     f"the Kafka topic(s) {missing} do not exist at {self.servers}: create them first (kafka-topics.sh "
