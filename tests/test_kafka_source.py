@@ -338,3 +338,19 @@ def test_a_deleted_topic_fails_with_its_name(sc, kafka_bootstrap):
             ssc.awaitTermination(60)
     finally:
         ssc.stop(stopSparkContext=False)
+
+
+def test_one_worker_reads_overlapping_ranges_of_a_partition_one_after_another(sc, kafka_bootstrap):
+    """A Python worker keeps its consumer between tasks: a range read after a later one (a recomputation) gets its
+    own records, not ones fetched for the earlier assignment."""
+    from dstreams.kafka import KafkaUtils, OffsetRange
+
+    topic = create_topic(kafka_bootstrap, partitions=1)
+    produce(kafka_bootstrap, topic, [(None, str(i)) for i in range(200)], partition=0)
+    ranges = [OffsetRange(topic, 0, 0, 100), OffsetRange(topic, 0, 150, 160), OffsetRange(topic, 0, 10, 12),
+              OffsetRange(topic, 0, 100, 200), OffsetRange(topic, 0, 5, 6)]
+    for r in ranges:  # one task each, run one after another on the same reused worker
+        got = KafkaUtils.createRDD(sc, {"bootstrap.servers": kafka_bootstrap}, [r]).values().collect()
+        assert got == [str(i) for i in range(r.fromOffset, r.untilOffset)], r
+    assert KafkaUtils.createRDD(sc, {"bootstrap.servers": kafka_bootstrap}, ranges[:1]).take(3) == [
+        (None, "0"), (None, "1"), (None, "2")]

@@ -164,6 +164,8 @@ def read_range(conf: dict[str, Any], r: OffsetRange, decode: Callable[[KafkaReco
                     raise RuntimeError(f"reading Kafka topic {r.topic!r} partition {r.partition} at offset {pos} "
                                        f"(range [{r.fromOffset}, {r.untilOffset})): {err}")
                 off = m.offset()
+                if off < pos:  # fetched for an earlier assignment of this consumer: not this range's
+                    continue
                 if off >= r.untilOffset:
                     pos = r.untilOffset
                     break
@@ -189,8 +191,18 @@ def read_range(conf: dict[str, Any], r: OffsetRange, decode: Callable[[KafkaReco
                         f"{off} ({type(e).__name__}: {e}); key {record.key!r:.100}, value {record.value!r:.200}"
                     ) from e
                 yield value
-    except GeneratorExit:
+    except GeneratorExit:  # the task stopped reading early (take(n)): leave the consumer clean for the next
+        _unassign(c)
         raise
     except Exception:
         drop_consumer(conf)  # a failed read may leave fetched data of this range queued: start clean next time
         raise
+    _unassign(c)
+
+
+def _unassign(c: Any) -> None:
+    """Stop fetching the range's partition (an idle cached consumer would prefetch the rest of it into memory)."""
+    try:
+        c.unassign()
+    except Exception:  # noqa: BLE001 - best effort; a broken consumer is replaced on its next error
+        pass
