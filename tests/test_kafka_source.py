@@ -354,3 +354,21 @@ def test_one_worker_reads_overlapping_ranges_of_a_partition_one_after_another(sc
         assert got == [str(i) for i in range(r.fromOffset, r.untilOffset)], r
     assert KafkaUtils.createRDD(sc, {"bootstrap.servers": kafka_bootstrap}, ranges[:1]).take(3) == [
         (None, "0"), (None, "1"), (None, "2")]
+
+
+def test_backpressure_shares_the_rate_among_partitions_by_lag(sc, kafka_bootstrap):
+    from dstreams.rate import RateLimiter, RateSettings
+
+    topic = create_topic(kafka_bootstrap, partitions=2)
+    produce(kafka_bootstrap, topic, [(None, str(i)) for i in range(30)], partition=0)
+    produce(kafka_bootstrap, topic, [(None, str(i)) for i in range(10)], partition=1)
+
+    def build(ssc, out):
+        s = ssc.kafkaStream(topic, bootstrapServers=kafka_bootstrap, startingOffsets="earliest")
+        # Backpressure's rate before any estimate: 20 records/s for the stream, shared 3:1 by the lags.
+        s._node.rate_limiter = RateLimiter(1000, RateSettings(backpressure=True, initial_rate=20))
+        s.foreachRDD(lambda rdd: out.setdefault("ranges", []).append(
+            [(r.partition, r.count()) for r in rdd.offsetRanges()]))
+
+    out = _run(sc, build, 1)
+    assert out["ranges"] == [[(0, 15), (1, 5)]]
