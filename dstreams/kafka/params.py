@@ -56,6 +56,11 @@ PRODUCER_OWNED: dict[str, Any] = {
     "acks": "all",
 }
 
+#: Defaults of the range readers that ``kafkaParams`` may override: fetching ahead until a million records are queued
+#: (bounded by librdkafka's ``queued.max.messages.kbytes``, 64 MB) read a 250,000-record range 2.5x faster than
+#: librdkafka's default of 100,000 (medians of 9 interleaved reads, 100-byte records, one partition).
+READER_DEFAULTS: dict[str, Any] = {"queued.min.messages": 1_000_000}
+
 #: The group id the readers give librdkafka (it wants one to make a consumer; they never join or commit).
 READER_GROUP = "dstreams-reader"
 
@@ -122,6 +127,8 @@ def reader_config(params: Mapping[str, Any]) -> dict[str, Any]:
     """A range reader's (or the driver's planning consumer's) librdkafka configuration."""
     conf = client_base(params)
     conf.pop("group.id", None)  # the user's group is for commitToGroup only: readers never join it
+    for key, value in READER_DEFAULTS.items():
+        conf.setdefault(key, value)
     conf = _owned(conf, READER_OWNED, "range reader")
     conf["auto.offset.reset"] = "error"
     conf["group.id"] = READER_GROUP
