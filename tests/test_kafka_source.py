@@ -277,8 +277,33 @@ def test_offsets_gone_from_the_broker_fail_the_batch_or_are_skipped_and_counted(
             assert out == [[0, 1, 2], [7, 8, 9]]
             [md] = [m for m in info.input_metadata.values()]
             assert md["recordsLost"] == 4
+            _assert_lost_shown(ssc, 4)
     finally:
         ssc.stop(stopSparkContext=False)
+
+
+def _assert_lost_shown(ssc, lost: int) -> None:
+    """The status page's JSON and /metrics count the skipped offsets (once the listener bus delivered the batch)."""
+    import json
+    import time
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = ssc.uiWebUrl
+    assert url, "the status page is off"
+    deadline = time.monotonic() + 30
+    while True:
+        with urllib.request.urlopen(url + "/api/status", timeout=10) as r:
+            [source] = json.loads(r.read())["sources"]
+        if source["records_lost"] == lost or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert source["records_lost"] == lost
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        exposition = r.read().decode()
+    (family,) = [f for f in text_string_to_metric_families(exposition) if f.name == "dstreams_input_records_lost"]
+    assert [s.value for s in family.samples if s.name == "dstreams_input_records_lost_total"] == [lost]
 
 
 def test_a_range_read_after_its_offsets_were_deleted_fails_or_skips(sc, kafka_bootstrap):

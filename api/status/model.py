@@ -101,6 +101,8 @@ class BatchHistory(StreamingListener):
         self.records_total = 0
         #: Input stream id -> records in every completed batch so far.
         self.records_per_input: dict[int, int] = {}
+        #: Input stream id -> offsets the source skipped as gone from its server (``recordsLost``) so far.
+        self.lost_per_input: dict[int, int] = {}
         #: Per event-time stream id: the newest completed batch's watermark (ms, None before there is one)
         #: and the records dropped as late so far.
         self.watermarks: dict[int, int | None] = {}
@@ -126,6 +128,10 @@ class BatchHistory(StreamingListener):
             self.records_total += info.num_records
             for sid, n in info.records_per_input.items():
                 self.records_per_input[sid] = self.records_per_input.get(sid, 0) + n
+            for sid, entries in info.input_metadata.items():
+                lost = entries.get("recordsLost")
+                if isinstance(lost, int) and lost > 0:
+                    self.lost_per_input[sid] = self.lost_per_input.get(sid, 0) + lost
             for sid, m in info.event_time.items():
                 self.watermarks[sid] = m.get("watermarkMs")
                 self.late_records[sid] = self.late_records.get(sid, 0) + int(m.get("lateRecords") or 0)
@@ -537,8 +543,10 @@ class StatusModel:
     def sources_json(self, rates: dict[int, float | None] | None = None) -> list[dict[str, Any]]:
         rates = self.source_rates() if rates is None else rates
         totals = dict(self.history.records_per_input)
+        lost = dict(self.history.lost_per_input)
         return [{"id": n.id, "key": n.key, "name": node_label(n), "type": type(n).__name__,
-                 "records_total": totals.get(n.id, 0), "rate_per_s": rates.get(n.id)}
+                 "records_total": totals.get(n.id, 0), "rate_per_s": rates.get(n.id),
+                 "records_lost": lost.get(n.id, 0)}
                 for n in self.sources.graph.inputs]
 
     def errors(self) -> list[dict[str, Any]]:

@@ -91,6 +91,8 @@ function renderStatus(s) {
     row.appendChild(el("td", { title: src.type }, src.name));
     row.appendChild(el("td", { class: "num" }, src.rate_per_s === null ? "–" : fmtInt(Math.round(src.rate_per_s))));
     row.appendChild(el("td", { class: "num" }, fmtInt(src.records_total)));
+    row.appendChild(el("td", { class: "num", title: "offsets skipped as gone from the server (failOnDataLoss=False)" },
+      fmtInt(src.records_lost)));
     sources.appendChild(row);
   }
 
