@@ -712,6 +712,47 @@ class DStream:
 
         self._output(save, f"saveToPostgres({table!r})")
 
+    def saveToKafka(self, topic: str, kafkaParams: Mapping[str, Any], keyFunc: Callable[[Any], Any] | None = None,
+                    valueFunc: Callable[[Any], Any] | None = None, keySerializer: Callable[[Any], Any] | None = None,
+                    valueSerializer: Callable[[Any], Any] | None = None, guarantee: str = "exactly-once",
+                    outputName: str | None = None, ledgerTopic: str = "dstreams-ledger") -> None:
+        """Write each batch's records to the Kafka topic ``topic``, exactly once for ``read_committed`` consumers.
+
+        A record that is a 2-tuple is ``(key, value)``, anything else is the value (no key); ``keyFunc(record)`` /
+        ``valueFunc(record)`` pick them otherwise. Keys and values are written as bytes: ``bytes`` as they are,
+        ``str`` as UTF-8, numbers as text, dicts and lists as JSON, None as null; ``keySerializer`` /
+        ``valueSerializer`` (a function -> bytes) for anything else. ``kafkaParams`` needs ``bootstrap.servers``
+        (or pyspark 2.4's ``metadata.broker.list``); other librdkafka producer settings pass through.
+
+        ``guarantee="exactly-once"``: each output partition of a batch is one Kafka transaction, written by its
+        task under a stable ``transactional.id`` together with a ledger entry (a consumer-group offset on
+        ``ledgerTopic``, created when missing) recording the batch; a re-run batch, a retried or speculative task
+        and a zombie driver write nothing twice. Consumers must read with ``isolation.level=read_committed``.
+        Batches must run one at a time (``concurrentBatches`` 1). ``guarantee="at-least-once"``: an idempotent
+        producer without transactions, faster, but a re-run batch writes again. ``outputName`` (default: the topic
+        and the checkpoint location) names the ledger: give two outputs writing one topic distinct names. The topic
+        must exist. See :mod:`dstreams.kafka.sink`. Needs confluent-kafka (``pip install 'dstreams[kafka]'``).
+        """
+        from dstreams.kafka.sink import make_target, save_to_kafka, with_output
+        from dstreams.recovery import faults
+
+        ssc = self._ssc
+        target = make_target(topic, kafkaParams, outputName, guarantee, ledgerTopic, keyFunc, valueFunc,
+                             keySerializer, valueSerializer)
+        if guarantee == "exactly-once" and ssc.concurrent_batches > 1:
+            raise ValueError("saveToKafka(guarantee='exactly-once') commits batches in order and needs them one at "
+                             f"a time: concurrentBatches is {ssc.concurrent_batches} (set it, or "
+                             "spark.streaming.concurrentJobs, to 1; or use guarantee='at-least-once')")
+
+        def save(time: Any, rdd: RDD) -> None:
+            ms = round(time.timestamp() * 1000)
+            env = ssc.output_environment()
+            name = outputName or (f"{topic}@{env.checkpoint_dir}" if env.checkpoint_dir else topic)
+            save_to_kafka(rdd, ms, with_output(target, name), env.check_owner, env.epoch,
+                          lambda: faults.reached("sink-write"))
+
+        self._output(save, f"saveToKafka({topic!r})")
+
     # ------------------------------------------------------------------ inspection
     def slice(self, begin: Any, end: Any) -> list[RDD]:
         """The RDDs of the batches between ``begin`` and ``end`` (datetimes or unix seconds)."""

@@ -61,6 +61,15 @@ PRODUCER_OWNED: dict[str, Any] = {
 #: librdkafka's default of 100,000 (medians of 9 interleaved reads, 100-byte records, one partition).
 READER_DEFAULTS: dict[str, Any] = {"queued.min.messages": 1_000_000}
 
+#: Producer settings ``kafkaParams`` may hold that a consumer (a range reader, the sink's ledger reader) must not get
+#: (librdkafka warns).
+PRODUCER_ONLY = frozenset({
+    "transactional.id", "transaction.timeout.ms", "enable.idempotence", "acks", "request.required.acks", "linger.ms",
+    "queue.buffering.max.ms", "compression.type", "compression.codec", "compression.level", "batch.size",
+    "batch.num.messages", "message.timeout.ms", "delivery.timeout.ms", "partitioner", "queue.buffering.max.messages",
+    "queue.buffering.max.kbytes", "message.send.max.retries", "retries", "enable.gapless.guarantee",
+    "sticky.partitioning.linger.ms", "max.in.flight.requests.per.connection", "max.in.flight"})
+
 #: The group id the readers give librdkafka (it wants one to make a consumer; they never join or commit).
 READER_GROUP = "dstreams-reader"
 
@@ -125,7 +134,7 @@ def client_base(params: Mapping[str, Any]) -> dict[str, Any]:
 
 def reader_config(params: Mapping[str, Any]) -> dict[str, Any]:
     """A range reader's (or the driver's planning consumer's) librdkafka configuration."""
-    conf = client_base(params)
+    conf = {k: v for k, v in client_base(params).items() if k not in PRODUCER_ONLY}
     conf.pop("group.id", None)  # the user's group is for commitToGroup only: readers never join it
     for key, value in READER_DEFAULTS.items():
         conf.setdefault(key, value)
