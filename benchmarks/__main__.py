@@ -12,6 +12,7 @@ Commands (run from the repository root)::
     python -m benchmarks redis [--quick]      # Grep and WordCount from Redis Streams next to the generator source
     python -m benchmarks chaos --seed N --minutes M   # randomized fault schedule, checked batch by batch
     python -m benchmarks state [--quick]      # updateStateByKey against the keys of state (issue 23)
+    python -m benchmarks kafka                # Kafka -> Grep / WordCount -> Kafka, next to Structured Streaming, Quix
 
 ``run`` starts one subprocess per (engine, workload) (each with its own SparkContext, the same tuned
 conf for every engine; with ``--user-context`` each engine runs as its variant of
@@ -161,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         from .state import main as state_main
 
         return state_main(raw[1:])
+    if raw and raw[0] == "kafka":  # its own options: python -m benchmarks kafka --help
+        from .kafka import main as kafka_main
+
+        return kafka_main(raw[1:])
     if raw and raw[0] == "redis":  # its own options: python -m benchmarks redis --help
         from .redis_source import main as redis_main
 
@@ -191,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
                                  "Structured Streaming (python -m benchmarks state --help)")
     sub.add_parser("redis", help="Grep and windowed WordCount read from Redis Streams, next to the generator "
                                  "source (python -m benchmarks redis --help)")
+    sub.add_parser("kafka", help="Kafka -> Grep / windowed WordCount -> Kafka: dstreams' exactly-once and "
+                                 "at-least-once sinks next to Structured Streaming and Quix Streams "
+                                 "(python -m benchmarks kafka --help)")
     args = p.parse_args(raw)
     args.argv = raw
     if args.cmd == "run":
