@@ -59,7 +59,10 @@ PRODUCER_OWNED: dict[str, Any] = {
 #: Defaults of the range readers that ``kafkaParams`` may override: fetching ahead until a million records are queued
 #: (bounded by librdkafka's ``queued.max.messages.kbytes``, 64 MB) read a 250,000-record range 2.5x faster than
 #: librdkafka's default of 100,000 (medians of 9 interleaved reads, 100-byte records, one partition).
-READER_DEFAULTS: dict[str, Any] = {"queued.min.messages": 1_000_000}
+#: ``fetch.wait.max.ms`` 50 instead of 500: a range ending at the partition's end learns it (end of partition) after
+#: one broker wait, and a read_committed fetch of a range of small transactions waited that long before its first
+#: records too (51 offsets of 17 transactions: 0.1 s instead of 1.0 s to read).
+READER_DEFAULTS: dict[str, Any] = {"queued.min.messages": 1_000_000, "fetch.wait.max.ms": 50}
 
 #: Producer settings ``kafkaParams`` may hold that a consumer (a range reader, the sink's ledger reader) must not get
 #: (librdkafka warns).
