@@ -1,14 +1,16 @@
-"""A randomized fault schedule (issue 22): exactly-once on every failure path, batch by batch.
+"""A randomized fault schedule (issues 22 and 40): exactly-once on every failure path, batch by batch.
 
 Run from the repository root, with the Ceph RADOS Gateway of ``scripts/services.sh`` running::
 
     python -m benchmarks chaos --seed 7 --minutes 2 --steady-wait 30   # the short one (CI: tests/test_chaos.py)
     python -m benchmarks chaos --seed 22 --minutes 30        # the long one (every fault kind several times)
+    python -m benchmarks chaos --seed 7 --minutes 1.5 --gap 9,13 --steady-wait 5 --kafka own   # CI's, with Kafka
 
 **What runs.** The driver ``benchmarks/chaos_app.py`` (its docstring has the pipeline: ``redisStream`` and
 ``textFileStream`` on an ``s3://`` prefix, ``updateStateByKey``, ``reduceByKeyAndWindow`` with an inverse,
 an event-time window, a session window, ``saveToStore`` to Ceph, ``saveAsTextFiles``, the exactly-once
-sinks ``saveToRedisStream`` and ``saveToPostgres``, a ``foreachRDD``)
+sinks ``saveToRedisStream`` and ``saveToPostgres``, a ``foreachRDD``; with ``--kafka``, a Kafka ->
+``updateStateByKey`` -> ``saveToKafka`` branch as well)
 as a subprocess in its own process group, restarted with ``getOrCreate`` after every kill, stop or crash,
 as a supervisor would. The run owns everything it breaks, so the shared services stay untouched:
 
@@ -25,7 +27,16 @@ as a supervisor would. The run owns everything it breaks, so the shared services
   folder), holding the ``saveToPostgres`` output's tables ``run_events`` and ``ref_events``, which it really
   stops and starts; the driver connects to it directly (no proxy). The ``saveToRedisStream`` output goes to
   the key ``sink-run`` of the run's Redis server, through the proxy like the source;
-* its own bucket ``chaos-<seed>-<random>`` and temporary folder (removed at the end unless ``--keep``).
+* its own bucket ``chaos-<seed>-<random>`` and temporary folder (removed at the end unless ``--keep``);
+* with ``--kafka own``, its own single-node Kafka broker (:class:`KafkaBroker`: the jars ``scripts/services.sh
+  start kafka`` gathered in ``.kafka/jars``, the settings it uses, free ports from 9291 up, data in
+  ``<work>/kafka``), which it really stops (SIGTERM: a controlled shutdown; or SIGKILL: the logs are recovered,
+  and the new broker waits for the old one's session to expire) and starts again; with ``--kafka HOST:PORT``
+  that broker instead, never restarted (no ``kafka-restart`` faults). The run creates the topics
+  ``chaos-<seed>-<random>-in`` (3 partitions) and ``-out`` (2), and a :class:`KafkaFeeder` thread writes the input
+  from the set-up to the end of the schedule (about 10 keyed records a second with an idempotent producer, every
+  10 s a transaction of another producer, every other one aborted). The driver reaches the broker directly (the
+  clients connect to the addresses the broker advertises: a proxy would be bypassed).
 
 **The schedule** (:func:`make_schedule`, a pure function of ``--seed``, ``--minutes`` and ``--gap``): faults
 spaced ``gap`` seconds apart (drawn from 14-20 s in a schedule of 5 minutes or less, 22-40 s otherwise; ``--gap
@@ -51,6 +62,15 @@ kind comes back every ``len(KINDS)`` faults). Kinds (:data:`KINDS`):
 * ``executor-kill``: SIGKILL of one executor JVM; the driver running then was started on
   ``local-cluster[2,1,1024]`` (drivers run on ``local[2]`` otherwise: the master is chosen per driver,
   from the faults before the next driver-ending one; ``--master`` forces one);
+* ``kafka-restart`` (with ``--kafka own``): the run's broker stopped (SIGTERM or SIGKILL) and started again after
+  0-5 s (it answers 4-15 s after its launch): the Kafka source rides it out (a broker that does not answer is an
+  unavailable source: the driver waits), the exactly-once sink's tasks wait for it (every blocking call waits up to
+  the transaction timeout, 60 s) or fail and are retried (Spark's task retries, the batch's retries);
+* ``kafka-kill`` (with ``--kafka``): the driver killed inside the Kafka output: armed through the environment of
+  the driver started before it (``DSTREAMS_FAULT_TASK_KILL=<point>:<marker>``, :mod:`dstreams.task_faults`), when
+  the fault is due the orchestrator writes the marker; the next ``saveToKafka`` task to reach the point SIGKILLs its
+  Python worker (``kafka-before-commit``: its transaction open, the batch's records and ledger entry in it;
+  ``kafka-after-commit``: just committed) and the driver SIGKILLs itself at once (chaos_app.py);
 * ``user-fail``: the audit ``foreachRDD`` function raises in the first attempt of the batch 2-5 batches
   after the newest committed one (a marker file; ``detail.fired`` in the JSON says whether it did); the
   engine's batch retry (``spark.dstreams.batch.maxAttempts``) should run it
@@ -58,12 +78,15 @@ kind comes back every ``len(KINDS)`` faults). Kinds (:data:`KINDS`):
   exactly-once sinks come before the audit output, so the retried batch writes them again.
 
 Driver kills, ``redis-restart`` and ``redis-drop`` hit the ``saveToRedisStream`` output too (its key is on
-the run's Redis server, through the proxy), ``postgres-restart`` and the kills the ``saveToPostgres`` one.
+the run's Redis server, through the proxy), ``postgres-restart`` and the kills the ``saveToPostgres`` one, every
+fault the Kafka branch (in the same driver) too. The Kafka kinds are added to the rounds only with ``--kafka``:
+without it a seed's schedule is the one it was before they existed (:data:`BASE_KINDS`).
 
 Before each fault the orchestrator waits for the stream to be steady again after the previous one (3
 batches in a row with a scheduling delay under the interval, at most ``--steady-wait`` seconds, 90 by
 default): faults do not pile up, and every recovery is measured on its own. After the schedule, the
-stream runs until steady, then gets SIGTERM.
+stream runs until steady (and until the batch a ``user-fail`` marked has completed, at most 180 s), then gets
+SIGTERM.
 
 **Determinism, and the fault-free reference.** Every batch holds the same records in every run (see
 chaos_app.py: Redis input written in full before the start, ``maxRatePerPartition``, at most
@@ -81,7 +104,12 @@ writes the key ``sink-ref`` and the table ``ref_events``). Totals: every input r
 file line has an id) is in exactly one committed batch of the ``events``, ``stream`` and ``table`` outputs
 (``lost``, ``duplicated``, ``unexpected``: the sums over the three; ``by_output`` each), and the
 running counts of batch ``N`` equal the words counted over the
-input of batches ``1..N``.
+input of batches ``1..N``. The Kafka branch (``comparison.kafka``, :func:`check_kafka`) is checked against the
+fault-free expectation computed from its input instead (its batches depend on when the records arrived): the
+offset ranges its batches read (each batch writes them after its Kafka output committed) follow one another from
+offset 0, and what a read_committed consumer sees in the output topic is, per key, every committed input record of
+those ranges once, in offset order, the i-th with the running count i: nothing lost, nothing duplicated, no aborted
+input record, order per key kept.
 
 **Recovery figures**, for every driver kill, stop or crash (``recoveries`` in the JSON): from the kill
 (or the observed exit) to the restarted driver's SparkContext (``sc_s``), to its context started (graph
@@ -99,7 +127,9 @@ when nothing was lost, duplicated or different.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import logging
 import os
 import platform
 import random
@@ -134,18 +164,36 @@ SINK_CHUNK = 16  # entries per saveToRedisStream chunk: about 3 chunks per batch
 LOCAL_CLUSTER = "local-cluster[2,1,1024]"
 LOCAL = "local[2]"
 
-KINDS = ("driver-kill", "driver-kill-in-output", "driver-term", "gateway-down", "redis-restart", "redis-drop",
-         "executor-kill", "user-fail", "postgres-restart")
-DRIVER_ENDING = ("driver-kill", "driver-kill-in-output", "driver-term")
+#: The fault kinds of a run without Kafka (their schedules are the same as before the Kafka kinds existed).
+BASE_KINDS = ("driver-kill", "driver-kill-in-output", "driver-term", "gateway-down", "redis-restart", "redis-drop",
+              "executor-kill", "user-fail", "postgres-restart")
+#: With the Kafka branch (``--kafka``): a restart of the run's own broker, and a driver killed inside a Kafka write.
+KAFKA_KINDS = ("kafka-restart", "kafka-kill")
+KINDS = BASE_KINDS + KAFKA_KINDS
+DRIVER_ENDING = ("driver-kill", "driver-kill-in-output", "driver-term", "kafka-kill")
+#: The task-side kill points of ``saveToKafka`` (:mod:`dstreams.kafka.sink`) the ``kafka-kill`` fault uses.
+KAFKA_KILL_POINTS = ("kafka-before-commit", "kafka-after-commit")
 KILL_POINTS = ("mid-batch", "mid-batch", "checkpoint-write", "after-metadata-commit", "redis-sink-chunk",
                "postgres-sink-commit")
 #: How often a driver passes each kill point per batch (to arm it for a moment about ``at_s`` ahead).
 PER_BATCH = {"mid-batch": 1.0, "checkpoint-write": 0.8, "after-metadata-commit": 2.0, "redis-sink-chunk": 3.0,
              "postgres-sink-commit": 1.0}
 STEADY_RUN = 3
+FINAL_MARKED_S = 180.0  # at the end, the longest wait for the batch the last user-fail marked (a few batches ahead)
 FILES_AHEAD = 40  # batches of input files kept written ahead of the wall clock
 _FAULT_ENV = ("DSTREAMS_FAULT_KILL", "DSTREAMS_FAULT_KILL_AFTER", "DSTREAMS_FAULT_SLOW_EXECUTOR",
-              "DSTREAMS_FAULT_SLOW_PARTITION", "DSTREAMS_FAULT_SLOW_SECONDS", "DSTREAMS_FAULT_SLOW_FACTOR")
+              "DSTREAMS_FAULT_SLOW_PARTITION", "DSTREAMS_FAULT_SLOW_SECONDS", "DSTREAMS_FAULT_SLOW_FACTOR",
+              "DSTREAMS_FAULT_TASK_KILL", "CHAOS_DIE_WITH")
+#: The run's own Kafka broker: ports for it and its controller (the project's shared broker is on 9192/9193).
+KAFKA_PORTS = (9291, 9331)
+KAFKA_JARS = ROOT / ".kafka" / "jars"  # gathered by `scripts/services.sh start kafka` (Maven, cached)
+KAFKA_LOG4J = ROOT / "scripts" / "kafka" / "log4j2.properties"
+KAFKA_IN_PARTITIONS, KAFKA_OUT_PARTITIONS = 3, 2
+KAFKA_KEYS = 8  # keys of the Kafka input, k0..k7
+FEED_EVERY_S = 0.25  # 1-4 input records this often: about 20 records per 2 s batch
+TXN_EVERY = 40  # every 40th tick (10 s) a transaction of the input's, every other one aborted
+KAFKA_CALL_S = 15.0  # every blocking call of the orchestrator's Kafka clients
+KAFKA_START_S = 180.0  # a broker start (a restart after SIGKILL waits ~6 s for its old session; more under load)
 
 
 def now_ms() -> int:
@@ -184,8 +232,8 @@ class Fault:
 def make_schedule(seed: int, minutes: float, kinds: tuple[str, ...] = KINDS,
                   gap: tuple[float, float] | None = None) -> list[Fault]:
     """The seeded schedule: see the module docstring. A pure function of its arguments (``kinds``: a
-    subset of :data:`KINDS`, for experiments; ``gap``: the range of seconds between two faults, by default
-    chosen by ``minutes``)."""
+    subset of :data:`KINDS`: :data:`BASE_KINDS` without Kafka, which gives the schedules of the runs before the
+    Kafka kinds existed; ``gap``: the range of seconds between two faults, by default chosen by ``minutes``)."""
     rng = random.Random(seed)
     span = minutes * 60.0
     short = minutes <= 5
@@ -218,6 +266,11 @@ def make_schedule(seed: int, minutes: float, kinds: tuple[str, ...] = KINDS,
         elif kind == "postgres-restart":
             params["mode"] = rng.choice(("fast", "immediate"))
             params["down_s"] = round(rng.uniform(0, 8), 1)
+        elif kind == "kafka-restart":
+            params["signal"] = rng.choice(("TERM", "KILL"))
+            params["down_s"] = round(rng.uniform(0, 5), 1)
+        elif kind == "kafka-kill":
+            params["point"] = rng.choice(KAFKA_KILL_POINTS)
         faults.append(Fault(len(faults), round(at, 1), kind, params))
         at += rng.uniform(*gap)
     return faults
@@ -380,6 +433,299 @@ class PostgresServer:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def _quiet_kafka_logger() -> logging.Logger:
+    """librdkafka's log lines (a broker restart makes every client log each failed connection) go here: nowhere."""
+    lg = logging.getLogger("benchmarks.chaos.kafka")
+    if not lg.handlers:
+        lg.addHandler(logging.NullHandler())
+    lg.propagate = False
+    return lg
+
+
+def _kafka_conf(bootstrap: str, **extra: Any) -> dict[str, Any]:
+    return {"bootstrap.servers": bootstrap, "logger": _quiet_kafka_logger(), **extra}
+
+
+class KafkaBroker:
+    """The run's own single-node Kafka broker (KRaft: broker and controller in one JVM), set up as
+    ``scripts/services.sh`` sets up the project's (the same jars in ``.kafka/jars``, the same settings), on free
+    ports and with its data in the run's folder, so that the schedule can restart it without touching the broker
+    other tests use.
+
+    Contract: the constructor formats the storage (raises when the jars or Java are missing, saying how to get
+    them); :meth:`launch` starts the JVM and returns at once, :meth:`ready` says whether it answers a metadata
+    request, :meth:`start` is both (bounded: ``KAFKA_START_S``, then RuntimeError naming the log); :meth:`stop`
+    sends ``sig`` (SIGTERM: a controlled shutdown; SIGKILL: the logs are recovered at the next start) and returns
+    once the JVM is gone (bounded: 60 s, then SIGKILL). The data is kept across restarts."""
+
+    def __init__(self, folder: Path, ports: tuple[int, int] = KAFKA_PORTS) -> None:
+        if not any(KAFKA_JARS.glob(".complete-*")):
+            raise RuntimeError(f"the Kafka broker's jars are not in {KAFKA_JARS}: run `bash scripts/services.sh start "
+                               "kafka` once (it gathers them with Maven), or pass --kafka HOST:PORT (a broker that "
+                               "is never restarted)")
+        java_home = os.environ.get("JAVA_HOME")
+        self.java = str(Path(java_home) / "bin" / "java") if java_home else (shutil.which("java") or "java")
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.data, self.conf, self.log_path = folder / "data", folder / "server.properties", folder / "kafka.log"
+        self.ports = ports
+        self.port = self.controller_port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self.start_s: list[float] = []  # every start: from launch to answering
+        self._launched = 0.0
+        self._admin: Any = None
+        self._pick_ports(ports[0])
+        cluster_id = "A" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")[1:]  # no leading '-'
+        with open(folder / "format.log", "wb") as out:
+            subprocess.run([self.java, "-Xmx256m", f"-Dlog4j2.configurationFile={KAFKA_LOG4J}", "-cp",
+                            f"{KAFKA_JARS}/*", "kafka.tools.StorageTool", "format", "--ignore-formatted", "-t",
+                            cluster_id, "-c", str(self.conf)], stdout=out, stderr=subprocess.STDOUT, timeout=180,
+                           check=True)
+
+    def _pick_ports(self, start: int) -> None:
+        self.port = free_port(start, self.ports[1])
+        self.controller_port = free_port(self.port + 1, self.ports[1])
+        self._admin = None
+        self.conf.write_text("\n".join([
+            "# The chaos run's own Kafka broker (benchmarks/chaos.py), as scripts/services.sh configures the project's",
+            "process.roles=broker,controller", "node.id=1",
+            f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
+            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}", "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT", f"log.dirs={self.data}",
+            "num.partitions=1", "default.replication.factor=1", "min.insync.replicas=1",
+            "auto.create.topics.enable=false", "offsets.topic.replication.factor=1", "offsets.topic.num.partitions=1",
+            "transaction.state.log.replication.factor=1", "transaction.state.log.min.isr=1",
+            "transaction.state.log.num.partitions=1", "share.coordinator.state.topic.replication.factor=1",
+            "share.coordinator.state.topic.min.isr=1", "share.coordinator.state.topic.num.partitions=1",
+            "group.initial.rebalance.delay.ms=0", "transaction.abort.timed.out.transaction.cleanup.interval.ms=5000",
+            "log.cleaner.dedupe.buffer.size=33554432", "broker.session.timeout.ms=6000",
+            "broker.heartbeat.interval.ms=1000", ""]))
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def launch(self) -> None:
+        log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen(
+            [self.java, "-Xmx384m", "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
+             f"-Dlog4j2.configurationFile={KAFKA_LOG4J}", f"-Dkafka.logs.dir={self.folder}", "-cp", f"{KAFKA_JARS}/*",
+             "kafka.Kafka", str(self.conf)], stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        log_file.close()
+        self._launched = time.monotonic()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def ready(self) -> bool:
+        """The JVM runs and the broker answers a metadata request (within a second); records the start's time."""
+        if not self.alive():
+            return False
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        if self._admin is None:
+            self._admin = AdminClient(_kafka_conf(self.bootstrap))
+        try:
+            ok = bool(self._admin.list_topics(timeout=1).brokers)
+        except KafkaException:
+            return False
+        if ok and self._launched:
+            self.start_s.append(round(time.monotonic() - self._launched, 2))
+            self._launched = 0.0
+        return ok
+
+    def start(self, tries: int = 3) -> None:
+        """Launch and wait until it answers; another pair of ports when the JVM exits at once (a port taken)."""
+        for attempt in range(1, tries + 1):
+            self.launch()
+            deadline = time.monotonic() + KAFKA_START_S
+            while not self.ready():
+                if not self.alive() or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            else:
+                return
+            self.stop(signal.SIGKILL)
+            if attempt == tries or time.monotonic() > deadline:
+                raise RuntimeError(f"the chaos run's Kafka broker on port {self.port} did not answer within "
+                                   f"{KAFKA_START_S:.0f} s; see {self.log_path}")
+            self._pick_ports(self.port + 2)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    """Create a topic and wait until its metadata shows every partition (bounded)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(_kafka_conf(bootstrap))
+    futures = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)],
+                                  operation_timeout=KAFKA_CALL_S, request_timeout=KAFKA_CALL_S)
+    futures[name].result(2 * KAFKA_CALL_S)
+    deadline = time.monotonic() + 2 * KAFKA_CALL_S
+    while True:
+        t = admin.list_topics(name, timeout=5).topics.get(name)
+        if t is not None and t.error is None and len(t.partitions) == partitions:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the topic {name} did not show {partitions} partitions on {bootstrap}")
+        time.sleep(0.1)
+
+
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[tuple[int, int, str, str]]:
+    """Everything a ``read_committed`` consumer sees in ``topic`` now, up to each partition's last stable offset:
+    ``(partition, offset, key, value)`` in partition and offset order (bounded: ``timeout_s``)."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    c = Consumer(_kafka_conf(bootstrap, **{"group.id": "chaos-check", "isolation.level": "read_committed",
+                                           "enable.auto.commit": False, "enable.partition.eof": True,
+                                           "auto.offset.reset": "earliest"}))
+    out: list[tuple[int, int, str, str]] = []
+    try:
+        parts = sorted(c.list_topics(topic, timeout=KAFKA_CALL_S).topics[topic].partitions)
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=KAFKA_CALL_S, cached=False)[1]
+                for p in parts}
+        wanted = {p: e for p, e in ends.items() if e > 0}
+        if not wanted:
+            return []
+        c.assign([TopicPartition(topic, p, 0) for p in wanted])
+        done: set[int] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(done) < len(wanted):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic} did not reach its ends {wanted} within {timeout_s:.0f} s")
+            for m in c.consume(1000, 0.5):
+                if m.error():
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        if c.position([TopicPartition(topic, m.partition())])[0].offset >= wanted[m.partition()]:
+                            done.add(m.partition())
+                        continue
+                    raise RuntimeError(f"reading {topic}: {m.error()}")
+                if m.partition() in done or m.offset() >= wanted[m.partition()]:
+                    done.add(m.partition())
+                    continue
+                out.append((m.partition(), m.offset(), (m.key() or b"").decode(), (m.value() or b"").decode()))
+                if m.offset() >= wanted[m.partition()] - 1:
+                    done.add(m.partition())
+    finally:
+        c.close()
+    out.sort(key=lambda r: (r[0], r[1]))
+    return out
+
+
+class KafkaFeeder(threading.Thread):
+    """Writes the Kafka input at a steady rate: every ``FEED_EVERY_S`` 1-4 records ``(k<i>, "k<i>:<tick>:<j>")`` (keys
+    drawn from ``KAFKA_KEYS`` by a seeded generator) with an idempotent producer (no duplicates from its own retries;
+    what it cannot deliver while the broker is down waits in its queue, in order), and every ``TXN_EVERY``-th tick a
+    transaction of another producer, aborted every other time (values ``"k<i>:a<n>:<j>"``, which must never reach the
+    output; committed ones ``"k<i>:c<n>:<j>"``): so the input has transaction markers and aborted records too, but
+    few (each is a gap in the offsets that the source's reader checks with a request to the broker). The
+    transactional producer rides out broker restarts: after any error it is dropped and a new one
+    (``init_transactions`` under the same ``transactional.id``, which aborts what the old one left open) tries again.
+    Every value is unique; which records were committed is read back from the topic, not assumed from here."""
+
+    def __init__(self, bootstrap: str, topic: str, seed: int, transactional_id: str) -> None:
+        super().__init__(name="kafka-feeder", daemon=True)
+        self.bootstrap, self.topic, self.tid = bootstrap, topic, transactional_id
+        self.rng = random.Random(seed * 31 + 5)
+        self.stopped = threading.Event()
+        self.ticks = self.produced = self.delivered = self.failed = 0
+        self.txns = self.committed = self.aborted = self.errors = 0
+        self.last_error: str | None = None
+
+    def _on_delivery(self, err: Any, _msg: Any) -> None:
+        if err is None:
+            self.delivered += 1
+        else:
+            self.failed += 1
+            self.last_error = f"delivery: {err}"[:500]
+
+    def _records(self, tag: str) -> list[tuple[bytes, bytes]]:
+        out = []
+        for j in range(self.rng.randint(1, 4)):
+            key = f"k{self.rng.randrange(KAFKA_KEYS)}"
+            out.append((key.encode(), f"{key}:{tag}:{j}".encode()))
+        return out
+
+    def _transaction(self, txn: Any) -> Any:
+        """One transaction (aborted every other time); returns the producer to use next time (None: make one)."""
+        from confluent_kafka import KafkaException, Producer
+
+        try:
+            if txn is None:
+                txn = Producer(_kafka_conf(self.bootstrap, **{"transactional.id": self.tid, "linger.ms": 5,
+                                                              "partitioner": "murmur2_random",
+                                                              "transaction.timeout.ms": 30000}))
+                txn.init_transactions(KAFKA_CALL_S)
+            self.txns += 1
+            abort = self.txns % 2 == 1
+            txn.begin_transaction()
+            for key, value in self._records(f"{'a' if abort else 'c'}{self.txns}"):
+                txn.produce(self.topic, key=key, value=value)
+            if abort:
+                txn.flush(KAFKA_CALL_S)  # the records reach the log, then the abort marker
+                txn.abort_transaction(KAFKA_CALL_S)
+                self.aborted += 1
+            else:
+                txn.commit_transaction(KAFKA_CALL_S)
+                self.committed += 1
+            return txn
+        except (KafkaException, BufferError) as e:
+            self.errors += 1
+            self.last_error = f"transaction: {type(e).__name__}: {e}"[:500]
+            if txn is not None:
+                try:
+                    txn.purge()
+                except Exception:  # noqa: BLE001 - a fenced or broken producer: nothing to purge
+                    pass
+            return None  # the next one fences it and aborts its open transaction, if any
+
+    def run(self) -> None:
+        from confluent_kafka import KafkaException, Producer
+
+        plain = Producer(_kafka_conf(self.bootstrap, **{"enable.idempotence": True, "linger.ms": 5,
+                                                        "partitioner": "murmur2_random",
+                                                        "on_delivery": self._on_delivery}))
+        txn = None
+        while not self.stopped.wait(FEED_EVERY_S):
+            self.ticks += 1
+            for key, value in self._records(str(self.ticks)):
+                try:
+                    plain.produce(self.topic, key=key, value=value)
+                    self.produced += 1
+                except BufferError:  # the queue is full (a long outage): this record is not written
+                    plain.poll(0.1)
+            plain.poll(0)
+            if self.ticks % TXN_EVERY == 0:
+                txn = self._transaction(txn)
+        left = plain.flush(2 * KAFKA_CALL_S)
+        if left:
+            self.last_error = f"{left} records not delivered at the stop"
+        try:  # after an error a transaction may be open: a new producer's init_transactions aborts it
+            if txn is None and self.txns:
+                self.txns -= 1  # (the attempt below is not one more transaction of the input)
+                self._transaction(None)
+        except KafkaException as e:
+            self.last_error = f"at the stop: {type(e).__name__}: {e}"[:500]
+
+    def stats(self) -> dict[str, Any]:
+        return {"ticks": self.ticks, "records_produced": self.produced, "records_delivered": self.delivered,
+                "delivery_failed": self.failed, "transactions": self.txns, "committed": self.committed,
+                "aborted_on_purpose": self.aborted, "transaction_errors": self.errors, "last_error": self.last_error}
+
+
 def s3_client(endpoint: str) -> Any:
     import boto3
     from botocore.config import Config
@@ -481,6 +827,10 @@ class ChaosRun:
         self._metrics_pos = 0
         self.redis: RedisServer | None = None
         self.postgres: PostgresServer | None = None
+        self.kafka: dict[str, str] | None = None  # the Kafka branch's broker and topics (--kafka)
+        self.kafka_broker: KafkaBroker | None = None  # the run's own broker (--kafka own)
+        self.kafka_feeder: KafkaFeeder | None = None
+        self._broker_start: threading.Thread | None = None
         self.proxies: dict[str, FaultProxy] = {}
         self.feeder: FileFeeder | None = None
         rgw = urlsplit(args.rgw)
@@ -514,6 +864,7 @@ class ChaosRun:
             "sink_key": "sink-ref" if reference else "sink-run", "sink_chunk": SINK_CHUNK,
             "postgres_dsn": self.postgres.dsn if self.postgres else "",
             "table": f"{'ref' if reference else 'run'}_events",
+            "kafka": None if reference else self.kafka,
         }
 
     def env(self, endpoint: str, armed: dict[str, Any] | None) -> dict[str, str]:
@@ -523,13 +874,29 @@ class ChaosRun:
         env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, TMPDIR=str(tmp),
                    AWS_ENDPOINT_URL_S3=endpoint, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
                    AWS_DEFAULT_REGION=REGION, PYTHONUNBUFFERED="1")
-        if armed:
+        if armed and "marker" in armed:  # kafka-kill: a task-side kill point, then the driver (chaos_app)
+            env["DSTREAMS_FAULT_TASK_KILL"] = f"{armed['point']}:{armed['marker']}"
+            env["CHAOS_DIE_WITH"] = armed["marker"]
+        elif armed:
             env["DSTREAMS_FAULT_KILL"] = armed["point"]
             env["DSTREAMS_FAULT_KILL_AFTER"] = str(armed["after"])
         return env
 
     def setup(self) -> None:
         log(f"run {self.run_id}: work folder {self.work}, {len(self.schedule)} faults over {self.args.minutes} min")
+        broker_ready: threading.Thread | None = None
+        broker_error: list[BaseException] = []
+        if self.args.kafka == "own":  # formatted and started while the rest is set up (a JVM start takes seconds)
+            def own_broker() -> None:
+                try:
+                    self.kafka_broker = KafkaBroker(self.work / "kafka")
+                    self.kafka_broker.start()
+                except BaseException as e:  # noqa: BLE001 - raised on the main thread below
+                    broker_error.append(e)
+
+            broker_ready = self._broker_start = threading.Thread(target=own_broker, name="kafka-broker-start",
+                                                                 daemon=True)
+            broker_ready.start()
         self.client.create_bucket(Bucket=self.bucket)
         port = free_port(*REDIS_PORTS)
         self.redis = RedisServer(self.work / "redis", port)
@@ -554,6 +921,27 @@ class ChaosRun:
         # outlasts it reads fewer entries in its last batches, the reference too: still the same batches.
         total_batches = int((self.args.minutes * 180 + 900) * 1000 // self.batch_ms) + FILES_AHEAD
         self.preload_redis(total_batches)
+        if self.args.kafka != "off":
+            if broker_ready is not None:
+                broker_ready.join(2 * KAFKA_START_S + 240)
+                if broker_error or self.kafka_broker is None or not self.kafka_broker.ready():
+                    raise RuntimeError(f"the run's own Kafka broker did not start: {broker_error[:1]}")
+            self.setup_kafka(self.kafka_broker.bootstrap if self.kafka_broker else self.args.kafka)
+
+    def setup_kafka(self, bootstrap: str) -> None:
+        """The Kafka branch's topics (names of the run's own) and its input, written from now on."""
+        self.kafka = {"bootstrap": bootstrap, "in_topic": f"{self.run_id}-in", "out_topic": f"{self.run_id}-out",
+                      "ledger_topic": "dstreams-ledger"}
+        create_topic(bootstrap, self.kafka["in_topic"], KAFKA_IN_PARTITIONS)
+        create_topic(bootstrap, self.kafka["out_topic"], KAFKA_OUT_PARTITIONS)
+        self.cfg = self.config(reference=False)
+        self.kafka_feeder = KafkaFeeder(bootstrap, self.kafka["in_topic"], self.seed, f"{self.run_id}-feeder")
+        self.kafka_feeder.start()
+        own = self.kafka_broker
+        which = (f"the run's own broker, up {own.start_s[-1]} s after its launch" if own and own.start_s
+                 else "a broker this run never restarts")
+        log(f"Kafka at {bootstrap} ({which}): input {self.kafka['in_topic']} ({KAFKA_IN_PARTITIONS} partitions, "
+            f"written from now on), output {self.kafka['out_topic']} ({KAFKA_OUT_PARTITIONS} partitions)")
 
     def preload_redis(self, batches: int) -> None:
         assert self.redis is not None
@@ -608,6 +996,9 @@ class ChaosRun:
                     secs = max(self.batch_ms / 1000, self.fault_due_s(f))
                     after = max(2, round(secs * 1000 / self.batch_ms * PER_BATCH[f.params["point"]]))
                     armed = {"point": f.params["point"], "after": after, "fault": f.index}
+                elif f.kind == "kafka-kill":  # the marker is written when the fault is due (inject)
+                    marker = Path(self.cfg["local"]) / "faults" / f"kafka-kill-{f.index}"
+                    armed = {"point": f.params["point"], "fault": f.index, "marker": str(marker)}
                 break
         if master == "mixed":
             master = LOCAL_CLUSTER if need_cluster else LOCAL
@@ -677,8 +1068,9 @@ class ChaosRun:
             fault = self.schedule[inc.armed["fault"]]
             fault.injected_ms = fault.ended_ms = inc.exit_ms
             fault.outcome = "injected"
-            fault.detail = {"point": inc.armed["point"], "after": inc.armed["after"], "pid": inc.pid}
-            reason = f"driver-kill-in-output ({inc.armed['point']} #{inc.armed['after']})"
+            after = inc.armed.get("after")
+            fault.detail = {"point": inc.armed["point"], "after": after, "pid": inc.pid}
+            reason = f"{fault.kind} ({inc.armed['point']}{'' if after is None else f' #{after}'})"
             inc.ended_by = reason
             self.unplanned_in_a_row = 0
         else:
@@ -745,7 +1137,7 @@ class ChaosRun:
     # ------------------------------------------------------------------------------------------ faults
     def inject(self, f: Fault) -> None:
         f.injected_ms = now_ms()
-        if f.kind != "driver-kill-in-output":  # that one counts once the driver killed itself (supervise)
+        if f.kind not in ("driver-kill-in-output", "kafka-kill"):  # those count once the driver killed itself
             f.outcome = "injected"
         nxt = f.index + 1
         if f.kind == "driver-kill":
@@ -757,15 +1149,23 @@ class ChaosRun:
             self.kill_group()
             self.reap()
             self.restart("driver-kill", f.injected_ms, nxt, f)
-        elif f.kind == "driver-kill-in-output":
+        elif f.kind in ("driver-kill-in-output", "kafka-kill"):
             assert self.current is not None
             inc = self.current
             if inc.armed is None or inc.armed["fault"] != f.index:
                 f.outcome = "skipped"
                 f.detail = {"why": "the running driver was not armed for it"}
                 return
+            marker = Path(inc.armed["marker"]) if "marker" in inc.armed else None
+            if marker is not None:  # the next task to reach the point kills its worker, then the driver dies
+                marker.write_text(f"fault {f.index}\n")
+                Path(f"{marker}.set").write_text(f"fault {f.index}\n")
+            after = inc.armed.get("after")
             died = self.wait(lambda: bool(f.detail), 240, nxt,
-                             f"driver #{inc.n} to reach {inc.armed['point']} #{inc.armed['after']}")
+                             f"driver #{inc.n} to reach {inc.armed['point']}{'' if after is None else f' #{after}'}")
+            if marker is not None:  # withdrawn (.set first: chaos_app's watcher then lets the driver be)
+                for path in (Path(f"{marker}.set"), marker):
+                    path.unlink(missing_ok=True)
             if died:  # supervise() saw it kill itself, recorded it and restarted it
                 return
             if self.current is not inc:
@@ -818,6 +1218,23 @@ class ChaosRun:
             self._sleep_supervised(f.params["down_s"], nxt)
             self.postgres.start()
             self.postgres.restarts += 1
+        elif f.kind == "kafka-restart":
+            broker = self.kafka_broker
+            if broker is None:
+                f.outcome = "skipped"
+                f.detail = {"why": "the Kafka broker is not the run's own (--kafka own)"}
+                return
+            t = time.monotonic()
+            broker.stop(signal.SIGTERM if f.params["signal"] == "TERM" else signal.SIGKILL)
+            stop_s = time.monotonic() - t
+            self._sleep_supervised(f.params["down_s"], nxt)
+            broker.launch()
+            if not self.wait(broker.ready, KAFKA_START_S, nxt, "the Kafka broker's restart"):
+                raise RuntimeError(f"the run's Kafka broker did not answer within {KAFKA_START_S:.0f} s of its "
+                                   f"restart; see {broker.log_path}")
+            broker.restarts += 1
+            f.detail = {"stop_s": round(stop_s, 2), "start_s": broker.start_s[-1],
+                        "unavailable_s": round(time.monotonic() - t, 2)}
         elif f.kind == "user-fail":
             # ahead of the newest committed batch, not of the wall clock: a stream behind the clock (a loaded
             # machine, a backlog after a restart) would otherwise not reach the marked batch before the end
@@ -899,9 +1316,17 @@ class ChaosRun:
             log(f"fault {f.index} {f.kind} {json.dumps(f.params)} (load {_load()})")
             self.inject(f)
             last_end = f.ended_ms or now_ms()
-        # the end: steady again, then a graceful stop
+        # the end: the Kafka input stops; steady again, then a graceful stop
+        if self.kafka_feeder is not None:
+            self.kafka_feeder.stopped.set()
+            self.kafka_feeder.join(4 * KAFKA_CALL_S)
         self.wait(lambda s=last_end: self.steady_since(s) is not None, 3 * steady_wait, len(self.schedule),
                   "the final steady state")
+        # a user-fail late in the schedule marks a batch a few batches ahead of the stream: the stop waits for it
+        marked = max((f.detail["batch_ms"] for f in self.schedule if f.kind == "user-fail" and "batch_ms" in f.detail),
+                     default=0)
+        self.wait(lambda: max((r["batch_ms"] for r in self.committed_rows()), default=0) >= marked, FINAL_MARKED_S,
+                  len(self.schedule), "the batch a user-fail marked to complete")
         assert self.proc is not None and self.current is not None
         log("schedule done: SIGTERM to the driver")
         self.current.ended_by = "final stop"
@@ -1099,6 +1524,22 @@ class ChaosRun:
                         and result["totals"]["lost"] == 0 and result["totals"]["duplicated"] == 0
                         and result["totals"]["unexpected"] == 0 and result["totals"]["final_counts_equal_input"]
                         and n > 0)
+        if self.kafka is not None:
+            result["kafka"] = self.compare_kafka()
+            result["ok"] = result["ok"] and result["kafka"]["ok"]
+        return result
+
+    def compare_kafka(self) -> dict[str, Any]:
+        """The Kafka output as a read_committed consumer sees it against its input over the offset ranges the
+        batches read (:func:`check_kafka`)."""
+        assert self.kafka is not None
+        k = self.kafka
+        folder = Path(chaos_app.kafka_ranges_folder(self.cfg))
+        ranges = {int(e.name): json.loads(e.read_text()) for e in folder.iterdir() if e.name.isdigit()
+                  } if folder.is_dir() else {}
+        result = check_kafka(read_topic(k["bootstrap"], k["in_topic"], 120),
+                             read_topic(k["bootstrap"], k["out_topic"], 120), ranges)
+        result["feeder"] = self.kafka_feeder.stats() if self.kafka_feeder else None
         return result
 
     # ------------------------------------------------------------------------------------------ teardown
@@ -1115,6 +1556,23 @@ class ChaosRun:
             self.cleanup_executors(inc)
         if self.feeder is not None:
             self.feeder.stopped.set()
+        if self.kafka_feeder is not None:
+            self.kafka_feeder.stopped.set()
+            self.kafka_feeder.join(4 * KAFKA_CALL_S)
+        if self._broker_start is not None:  # a set-up that failed early: the broker may still be starting
+            self._broker_start.join(2 * KAFKA_START_S + 240)
+        if self.kafka_broker is not None:
+            self.kafka_broker.stop()
+        elif self.kafka is not None and not (self.args.keep or keep):  # a broker of others': the run's topics go
+            try:
+                from confluent_kafka.admin import AdminClient
+
+                topics = [self.kafka["in_topic"], self.kafka["out_topic"]]
+                for future in AdminClient(_kafka_conf(self.kafka["bootstrap"])).delete_topics(
+                        topics, operation_timeout=KAFKA_CALL_S, request_timeout=KAFKA_CALL_S).values():
+                    future.result(2 * KAFKA_CALL_S)
+            except Exception as e:  # noqa: BLE001 - best effort
+                log(f"could not delete the topics of the run on {self.kafka['bootstrap']}: {e}")
         if self.gateway is not None and self.gateway.stopped_by_us:
             self.gateway.start()
         for p in self.proxies.values():
@@ -1138,6 +1596,76 @@ class ChaosRun:
                 shutil.rmtree(self.work, ignore_errors=True)
 
 
+def check_kafka(inp: list[tuple[int, int, str, str]], out: list[tuple[int, int, str, str]],
+                ranges: dict[int, list[list[Any]]] | None = None) -> dict[str, Any]:
+    """The Kafka branch's output (``(partition, offset, key, value)`` as :func:`read_topic` returns them) against the
+    fault-free expectation computed from its input's committed records: per key, the input's values in offset order,
+    the i-th written as ``"<i> <value>"``.
+
+    ``ranges`` (batch ms -> ``[[topic, partition, from, until], ...]``, the batches' ``kafka-ranges`` files; None:
+    the whole input is expected) says which input the committed batches read: per partition they must follow one
+    another from offset 0 without a gap or an overlap (``range_gaps``), and the input expected is the committed
+    records below the last one's end; for a key with output records of input records past that end, up to the last
+    of them as well (``beyond_ranges``: the batch the final stop cut after some of its Kafka output committed,
+    before its ranges were written; each output partition of a batch commits all of its keys' records or none, so
+    such a key has all of its records of that batch). The rest of the input was not read yet (``not_read``: the
+    stream was behind).
+
+    ``lost``: expected input records not in the output; ``duplicated``: in it more than once; ``unexpected``: in
+    it but not in the input (an aborted input transaction's, say); ``keys_differ``: keys whose output is not exactly
+    their expected input, in order; ``bad_counts``: keys whose counts do not go 1, 2, 3, ...; ``malformed``: output
+    records that do not parse. ``ok`` when none of these and some input was expected."""
+    got: dict[str, list[tuple[int, str]]] = {}
+    malformed: list[str] = []
+    for _part, _off, key, value in sorted(out):
+        count, _, v = value.partition(" ")
+        if not count.isdigit() or not v.startswith(key + ":"):
+            malformed.append(f"{key}={value}")
+            continue
+        got.setdefault(key, []).append((int(count), v))
+    out_ids = Counter(v for vs in got.values() for _c, v in vs)
+    range_gaps: list[dict[str, Any]] = []
+    ends: dict[int, int] | None = None
+    beyond = 0
+    if ranges is not None:
+        ends = {}
+        for ms in sorted(ranges):
+            for _topic, part, start, until in ranges[ms]:
+                if start != ends.get(part, 0):
+                    range_gaps.append({"batch_ms": ms, "partition": part, "from": start, "after": ends.get(part, 0)})
+                ends[part] = max(until, ends.get(part, 0))
+    key_ends: dict[str, int] = {}  # per key, past the ranges: the end of its last input record in the output
+    for part, off, key, value in inp:
+        if ends is not None and value in out_ids and off >= ends.get(part, 0):
+            beyond += 1
+            key_ends[key] = max(key_ends.get(key, 0), off + 1)
+    expected = [r for r in sorted(inp) if ends is None or r[1] < max(ends.get(r[0], 0), key_ends.get(r[2], 0))]
+    want: dict[str, list[str]] = {}
+    parts: dict[str, set[int]] = {}
+    for part, _off, key, value in expected:
+        want.setdefault(key, []).append(value)
+        parts.setdefault(key, set()).add(part)
+    in_ids = Counter(v for vs in want.values() for v in vs)
+    all_ids = {r[3] for r in inp}
+    lost = sorted(set(in_ids) - set(out_ids))
+    duplicated = sorted(v for v, c in out_ids.items() if c > 1)
+    unexpected = sorted(set(out_ids) - all_ids)
+    keys_differ = sorted(key for key in set(want) | set(got) if [v for _c, v in got.get(key, [])] != want.get(key))
+    bad_counts = sorted(key for key, vs in got.items() if [c for c, _v in vs] != list(range(1, len(vs) + 1)))
+    result: dict[str, Any] = {
+        "input_records": len(inp), "expected_records": len(expected), "not_read": len(inp) - len(expected),
+        "output_records": len(out), "keys": len(want), "batches_with_ranges": len(ranges or {}),
+        "beyond_ranges": beyond, "range_gaps": range_gaps[:20],
+        "keys_in_several_partitions": sorted(key for key, ps in parts.items() if len(ps) > 1),
+        "lost": len(lost), "duplicated": len(duplicated), "unexpected": len(unexpected),
+        "keys_differ": keys_differ, "bad_counts": bad_counts, "malformed": malformed[:20],
+        "aborted_input_seen": sorted(v for v in out_ids if v.split(":")[1].startswith("a"))[:20],
+        "lost_examples": lost[:20], "duplicated_examples": duplicated[:20], "unexpected_examples": unexpected[:20]}
+    result["ok"] = bool(expected) and not (range_gaps or lost or duplicated or unexpected or keys_differ or bad_counts
+                                           or malformed)
+    return result
+
+
 def _parse_gap(text: str) -> tuple[float, float]:
     """``--gap LO,HI``: two numbers of seconds, 0 < LO <= HI."""
     try:
@@ -1159,7 +1687,7 @@ def summary(doc: dict[str, Any]) -> str:
     rows = [f"chaos run seed {doc['seed']}, {doc['minutes']} min schedule, {doc['batch_ms']} ms batches: "
             f"{'OK' if doc.get('ok') else 'FAILED'}"]
     kinds = Counter(f["kind"] for f in doc["schedule"] if f["outcome"] == "injected")
-    rows.append("faults injected: " + ", ".join(f"{k} {kinds.get(k, 0)}" for k in KINDS))
+    rows.append("faults injected: " + ", ".join(f"{k} {kinds.get(k, 0)}" for k in doc.get("kinds", KINDS)))
     other = [f for f in doc["schedule"] if f["outcome"] not in ("injected",)]
     if other:
         rows.append("not injected as planned: "
@@ -1178,6 +1706,14 @@ def summary(doc: dict[str, Any]) -> str:
         for name, o in cmp_["outputs"].items():
             rows.append(f"{name:<10} {o['committed']:>9} {len(o['missing']):>8} {len(o['differ']):>7} "
                         f"{o['records']:>8}")
+        kc = cmp_.get("kafka")
+        if kc:
+            rows.append(f"kafka: {kc['output_records']} output records for the {kc['expected_records']} committed "
+                        f"input records {kc['batches_with_ranges']} batches read ({kc['not_read']} more not read "
+                        f"yet), {kc['keys']} keys: lost {kc['lost']}, duplicated {kc['duplicated']}, unexpected "
+                        f"{kc['unexpected']}, keys out of order {len(kc['keys_differ'])}, keys with counts not 1, 2, "
+                        f"3, ... {len(kc['bad_counts'])}, gaps between ranges {len(kc['range_gaps'])}: "
+                        f"{'OK' if kc['ok'] else 'FAILED'}")
     rec = doc.get("recovery") or {}
     for key, label in (("first_commit_s", "kill -> next committed batch"), ("first_new_s", "kill -> first new batch"),
                        ("steady_s", "kill -> steady state"), ("sc_s", "kill -> SparkContext up"),
@@ -1210,9 +1746,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="results file (default benchmarks/results/chaos-<seed>-<minutes>m.json)")
     p.add_argument("--workdir", help="keep logs and local outputs here (default: a temporary folder, removed)")
     p.add_argument("--keep", action="store_true", help="keep the bucket and the work folder")
-    p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="fault kinds (default: all)")
+    p.add_argument("--kafka", default="off", metavar="own|HOST:PORT|off",
+                   help="the Kafka -> stateful -> Kafka branch: 'own' starts a broker of the run's own from the jars "
+                        "of scripts/services.sh (`start kafka` gathers them) and restarts it as a fault; HOST:PORT "
+                        "uses that broker (topics of the run's own; never restarted); 'off' (default): no Kafka")
+    p.add_argument("--kinds", nargs="+", choices=KINDS, help="fault kinds (default: all that apply: the Kafka kinds "
+                   "with --kafka, kafka-restart only with --kafka own)")
     args = p.parse_args(argv)
+    applicable = BASE_KINDS + (KAFKA_KINDS if args.kafka == "own" else ("kafka-kill",) if args.kafka != "off" else ())
+    if args.kinds is None:
+        args.kinds = list(applicable)
+    elif set(args.kinds) - set(applicable):
+        p.error(f"--kinds {' '.join(sorted(set(args.kinds) - set(applicable)))} need --kafka "
+                f"{'own' if 'kafka-restart' in args.kinds else 'own or --kafka HOST:PORT'}")
     out = Path(args.json) if args.json else RESULTS / f"chaos-{args.seed}-{args.minutes:g}m.json"
+
+    def terminated(signum: int, _frame: Any) -> None:  # SIGTERM (a test's timeout): the teardown below still runs
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminated)
     run = ChaosRun(args)
     doc: dict[str, Any] = {
         "benchmark": "chaos",
@@ -1220,7 +1772,8 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed, "minutes": args.minutes, "gap_s": args.gap, "batch_ms": run.batch_ms,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_at_start": _load()},
-        "mode": "stop-gateway" if args.stop_gateway else "proxy", "ok": False}
+        "mode": "stop-gateway" if args.stop_gateway else "proxy", "kinds": list(args.kinds), "kafka": args.kafka,
+        "ok": False}
     rc = 1
     try:
         run.setup()
@@ -1245,6 +1798,10 @@ def main(argv: list[str] | None = None) -> int:
         doc["proxies"] = [px.stats() for px in run.proxies.values()]
         doc["redis_restarts"] = run.redis.restarts if run.redis else 0
         doc["postgres_restarts"] = run.postgres.restarts if run.postgres else 0
+        if run.kafka is not None:
+            doc["kafka_run"] = {**run.kafka, "broker_restarts": run.kafka_broker.restarts if run.kafka_broker else 0,
+                                "broker_start_s": run.kafka_broker.start_s if run.kafka_broker else [],
+                                "feeder": run.kafka_feeder.stats() if run.kafka_feeder else None}
         by_master: dict[str, dict[str, dict[str, Any]]] = {}
         for key in ("launch_s", "sc_s", "started_s", "first_commit_s", "first_new_s", "steady_s"):
             groups: dict[str, list[float]] = {"all": []}
@@ -1261,6 +1818,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # noqa: BLE001 - the JSON is written
             print(f"(summary failed: {e})")
         print(f"wrote {out}", flush=True)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the teardown is not cut short (SIGKILL still is)
         run.teardown(keep=not doc["ok"])
     return rc
 

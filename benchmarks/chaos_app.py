@@ -24,10 +24,24 @@ The pipeline (:func:`build`), on batches of ``batch_ms``:
   when ``faults/fail-<batch ms>`` exists and ``faults/fail-<batch ms>.done`` does
   not, it creates the latter and raises (so the batch's first attempt fails and a retry succeeds).
   Stateful streams checkpoint every ``checkpoint_s``.
+* with ``kafka`` in the configuration (``python -m benchmarks chaos --kafka ...``), a Kafka -> stateful -> Kafka
+  branch as well: ``kafkaStream`` of ``kafka.in_topic`` (several partitions, keyed records ``<key>:<tag>:<i>``
+  written by the orchestrator, a few of them in transactions, half of those aborted; from the earliest offset,
+  offsets recorded per batch), a running count per key (``updateStateByKey``: each record of the key, in offset
+  order, gets the next count), written exactly once with ``saveToKafka`` to ``kafka.out_topic`` as
+  ``(key, "<count> <input value>")``, then a ``foreachRDD`` that writes the batch's input offset ranges
+  (``rdd.offsetRanges()``) to ``<local>/out/kafka-ranges/<batch ms>`` (so a batch with that file has its Kafka
+  output committed), before the audit output. Its batches are not the same in every run (the records arrive in
+  real time), so it is not compared with the reference batch by batch: the orchestrator checks that a
+  ``read_committed`` consumer of the output sees, per key, every committed input record of the ranges read once,
+  in input order, with the counts 1, 2, 3, ...
+  A driver started with ``CHAOS_DIE_WITH=<marker>`` (and ``DSTREAMS_FAULT_TASK_KILL=<point>:<marker>``, the
+  task-side kill of :mod:`dstreams.task_faults`) SIGKILLs itself as soon as a task took that kill: the
+  ``kafka-kill`` fault (a driver killed while a partition's Kafka transaction is open, or just committed).
 
-Why every batch is the same in every run: the Redis input is written in full before the first start
-and read ``per_key`` entries per key per batch (backpressure off), the orchestrator keeps at least
-``files_per_batch`` unread files ahead of every batch time, and event times are in the records. So batch
+Why every batch is the same in every run (the Kafka branch's aside): the Redis input is written in full
+before the first start and read ``per_key`` entries per key per batch (backpressure off), the orchestrator keeps
+at least ``files_per_batch`` unread files ahead of every batch time, and event times are in the records. So batch
 ``k`` (``(t - zero) / batch_ms``) holds the same records whatever the timing, and every output of batch
 ``k`` is a function of batches ``1..k``.
 
@@ -57,7 +71,9 @@ import argparse
 import json
 import operator
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -133,6 +149,45 @@ def positive(kv: tuple[Any, int]) -> bool:
     return kv[1] > 0
 
 
+def decode_kafka(r: Any) -> tuple[str, tuple[int, int, str]]:
+    """A record of the Kafka input: ``(key, (partition, offset, value))``."""
+    return r.key.decode(), (r.partition, r.offset, r.value.decode())
+
+
+def update_running(new: list[tuple[int, int, str]], old: tuple[int, list[tuple[int, str]]] | None
+                   ) -> tuple[int, list[tuple[int, str]]]:
+    """The Kafka branch's state of a key: ``(count, [(count, value) of this batch's records])``; the batch's
+    records (all of a key's records are in one partition) count on in offset order."""
+    count = old[0] if old else 0
+    emitted = []
+    for _p, _o, value in sorted(new):
+        count += 1
+        emitted.append((count, value))
+    return count, emitted
+
+
+def make_kafka_ranges(folder: str) -> Any:
+    """The Kafka branch's second output (driver side, no Spark job): the batch's offset ranges as JSON,
+    ``[[topic, partition, from, until], ...]``, in ``folder/<batch ms>``."""
+
+    def save(t: Any, rdd: Any) -> None:
+        ms = round(t.timestamp() * 1000)
+        ranges = [[r.topic, r.partition, r.fromOffset, r.untilOffset] for r in rdd.offsetRanges()]
+        os.makedirs(folder, exist_ok=True)
+        tmp = os.path.join(folder, f".{ms}.{os.getpid()}.tmp")
+        with open(tmp, "w") as f:
+            json.dump(ranges, f)
+        os.replace(tmp, os.path.join(folder, str(ms)))
+
+    return save
+
+
+def running_records(kv: tuple[str, tuple[int, list[tuple[int, str]]]]) -> list[tuple[str, str]]:
+    """The Kafka output's records of a key in this batch: ``(key, "<count> <input value>")``."""
+    key, (_count, emitted) = kv
+    return [(key, f"{c} {v}") for c, v in emitted]
+
+
 # -------------------------------------------------------------------------------------------- the pipeline
 #: Output names, in the order of the graph's output operations; the orchestrator compares all of them.
 OUTPUTS = ("events", "counts", "window", "ewindow", "sessions", "stream", "table", "audit")
@@ -153,6 +208,11 @@ def output_locations(cfg: dict[str, Any]) -> dict[str, tuple[str, str]]:
         "table": ("postgres", cfg["table"]),
         "audit": ("audit", os.path.join(local, "out", "audit")),
     }
+
+
+def kafka_ranges_folder(cfg: dict[str, Any]) -> str:
+    """Where the Kafka branch writes each batch's input offset ranges (:func:`make_kafka_ranges`)."""
+    return os.path.join(cfg["local"], "out", "kafka-ranges")
 
 
 def table_ddl(table: str) -> str:
@@ -223,6 +283,13 @@ def build(sc: Any, cfg: dict[str, Any], clock: Any = None) -> Any:
     sessions.checkpoint(cfg["checkpoint_s"]).saveToStore(where["sessions"][1], format="json")
     events.map(event_fields).saveToRedisStream(cfg["redis_url"], cfg["sink_key"], chunkSize=cfg["sink_chunk"])
     events.transform(with_batch_ms).saveToPostgres(cfg["postgres_dsn"], cfg["table"], columns=list(TABLE_COLUMNS))
+    kafka = cfg.get("kafka")
+    if kafka:
+        params = {"bootstrap.servers": kafka["bootstrap"]}
+        records = ssc.kafkaStream([kafka["in_topic"]], params, startingOffsets="earliest", decoder=decode_kafka)
+        running = records.updateStateByKey(update_running, numPartitions=2).checkpoint(cfg["checkpoint_s"])
+        running.flatMap(running_records).saveToKafka(kafka["out_topic"], params, ledgerTopic=kafka["ledger_topic"])
+        records.foreachRDD(make_kafka_ranges(kafka_ranges_folder(cfg)))
     events.foreachRDD(make_audit(where["audit"][1], os.path.join(cfg["local"], "faults")))
     return ssc
 
@@ -242,8 +309,31 @@ def spark_conf(cfg: dict[str, Any]) -> dict[str, str]:
     local_dir = os.path.join(cfg["local"], "spark-local")
     os.makedirs(local_dir, exist_ok=True)
     tmp = f"-Djava.io.tmpdir={local_dir}"
-    return {**BASE_CONF, "spark.local.dir": local_dir, "spark.driver.extraJavaOptions": tmp,
+    conf = {**BASE_CONF, "spark.local.dir": local_dir, "spark.driver.extraJavaOptions": tmp,
             "spark.executor.extraJavaOptions": tmp}
+    task_kill = os.environ.get("DSTREAMS_FAULT_TASK_KILL")
+    if task_kill:  # the Python workers of local-cluster executors too
+        conf["spark.executorEnv.DSTREAMS_FAULT_TASK_KILL"] = task_kill
+    return conf
+
+
+def _die_with_marker(marker: str, point: str) -> None:
+    """The ``kafka-kill`` fault: once the orchestrator has written ``<marker>`` and then ``<marker>.set``, the first
+    task to reach ``point`` removes the marker and SIGKILLs its Python worker (:mod:`dstreams.task_faults`); this
+    driver then SIGKILLs itself at once, the partition's transaction open (``kafka-before-commit``) or just committed
+    (``kafka-after-commit``), the rest of the batch wherever it is."""
+
+    def watch() -> None:
+        while not os.path.exists(marker + ".set"):
+            time.sleep(0.02)
+        while os.path.exists(marker):
+            time.sleep(0.005)
+        if not os.path.exists(marker + ".set"):  # withdrawn by the orchestrator (it kills the driver itself)
+            return
+        print(f"dstreams fault injection: SIGKILL at {point} (a task of this driver reached it)", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True, name="chaos-die-with-marker").start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     with open(args.config) as f:
         cfg = json.load(f)
+    marker = os.environ.get("CHAOS_DIE_WITH")
+    if marker:
+        _die_with_marker(marker, os.environ.get("DSTREAMS_FAULT_TASK_KILL", "").partition(":")[0])
 
     from dstreams import ManualClock, StreamingContext
     from dstreams.spark.sparkconf import create_spark_context

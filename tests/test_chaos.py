@@ -1,16 +1,21 @@
-"""Issue 22: the short randomized fault schedule (``python -m benchmarks chaos``) on the real Ceph gateway.
+"""Issues 22 and 40: the short randomized fault schedule (``python -m benchmarks chaos``) on the real Ceph gateway
+and a real Kafka broker.
 
 The command runs the chaos pipeline (benchmarks/chaos_app.py: Redis Streams and an ``s3://`` prefix in,
 ``updateStateByKey``, ``reduceByKeyAndWindow`` with an inverse, an event-time window, a session window,
 ``saveToStore`` to Ceph, ``saveAsTextFiles``, and exactly once into a Redis stream and a PostgreSQL table
-out) through a seeded 1.5-minute schedule (faults 9-13 s apart) in which every fault kind comes once
-(driver SIGKILL, a kill inside an output, SIGTERM, the gateway down, a Redis server restart, dropped Redis
-connections, an executor JVM killed on ``local-cluster``, a user function that fails once, a PostgreSQL
-restart), with its own Redis and PostgreSQL servers and fault proxies (the shared services are not touched), then runs
-the same pipeline without faults over the batches the chaos run committed. The test reads the command's
-JSON: every fault was injected, every output's committed batches equal the fault-free run's batch by
-batch, and every input record is in exactly one committed batch. ``DSTREAMS_TEST_SEED`` picks another
-seed (the schedule is a function of it).
+out; and in the same driver a Kafka -> ``updateStateByKey`` -> ``saveToKafka`` branch, ``--kafka``) through a
+seeded 1.5-minute schedule (faults 9-13 s apart) in which every fault kind comes once (driver SIGKILL, a kill
+inside an output, SIGTERM, the gateway down, a Redis server restart, dropped Redis connections, an executor JVM
+killed on ``local-cluster``, a user function that fails once, a PostgreSQL restart, a Kafka broker restart, a
+driver killed inside a Kafka write), with its own Redis and PostgreSQL servers, Kafka broker (the jars
+``scripts/services.sh start kafka`` gathered; with ``DSTREAMS_TEST_KAFKA_BOOTSTRAP`` that broker instead, never
+restarted: no broker restart then) and fault proxies (the shared services are not touched), then runs the same
+pipeline without faults over the batches the chaos run committed. The test reads the command's JSON: every fault
+was injected, every output's committed batches equal the fault-free run's batch by batch, every input record is in
+exactly one committed batch, and a read_committed consumer of the Kafka output sees every committed input record
+once, in input order per key, with the running counts 1, 2, 3, ... ``DSTREAMS_TEST_SEED`` picks another seed (the
+schedule is a function of it).
 """
 
 from __future__ import annotations
@@ -24,9 +29,9 @@ import sys
 
 import pytest
 
-from .support import RGW_ENDPOINT, service_unavailable
+from .support import KAFKA_BOOTSTRAP, RGW_ENDPOINT, kafka_is_external, require_kafka, service_unavailable
 
-pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.s3, pytest.mark.ceph]
+pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.s3, pytest.mark.ceph, pytest.mark.kafka]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = int(os.environ.get("DSTREAMS_TEST_SEED") or 7)
@@ -36,11 +41,30 @@ SEED = int(os.environ.get("DSTREAMS_TEST_SEED") or 7)
 # steady within 30 s even on a quiet machine, and a longer wait only spaces the faults out. Measured on a quiet
 # machine (2026-11-26): 330 s with the benchmark's short schedule (gaps of 14-20 s over 2 min, 10 s waits; 110
 # batches for the reference to replay), 263 s with these gaps and 10 s waits, 241 s with 5 s waits (73 batches).
-# Harsher too: a fault more often meets the recovery from the one before.
+# Harsher too: a fault more often meets the recovery from the one before. With the Kafka branch and its two kinds the
+# round is 11 faults (the last at 108 s for seed 7); measured back to back on a 2-core machine that other jobs loaded
+# (2026-11-27, load 1-7): 269 s with it (31 batches), 269 s without it (29 batches).
 MINUTES = 1.5
 GAP = "9,13"
 STEADY_WAIT_S = float(os.environ.get("DSTREAMS_TEST_CHAOS_STEADY_WAIT_S") or 5)
 RUN_TIMEOUT_S = 1500  # ~4 min on a quiet machine: set-up, 2 min of faults and recoveries, the reference
+
+
+def _kafka() -> str:
+    """``--kafka``: ``own`` (a broker of the run's own, from the jars of ``scripts/services.sh start kafka``), or the
+    external broker of ``DSTREAMS_TEST_KAFKA_BOOTSTRAP`` (never restarted)."""
+    pytest.importorskip("confluent_kafka")
+    if kafka_is_external():
+        return require_kafka()
+    from benchmarks.chaos import KAFKA_JARS
+
+    if not any(KAFKA_JARS.glob(".complete-*")):
+        service_unavailable(f"the Kafka broker's jars are not in {KAFKA_JARS} (the chaos run starts and restarts a "
+                            "broker of its own from them); run `bash scripts/services.sh start kafka`")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        service_unavailable("Java is not installed (the chaos run's Kafka broker needs Java 17+); run "
+                            "`bash scripts/services.sh start kafka`")
+    return "own"
 
 
 def _services() -> None:
@@ -66,12 +90,13 @@ def _services() -> None:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds executor JVMs through /proc")
 def test_short_chaos_schedule_commits_what_a_fault_free_run_commits(tmp_path):
     _services()
+    kafka = _kafka()
     out = tmp_path / "chaos.json"
     log_path = tmp_path / "chaos.log"
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
     cmd = [sys.executable, "-m", "benchmarks", "chaos", "--seed", str(SEED), "--minutes", str(MINUTES),
            "--gap", GAP, "--steady-wait", str(STEADY_WAIT_S), "--json", str(out), "--workdir", str(tmp_path / "work"),
-           "--rgw", RGW_ENDPOINT]
+           "--rgw", RGW_ENDPOINT, "--kafka", kafka]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -90,10 +115,11 @@ def test_short_chaos_schedule_commits_what_a_fault_free_run_commits(tmp_path):
     doc = json.loads(out.read_text())
     assert "error" not in doc, f"{doc['error']}\n{text[-4000:]}"
 
-    # Every kind of fault was injected as planned.
+    # Every kind of fault was injected as planned (a broker restart only when the broker is the run's own).
     kinds = {f["kind"] for f in doc["schedule"]}
     assert kinds == {"driver-kill", "driver-kill-in-output", "driver-term", "gateway-down", "redis-restart",
-                     "redis-drop", "executor-kill", "user-fail", "postgres-restart"}
+                     "redis-drop", "executor-kill", "user-fail", "postgres-restart", "kafka-kill"} | (
+        {"kafka-restart"} if kafka == "own" else set()), (kafka, KAFKA_BOOTSTRAP)
     not_injected = [f for f in doc["schedule"] if f["outcome"] != "injected"]
     assert not not_injected, not_injected
     unfired = [f for f in doc["schedule"] if f["kind"] == "user-fail" and not f["detail"].get("fired")]
@@ -101,7 +127,9 @@ def test_short_chaos_schedule_commits_what_a_fault_free_run_commits(tmp_path):
 
     # Batch by batch, every output equals the fault-free run's; nothing lost, nothing twice.
     cmp_ = doc["comparison"]
-    assert cmp_["batches_compared"] >= 30, cmp_["batches_compared"]
+    # Not vacuous: the comparison covered batches. How many depends on the machine's load (faults come on a wall
+    # clock: 29-31 batches on a quiet 2-core machine, 3-12 at a load of 5-15), so the floor is low.
+    assert cmp_["batches_compared"] >= 3, cmp_["batches_compared"]
     for name, o in cmp_["outputs"].items():
         assert not o["missing"] and not o["missing_in_reference"] and not o["differ"], (name, o, cmp_["mismatches"])
     totals = cmp_["totals"]
@@ -112,6 +140,15 @@ def test_short_chaos_schedule_commits_what_a_fault_free_run_commits(tmp_path):
         o = totals["by_output"][name]
         assert o["lost"] == o["duplicated"] == o["unexpected"] == 0 and o["records_seen"] == totals["expected_records"]
     assert {"stream", "table"} <= set(cmp_["outputs"])
+    # The Kafka output, as a read_committed consumer sees it: per key every committed input record of the offset
+    # ranges the batches read (one after the other from offset 0) once, in input order, counted 1, 2, 3, ... (the
+    # fault-free result), through the broker restart and the kill inside a write.
+    k = cmp_["kafka"]
+    assert k["batches_with_ranges"] >= cmp_["batches_compared"] and not k["range_gaps"], k
+    assert k["expected_records"] > 0 and k["output_records"] == k["expected_records"], k
+    assert k["lost"] == k["duplicated"] == k["unexpected"] == 0, k
+    assert not k["keys_differ"] and not k["bad_counts"] and not k["malformed"] and k["ok"], k
+    assert doc["kafka_run"]["broker_restarts"] == (1 if kafka == "own" else 0), doc["kafka_run"]
     assert cmp_["ok"] and doc["ok"] and rc == 0
 
     # Every restarted driver committed a batch unless the next fault ended it first (a Redis restart while it
