@@ -389,7 +389,8 @@ class StreamingContext:
         offset (read_committed; at most ``maxRatePerPartition`` per second of batch interval when set), fixed in
         the metadata log before the batch runs, so recovery and failover read exactly the same records. Records
         are :class:`~dstreams.kafka.records.KafkaRecord` (``topic, partition, offset, timestamp, key, value,
-        headers, timestampType``; ``withEventTime(lambda r: r.timestamp)`` for event time) or ``decoder(record)``.
+        headers, timestampType``; for event time ``withEventTime(lambda r: r.timestamp / 1000)``, ms to seconds) or
+        ``decoder(record)``.
         ``startingOffsets``: ``"latest"`` (default), ``"earliest"`` or ``{TopicAndPartition(topic, p): offset}``.
         Offsets gone from the broker fail the batch unless ``failOnDataLoss=False`` (then skipped and counted).
         ``minPartitions``: split the batch into at least this many tasks. ``commitToGroup``: a consumer group whose

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dstreams import ManualClock, StreamingContext
-from tests.kafka_support import add_partitions, create_topic, produce
+from tests.kafka_support import add_partitions, create_topic, produce, read_committed
 
 pytest.importorskip("confluent_kafka")
 
@@ -182,14 +182,19 @@ def test_decode_error_names_topic_partition_offset_and_dead_letters_route_it(sc,
     topic = create_topic(kafka_bootstrap, partitions=1)
     produce(kafka_bootstrap, topic, [(None, "1"), (None, "x"), (None, "3")], partition=0)
 
+    dlq = create_topic(kafka_bootstrap, partitions=1, prefix="dlq")
+
     def build(ssc, out):
         s = ssc.kafkaStream(topic, bootstrapServers=kafka_bootstrap, startingOffsets="earliest",
                             decoder=lambda r: int(r.value), onDecodeError="deadLetter")
         s.foreachRDD(_collect(out, "good"))
         s.deadLetters().foreachRDD(_collect(out, "dead"))
+        s.deadLetters().saveToKafka(dlq, {"bootstrap.servers": kafka_bootstrap}, keyFunc=lambda d: d.key,
+                                    valueFunc=lambda d: d.value, outputName=dlq)
 
     out = _run(sc, build, 1)
     assert out["good"] == [[1, 3]]
+    assert [(k, v) for _p, _o, k, v in read_committed(kafka_bootstrap, dlq)] == [(None, b"x")]  # once, as it was
     [[dead]] = out["dead"]
     assert isinstance(dead, KafkaDeadLetter)
     assert (dead.topic, dead.partition, dead.offset, dead.value, dead.batchTime) == (topic, 0, 1, b"x", 1000)
@@ -397,3 +402,21 @@ def test_backpressure_shares_the_rate_among_partitions_by_lag(sc, kafka_bootstra
 
     out = _run(sc, build, 1)
     assert out["ranges"] == [[(0, 15), (1, 5)]]
+
+
+def test_kafka_timestamps_drive_event_time(sc, kafka_bootstrap):
+    topic = create_topic(kafka_bootstrap, partitions=1)
+    base_ms = 1_700_000_000_000
+    for i in range(5):
+        produce(kafka_bootstrap, topic, [(None, str(i))], partition=0, timestamp_ms=base_ms + i * 1000)
+
+    def build(ssc, out):
+        s = ssc.kafkaStream(topic, bootstrapServers=kafka_bootstrap, startingOffsets="earliest")
+        timed = s.withEventTime(lambda r: r.timestamp / 1000)
+        timed.watermarks().foreachRDD(_collect(out, "watermarks"))
+        s.foreachRDD(lambda rdd: out.setdefault("ts", []).append(
+            [(r.timestamp, r.timestampType) for r in rdd.collect()]))
+
+    out = _run(sc, build, 2)
+    assert out["ts"][0] == [(base_ms + i * 1000, "create") for i in range(5)]
+    assert out["watermarks"][1] == [(base_ms + 4000) / 1000]  # batch 2's watermark: batch 1's newest event time

@@ -18,7 +18,7 @@ class KafkaRecord(NamedTuple):
     Kafka timestamp in ms since the epoch (its create time, or the broker's append time for topics with
     ``message.timestamp.type=LogAppendTime``; None when the record has none) and ``timestampType`` says which
     (``"create"``, ``"logAppend"`` or None). ``headers`` is a tuple of ``(name, bytes)`` pairs, or None.
-    For event time: ``stream.withEventTime(lambda r: r.timestamp)``.
+    For event time: ``stream.withEventTime(lambda r: r.timestamp / 1000)`` (``withEventTime`` takes seconds).
     """
 
     topic: str
