@@ -587,42 +587,10 @@ def create_topic(bootstrap: str, name: str, partitions: int) -> None:
 def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[tuple[int, int, str, str]]:
     """Everything a ``read_committed`` consumer sees in ``topic`` now, up to each partition's last stable offset:
     ``(partition, offset, key, value)`` in partition and offset order (bounded: ``timeout_s``)."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from dstreams.kafka.inspect import read_topic as read_committed
 
-    c = Consumer(_kafka_conf(bootstrap, **{"group.id": "chaos-check", "isolation.level": "read_committed",
-                                           "enable.auto.commit": False, "enable.partition.eof": True,
-                                           "auto.offset.reset": "earliest"}))
-    out: list[tuple[int, int, str, str]] = []
-    try:
-        parts = sorted(c.list_topics(topic, timeout=KAFKA_CALL_S).topics[topic].partitions)
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=KAFKA_CALL_S, cached=False)[1]
-                for p in parts}
-        wanted = {p: e for p, e in ends.items() if e > 0}
-        if not wanted:
-            return []
-        c.assign([TopicPartition(topic, p, 0) for p in wanted])
-        done: set[int] = set()
-        deadline = time.monotonic() + timeout_s
-        while len(done) < len(wanted):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {topic} did not reach its ends {wanted} within {timeout_s:.0f} s")
-            for m in c.consume(1000, 0.5):
-                if m.error():
-                    if m.error().code() == KafkaError._PARTITION_EOF:
-                        if c.position([TopicPartition(topic, m.partition())])[0].offset >= wanted[m.partition()]:
-                            done.add(m.partition())
-                        continue
-                    raise RuntimeError(f"reading {topic}: {m.error()}")
-                if m.partition() in done or m.offset() >= wanted[m.partition()]:
-                    done.add(m.partition())
-                    continue
-                out.append((m.partition(), m.offset(), (m.key() or b"").decode(), (m.value() or b"").decode()))
-                if m.offset() >= wanted[m.partition()] - 1:
-                    done.add(m.partition())
-    finally:
-        c.close()
-    out.sort(key=lambda r: (r[0], r[1]))
-    return out
+    return [(r.partition, r.offset, (r.key or b"").decode(), (r.value or b"").decode())
+            for r in read_committed(bootstrap, topic, timeout_s=timeout_s)]
 
 
 class KafkaFeeder(threading.Thread):

@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .kafka_load import LoadProducer, MeasureClient, WindowStats, growth_ms, spawn_context
+from .kafka_protocol import READY, RESULT
 
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
@@ -78,8 +79,6 @@ IVY_DIR = BENCH_DIR / "ivy"
 QUIX_VENV = BENCH_DIR / "quix-venv"
 LOG_DIR = BENCH_DIR / "logs"
 DEFAULT_BOOTSTRAP = os.environ.get("DSTREAMS_TEST_KAFKA_BOOTSTRAP", "127.0.0.1:9192")
-READY = "KAFKA_APP_READY"
-RESULT = "KAFKA_APP_RESULT "
 LAG = "KAFKA_APP_LAG "
 #: Partitions of every input and output topic: one per core of ``local[2]``.
 PARTITIONS = 2

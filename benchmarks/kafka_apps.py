@@ -38,8 +38,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-READY = "KAFKA_APP_READY"
-RESULT = "KAFKA_APP_RESULT "
+from benchmarks.kafka_protocol import READY, RESULT, on_stop_line
+
 #: dstreams: every second, how far (ms) the last completed batch's time is behind now (its queue of batches).
 LAG = "KAFKA_APP_LAG "
 ENGINES = ("dstreams-eo", "dstreams-alo", "ss-sql", "ss-udf")
@@ -198,13 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads((sys.argv[1:] if argv is None else argv)[0])
     stop = threading.Event()
 
-    def watch_stdin() -> None:
-        for line in sys.stdin:
-            if line.strip() == "stop":
-                break
-        stop.set()
-
-    threading.Thread(target=watch_stdin, name="stdin-watch", daemon=True).start()
+    on_stop_line(stop.set)
     t0 = time.monotonic()
     result = RUNNERS[spec["engine"]](spec, stop)
     result["wall_s"] = round(time.monotonic() - t0, 1)

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from typing import Any
 
-READY = "KAFKA_APP_READY"
-RESULT = "KAFKA_APP_RESULT "
+from benchmarks.kafka_protocol import READY, RESULT, on_stop_line
+
 WINDOW_MS = 30_000
 
 
@@ -58,13 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads((sys.argv[1:] if argv is None else argv)[0])
     app = build_app(spec)
 
-    def watch_stdin() -> None:
-        for line in sys.stdin:
-            if line.strip() == "stop":
-                break
-        app.stop()
-
-    threading.Thread(target=watch_stdin, name="stdin-watch", daemon=True).start()
+    on_stop_line(app.stop)
     t0 = time.monotonic()
     print(READY, flush=True)
     app.run()

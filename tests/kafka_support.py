@@ -12,6 +12,8 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from dstreams.kafka import inspect
+
 TIMEOUT_S = 30.0
 
 
@@ -109,54 +111,15 @@ def produce(bootstrap: str, topic: str, records: Iterable[tuple[Any, Any]], part
 
 def end_offsets(bootstrap: str, topic: str, isolation: str = "read_committed") -> dict[int, int]:
     """Per partition the end a consumer with ``isolation`` sees (read_committed: the last stable offset)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "dstreams-tests", "isolation.level": isolation,
-                  "enable.auto.commit": False})
-    try:
-        md = c.list_topics(topic, timeout=10)
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-                for p in md.topics[topic].partitions}
-    finally:
-        c.close()
+    return inspect.end_offsets(bootstrap, topic, isolation)
 
 
 def read_committed(bootstrap: str, topic: str, timeout_s: float = TIMEOUT_S,
                    partitions: Sequence[int] | None = None) -> list[tuple[int, int, bytes | None, bytes | None]]:
     """Everything a read_committed consumer sees in ``topic`` now: ``(partition, offset, key, value)`` sorted by
-    partition and offset, read up to each partition's last stable offset."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-    ends = end_offsets(bootstrap, topic)
-    wanted = {p: e for p, e in ends.items() if (partitions is None or p in partitions) and e > 0}
-    if not wanted:
-        return []
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "dstreams-tests", "isolation.level": "read_committed",
-                  "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest"})
-    out: list[tuple[int, int, bytes | None, bytes | None]] = []
-    try:
-        c.assign([TopicPartition(topic, p, 0) for p in wanted])
-        done: set[int] = set()
-        deadline = time.monotonic() + timeout_s
-        while len(done) < len(wanted):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {topic} did not reach its ends {wanted} within {timeout_s} s "
-                                   f"(done: {sorted(done)})")
-            for m in c.consume(1000, 0.5):
-                if m.error():
-                    if m.error().code() == KafkaError._PARTITION_EOF:
-                        pos = c.position([TopicPartition(topic, m.partition())])[0].offset
-                        if pos >= wanted[m.partition()]:
-                            done.add(m.partition())
-                        continue
-                    raise RuntimeError(f"reading {topic}: {m.error()}")
-                out.append((m.partition(), m.offset(), m.key(), m.value()))
-                if m.offset() >= wanted[m.partition()] - 1:
-                    done.add(m.partition())
-    finally:
-        c.close()
-    out.sort(key=lambda r: (r[0], r[1]))
-    return out
+    partition and offset, read up to each partition's last stable offset (``dstreams.kafka.inspect.read_topic``)."""
+    return [(r.partition, r.offset, r.key, r.value)
+            for r in inspect.read_topic(bootstrap, topic, partitions=partitions, timeout_s=timeout_s)]
 
 
 def values(records: Iterable[tuple[int, int, bytes | None, bytes | None]]) -> list[str]:

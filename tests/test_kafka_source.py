@@ -420,3 +420,81 @@ def test_kafka_timestamps_drive_event_time(sc, kafka_bootstrap):
     out = _run(sc, build, 2)
     assert out["ts"][0] == [(base_ms + i * 1000, "create") for i in range(5)]
     assert out["watermarks"][1] == [(base_ms + 4000) / 1000]  # batch 2's watermark: batch 1's newest event time
+
+
+def test_offsets_gone_under_a_recorded_batch_are_skipped_after_the_restart_the_error_names(
+        sc, kafka_bootstrap, tmp_path, monkeypatch):
+    """Batch 2's range is recorded in the metadata log and the batch fails before reading it; offsets of that range
+    are then deleted from the broker. The restart from the stored graph fails with KafkaDataLossError (the stored
+    failOnDataLoss=True) and names the way out; the restart it names (getOrCreate(..., rebuildGraph=True) with
+    failOnDataLoss=False) replays batch 2 without the deleted offsets and goes on: every record still on the broker
+    is written once. A changed topic list is refused on that path (it is the topology); failOnDataLoss is not."""
+    import os
+
+    from dstreams.recovery.metadata import GraphChangedError
+    from dstreams.time import from_user_time
+    from tests.recovery_app import read_outputs
+
+    monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "1")  # a failed batch stops the context at once
+    topic = create_topic(kafka_bootstrap, partitions=1)
+    produce(kafka_bootstrap, topic, [(None, str(i)) for i in range(10)], partition=0)
+    ckpt, out, hold = str(tmp_path / "ckpt"), str(tmp_path / "out"), str(tmp_path / "hold-batch-2")
+
+    def build(clock: ManualClock, topics: list[str], fail: bool = True) -> StreamingContext:
+        ssc = StreamingContext(sc, 1, clock=clock)
+        ssc.checkpoint(ckpt)
+        records = ssc.kafkaStream(topics, bootstrapServers=kafka_bootstrap, startingOffsets="earliest",
+                                  maxRatePerPartition=3, failOnDataLoss=fail, decoder=lambda r: r.value.decode())
+
+        def held(t, rdd) -> None:  # while the file exists, batch 2 fails before its records are read
+            if from_user_time(t).ms == 2000 and os.path.exists(hold):
+                raise RuntimeError("batch 2 held")
+
+        records.foreachRDD(held)
+        records.saveAsTextFiles(os.path.join(out, "lines"))
+        return ssc
+
+    clock = ManualClock()
+    first = StreamingContext.getOrCreate(ckpt, lambda: build(clock, [topic]))
+    first.start()
+    try:
+        clock.advance(1000)
+        first.awaitBatch(1000, 60)
+        open(hold, "w").close()
+        clock.advance(1000)
+        with pytest.raises(Exception, match="batch 2 held"):
+            first.awaitTerminationOrTimeout(60)
+    finally:
+        first.stop(stopSparkContext=False)
+    os.remove(hold)
+    _delete_records_before(kafka_bootstrap, topic, 0, 5)  # offsets 3 and 4, in recorded batch 2 [3, 6), are gone
+
+    stored = StreamingContext.getOrCreate(ckpt, lambda: pytest.fail("setupFunc called"), clock=ManualClock(2000))
+    stored.start()
+    try:
+        with pytest.raises(Exception, match=r"restart with StreamingContext.getOrCreate\(path, setupFunc, "
+                                            r"rebuildGraph=True\) where setupFunc passes it") as failed:
+            stored.awaitTerminationOrTimeout(60)
+        assert f"topic '{topic}' partition 0" in str(failed.value)
+    finally:
+        stored.stop(stopSparkContext=False)
+
+    other = create_topic(kafka_bootstrap, partitions=1)
+    other_topics = StreamingContext.getOrCreate(ckpt, lambda: build(ManualClock(2000), [topic, other], False),
+                                                rebuildGraph=True)
+    with pytest.raises(GraphChangedError, match="topics="):
+        other_topics.start()
+    other_topics.stop(stopSparkContext=False)
+
+    clock3 = ManualClock(2000)
+    rebuilt = StreamingContext.getOrCreate(ckpt, lambda: build(clock3, [topic], False), rebuildGraph=True)
+    rebuilt.start()
+    try:
+        info = rebuilt.awaitBatch(2000, 60)
+        assert [md["recordsLost"] for md in info.input_metadata.values()] == [2]
+        clock3.advance(1000)
+        rebuilt.awaitBatch(3000, 60)
+    finally:
+        rebuilt.stop(stopSparkContext=False)
+    lines = [line for name, got in read_outputs(out).items() if name.startswith("lines-") for line in got]
+    assert sorted(lines, key=int) == ["0", "1", "2", "5", "6", "7", "8"]

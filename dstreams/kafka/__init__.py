@@ -4,7 +4,8 @@ transactional sink (``DStream.saveToKafka``). Needs confluent-kafka: ``pip insta
 ``from dstreams.kafka import KafkaUtils, OffsetRange, TopicAndPartition, Broker`` replaces ``from
 pyspark.streaming.kafka import ...``. The modules: :mod:`.source` (offsets fixed per batch on the driver),
 :mod:`.reader` (the executors' range reads), :mod:`.rdd`, :mod:`.offsets`, :mod:`.records`, :mod:`.params`
-(``kafkaParams``), :mod:`.errors`, :mod:`.sink` (exactly-once output), :mod:`.utils` (``KafkaUtils``).
+(``kafkaParams``), :mod:`.errors`, :mod:`.sink` (exactly-once output), :mod:`.utils` (``KafkaUtils``),
+:mod:`.inspect` (what a topic holds, for tests).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from typing import Any
 from .errors import SKIP_LOST_HOW, KafkaDataLossError, KafkaDecodeError, KafkaReadTimeoutError
 from .offsets import OffsetRange
 from .params import client_error, require_client
-from .records import KafkaRecord
+from .records import KafkaRecord, record_of
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,6 @@ CONSUME_WAIT_S = 0.05
 
 _consumers: dict[tuple[tuple[str, str], ...], Any] = {}
 _consumers_lock = threading.Lock()
-
-_TIMESTAMP_TYPES = {1: "create", 2: "logAppend"}
 
 
 def _conf_key(conf: dict[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -77,13 +75,6 @@ def drop_consumer(conf: dict[str, Any]) -> None:
             c.close()
         except Exception:  # noqa: BLE001 - closing a broken client
             pass
-
-
-def _record(m: Any) -> KafkaRecord:
-    ts_type, ts = m.timestamp()
-    headers = m.headers()
-    return KafkaRecord(m.topic(), m.partition(), m.offset(), ts if ts_type in _TIMESTAMP_TYPES else None, m.key(),
-                       m.value(), tuple(headers) if headers else None, _TIMESTAMP_TYPES.get(ts_type))
 
 
 def log_start(c: Any, topic: str, partition: int) -> int:
@@ -175,7 +166,7 @@ def read_range(conf: dict[str, Any], r: OffsetRange, decode: Callable[[KafkaReco
                 # is answered OFFSET_OUT_OF_RANGE instead (handled above). Asking for the log start at each hole
                 # cost ~0.5 s per transaction marker (the query waits behind the consumer's fetch).
                 pos = off + 1
-                record = _record(m)
+                record = record_of(m)
                 if decode is None:
                     yield record
                     continue

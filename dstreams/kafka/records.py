@@ -31,6 +31,17 @@ class KafkaRecord(NamedTuple):
     timestampType: str | None = None
 
 
+_TIMESTAMP_TYPES = {1: "create", 2: "logAppend"}  # confluent-kafka's TIMESTAMP_CREATE_TIME, _LOG_APPEND_TIME
+
+
+def record_of(m: Any) -> KafkaRecord:
+    """The :class:`KafkaRecord` of a confluent-kafka message (one without an error)."""
+    ts_type, ts = m.timestamp()
+    headers = m.headers()
+    return KafkaRecord(m.topic(), m.partition(), m.offset(), ts if ts_type in _TIMESTAMP_TYPES else None, m.key(),
+                       m.value(), tuple(headers) if headers else None, _TIMESTAMP_TYPES.get(ts_type))
+
+
 def utf8_decoder(s: bytes | None) -> str | None:
     """pyspark 2.4's default decoder: UTF-8 bytes to str, None stays None."""
     if s is None:

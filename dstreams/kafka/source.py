@@ -52,6 +52,7 @@ from pyspark import RDD
 
 from .. import config
 from ..contracts import SourceUnavailableError
+from ..dead_letters import DEAD, GOOD
 from ..nodes.input import InputNode
 from ..nodes.redis_streams import GROUP_WRITER_STOP_S, GroupPositionWriter
 from ..time import BatchTime
@@ -97,6 +98,15 @@ def parse_starting(value: Any) -> str | dict[TP, int]:
             raise ValueError(f"startingOffsets[{k!r}] = {v!r} is not an offset (an int >= 0)")
         out[tp] = v
     return out
+
+
+#: Errors of the driver's Kafka requests that mean "the broker is not ready" (an outage, ridden out as one): a broker
+#: down or restarting, a partition without its leader yet. UNKNOWN_LEADER_EPOCH / FENCED_LEADER_EPOCH: a restarted
+#: KRaft broker answers list_offsets with them until its metadata catches up (seen for about 2 s after a restart).
+TRANSIENT_ERRORS = ("_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN", "_RESOLVE", "REQUEST_TIMED_OUT",
+                    "NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE",
+                    "COORDINATOR_LOAD_IN_PROGRESS", "BROKER_NOT_AVAILABLE", "NETWORK_EXCEPTION", "UNKNOWN_LEADER_EPOCH",
+                    "FENCED_LEADER_EPOCH", "REPLICA_NOT_AVAILABLE", "KAFKA_STORAGE_ERROR", "OFFSET_NOT_AVAILABLE")
 
 
 def _unavailable(servers: str, what: str, error: BaseException) -> SourceUnavailableError:
@@ -206,11 +216,7 @@ class KafkaInputNode(InputNode):
         except ck.KafkaException as e:
             err = e.args[0] if e.args else None
             code = err.code() if hasattr(err, "code") else None
-            transient = code in (ck.KafkaError._TRANSPORT, ck.KafkaError._TIMED_OUT, ck.KafkaError._ALL_BROKERS_DOWN,
-                                 ck.KafkaError.REQUEST_TIMED_OUT, ck.KafkaError.NOT_LEADER_FOR_PARTITION,
-                                 ck.KafkaError.LEADER_NOT_AVAILABLE, ck.KafkaError.NOT_COORDINATOR,
-                                 ck.KafkaError.COORDINATOR_NOT_AVAILABLE, ck.KafkaError._RESOLVE,
-                                 ck.KafkaError.BROKER_NOT_AVAILABLE, ck.KafkaError.NETWORK_EXCEPTION)
+            transient = code in {getattr(ck.KafkaError, name, None) for name in TRANSIENT_ERRORS} - {None}
             if transient or (hasattr(err, "retriable") and err.retriable()):
                 raise _unavailable(self.servers, what, e) from e
             raise
@@ -352,6 +358,7 @@ class KafkaInputNode(InputNode):
             for r in ranges:
                 tp = (r.topic, r.partition)
                 positions[tp] = max(positions.get(tp, 0), r.untilOffset)
+            lost = int(replayed.get("lost", 0)) + (0 if self.fail_on_data_loss else self._lost_under(ranges))
         else:
             current = self._partitions()
             gone = [tp for tp in positions if tp not in current]
@@ -403,6 +410,24 @@ class KafkaInputNode(InputNode):
         self.report_batch(time, sum(r.count() for r in ranges), offsets, metadata)
         return rdd
 
+    def _lost_under(self, ranges: Sequence[OffsetRange]) -> int:
+        """How many offsets of recorded ``ranges`` the broker no longer has (a replayed batch whose records were
+        deleted since it was recorded: its readers skip them under ``failOnDataLoss=False``)."""
+        wanted = [r for r in ranges if r.count()]
+        if not wanted:
+            return 0
+        current = self._partitions()
+        tps = [(r.topic, r.partition) for r in wanted if (r.topic, r.partition) in current]
+        earliest = self._list_offsets(tps, "earliest") if tps else {}
+        lost = 0
+        for r in wanted:
+            first = earliest.get((r.topic, r.partition))
+            lost += r.count() if first is None else max(0, min(r.untilOffset, first) - r.fromOffset)
+        if lost:
+            log.warning("Kafka: %d offset(s) of the recorded ranges of a replayed batch are no longer on the broker; "
+                        "failOnDataLoss=False: they are skipped", lost)
+        return lost
+
     def read(self, time: BatchTime, ranges: Sequence[OffsetRange]) -> RDD:
         """The batch's RDD: a :class:`~dstreams.kafka.rdd.KafkaRDD` over ``ranges`` split into tasks."""
         sc = self.graph.sc
@@ -450,8 +475,6 @@ class KafkaDeadLetter(tuple):
                 f"error={self.error!r})")
 
 
-#: The tags of a stream with dead letters: its input RDD holds ``(GOOD, value)`` and ``(DEAD, KafkaDeadLetter)``.
-GOOD, DEAD = 0, 1
 
 
 class GoodTag:
