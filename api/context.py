@@ -421,6 +421,24 @@ class StreamingContext:
             return dstreams[0]
         return DStream(UnionNode(self._graph, [d._node for d in dstreams]), self)
 
+    def deadLetters(self) -> DStream:
+        """Every dead letter of the context's operators, batch by batch: the union of ``stream.deadLetters()`` of
+        each operator that routes them (``onError="deadLetter"``, ``spark.dstreams.onRecordError=deadLetter``,
+        ``kafkaStream(..., onDecodeError="deadLetter")``), to save with any sink (exactly once, like any output).
+        Records are :class:`~dstreams.dead_letters.DeadLetter` (``record, operator, error, batchTime``), and
+        :class:`~dstreams.kafka.source.KafkaDeadLetter` for a Kafka decoder's. Call it after defining those
+        operators (``start()`` refuses a graph with more defined after the call)."""
+        self.check_not_started("add a transformation")
+        nodes = list(self._graph.dead_letter_nodes)
+        if not nodes:
+            raise ValueError("no operator of this context routes dead letters: make one with onError='deadLetter' "
+                             "(stream.map(f, onError='deadLetter')), set spark.dstreams.onRecordError=deadLetter "
+                             "before defining the operators, or call ssc.deadLetters() after defining them")
+        require_same_slide(nodes, "deadLetters", "the operators routing dead letters have different slide "
+                           "durations: save each one's stream.deadLetters() instead")
+        self._graph.dead_letters_united = len(nodes)
+        return DStream(nodes[0] if len(nodes) == 1 else UnionNode(self._graph, nodes), self)
+
     def transform(self, dstreams: Sequence[DStream], transformFunc: Callable[..., RDD]) -> DStream:
         """A stream of ``transformFunc(rdds)`` or ``transformFunc(time, rdds)`` over several streams."""
         self.check_not_started("add a transformation")

@@ -3,22 +3,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from dstreams.dead_letters import dead as _dead
+from dstreams.dead_letters import good as _good
 from dstreams.kafka.records import KafkaRecord
-from dstreams.kafka.source import DEAD, GOOD, KafkaInputNode
+from dstreams.kafka.source import KafkaInputNode
 
 from .owner import GraphOwner
 from .stream import DStream
-
-
-def _good(records: Iterable[tuple[int, Any]]) -> Iterator[Any]:
-    return (v for tag, v in records if tag == GOOD)
-
-
-def _dead(records: Iterable[tuple[int, Any]]) -> Iterator[Any]:
-    return (v for tag, v in records if tag == DEAD)
 
 
 class KafkaDStream(DStream):
@@ -52,4 +46,5 @@ def kafka_stream(ssc: GraphOwner, graph: Any, topics: str | Sequence[str] | None
     tagged = DStream(node, ssc).cache()  # read once, split in two
     good = tagged.mapPartitions(_good, preservesPartitioning=True)
     dead = tagged.mapPartitions(_dead, preservesPartitioning=True)
+    graph.dead_letter_nodes.append(dead._node)  # among ssc.deadLetters()
     return KafkaDStream(good._node, ssc, dead)

@@ -19,6 +19,9 @@ from pyspark import RDD, StorageLevel
 from pyspark.resultiterable import ResultIterable
 
 from dstreams import config
+from dstreams.dead_letters import check_on_error, tag_partition
+from dstreams.dead_letters import dead as dead_records
+from dstreams.dead_letters import good as good_records
 from dstreams.node import DStreamNode
 from dstreams.nodes.auto_state import AutoRunningReduceNode, AutoTrackNode, AutoUpdateStateNode, AutoWindowNode
 from dstreams.nodes.output import OutputNode
@@ -72,6 +75,7 @@ class DStream:
         self._sc = ssc.sparkContext
         self.is_cached = False
         self.is_checkpointed = False
+        self._dead_letters: DStream | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """A stream captured by a user function is stored with the checkpointed graph without its SparkContext."""
@@ -138,9 +142,43 @@ class DStream:
         self._check_open()
         return self._derive(TransformedNode(self._node.graph, [self._node], lambda rdds, t: op(rdds[0]), label))
 
-    def _per_record(self, label: str, func: PartitionFunc, preservesPartitioning: bool) -> DStream:
-        """A per-record operator: one Python call of the user's function per record (``dstreams.records``)."""
+    def _per_record(self, label: str, func: PartitionFunc, preservesPartitioning: bool, f: Callable[[Any], Any],
+                    onError: str | None) -> DStream:
+        """A per-record operator: one Python call of the user's function per record (``dstreams.records``); with
+        dead letters (``onError``, else ``spark.dstreams.onRecordError``) the records it raises on are routed."""
+        mode = config.get(config.ON_RECORD_ERROR, self._sc.getConf()) if onError is None else \
+            check_on_error(onError, label)
+        if mode == "deadLetter":
+            return self._routing_dead_letters(label, f, preservesPartitioning)
         return self._rdd_op(label, lambda rdd: rdd.mapPartitionsWithIndex(func, preservesPartitioning))
+
+    def _routing_dead_letters(self, label: str, f: Callable[[Any], Any], preservesPartitioning: bool) -> DStream:
+        """``label`` with its function guarded (``dstreams.dead_letters``): a stream of the good outputs whose
+        ``deadLetters()`` is the stream of the records ``f`` raised on; both read one persisted tagged RDD."""
+        self._check_open()
+        graph = self._node.graph
+        name = f"{label}#{len(graph.dead_letter_nodes) + 1}"
+
+        def tag(rdds: list[RDD], t: BatchTime) -> RDD:
+            return rdds[0].mapPartitionsWithIndex(tag_partition(label, f, name, t.ms), preservesPartitioning)
+
+        tagged = self._derive(TransformedNode(graph, [self._node], tag, label)).cache()
+        good = tagged.mapPartitions(good_records, preservesPartitioning=True)
+        dead = tagged.mapPartitions(dead_records, preservesPartitioning=True)
+        graph.dead_letter_nodes.append(dead._node)
+        good._dead_letters = dead
+        return good
+
+    def deadLetters(self) -> DStream:
+        """The records this operator's function raised on, one :class:`~dstreams.dead_letters.DeadLetter`
+        (``record, operator, error, batchTime``) each, batch by batch: a stream like any other, which any sink
+        saves exactly once. Only for an operator made with ``onError="deadLetter"`` (or under
+        ``spark.dstreams.onRecordError=deadLetter``); every operator's at once: ``ssc.deadLetters()``."""
+        if self._dead_letters is None:
+            raise ValueError(f"{self._node.name} routes no dead letters: make the operator with onError='deadLetter' "
+                             "(stream.map(f, onError='deadLetter'); also flatMap, filter, mapValues, flatMapValues), "
+                             "or set spark.dstreams.onRecordError=deadLetter before defining it")
+        return self._dead_letters
 
     def mapPartitionsWithIndex(self, f: Callable[[int, Iterator[Any]], Iterable[Any]],
                                preservesPartitioning: bool = False) -> DStream:
@@ -162,14 +200,20 @@ class DStream:
         func = arrow_batches_func(f, batchSize)
         return self._rdd_op("mapArrowBatches", lambda rdd: rdd.mapPartitions(func, preservesPartitioning))
 
-    def map(self, f: Callable[[Any], Any], preservesPartitioning: bool = False) -> DStream:
-        return self._per_record("map", map_records(f), preservesPartitioning)
+    def map(self, f: Callable[[Any], Any], preservesPartitioning: bool = False, *,
+            onError: str | None = None) -> DStream:
+        """``f(x)`` for every record; ``onError="deadLetter"`` routes the records ``f`` raises on to
+        :meth:`deadLetters` (default: ``spark.dstreams.onRecordError``, ``"fail"``)."""
+        return self._per_record("map", map_records(f), preservesPartitioning, f, onError)
 
-    def flatMap(self, f: Callable[[Any], Iterable[Any]], preservesPartitioning: bool = False) -> DStream:
-        return self._per_record("flatMap", flat_map_records(f), preservesPartitioning)
+    def flatMap(self, f: Callable[[Any], Iterable[Any]], preservesPartitioning: bool = False, *,
+                onError: str | None = None) -> DStream:
+        """The elements of ``f(x)`` for every record (``onError`` as for :meth:`map`)."""
+        return self._per_record("flatMap", flat_map_records(f), preservesPartitioning, f, onError)
 
-    def filter(self, f: Callable[[Any], bool]) -> DStream:
-        return self._per_record("filter", filter_records(f), True)
+    def filter(self, f: Callable[[Any], bool], *, onError: str | None = None) -> DStream:
+        """The records for which ``f`` is true (``onError`` as for :meth:`map`)."""
+        return self._per_record("filter", filter_records(f), True, f, onError)
 
     def glom(self) -> DStream:
         return self._rdd_op("glom", lambda rdd: rdd.glom())
@@ -186,11 +230,13 @@ class DStream:
         check = checked_pairs("partitionBy")
         return self._rdd_op("partitionBy", lambda rdd: rdd.mapPartitions(check).partitionBy(n, pf))
 
-    def mapValues(self, f: Callable[[Any], Any]) -> DStream:
-        return self._per_record("mapValues", map_values(f), True)
+    def mapValues(self, f: Callable[[Any], Any], *, onError: str | None = None) -> DStream:
+        """``(k, f(v))`` for every pair (``onError`` as for :meth:`map`)."""
+        return self._per_record("mapValues", map_values(f), True, f, onError)
 
-    def flatMapValues(self, f: Callable[[Any], Iterable[Any]]) -> DStream:
-        return self._per_record("flatMapValues", flat_map_values(f), True)
+    def flatMapValues(self, f: Callable[[Any], Iterable[Any]], *, onError: str | None = None) -> DStream:
+        """``(k, y)`` for every ``y`` of ``f(v)`` (``onError`` as for :meth:`map`)."""
+        return self._per_record("flatMapValues", flat_map_values(f), True, f, onError)
 
     # ------------------------------------------------------------------ aggregations per batch
     def count(self) -> DStream:

@@ -526,6 +526,28 @@ BATCH_ON_FAILURE = Setting(
         "`/metrics` (`dstreams_batches_dropped_total`) and shown in `BatchInfo.dropped` and on the status page.",
 )
 
+def _record_error_mode(raw: str) -> str:
+    value = raw.strip()
+    for mode in ("fail", "deadLetter"):
+        if value.lower() == mode.lower():
+            return mode
+    raise ValueError(raw)
+
+
+ON_RECORD_ERROR = Setting(
+    key="spark.dstreams.onRecordError",
+    env="DSTREAMS_ON_RECORD_ERROR",
+    default="fail",
+    parse=_record_error_mode,
+    accepts="fail or deadLetter",
+    example="deadLetter",
+    doc="What a record does when the function of `map`, `flatMap`, `filter`, `mapValues` or `flatMapValues` raises "
+        "on it, for operators made without `onError=`. `fail`: the task fails, then the batch (its retries and "
+        "`spark.dstreams.batch.onFailure` apply). `deadLetter`: the record goes to the operator's dead letters "
+        "(`stream.deadLetters()`, all of a context's: `ssc.deadLetters()`), one `DeadLetter(record, operator, "
+        "error, batchTime)` each, and the rest of the batch goes on. Read when the operator is defined.",
+)
+
 #: Every engine setting, in the order of the README table.
 def _sharing(raw: str) -> str:
     value = raw.strip().lower()
@@ -647,7 +669,7 @@ SETTINGS: tuple[Setting, ...] = (JVM_MODE, CLASS_DATA_SHARING, CHECKPOINT_GRAPH,
                                  BACKPRESSURE_PID_MIN_RATE, LISTENER_BUS_CAPACITY, UI_ENABLED, UI_PORT,
                                  UI_SHOW_PROGRESS,
                                  STOP_ON_SIGNAL,
-                                 GRACEFUL_STOP_TIMEOUT, BATCH_MAX_ATTEMPTS, BATCH_ON_FAILURE,
+                                 GRACEFUL_STOP_TIMEOUT, BATCH_MAX_ATTEMPTS, BATCH_ON_FAILURE, ON_RECORD_ERROR,
                                  STATE_STORE, STATE_AUTO_KEYS, STATE_LOCAL_DIR, STATE_SNAPSHOT_EVERY,
                                  STATE_CHANGELOG)
 

@@ -48,10 +48,12 @@ class BatchCompleted(Event):
 @dataclass
 class BatchDropped(Event):
     """Batch ``time`` failed for good and its input is dropped (``spark.dstreams.batch.onFailure=dropInput``);
-    ``reason`` is the failure's one-line summary. Posted before the batch's :class:`BatchCompleted`."""
+    ``reason`` is the failure's one-line summary; ``error`` (the batch's error) is reported to
+    ``awaitTermination`` once the drop is recorded. Posted before the batch's :class:`BatchCompleted`."""
 
     time: BatchTime
     reason: str
+    error: BaseException | None = None
 
 
 @dataclass

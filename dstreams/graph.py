@@ -87,6 +87,13 @@ class DStreamGraph:
         self.started = False
         self.nodes: list[DStreamNode] = []
         self._services: GraphServices | None = None
+        #: Batch times (ms) whose input was dropped in this run (:meth:`drop_input`): a node that keeps state outside
+        #: its RDDs (the executor store) undoes what it applied for them when it is computed again.
+        self.dropped_times: set[int] = set()
+        #: The streams of dead letters of the graph's operators (``onError="deadLetter"``), in definition order, and
+        #: how many of them ``ssc.deadLetters()`` united (None: not called); :meth:`validate` checks it took all.
+        self.dead_letter_nodes: list[DStreamNode] = []
+        self.dead_letters_united: int | None = None
 
     # ------------------------------------------------------------------ checkpointing the graph itself
     def __getstate__(self) -> dict[str, Any]:
@@ -94,10 +101,13 @@ class DStreamGraph:
         if self.started:
             raise RuntimeError("a started graph is not serialized: the graph is checkpointed before it starts")
         state = dict(self.__dict__)
-        state.update(sc=None, lock=None, _services=None)
+        state.update(sc=None, lock=None, _services=None, dropped_times=set())
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("dropped_times", set())
+        state.setdefault("dead_letter_nodes", [])
+        state.setdefault("dead_letters_united", None)
         self.__dict__.update(state)
         self.lock = threading.RLock()
 
@@ -168,6 +178,13 @@ class DStreamGraph:
             )
         for out in self.outputs:
             out.validate_at_start()
+        united = self.dead_letters_united
+        if united is not None and united != len(self.dead_letter_nodes):
+            raise ValueError(
+                f"ssc.deadLetters() was called when {united} operator(s) routed dead letters, and "
+                f"{len(self.dead_letter_nodes) - united} more were defined after it: call ssc.deadLetters() after "
+                "defining every operator made with onError='deadLetter' (or under spark.dstreams.onRecordError="
+                "deadLetter), or save each operator's own stream.deadLetters()")
 
     def start(self, zero_time: BatchTime, services: GraphServices,
               ride_out: Callable[[str, Callable[[], Any]], Any] | None = None) -> None:
@@ -255,6 +272,7 @@ class DStreamGraph:
         times are marked with the rebuilt RDDs. Returns the rebuilt jobs of ``later`` by batch time (ms).
         """
         with self.lock:
+            self.dropped_times.add(dropped.ms)
             inputs = {id(n) for n in self.inputs}
             for node in self.inputs:
                 node.forget(dropped)

@@ -139,6 +139,8 @@ class Batch:
     jobs_done: int = 0
     #: Failed for good under ``onFailure=dropInput``: its input is dropped (see ``JobScheduler``).
     dropped: bool = False
+    #: The error a dropped batch reports to ``awaitTermination``, once its drop is recorded.
+    drop_error: BaseException | None = None
 
 
 class JobScheduler:
@@ -326,6 +328,8 @@ class JobScheduler:
                 return
         if b.dropped and not replayed_drop:
             self.batches_dropped += 1
+        if b.drop_error is not None:
+            self._report_error(b.drop_error)
         records = self.graph.input_records(t)
         info.records_per_input = records
         info.num_records = sum(records.values())
@@ -335,7 +339,9 @@ class JobScheduler:
         self.last_generated = t
         info.generation_ms = (_time.perf_counter() - started) * 1000.0
         with self._cond:
-            if self._stop_running.is_set():  # stopped while it was being built: it never runs
+            if not self._accepting():  # stopped, or an earlier batch failed for good, while it was being built
+                log.info("batch %s is not queued: %s", t, "the context is stopping" if self._fatal_error is None
+                         else "an earlier batch failed for good")
                 return
             self._pending_times.append(t.ms)
             self._queue.append(b)
@@ -371,11 +377,10 @@ class JobScheduler:
                     return False
                 log.error("batch %s could not be built (%d attempt(s)): its input is dropped "
                           "(spark.dstreams.batch.onFailure=dropInput)", t, info.attempts, exc_info=True)
-                b.error = e
+                b.error = b.drop_error = e  # reported once the drop is recorded (see generate_batch)
                 b.dropped = info.dropped = True
                 b.jobs = []
                 self.graph.drop_input(t, [])
-                self._report_error(e)
                 return True
 
     def _batch_completed(self, time: BatchTime) -> None:
@@ -447,7 +452,7 @@ class JobScheduler:
         finally:
             with self._cond:
                 self._held -= len(held)
-                if not self._stop_running.is_set():
+                if self._accepting():
                     self._queue.extendleft(reversed(held))
                 self._cond.notify_all()
 
@@ -476,6 +481,10 @@ class JobScheduler:
             self._fatal(e)
             return
         self.batches_dropped += 1
+        if event.error is not None:
+            # Reported only now: a script that ends on awaitTermination's error leaves the drop recorded, and
+            # its restart replays the batch without its input instead of failing on it again.
+            self._report_error(event.error)
 
     def _rebuild_queued(self, node: Any, held: list[Batch]) -> None:
         batches = [b for b in held if b.error is None]
@@ -497,9 +506,9 @@ class JobScheduler:
     def _run_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._stop_running.is_set():
+                while not self._queue and self._accepting():
                     self._cond.wait(0.1)
-                if self._stop_running.is_set():  # a graceful stop drained the queue before setting it
+                if not self._accepting():  # a graceful stop drained the queue before setting it, or a batch failed
                     return
                 b = self._queue.popleft()
                 self._running[b.time.ms] = b
@@ -510,7 +519,7 @@ class JobScheduler:
                     self.infos.append(b.info)
                 self._notify("onBatchCompleted", StreamingListenerBatchCompleted, b.info)
                 if b.dropped and not b.incomplete and b.jobs:
-                    self.events.post(BatchDropped(b.time, b.info.failure or "failed"))
+                    self.events.post(BatchDropped(b.time, b.info.failure or "failed", b.drop_error))
                 if not b.incomplete:
                     # Posted while the batch still counts as running: a graceful stop, which waits for the
                     # running batches and then for the event loop, records its completion (posted after, the
@@ -608,7 +617,7 @@ class JobScheduler:
             log.error("batch %s failed %d time(s) in %s: its input is dropped and the stream goes on "
                       "(spark.dstreams.batch.onFailure=dropInput)", b.time, b.info.attempts, job.name)
             b.dropped = b.info.dropped = True
-            self._report_error(wrapped)
+            b.drop_error = wrapped  # reported once the drop is recorded (see _drop)
             return
         log.error("batch %s failed %d time(s) in %s: the context stops with the batch not done; a restart with "
                   "getOrCreate runs it again", b.time, b.info.attempts, job.name)
@@ -643,12 +652,21 @@ class JobScheduler:
         outage bound, an error of the event loop), or None."""
         return self._fatal_error
 
+    def _accepting(self) -> bool:
+        """Whether a batch may still be queued or started (call holding ``_cond``): not after a stop, and not
+        after a fatal error (a batch failed for good: it is the last one that starts)."""
+        return self._fatal_error is None and not self._stop_running.is_set()
+
     def _fatal(self, e: BaseException) -> None:
-        """Stop generating batches (e.g. this driver was fenced off) and report ``e``."""
-        if self._fatal_error is None:
-            self._fatal_error = e
+        """Stop generating batches (e.g. this driver was fenced off) and report ``e``. From here on no batch is
+        queued or started: the queue is emptied, a batch being built is not queued, a runner takes nothing more
+        (batches already running with ``concurrentBatches > 1`` end as they are)."""
         self._stop_generating.set()
         with self._cond:
+            if self._fatal_error is None:
+                self._fatal_error = e
+            if self._queue:
+                log.info("%d queued batch(es) will not run: %s", len(self._queue), last_line(str(e)))
             self._queue.clear()
             self._cond.notify_all()
         self._report_error(e)

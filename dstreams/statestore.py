@@ -180,6 +180,16 @@ class PartitionStore:
         return self._meta("log_floor")
 
     @property
+    def redone(self) -> int | None:
+        """The last version applied again after its batch's input was dropped (:meth:`mark_redone`), or None."""
+        return self._meta("redone")
+
+    def mark_redone(self, version: int) -> None:
+        """Inside a transaction: ``version`` is the one applied again without the dropped input (a later task of
+        the same batch finds it applied)."""
+        self._set_meta("redone", version)
+
+    @property
     def keys(self) -> int:
         """How many keys the state holds (kept up to date by every write)."""
         return int(self._meta("keys") or 0)

@@ -36,7 +36,10 @@ Contract of :func:`save_to_postgres` (the sink behind ``DStream.saveToPostgres``
   commit is retried with the store's retry policy (:class:`~dstreams.recovery.retry.RetryPolicy`; safe, since
   the retried transaction finds the commit record if the lost one committed); a lost connection in a task fails
   the task (Spark's task retries, then the batch's retries). Past the bounds the context stops with the batch
-  not done; a restart re-runs it.
+  not done; a restart re-runs it. A write that fails (other than fenced off or on a server down) deletes its
+  batch's staged rows (:func:`discard_staged`), so a refused or dropped batch leaves nothing in the staging table;
+  a write cut by a kill leaves its rows to the batch's re-run, whose commit deletes every attempt's. (A task of a
+  failed staging job that Spark had not stopped yet may still commit its rows after that delete.)
 * **Records**: tuples or lists in the order of ``columns`` (default: all of the table's columns in table order),
   or dicts by column name (missing keys are NULL). Values are adapted by psycopg.
 * **Records written**: the rows the commit inserted or updated (0 for a batch committed by an earlier run; a commit
@@ -332,15 +335,38 @@ def save_to_postgres(rdd: RDD, batch_ms: int, target: PostgresTarget, guard: Cal
     faults.reached("sink-write")
     policy = policy or RetryPolicy.from_env()
     token = uuid.uuid4().hex
-    for attempt in range(1, STAGE_ATTEMPTS + 1):
-        staged = rdd.mapPartitionsWithIndex(stage_partition(target, batch_ms)).collect()
-        try:
-            written = policy.call(lambda s=staged: commit_batch(target, batch_ms, s, epoch, token), op="commit",
-                                  key=target.table, where=_safe_dsn(target.dsn))
-            break
-        except StagingLostError as e:
-            if attempt == STAGE_ATTEMPTS:
-                raise
-            log.warning("%s; staging the batch again (attempt %d of %d)", e, attempt + 1, STAGE_ATTEMPTS)
+    try:
+        for attempt in range(1, STAGE_ATTEMPTS + 1):
+            staged = rdd.mapPartitionsWithIndex(stage_partition(target, batch_ms)).collect()
+            try:
+                written = policy.call(lambda s=staged: commit_batch(target, batch_ms, s, epoch, token), op="commit",
+                                      key=target.table, where=_safe_dsn(target.dsn))
+                break
+            except StagingLostError as e:
+                if attempt == STAGE_ATTEMPTS:
+                    raise
+                log.warning("%s; staging the batch again (attempt %d of %d)", e, attempt + 1, STAGE_ATTEMPTS)
+    except (FencedError, TransientStoreError):
+        raise  # a newer driver may be staging this batch; a server down is retried (its next commit cleans up)
+    except Exception:
+        discard_staged(target, batch_ms)  # a refused batch leaves nothing behind (a re-run stages it again)
+        raise
     add_written(written)
     return written
+
+
+def discard_staged(target: PostgresTarget, batch_ms: int) -> None:
+    """Delete the staged rows of ``batch_ms`` for ``target``'s output (every attempt's), after a write that failed:
+    the batch is staged again by its next try, or never (dropped). Best effort: a server that does not answer
+    leaves them to the batch's next commit (which deletes every attempt's rows of its batch)."""
+    from psycopg import sql
+
+    try:
+        with _connect(target.dsn) as conn, conn.transaction():
+            n = conn.execute(sql.SQL("DELETE FROM {} WHERE _ds_output = %s AND _ds_batch = %s").format(
+                _ident(target.staging)), [target.output, batch_ms]).rowcount
+        if n:
+            log.info("saveToPostgres into %r: deleted %d staged row(s) of failed batch %d", target.table, n, batch_ms)
+    except Exception as e:  # noqa: BLE001 - cleaning up after a failure must not hide it
+        log.warning("saveToPostgres into %r: could not delete the staged rows of failed batch %d: %s", target.table,
+                    batch_ms, e)

@@ -213,7 +213,12 @@ def test_a_batch_that_cannot_be_built_stops_the_context_with_it_not_done(sc, fol
     assert lines[1000] == ["a b a"] and lines[2000] == ["late line"]
 
 
-def test_drop_input_is_an_opt_in_that_drops_the_batch_everywhere_and_records_it(sc, folders, monkeypatch):
+@pytest.mark.parametrize("state_store", ["rdd", "executor"])
+def test_drop_input_is_an_opt_in_that_drops_the_batch_everywhere_and_records_it(sc, folders, monkeypatch,
+                                                                                 state_store):
+    """With the state in RDDs or in the executor store (which had applied the batch before its last output
+    failed: the store goes back a version and applies it again without the dropped records)."""
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", state_store)
     monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "2")
     monkeypatch.setenv("DSTREAMS_BATCH_ON_FAILURE", "dropInput")
     inputd, out, cpd, marks = folders
@@ -310,3 +315,95 @@ def test_a_batch_cut_by_a_stop_runs_none_of_its_later_outputs(sc, folders, monke
         ssc.stop(stopSparkContext=False)
     assert later_ran == [1000], "an output of a batch cut by a stop must not start"
     assert _head(cpd)["completed_through"] == 1000, "a batch cut by a stop must not be recorded as done"
+
+
+def test_a_batch_failed_for_good_is_the_last_that_starts_even_while_the_next_is_being_built(sc, monkeypatch):
+    """Batch 1000 fails for good exactly while batch 2000 is being built on the event loop (a driver-side
+    ``transform`` holds it until the failure is in): batch 2000 is neither queued nor started, although nobody
+    stopped the context yet (the script has not called ``awaitTermination``)."""
+    from dstreams import StreamingListener
+
+    monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "1")
+    monkeypatch.setenv("DSTREAMS_BATCH_ON_FAILURE", "stop")  # without a checkpoint location the default goes on
+    monkeypatch.setenv("DSTREAMS_CHECKPOINT_GRAPH", "off")  # the functions below hold thread events
+    building_2000, built_2000 = threading.Event(), threading.Event()
+    ran: list[int] = []
+    submitted: list[int] = []
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+
+    class Submitted(StreamingListener):
+        def onBatchSubmitted(self, batchSubmitted) -> None:  # noqa: ANN001
+            submitted.append(batchSubmitted.batchInfo().batchTime().milliseconds())
+
+    def hold_2000(t, rdd):  # noqa: ANN001, ANN202 - runs on the driver while batch t is built
+        if round(t.timestamp() * 1000) == 2000:
+            building_2000.set()
+            deadline = time.monotonic() + TIMEOUT_S
+            while ssc._scheduler.fatal_error is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            built_2000.set()
+        return rdd
+
+    def output(t, rdd) -> None:  # noqa: ANN001
+        ms = round(t.timestamp() * 1000)
+        if ms == 1000:
+            assert building_2000.wait(TIMEOUT_S)
+            raise RuntimeError("batch 1000 fails for good")
+        ran.append(ms)
+
+    ssc.addStreamingListener(Submitted())
+    ssc.queueStream([sc.parallelize([i]) for i in range(5)]).transform(hold_2000).foreachRDD(output)
+    ssc.start()
+    try:
+        ssc.clock.set_time(3000)  # batches 1000, 2000, 3000 are due at once
+        assert built_2000.wait(TIMEOUT_S)
+        assert ssc._scheduler.events.wait_idle(TIMEOUT_S)  # batch 2000 was generated to its end
+        deadline = time.monotonic() + 2
+        while not ran and time.monotonic() < deadline:  # had it been queued, the idle runner takes it at once
+            time.sleep(0.05)
+        assert ran == [], f"batches started after batch 1000 failed for good: {ran}"
+        with pytest.raises(RuntimeError, match="batch 1000 fails for good"):
+            ssc.awaitTermination(TIMEOUT_S)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert ran == []
+    assert 2000 not in submitted and 3000 not in submitted, submitted
+
+
+def test_a_dropped_batch_is_recorded_before_its_error_reaches_a_plain_script(sc, folders, monkeypatch):
+    """Under dropInput a plain script ends on ``awaitTermination``'s error (the process exits: nothing of the
+    context runs after it). The drop is recorded before that error is raised, so the restart goes past the
+    batch (replayed without its input) instead of failing on it again, and every output agrees with a run in
+    which batch 2000's input never came."""
+    monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "1")
+    monkeypatch.setenv("DSTREAMS_BATCH_ON_FAILURE", "dropInput")
+    inputd, out, cpd, marks = folders
+    first = StreamingContext.getOrCreate(cpd, _setup(sc, inputd, out, Flaky(marks), ManualClock(), every=10))
+    first.start()
+    try:
+        _step(first, inputd, 1000)
+        open(os.path.join(marks, "broken"), "w").close()
+        _write_input(inputd, 2000, INPUTS[2000])
+        first.clock.set_time(2000)
+        with pytest.raises(RuntimeError, match="the sink is down"):
+            first.awaitTermination(TIMEOUT_S)
+        # What a plain script's end does: no graceful stop, the event loop gets no further.
+        first._scheduler.events.stop(0)
+        assert _head(cpd)["dropped"] == {"2000": "foreachRDD: RuntimeError: the sink is down (batch 2000)"}
+    finally:
+        first.stop(stopSparkContext=False)
+    os.remove(os.path.join(marks, "broken"))
+    second = StreamingContext.getOrCreate(cpd, _setup(sc, inputd, out, Flaky(marks), ManualClock(), every=10),
+                                          clock=ManualClock(2000))
+    second.start()
+    try:
+        second.awaitBatch(2000, TIMEOUT_S)
+        _step(second, inputd, 3000)
+        assert second.awaitTerminationOrTimeout(0.01) is False, "the replayed drop must not fail again"
+    finally:
+        second.stop(stopSparkContext=False, stopGraceFully=True)
+    counts = _counts(out)
+    assert counts[1000] == EXPECTED[1000] and counts[3000] == ["a,2", "b,2"]
+    seen = {int(n.split("-")[1]): json.loads(open(os.path.join(marks, n)).read())
+            for n in os.listdir(marks) if n.startswith("seen-")}
+    assert sorted(seen) == [1000, 3000] and seen[3000] == [["a", 2], ["b", 2]]

@@ -179,8 +179,11 @@ def test_a_constraint_violation_names_the_batch_column_and_record(sc, pg):
     with pytest.raises(PostgresSinkError, match=r"batch 2000.*constraint 'words_pkey'.*Key \(word\)=\(a\)"):
         save_to_postgres(sc.parallelize([("a", 1), ("a", 2)], 2), 2000, target, policy=NO_RETRY)
     with pytest.raises(PostgresSinkError, match=r"batch 3000.*constraint 'words_n_check'"):
-        save_to_postgres(sc.parallelize([("a", -1)], 1), 3000, target, policy=NO_RETRY)
+        save_to_postgres(sc.parallelize([(f"w{i}", i) for i in range(300)] + [("a", -1)], 3), 3000, target,
+                         policy=NO_RETRY)
     assert _rows(dsn, f"SELECT count(*) FROM {schema}.words") == [(0,)]
+    # A refused batch leaves nothing in the staging table (a try of it stages again).
+    assert _rows(dsn, f'SELECT count(*) FROM {schema}."{target.staging.split(".")[1]}"') == [(0,)]
 
 
 def test_a_connection_lost_in_the_commit_is_retried_and_commits_once(sc, pg, monkeypatch):

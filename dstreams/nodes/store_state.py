@@ -413,6 +413,10 @@ class StoreStateNode(OneParentNode):
         stats, indexer = self._stats_accumulator(), self.indexer()
         catchup, caught_up = self._catchup_plan(t - 1), self._caught_up_accumulator()
         changelog = self.state_changelog()
+        # The batch's input was dropped after the store applied it (spark.dstreams.batch.onFailure=dropInput): a
+        # store at exactly this version of this run, not yet applied again, goes back to the version before and
+        # applies the batch as it is now (without the dropped records).
+        redo = t in self.graph.dropped_times
         if t not in self._applied:
             bisect.insort(self._applied, t)
 
@@ -423,7 +427,10 @@ class StoreStateNode(OneParentNode):
                 with store.transaction():
                     version, owner = store.version, store.run
                     if owner == run and version is not None and version >= t:
-                        return [t]  # applied already (a recomputed handle, a retried or speculative task)
+                        if not (redo and version == t and store.redone != t and base is not None):
+                            return [t]  # applied already (a recomputed handle, a retried or speculative task)
+                        store.rollback(base)  # the dropped batch's writes are undone
+                        version = base
                     if owner != run or version != base:
                         if catchup is not None and base is not None and catch_up(store, catchup[0], run, i, base,
                                                                                  catchup[1]):
@@ -441,6 +448,8 @@ class StoreStateNode(OneParentNode):
                     if changelog is not None:  # before the store commits: a version in a store is in the changelog
                         changelog.write(run, t, i, list(writes.items()))
                     store.set_version(t, run)
+                    if redo:
+                        store.mark_redone(t)
                     store.prune_log(floor)
                 _report(stats, i, store)
             finally:

@@ -1,0 +1,189 @@
+"""Issue 44: dead letters. A record a per-record function raises on goes, with ``onError="deadLetter"`` (or
+``spark.dstreams.onRecordError=deadLetter``), to a dead-letter stream that carries the record, the operator, the
+error and the batch, while the rest of the batch goes on; a re-run batch routes the same records, and the outputs of
+both streams are exactly once through a failed batch and a restart."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from dstreams import ManualClock, StreamingContext
+from dstreams.dead_letters import DeadLetter
+
+from .recovery_app import read_outputs
+from .support import run_batches
+
+TIMEOUT_S = 120.0
+
+
+def _parse(x):  # noqa: ANN001, ANN202 - a user function that refuses some records
+    if x == "poison":
+        raise ValueError(f"cannot parse {x!r}")
+    return int(x)
+
+
+def _collector(into: dict):  # noqa: ANN001, ANN202
+    def save(t, rdd) -> None:  # noqa: ANN001
+        into.setdefault(round(t.timestamp() * 1000), []).extend(rdd.collect())
+    return save
+
+
+def test_each_per_record_operator_routes_what_its_function_raises_on(sc):
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+    batches = [["1", "poison", "2"], ["3"], ["poison", "poison"]]
+    lines = ssc.queueStream([sc.parallelize(b, 2) for b in batches])
+    numbers = lines.map(_parse, onError="deadLetter")
+    evens = numbers.filter(lambda n: 10 // (n - 3) != 0 and n % 2 == 0, onError="deadLetter")  # 3: ZeroDivision
+    spread = numbers.flatMap(lambda n: [n] * n if n != 2 else [n, n / 0], onError="deadLetter")  # 2: none of it
+    pairs = numbers.map(lambda n: (n % 2, n))
+    halves = pairs.mapValues(lambda v: 1 / (v - 1), onError="deadLetter")
+    listed = pairs.flatMapValues(lambda v: range(v) if v != 3 else None, onError="deadLetter")
+    got: dict[str, dict] = {name: {} for name in ("numbers", "evens", "spread", "halves", "listed")}
+    dead: dict[str, dict] = {name: {} for name in got}
+    for name, stream in (("numbers", numbers), ("evens", evens), ("spread", spread), ("halves", halves),
+                         ("listed", listed)):
+        stream.foreachRDD(_collector(got[name]))
+        stream.deadLetters().foreachRDD(_collector(dead[name]))
+    ssc.start()
+    try:
+        run_batches(ssc, ssc.clock, 3, TIMEOUT_S)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert got["numbers"] == {1000: [1, 2], 2000: [3], 3000: []}
+    assert [(d.record, d.operator, d.batchTime) for d in dead["numbers"][1000]] == [("poison", "map#1", 1000)]
+    assert dead["numbers"][1000][0].error == "ValueError: cannot parse 'poison'"
+    assert [d.record for d in dead["numbers"][3000]] == ["poison", "poison"]
+    assert all(isinstance(d, DeadLetter) for b in dead.values() for ds in b.values() for d in ds)
+    assert got["evens"] == {1000: [2], 2000: [], 3000: []}
+    assert [(d.record, d.operator, d.error.split(":")[0]) for d in dead["evens"][2000]] == [
+        (3, "filter#2", "ZeroDivisionError")]
+    assert got["spread"] == {1000: [1], 2000: [3, 3, 3], 3000: []}
+    assert [d.record for d in dead["spread"][1000]] == [2]  # none of 2's elements: it raised while they were made
+    assert got["halves"] == {1000: [(0, 1.0)], 2000: [(1, 0.5)], 3000: []}
+    assert [d.record for d in dead["halves"][1000]] == [(1, 1)]
+    assert got["listed"] == {1000: [(1, 0), (0, 0), (0, 1)], 2000: [], 3000: []}
+    assert [(d.record, d.error.split(":")[0]) for d in dead["listed"][2000]] == [((1, 3), "TypeError")]
+
+
+def test_the_setting_routes_every_operator_once_per_record_and_the_context_unites_them(sc, monkeypatch):
+    monkeypatch.setenv("DSTREAMS_ON_RECORD_ERROR", "deadLetter")
+    calls = sc.accumulator(0)
+
+    def parse(x):  # noqa: ANN001, ANN202
+        calls.add(1)
+        return _parse(x)
+
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+    lines = ssc.queueStream([sc.parallelize(["1", "poison", "x2"], 2)])
+    numbers = lines.filter(lambda s: not s.startswith("x")).map(parse)
+    strict = lines.map(_parse, onError="fail")  # the operator's own choice wins
+    with pytest.raises(ValueError, match="routes no dead letters"):
+        strict.deadLetters()
+    got: dict = {}
+    every: dict = {}
+    numbers.foreachRDD(_collector(got))
+    numbers.map(lambda n: n).foreachRDD(_collector(got))  # a second output: the function still runs once
+    ssc.deadLetters().foreachRDD(_collector(every))
+    ssc.start()
+    try:
+        run_batches(ssc, ssc.clock, 1, TIMEOUT_S)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert got == {1000: [1, 1]}
+    assert [(d.record, d.operator) for d in every[1000]] == [("poison", "map#2")]
+    assert calls.value == 2, "the guarded function ran more than once per record"
+
+
+def test_dead_letters_defined_after_the_context_united_them_are_refused_at_start(sc):
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+    lines = ssc.queueStream([sc.parallelize(["1"])])
+    with pytest.raises(ValueError, match="no operator of this context routes dead letters"):
+        ssc.deadLetters()
+    lines.map(_parse, onError="deadLetter").pprint()
+    ssc.deadLetters().pprint()
+    lines.filter(bool, onError="deadLetter").pprint()
+    with pytest.raises(ValueError, match=r"1 more were defined after it: call ssc.deadLetters\(\) after"):
+        ssc.start()
+    with pytest.raises(ValueError, match="onError must be one of 'fail', 'deadLetter'"):
+        StreamingContext(sc, 1, clock=ManualClock()).queueStream([]).map(_parse, onError="skip")
+
+
+class FailsOnce:
+    """An output that raises once in batch ``fail_ms`` while the file ``armed`` exists (then removes it)."""
+
+    def __init__(self, armed: str, fail_ms: int) -> None:
+        self.armed, self.fail_ms = armed, fail_ms
+
+    def __call__(self, t, rdd) -> None:  # noqa: ANN001
+        if round(t.timestamp() * 1000) == self.fail_ms and os.path.exists(self.armed):
+            os.remove(self.armed)
+            raise RuntimeError(f"the sink is down (batch {self.fail_ms})")
+
+
+def _write(inputd: str, t_ms: int, lines: list[str]) -> None:
+    path = os.path.join(inputd, f"f{t_ms}.txt")
+    with open(path + ".tmp", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.rename(path + ".tmp", path)
+
+
+INPUT = {1000: ["1", "poison", "2"], 2000: ["3", "poison", "4"], 3000: ["5", "not a number"]}
+
+
+def _run(sc, tmp, monkeypatch, fail: bool) -> dict[str, list[str]]:  # noqa: ANN001
+    """Run the three batches, with (``fail``) batch 2000 failing for good in its last output and the driver
+    stopping, then a restart from the checkpoint; return what the outputs committed."""
+    monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "1")
+    monkeypatch.setenv("DSTREAMS_BATCH_ON_FAILURE", "stop")
+    inputd, out, cpd, armed = (os.path.join(tmp, n) for n in ("in", "out", "cp", "armed"))
+    os.makedirs(inputd)
+    if fail:
+        open(armed, "w").close()
+
+    def setup() -> StreamingContext:
+        ssc = StreamingContext(sc, 1, clock=ManualClock())
+        numbers = ssc.textFileStream(inputd).map(_parse, onError="deadLetter")
+        totals = numbers.map(lambda n: ("sum", n)).updateStateByKey(lambda vs, s: sum(vs, s or 0))
+        totals.map(lambda kv: f"{kv[0]}={kv[1]}").saveAsTextFiles(os.path.join(out, "totals"))
+        ssc.deadLetters().map(lambda d: json.dumps([d.record, d.operator, d.error, d.batchTime])).saveAsTextFiles(
+            os.path.join(out, "dead"))
+        numbers.foreachRDD(FailsOnce(armed, 2000))
+        return ssc
+
+    first = StreamingContext.getOrCreate(cpd, setup)
+    first.start()
+    try:
+        for t in (1000, 2000, 3000):
+            _write(inputd, t, INPUT[t])
+            first.clock.set_time(t)
+            if fail and t == 2000:
+                with pytest.raises(RuntimeError, match="the sink is down"):
+                    first.awaitTermination(TIMEOUT_S)
+                break
+            first.awaitBatch(t, TIMEOUT_S)
+    finally:
+        first.stop(stopSparkContext=False, stopGraceFully=not fail)
+    if fail:
+        second = StreamingContext.getOrCreate(cpd, setup, clock=ManualClock(2000))
+        second.start()
+        try:
+            second.awaitBatch(2000, TIMEOUT_S)
+            _write(inputd, 3000, INPUT[3000])
+            second.clock.set_time(3000)
+            second.awaitBatch(3000, TIMEOUT_S)
+        finally:
+            second.stop(stopSparkContext=False, stopGraceFully=True)
+    return {name: sorted(lines) for name, lines in read_outputs(out).items()}
+
+
+def test_dead_letters_and_outputs_are_exactly_once_through_a_failed_batch_and_a_restart(sc, tmp_path, monkeypatch):
+    expected = _run(sc, str(tmp_path / "clean"), monkeypatch, fail=False)
+    assert expected["totals-3000"] == ["sum=15"]
+    assert [json.loads(x)[:2] for x in expected["dead-2000"]] == [["poison", "map#1"]]
+    assert json.loads(expected["dead-3000"][0]) == [
+        "not a number", "map#1", "ValueError: invalid literal for int() with base 10: 'not a number'", 3000]
+    got = _run(sc, str(tmp_path / "failed"), monkeypatch, fail=True)
+    assert got == expected
