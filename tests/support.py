@@ -35,9 +35,10 @@ DEFAULT_REDIS_URL = f"redis://127.0.0.1:{REDIS_PORT}/0"
 REDIS_URL = (os.environ.get("DSTREAMS_TEST_REDIS_URL") or DEFAULT_REDIS_URL).rstrip("/")
 
 
-# The project's PostgreSQL server (scripts/services.sh: its own cluster in .postgres/ on port 5440), or another one
-# named by DSTREAMS_TEST_POSTGRES_DSN.
-POSTGRES_DSN = os.environ.get("DSTREAMS_TEST_POSTGRES_DSN") or "postgresql://dstreams@127.0.0.1:5440/dstreams"
+# The project's PostgreSQL server (scripts/services.sh: its own cluster in .postgres/ on port 5440,
+# DSTREAMS_TEST_POSTGRES_PORT), or another one named by DSTREAMS_TEST_POSTGRES_DSN.
+POSTGRES_PORT = int(os.environ.get("DSTREAMS_TEST_POSTGRES_PORT") or 5440)
+POSTGRES_DSN = os.environ.get("DSTREAMS_TEST_POSTGRES_DSN") or f"postgresql://dstreams@127.0.0.1:{POSTGRES_PORT}/dstreams"
 
 # The project's Kafka broker (scripts/services.sh: a single KRaft node on this port, data in .kafka/data), or an
 # external one named by DSTREAMS_TEST_KAFKA_BOOTSTRAP (then never started, stopped or restarted by the tests).
