@@ -723,7 +723,8 @@ class DStream:
         self._output(save, f"saveToRedisStream({key!r})")
 
     def saveToPostgres(self, dsn: str, table: str, mode: str = "append", keyColumns: Sequence[str] | None = None,
-                       columns: Sequence[str] | None = None, outputName: str | None = None) -> None:
+                       columns: Sequence[str] | None = None, outputName: str | None = None, *,
+                       onError: str = "fail") -> None:
         """Write each batch's records into the PostgreSQL table ``table`` at ``dsn``, exactly once.
 
         Records are tuples in the order of ``columns`` (default: every column of the table, in table order) or
@@ -733,14 +734,18 @@ class DStream:
         transaction together with its commit record ``(outputName, batch time)`` and a fence check, so a batch
         re-run after a kill, a failover or by a zombie driver writes nothing twice, and a fenced driver commits
         nothing. ``outputName`` (default: the table and the checkpoint location) names the commit records: give
-        two outputs writing one table distinct names. The table must exist. See
-        :mod:`dstreams.recovery.postgres_sink`. Needs psycopg 3 (``pip install 'dstreams[postgres]'``).
+        two outputs writing one table distinct names. The table must exist. ``onError="deadLetter"``: a record the
+        table refuses (a constraint) goes, in the same transaction, to ``dstreams_sink_dead_letters`` (in the table's
+        schema) instead of failing the batch. See :mod:`dstreams.recovery.postgres_sink`. Needs psycopg 3
+        (``pip install 'dstreams[postgres]'``).
         """
         from dstreams.recovery.postgres_sink import MODES, resolve_target, save_to_postgres
 
         ssc = self._ssc
         if mode not in MODES:
             raise ValueError(f"saveToPostgres: mode must be one of {MODES}, got {mode!r}")
+        if onError not in ("fail", "deadLetter"):
+            raise ValueError(f"saveToPostgres: onError must be 'fail' or 'deadLetter', got {onError!r}")
         if mode == "upsert" and not keyColumns:
             raise ValueError("saveToPostgres(mode='upsert') needs keyColumns (the columns of a unique index)")
         if not isinstance(table, str) or not table:
@@ -753,7 +758,7 @@ class DStream:
             target = resolved.get("target")
             if target is None:
                 name = outputName or (f"{table}@{env.checkpoint_dir}" if env.checkpoint_dir else table)
-                target = resolved["target"] = resolve_target(dsn, table, mode, keyColumns, columns, name)
+                target = resolved["target"] = resolve_target(dsn, table, mode, keyColumns, columns, name, onError)
             save_to_postgres(rdd, ms, target, env.check_owner, env.epoch)
 
         self._output(save, f"saveToPostgres({table!r})")

@@ -29,6 +29,13 @@ Contract of :func:`save_to_postgres` (the sink behind ``DStream.saveToPostgres``
 * **The output's name** (``outputName``, the key of the commit records and the fence) defaults to the table and
   the checkpoint location: two jobs, or two outputs of one job, writing one table need distinct names; a job
   started on a new checkpoint location starts new commit records (and epochs from 1).
+* **Dead letters** (``onError="deadLetter"``): a record the table refuses at the commit (a unique, check, not-null
+  or foreign-key constraint) is written, instead of failing the batch, into ``dstreams_sink_dead_letters`` (in the
+  table's schema; created by the sink: ``output, batch_ms, part, row, record`` as JSON, ``error``,
+  ``constraint_name``) in the same transaction as the batch's other rows and commit record: exactly once, like
+  them. The batch is tried whole first; when refused, in halved ranges of rows until each refused row is alone.
+  A value ``COPY`` cannot convert (a wrong type) still fails the batch. With ``mode="upsert"``, a refused record
+  that a later record of its key replaces in the same range of rows may be replaced rather than reported.
 * **Bad input** fails the batch with :class:`PostgresSinkError` naming the batch, the table and, where Postgres
   says, the column and the record (partition and position in it): a missing table or column (before anything
   is written), a value of the wrong type (``COPY`` refuses it: the task fails), a constraint violation (unique,
@@ -69,6 +76,8 @@ log = logging.getLogger(__name__)
 
 COMMITS = "dstreams_sink_commits"
 FENCES = "dstreams_sink_fences"
+#: The dead letters of the outputs with ``onError="deadLetter"``: the records the table refused, per output and batch.
+DEAD_LETTERS = "dstreams_sink_dead_letters"
 MODES = ("append", "upsert")
 _META = ("_ds_output", "_ds_batch", "_ds_part", "_ds_row", "_ds_attempt")
 #: How many times one write stages its batch when the commit finds staged rows lost (module docstring).
@@ -95,6 +104,16 @@ class PostgresTarget:
     mode: str
     key_columns: tuple[str, ...]
     output: str
+    #: ``"fail"``: a refused record fails the batch; ``"deadLetter"``: it goes to :data:`DEAD_LETTERS`.
+    on_error: str = "fail"
+
+    @property
+    def schema_prefix(self) -> str:
+        return self.table.rsplit(".", 1)[0] + "." if "." in self.table else ""
+
+    @property
+    def dead_letters(self) -> str:
+        return self.schema_prefix + DEAD_LETTERS
 
     @property
     def staging(self) -> str:
@@ -123,7 +142,7 @@ def _idents(names: Iterable[str]) -> Any:
 
 
 def resolve_target(dsn: str, table: str, mode: str, key_columns: Sequence[str] | None,
-                   columns: Sequence[str] | None, output: str) -> PostgresTarget:
+                   columns: Sequence[str] | None, output: str, on_error: str = "fail") -> PostgresTarget:
     """Check the table and columns (``PostgresSinkError`` naming what is missing) and create the sink's own tables
     (commit records, fences, this output's staging table) when they do not exist. Runs on the driver."""
     from psycopg import sql
@@ -147,9 +166,16 @@ def resolve_target(dsn: str, table: str, mode: str, key_columns: Sequence[str] |
         if mode == "upsert" and (not keys or any(k not in cols for k in keys)):
             raise ValueError("saveToPostgres(mode='upsert') needs keyColumns, a subset of columns, that a unique "
                              f"index of {table!r} covers; got keyColumns={list(keys)}, columns={list(cols)}")
-        target = PostgresTarget(dsn, table, cols, mode, keys, output)
-        schema = table.rsplit(".", 1)[0] + "." if "." in table else ""
+        if on_error not in ("fail", "deadLetter"):
+            raise ValueError(f"saveToPostgres: onError must be 'fail' or 'deadLetter', got {on_error!r}")
+        target = PostgresTarget(dsn, table, cols, mode, keys, output, on_error)
+        schema = target.schema_prefix
         with conn.transaction():
+            if on_error == "deadLetter":
+                conn.execute(sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (output text NOT NULL, batch_ms bigint NOT NULL, part int NOT NULL, "
+                    "row bigint NOT NULL, record jsonb, error text NOT NULL, constraint_name text, "
+                    "PRIMARY KEY (output, batch_ms, part, row))").format(_ident(target.dead_letters)))
             conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (output text NOT NULL, batch_ms bigint NOT NULL, "
                                  "rows bigint NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(), token text, "
                                  "PRIMARY KEY (output, batch_ms))").format(_ident(schema + COMMITS)))
@@ -222,14 +248,16 @@ def stage_partition(target: PostgresTarget, batch_ms: int) -> Callable[[int, Ite
     return stage
 
 
-def _commit_sql(target: PostgresTarget) -> Any:
+def _commit_sql(target: PostgresTarget, ranged: bool = False) -> Any:
     """``INSERT INTO table ... SELECT`` the kept attempts' staged rows of one batch (params: output, batch,
-    partitions[], attempts[])."""
+    partitions[], attempts[]; ``ranged``: only the rows ``(rparts[i], rrows[i])``)."""
     from psycopg import sql
 
     cols = _idents(target.columns)
+    only = " AND (s._ds_part, s._ds_row) IN (SELECT * FROM unnest(%(rparts)s::int[], %(rrows)s::bigint[]))" \
+        if ranged else ""
     picked = sql.SQL("FROM {} s WHERE s._ds_output = %(output)s AND s._ds_batch = %(batch)s AND (s._ds_part, "
-                     "s._ds_attempt) IN (SELECT * FROM unnest(%(parts)s::int[], %(attempts)s::text[]))").format(
+                     "s._ds_attempt) IN (SELECT * FROM unnest(%(parts)s::int[], %(attempts)s::text[]))" + only).format(
         _ident(target.staging))
     if target.mode == "append":
         return sql.SQL("INSERT INTO {} ({}) SELECT {} {} ORDER BY s._ds_part, s._ds_row").format(
@@ -281,7 +309,10 @@ def commit_batch(target: PostgresTarget, batch_ms: int, staged: list[tuple[int, 
                     raise StagingLostError(f"saveToPostgres into {target.table!r}: batch {batch_ms}: {found} staged "
                                            f"rows of {want} found (the staging table was emptied, e.g. by a server "
                                            "crash recovery); nothing committed")
-                written = conn.execute(_commit_sql(target), params).rowcount
+                if target.on_error == "deadLetter":
+                    written = _move_routing_refused(conn, target, params)
+                else:
+                    written = conn.execute(_commit_sql(target), params).rowcount
                 conn.execute(sql.SQL("INSERT INTO {} (output, batch_ms, rows, token) VALUES (%s, %s, %s, %s)").format(
                     _ident(schema + COMMITS)), [target.output, batch_ms, written, token or None])
             conn.execute(sql.SQL("DELETE FROM {} WHERE _ds_output = %s AND _ds_batch = %s").format(
@@ -298,6 +329,57 @@ def commit_batch(target: PostgresTarget, batch_ms: int, staged: list[tuple[int, 
     return written
 
 
+def _move_routing_refused(conn: Any, target: PostgresTarget, params: dict[str, Any]) -> int:
+    """Move the batch's kept rows into the table inside the commit transaction, routing the rows the table refuses
+    (a constraint: unique, check, not null, foreign key) to :data:`DEAD_LETTERS` instead of failing; returns the
+    rows written. The whole batch is tried at once (a savepoint); when the table refuses it, the rows are tried in
+    ranges halved until each refused row is alone (about k log n statements for k refused rows of n), in partition
+    and record order, so the rows written and their order are those of a batch without the refused rows (upsert:
+    the last record per key wins)."""
+    import psycopg
+    from psycopg import sql
+
+    try:
+        with conn.transaction():
+            return int(conn.execute(_commit_sql(target), params).rowcount)
+    except psycopg.errors.IntegrityError:
+        pass
+    keys = conn.execute(sql.SQL(
+        "SELECT s._ds_part, s._ds_row FROM {} s WHERE s._ds_output = %(output)s AND s._ds_batch = %(batch)s AND "
+        "(s._ds_part, s._ds_attempt) IN (SELECT * FROM unnest(%(parts)s::int[], %(attempts)s::text[])) "
+        "ORDER BY 1, 2").format(_ident(target.staging)), params).fetchall()
+    ranged = _commit_sql(target, ranged=True)
+    cols = sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(c)) for c in target.columns)
+    dead_sql = sql.SQL(
+        "INSERT INTO {} (output, batch_ms, part, row, record, error, constraint_name) SELECT s._ds_output, "
+        "s._ds_batch, s._ds_part, s._ds_row, (SELECT to_jsonb(r) FROM (SELECT {}) r), %(error)s, %(constraint)s "
+        "FROM {} s WHERE s._ds_output = %(output)s AND s._ds_batch = %(batch)s AND s._ds_part = %(part)s "
+        "AND s._ds_row = %(row)s AND s._ds_attempt = %(attempt)s ON CONFLICT DO NOTHING").format(
+        _ident(target.dead_letters), cols, _ident(target.staging))
+    attempt_of = dict(zip(params["parts"], params["attempts"], strict=True))
+    written = 0
+    pending = [keys]
+    while pending:
+        chunk = pending.pop()
+        try:
+            with conn.transaction():
+                written += int(conn.execute(ranged, {**params, "rparts": [p for p, _ in chunk],
+                                                     "rrows": [r for _, r in chunk]}).rowcount)
+        except psycopg.errors.IntegrityError as e:
+            if len(chunk) > 1:
+                half = len(chunk) // 2
+                pending += [chunk[half:], chunk[:half]]  # the first half next: partition and record order kept
+                continue
+            (part, row), diag = chunk[0], e.diag
+            detail = f" ({diag.message_detail})" if diag.message_detail else ""
+            conn.execute(dead_sql, {**params, "part": part, "row": row, "attempt": attempt_of[part],
+                                    "error": f"{type(e).__name__}: {diag.message_primary}{detail}",
+                                    "constraint": diag.constraint_name})
+            log.warning("saveToPostgres into %r: batch %d, partition %d, record %d refused (%s); routed to %s",
+                        target.table, params["batch"], part, row, diag.message_primary, target.dead_letters)
+    return written
+
+
 def _integrity_message(target: PostgresTarget, batch_ms: int, params: dict[str, Any], e: Any) -> str:
     """A constraint violation, with the column and (when it can be found) the staged record that broke it."""
     diag = e.diag
@@ -309,7 +391,9 @@ def _integrity_message(target: PostgresTarget, batch_ms: int, params: dict[str, 
     constraint = f", constraint {diag.constraint_name!r}" if diag.constraint_name else ""
     col = f", column {column!r}" if column else ""
     return (f"saveToPostgres into {target.table!r}: batch {batch_ms}{where}{col}{constraint}: {diag.message_primary}"
-            f"{detail}; nothing of the batch was committed")
+            f"{detail}; nothing of the batch was committed. To go on without such records, write with "
+            f"saveToPostgres(..., onError='deadLetter'): the table's refused records then go to "
+            f"{target.dead_letters} in the batch's transaction")
 
 
 def _find_null(target: PostgresTarget, params: dict[str, Any], column: str) -> str:

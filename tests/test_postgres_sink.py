@@ -274,3 +274,48 @@ def test_a_postgres_restart_between_batches_loses_and_repeats_nothing(sc, pg, mo
         ssc.stop(stopSparkContext=False)
     rows = _rows(dsn, f"SELECT word FROM {schema}.words")
     assert sorted(rows) == sorted((w,) for b in batches for w, _ in b)
+
+
+def test_refused_records_go_to_the_dead_letters_in_the_batch_transaction(sc, pg):
+    """With onError='deadLetter' the records the table refuses (check, not null, unique) are written to
+    dstreams_sink_dead_letters in the batch's transaction and the other rows are committed, in order; a re-run
+    writes nothing twice. The failing write's error names that way out."""
+    dsn, schema = pg
+    plain = resolve_target(dsn, f"{schema}.words", "append", None, ["word", "n"], "plain")
+    with pytest.raises(PostgresSinkError, match=r"onError='deadLetter'.*dstreams_sink_dead_letters"):
+        save_to_postgres(sc.parallelize([("a", -1)], 1), 1000, plain, policy=NO_RETRY)
+    target = resolve_target(dsn, f"{schema}.words", "append", None, ["word", "n"], "out", "deadLetter")
+    records = [(f"w{i}", i) for i in range(40)]
+    records[7] = ("bad-check", -7)
+    records[21] = ("bad-null", None)
+    records[33] = ("w3", 33)  # a duplicate key of record 3
+    rdd = sc.parallelize(records, 3)
+    assert save_to_postgres(rdd, 1000, target, epoch=1, policy=NO_RETRY) == 37
+    assert save_to_postgres(rdd, 1000, target, epoch=1, policy=NO_RETRY) == 0
+    assert _rows(dsn, f"SELECT count(*) FROM {schema}.words") == [(37,)]
+    dead = _rows(dsn, f"SELECT output, batch_ms, record, constraint_name, error FROM {schema}."
+                      "dstreams_sink_dead_letters ORDER BY part, row")
+    assert [(o, b, r) for o, b, r, _c, _e in dead] == [
+        ("out", 1000, {"word": "bad-check", "n": -7}), ("out", 1000, {"word": "bad-null", "n": None}),
+        ("out", 1000, {"word": "w3", "n": 33})]
+    assert dead[0][3] == "words_n_check" and dead[2][3] == "words_pkey"
+    assert dead[1][4].startswith("NotNullViolation") and "Key (word)=(w3)" in dead[2][4]
+    assert _rows(dsn, f'SELECT count(*) FROM {schema}."{target.staging.split(".")[1]}"') == [(0,)]
+
+
+def test_a_stream_routes_refused_records_and_goes_on(sc, pg):
+    dsn, schema = pg
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    batches = [[("a", 1, None), ("b", -2, None)], [("c", 3, None)]]
+    ssc.queueStream([sc.parallelize(b, 2) for b in batches]).saveToPostgres(dsn, f"{schema}.words",
+                                                                           onError="deadLetter")
+    ssc.start()
+    try:
+        infos = run_batches(ssc, clock, 2)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert not [op.failure_reason for i in infos for op in i.output_operations.values() if op.failure_reason]
+    assert _rows(dsn, f"SELECT word, n FROM {schema}.words ORDER BY word") == [("a", 1), ("c", 3)]
+    assert _rows(dsn, f"SELECT batch_ms, record FROM {schema}.dstreams_sink_dead_letters") == [
+        (1000, {"word": "b", "n": -2, "note": None})]
