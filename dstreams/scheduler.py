@@ -64,6 +64,14 @@ def wall_ms() -> int:
     return int(_time.time() * 1000)
 
 
+#: What a failed batch's error says about going past a bad record (its second line).
+WAYS_PAST_A_BAD_RECORD = (
+    "If one record causes it: map/flatMap/filter/mapValues/flatMapValues(..., onError='deadLetter') (or "
+    "spark.dstreams.onRecordError=deadLetter) route the records their function raises on to the dead letters "
+    "(ssc.deadLetters()), saveToPostgres(..., onError='deadLetter') the rows its table refuses; "
+    "spark.dstreams.batch.onFailure=dropInput drops a batch that keeps failing and goes on.")
+
+
 class BatchFailedError(RuntimeError):
     """A batch's output operation failed inside Spark; the message carries the Python traceback.
 
@@ -72,7 +80,8 @@ class BatchFailedError(RuntimeError):
 
     def __init__(self, batch_time: BatchTime, operation: str, detail: str) -> None:
         cause = last_line(detail)
-        super().__init__(f"batch {batch_time.ms} failed in output operation {operation!r}: {cause}\n{detail}")
+        super().__init__(f"batch {batch_time.ms} failed in output operation {operation!r}: {cause}\n"
+                         f"{WAYS_PAST_A_BAD_RECORD}\n{detail}")
         self.batch_time = batch_time
         self.operation = operation
         self.cause = cause

@@ -170,6 +170,8 @@ def test_the_error_of_a_failed_batch_names_the_output_and_the_cause(sc, tmp_path
     assert "saveToStore(" in first_line and "broken" in first_line, first_line
     assert "ZeroDivisionError" in first_line, first_line
     assert raised.value.cause.startswith("ZeroDivisionError")
+    # the second line names the ways past a bad record (tests/test_dead_letters.py takes them)
+    assert "onError='deadLetter'" in str(raised.value).splitlines()[1]
 
 
 def test_a_batch_that_cannot_be_built_stops_the_context_with_it_not_done(sc, folders, monkeypatch):

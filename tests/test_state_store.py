@@ -891,3 +891,40 @@ def test_the_changelog_is_deleted_with_the_checkpoints_it_builds_on(sc, tmp_path
     versions = _changelog_versions(ckpt)
     assert min(versions) > oldest_kept - 2000, (oldest_kept, sorted(versions))  # none at or before a deleted one
     assert set(range(oldest_kept + 1000, 17_000, 1000)) <= set(versions)
+
+
+def _initial_app(sc, ckpt: str, out: str, clock) -> StreamingContext:
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.checkpoint(ckpt)
+    pairs = ssc.generatorStream(5, 2, seed=1, recordFunc=_records).map(lambda w: (w, 1))
+    initial = sc.parallelize([(f"w{i}", 100 + i) for i in range(13)], 3)
+    pairs.updateStateByKey(lambda vs, s: (s or 0) + sum(vs), initialRDD=initial).checkpoint("6s") \
+        .saveAsTextFiles(os.path.join(out, "totals"))
+    return ssc
+
+
+def test_stores_removed_before_the_first_checkpoint_catch_up_from_the_initial_states_checkpoint(
+        sc, tmp_path, tmp_path_factory, monkeypatch):
+    """Issue 42: with an ``initialRDD``, the state's checkpoint at the zero time (written right after the first
+    batch) is where a store can be brought up to date from: stores removed (a task on another host) before the
+    first regular checkpoint catch up from it and the changelog, and no batch fails."""
+    reference = _rdd_reference(sc, tmp_path_factory, _initial_app, "initial-ref", 4000)
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", "executor")
+    monkeypatch.setenv("DSTREAMS_STATE_CHANGELOG", "on")
+    local_dir = tmp_path / "local"
+    monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(local_dir))
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    clock = ManualClock()
+    ssc = StreamingContext.getOrCreate(ckpt, lambda: _initial_app(sc, ckpt, out, clock))
+    try:
+        ssc.start()
+        _drive(ssc, clock, 2000)  # the zero time's checkpoint is written and adopted
+        shutil.rmtree(local_dir)
+        _drive(ssc, clock, 4000)  # before the checkpoint of 6000
+        attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
+        caught_up = sum(n.store_metrics()["caught_up"] for n in ssc._graph.nodes if isinstance(n, StoreStateNode))
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert set(attempts.values()) == {1}, attempts
+    assert caught_up >= 1
+    _assert_same_outputs(out, reference)

@@ -496,6 +496,11 @@ class StoreStateNode(OneParentNode):
 
     def adopt_checkpoint(self, time: BatchTime, reader: RDD) -> int:
         built_through = super().adopt_checkpoint(time, reader)
+        if self.zero_time is not None and time == self.zero_time:
+            # The initial state's checkpoint: the zero time's handle is not a generated RDD, so the base class
+            # installs nothing; stores can be brought up to date from this checkpoint and the changelog from now on
+            # (before, a store missing on a task's host before the first regular checkpoint failed the batch).
+            self._catchup_starts(time.ms)
         chain = self._exported.pop(time.ms, None)
         if chain is not None:
             self._chain = [*chain, time.ms]
