@@ -829,9 +829,18 @@ kafka_cluster_id() {
 
 # kafka_wait SECONDS: poll until the broker answers (kafka_ready), giving up early when its JVM exited.
 kafka_wait() {
-  local limit=$(( $1 * 5 )) i
+  local limit=$(( $1 * 5 )) i p
   for (( i = 0; i < limit; i++ )); do
-    kafka_ours || return 1
+    if ! kafka_ours; then
+      # Just launched, the process may not be java yet (the forked shell, then setsid/nohup exec it): only a
+      # process that is gone, or one that never became the broker within 10 s, is a failed start.
+      p=$(cat "$KAFKA_PID" 2>/dev/null)
+      if [ -n "$p" ] && ! pid_exited "$p" && (( i < 50 )); then
+        sleep 0.2
+        continue
+      fi
+      return 1
+    fi
     # The metadata check (a python start-up) only once the log said it started and the port is open.
     if grep -q "Kafka Server started" "$KAFKA_LOG" 2>/dev/null && port_open "$KAFKA_PORT"; then
       kafka_metadata "$KAFKA_BOOTSTRAP" && return 0

@@ -4,7 +4,8 @@ batch's ledger entry committed in it (issue 40, item 3).
 Every check reads the topic as a ``read_committed`` consumer and compares with what a fault-free run writes: every
 record once, nothing else, each key's records in order. Faults: a batch re-run, a task's Python worker SIGKILLed
 inside its commit (before and after ``commit_transaction``), two copies of one task at once, a cached producer
-fenced by another copy, a zombie driver's epoch, killed and paused driver processes (tests/kafka_sink_app.py), and
+fenced by another copy, a kept producer that saw the brokers go away, a ``send_offsets_to_transaction`` that never
+returns, a zombie driver's epoch, killed and paused driver processes (tests/kafka_sink_app.py), and
 bad input.
 """
 
@@ -15,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -267,6 +269,77 @@ def test_a_cached_producer_fenced_by_another_copy_retries_with_a_new_one(kafka_b
     other = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": target.transactional_id(0)})
     other.init_transactions(30)  # fences the cached producer
     assert write_partition(target, 2000, 0, two) == (10, False)
+    _assert_exactly(_read(kafka_bootstrap, topic), one + two)
+
+
+def _kept(target, partition: int):
+    """This process's kept clients for ``target``'s output partition (the sink's cache; the same object across
+    writes, whatever producer it holds)."""
+    from dstreams.kafka import sink
+
+    tid = target.transactional_id(partition)
+    (clients,) = [c for c in sink._clients.values() if c.conf.get("transactional.id") == tid]
+    return clients
+
+
+def test_a_kept_producer_that_saw_the_brokers_go_away_is_replaced(kafka_bootstrap):
+    """After an outage of every broker (a restart), a kept producer would send its next ledger entry to the group
+    coordinator it knew, a broker object librdkafka dropped when it re-bootstrapped, and wait for it forever
+    (confluentinc/librdkafka#5511): a kept producer that reported a broker error since its last ledger entry is
+    replaced before it writes again. The outage's error event is injected here (tests/test_kafka_broker_restart.py
+    restarts the broker)."""
+    from confluent_kafka import KafkaError
+
+    topic = create_topic(kafka_bootstrap)
+    target = make_target(topic, _params(kafka_bootstrap))
+    one, two, three = _batch(1000, 10), _batch(2000, 10), _batch(3000, 10)
+    assert write_partition(target, 1000, 0, one) == (10, False)
+    kept = _kept(target, 0)
+    first = kept.instance
+    kept.broker_errors.append(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
+    assert write_partition(target, 2000, 0, two) == (10, False)
+    second = kept.instance
+    assert second != first  # a new producer wrote batch 2000
+    assert write_partition(target, 3000, 0, three) == (10, False)
+    assert kept.instance == second  # no error since its ledger entry: kept
+    _assert_exactly(_read(kafka_bootstrap, topic), one + two + three)
+
+
+class _StuckProducer:
+    """A producer whose ``send_offsets_to_transaction`` does not return until ``release`` is set (librdkafka does not
+    always keep that call's timeout: confluentinc/librdkafka#5456); everything else goes to the real one."""
+
+    def __init__(self, producer, release: threading.Event):
+        self._producer, self._release = producer, release
+
+    def send_offsets_to_transaction(self, *_args):
+        self._release.wait(120)
+        raise RuntimeError("released by the test")
+
+    def __getattr__(self, name):
+        return getattr(self._producer, name)
+
+
+def test_a_send_offsets_that_never_returns_is_given_up_and_retried_with_a_new_producer(kafka_bootstrap, monkeypatch):
+    """The ledger entry's call is bounded (its timeout plus SEND_OFFSETS_GRACE_S): the stuck producer is given up, a
+    new one fences it (its open transaction, with the batch's records, is aborted) and writes the batch once."""
+    from dstreams.kafka import sink
+
+    monkeypatch.setattr(sink, "SEND_OFFSETS_GRACE_S", 0.5)
+    topic = create_topic(kafka_bootstrap)
+    target = make_target(topic, _params(kafka_bootstrap, **{"transaction.timeout.ms": 3000}))
+    one, two = _batch(1000, 10), _batch(2000, 10)
+    assert write_partition(target, 1000, 0, one) == (10, False)
+    kept = _kept(target, 0)
+    release = threading.Event()
+    kept.producer = _StuckProducer(kept.producer, release)
+    try:
+        started = time.monotonic()
+        assert write_partition(target, 2000, 0, two) == (10, False)
+        assert 3.5 <= time.monotonic() - started < 20
+        assert kept.producer is not None and not isinstance(kept.producer, _StuckProducer)
+    finally:
+        release.set()  # the helper thread returns and drops the given-up producer
     _assert_exactly(_read(kafka_bootstrap, topic), one + two)
 
 

@@ -32,7 +32,14 @@ Contract of :func:`save_to_kafka` (the sink behind ``DStream.saveToKafka``):
      (this driver is a zombie);
   3. begins the transaction, produces the partition's records, sends the ledger offset, commits. A kept producer
      that the ledger shows was not the last to commit (the partition ran in another Python worker since: that one
-     fenced it) is replaced by a new one first (2-10 ms).
+     fenced it) is replaced by a new one first (2-10 ms). So is a kept producer that reported a broker error (every
+     broker down, connections refused: a broker restart, an outage) since its last ledger entry, with its ledger
+     consumer: after such an outage librdkafka (2.10 and later) would send the next ledger offset to a group
+     coordinator it has dropped and wait for it forever (confluentinc/librdkafka#5511). A producer that reports one
+     while it writes, after its first ledger entry, gives its transaction up, and so does one whose
+     ``send_offsets_to_transaction`` has not returned :data:`SEND_OFFSETS_GRACE_S` after its timeout (librdkafka
+     does not always keep it, #5456; the call is left to a helper thread): the write is retried once with a new
+     producer, whose ``init_transactions`` aborts the given-up transaction.
 
   A copy of the task that lost the race to another copy fails to commit (it was fenced: its records are aborted,
   invisible to ``read_committed`` readers); it waits a moment (:data:`FENCED_BACKOFF_S`), retries once with a new
@@ -70,12 +77,14 @@ Contract of :func:`save_to_kafka` (the sink behind ``DStream.saveToKafka``):
   fails the task naming the batch, the partition and the record's position and size; a record the broker refuses
   fails the partition's commit, naming the likely cause; either way nothing of the partition's transaction becomes
   visible. Brokers that do not answer fail the task after ``transaction.timeout.ms`` (the timeout of every blocking
-  call of the sink; of the driver's topic checks too, up to 30 s) with a message naming them; Spark's task
+  call of the sink, ``send_offsets_to_transaction`` given up :data:`SEND_OFFSETS_GRACE_S` later and retried once
+  with a new producer; of the driver's topic checks too, up to 30 s) with a message naming them; Spark's task
   retries, then the batch's retries apply, and nothing is committed twice.
 * **Clients.** ``kafkaParams`` are librdkafka settings (:mod:`dstreams.kafka.params`); the sink adds
   :data:`CLIENT_DEFAULTS` unless they are set (connections to every broker made up front: a new producer is ready in
   milliseconds). Each Python worker keeps up to :data:`MAX_CACHED_CLIENTS` producers (one per output partition it
-  wrote), least recently used dropped first. The transactional producer has no delivery callbacks: a record the broker
+  wrote), least recently used dropped first, and not one that reported a broker error since its last ledger entry
+  (step 3). The transactional producer has no delivery callbacks (an error callback only): a record the broker
   refuses fails the commit (the error names the likely cause); the at-least-once producer reports failed deliveries.
 * **Limits.** A partition's encoded records are held in the task's memory until its transaction commits (a task
   fenced half-way retries with them). ``transaction.timeout.ms`` (default here 60 s unless ``kafkaParams`` sets
@@ -129,6 +138,9 @@ ADMIN_TIMEOUT_S = 30.0
 MAX_CACHED_CLIENTS = 16
 #: How long a copy of a task fenced by another copy waits before it tries again (random, seconds).
 FENCED_BACKOFF_S = (0.05, 0.3)
+#: How long past its own timeout a task waits for ``send_offsets_to_transaction`` before it gives the producer up (the
+#: call does not always keep its timeout: see :func:`_send_offsets`).
+SEND_OFFSETS_GRACE_S = 5.0
 #: Records produced between two polls of the producer's delivery reports.
 POLL_EVERY = 5000
 #: Client settings the sink uses unless ``kafkaParams`` set them: connect to every broker when a client is made (with
@@ -413,6 +425,10 @@ class _Clients:
     instance: str = ""  # this producer instance's id, written into the ledger entries it commits
     pid: int = field(default_factory=os.getpid)
     errors: list[tuple[Any, Any]] = field(default_factory=list)
+    # Exactly once: the errors the producer reported (its error callback: brokers down, connections refused) since
+    # its last ledger entry, and whether it sent one (librdkafka then keeps the group coordinator it found for it).
+    broker_errors: list[Any] = field(default_factory=list)
+    coordinator_known: bool = False
 
     def new_producer(self) -> None:
         """Replace the producer by a new instance (not yet initialized)."""
@@ -421,8 +437,11 @@ class _Clients:
         # Delivery reports (failures only) for the at-least-once producer; the transactional one has none: its commit
         # fails when a record was not delivered. (With delivery callbacks, confluent-kafka 2.16 was seen to call one
         # with a Python exception pending when its producer was fenced half-way through a flush: a SystemError.)
-        callbacks = {} if "transactional.id" in self.conf else {"on_delivery": _error_recorder(self.errors),
-                                                                "delivery.report.only.error": True}
+        # The transactional one reports its errors (brokers down, ...) instead: see _broker_trouble. A list of its own
+        # per producer: a producer given up but still in use by another thread (_send_offsets) records nothing here.
+        self.broker_errors, self.coordinator_known = [], False
+        callbacks = ({"error_cb": _broker_error_recorder(self.broker_errors)} if "transactional.id" in self.conf
+                     else {"on_delivery": _error_recorder(self.errors), "delivery.report.only.error": True})
         try:
             self.producer = ck.Producer({**self.conf, **callbacks})
         except ck.KafkaException as e:
@@ -439,6 +458,12 @@ class _Clients:
             self.producer.purge()
         except Exception:  # fenced, fatal: nothing to purge
             pass
+        with _lifecycle:
+            self.producer, self.ready = None, False
+
+    def give_up_producer(self) -> None:
+        """Forget a producer that another thread is still blocked in (:func:`_send_offsets`): that thread drops the
+        last reference when the call returns. Nothing is purged (that could wait on the stuck instance)."""
         with _lifecycle:
             self.producer, self.ready = None, False
 
@@ -472,6 +497,17 @@ def _error_recorder(errors: list[tuple[Any, Any]]) -> Callable[[Any, Any], None]
             errors.append((err, msg))
 
     return on_delivery
+
+
+def _broker_error_recorder(errors: list[Any]) -> Callable[[Any], None]:
+    """The transactional producer's error callback (served by its ``poll``, ``flush`` and transactional calls): keeps
+    the first errors in ``errors``. A closure over the list, for the reason given at :func:`_error_recorder`."""
+
+    def on_error(err: Any) -> None:
+        if len(errors) < 10:
+            errors.append(err)
+
+    return on_error
 
 
 _clients: OrderedDict[tuple[Any, ...], _Clients] = OrderedDict()
@@ -675,6 +711,12 @@ def _write_exactly_once(target: KafkaSinkTarget, batch_ms: int, partition: int, 
     for attempt in (1, 2):
         step = "init_transactions"
         try:
+            if clients.ready and (trouble := _broker_trouble(clients)):
+                # The brokers went away (a restart, an outage) since this kept producer's last ledger entry: it may
+                # wait forever for the group coordinator it knew (_send_offsets). New clients take over.
+                log.info("%s: the kept producer reported %s since its last write; a new one takes over", where,
+                         trouble)
+                clients.close()
             cached = clients.ready
             if not clients.ready:
                 _init(clients, timeout_s)
@@ -714,9 +756,10 @@ def _write_exactly_once(target: KafkaSinkTarget, batch_ms: int, partition: int, 
             step = "send_offsets_to_transaction (the ledger entry)"
             meta_out = json.dumps({"epoch": epoch, "token": token, "records": n, "producer": clients.instance},
                                   separators=(",", ":"))
-            clients.producer.send_offsets_to_transaction(
-                [ck.TopicPartition(target.ledger_topic, 0, batch_ms, meta_out)],
-                clients.ledger_consumer().consumer_group_metadata(), timeout_s)
+            if trouble := _broker_trouble(clients):
+                raise _StaleProducerError(f"the producer reported {trouble} while it wrote")
+            clients.broker_errors.clear()  # those of a producer that did not know its group coordinator yet
+            _send_offsets(clients, [ck.TopicPartition(target.ledger_topic, 0, batch_ms, meta_out)], timeout_s)
             step = "flush"
             left = clients.producer.flush(timeout_s + 5.0)  # past message.timeout.ms: undelivered records have failed
             if left:
@@ -727,6 +770,15 @@ def _write_exactly_once(target: KafkaSinkTarget, batch_ms: int, partition: int, 
             task_reached("kafka-after-commit")
             _checkin(key, clients)
             return n, False
+        except _StaleProducerError as e:
+            # Its open transaction (records, ledger offset) is aborted by the next instance's init_transactions.
+            clients.close()
+            if attempt == 1:
+                log.info("%s: %s; trying once more with a new producer", where, e)
+                continue
+            raise KafkaSinkError(f"{where}: the Kafka brokers at {_servers(target)} did not answer ({step}: {e}); is "
+                                 "the cluster up? The task's retry, then the batch's, write the partition (once: they "
+                                 "read the ledger first)") from None
         except ck.KafkaException as e:
             err = e.args[0] if e.args else None
             if step == "commit_transaction" and err is not None and err.txn_requires_abort():
@@ -744,6 +796,65 @@ def _write_exactly_once(target: KafkaSinkTarget, batch_ms: int, partition: int, 
             clients.close()
             raise _kafka_failure(target, batch_ms, partition, step, e, timeout_s) from None
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _StaleProducerError(Exception):
+    """A producer not to use any further: it saw the brokers go away after it found its group coordinator, or its
+    ``send_offsets_to_transaction`` did not return in time (the message says which). Retried once with new clients."""
+
+
+def _broker_trouble(clients: _Clients) -> str:
+    """What the exactly-once producer reported since its last ledger entry, when that makes it unsafe to use: "" if
+    nothing, or if it has not sent a ledger entry yet.
+
+    Why: after an outage of every broker it knew, librdkafka (2.10 and later: KIP-899's re-bootstrap) replaces its
+    broker objects by new ones, but its cache of group coordinators keeps the old object it found for
+    ``send_offsets_to_transaction``. The next ``send_offsets_to_transaction`` waits for that object to come up, which
+    it never does, and the call's timeout is not enforced (confluentinc/librdkafka#5511 and #5456, open in 2.16):
+    it blocks until some other connection of the producer changes state, minutes later or never. Seen as the Python
+    workers hanging in it after a broker restart. An outage first shows as an error event (``_ALL_BROKERS_DOWN``,
+    connections refused), served here by ``poll(0)``."""
+    clients.producer.poll(0)
+    if not clients.coordinator_known or not clients.broker_errors:
+        return ""
+    shown = "; ".join(f"{err.name()}: {err.str()}" for err in clients.broker_errors[:3])
+    return f"{len(clients.broker_errors)} broker error(s) ({shown})"
+
+
+def _send_offsets(clients: _Clients, offsets: list[Any], timeout_s: float) -> None:
+    """``send_offsets_to_transaction`` (the ledger entry), bounded: librdkafka does not always keep the call's timeout
+    (:func:`_broker_trouble`), so the call runs in a helper thread, and a producer that has not returned after
+    ``timeout_s`` + :data:`SEND_OFFSETS_GRACE_S` is given up (:class:`_StaleProducerError`): it stays with that thread,
+    which drops it (under :data:`_lifecycle`) if the call ever returns; the next instance's ``init_transactions``
+    fences it and aborts its transaction."""
+    # The producer in a list, never in a local: the thread's frame (kept by the traceback of an error it raises) must
+    # not keep a given-up producer alive, and its last reference must go under _lifecycle
+    held: list[Any] = [clients.producer, clients.ledger_consumer().consumer_group_metadata()]
+    outcome: list[BaseException | None] = []
+    done = threading.Event()
+
+    def call() -> None:
+        try:
+            held[0].send_offsets_to_transaction(offsets, held[1], timeout_s)
+            outcome.append(None)
+        except BaseException as e:  # raised in the task's thread below
+            outcome.append(e)
+        finally:
+            with _lifecycle:
+                held.clear()
+            done.set()
+
+    threading.Thread(target=call, name="dstreams-kafka-send-offsets", daemon=True).start()
+    waited = timeout_s + SEND_OFFSETS_GRACE_S
+    if not done.wait(waited):
+        log.warning("send_offsets_to_transaction did not return within %.0f s (its timeout: %.0f s); the producer is "
+                    "given up", waited, timeout_s)
+        clients.give_up_producer()
+        raise _StaleProducerError(f"send_offsets_to_transaction did not return within {waited:.0f} s")
+    error = outcome.pop()
+    if error is not None:
+        raise error
+    clients.coordinator_known = True
 
 
 def _init(clients: _Clients, timeout_s: float) -> None:
