@@ -488,12 +488,20 @@ def _attempts(raw: str) -> int:
 BATCH_FAILURE_MODES = ("auto", "stop", "dropInput")
 
 
-def _failure_mode(raw: str) -> str:
-    value = raw.strip()
-    for mode in BATCH_FAILURE_MODES:
-        if value.lower() == mode.lower():
-            return mode
-    raise ValueError(raw)
+def _spelled(*modes: str) -> Callable[[str], str]:
+    """A parser of one of ``modes`` in any case (blanks around ignored), giving the mode as spelled here."""
+
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        for mode in modes:
+            if value == mode.lower():
+                return mode
+        raise ValueError(raw)
+
+    return parse
+
+
+_failure_mode = _spelled(*BATCH_FAILURE_MODES)
 
 
 BATCH_MAX_ATTEMPTS = Setting(
@@ -526,19 +534,11 @@ BATCH_ON_FAILURE = Setting(
         "`/metrics` (`dstreams_batches_dropped_total`) and shown in `BatchInfo.dropped` and on the status page.",
 )
 
-def _record_error_mode(raw: str) -> str:
-    value = raw.strip()
-    for mode in ("fail", "deadLetter"):
-        if value.lower() == mode.lower():
-            return mode
-    raise ValueError(raw)
-
-
 ON_RECORD_ERROR = Setting(
     key="spark.dstreams.onRecordError",
     env="DSTREAMS_ON_RECORD_ERROR",
     default="fail",
-    parse=_record_error_mode,
+    parse=_spelled("fail", "deadLetter"),
     accepts="fail or deadLetter",
     example="deadLetter",
     doc="What a record does when the function of `map`, `flatMap`, `filter`, `mapValues` or `flatMapValues` raises "
