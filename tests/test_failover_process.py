@@ -228,6 +228,7 @@ def _moves_since(path: str, offset: int) -> list[int]:
         return [int(m) for m in MOVE_RE.findall(f.read())]
 
 
+@pytest.mark.timeout(900)  # four drivers and a reference run of a 250,000-key state: 301 s with both cores busy
 def test_driver_killed_around_the_move_of_a_million_key_state_resumes_exactly_once(sc, tmp_path, rgw_bucket,
                                                                                   monkeypatch):
     """Issue 23, on the default ``spark.dstreams.state.store=auto``: the 1M-key updateStateByKey starts on the RDD
