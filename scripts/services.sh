@@ -476,6 +476,7 @@ redis_ready() { redis_ping "$REDIS_URL" && redis_ours; }
 
 # port_open PORT: something accepts TCP connections on 127.0.0.1:PORT.
 port_open() { timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" >/dev/null 2>&1; }
+port_closed() { ! port_open "$1"; }
 
 # Rewritten at every start, so that a changed port or setting applies; the data in .redis/data is kept.
 write_redis_conf() {
@@ -882,7 +883,9 @@ start_kafka() {
     return 1
   fi
   for p in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT"; do
-    if port_open "$p"; then
+    # A broker of ours that was just stopped may still hold its ports while its JVM exits (a busy or stalled
+    # machine): give it 30 s before calling the port taken.
+    if port_open "$p" && ! wait_for 30 port_closed "$p"; then
       warn "something that is not this project's Kafka broker listens on 127.0.0.1:$p; Kafka not started."
       kafka_failed "127.0.0.1:$p is taken by another process, not this project's Kafka broker (set DSTREAMS_TEST_KAFKA_PORT and DSTREAMS_TEST_KAFKA_CONTROLLER_PORT to free ports, or DSTREAMS_TEST_KAFKA_BOOTSTRAP to use that broker)"
       echo "kafka: NOT STARTED (127.0.0.1:$p is taken)"
