@@ -1,0 +1,29 @@
+"""MkDocs hooks of the documentation site (mkdocs.yml: ``hooks``).
+
+Tables that the code owns are generated when the site is built, never copied by hand:
+
+* ``<!-- generated: settings -->`` becomes the settings table of ``dstreams/config.py``
+  (``python -m dstreams.config`` prints the same table).
+
+``tests/test_config.py`` and ``tests/test_docs.py`` check that the pages keep their markers and that the site
+builds with ``mkdocs build --strict``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SETTINGS_MARKER = "<!-- generated: settings -->"
+
+
+def render_generated(markdown: str) -> str:
+    """``markdown`` with every generated-table marker replaced by its table."""
+    if SETTINGS_MARKER in markdown:
+        from dstreams import config
+
+        markdown = markdown.replace(SETTINGS_MARKER, config.markdown_table())
+    return markdown
+
+
+def on_page_markdown(markdown: str, **kwargs: Any) -> str:
+    return render_generated(markdown)
