@@ -19,7 +19,15 @@ from pyspark import RDD, StorageLevel
 from pyspark.resultiterable import ResultIterable
 
 from dstreams import config
-from dstreams.dead_letters import check_on_error, tag_partition
+from dstreams.dead_letters import (
+    DeadLetter,
+    FailedUpdate,
+    GuardedUpdate,
+    check_on_error,
+    fold_partition,
+    tag_partition,
+    unwrap_state,
+)
 from dstreams.dead_letters import dead as dead_records
 from dstreams.dead_letters import good as good_records
 from dstreams.node import DStreamNode
@@ -63,6 +71,33 @@ def rdd_to_file_name(prefix: str, suffix: str | None, time_ms: int) -> str:
     return f"{prefix}-{time_ms}" + (f".{suffix}" if suffix else "")
 
 
+def _user_states(pairs: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
+    """A state partition with dead letters as the user sees it: a failed key's state as it was before (none: no
+    pair)."""
+    for k, s in pairs:
+        if type(s) is FailedUpdate:
+            s = s.state
+            if s is None:
+                continue
+        yield k, s
+
+
+def _user_changes(pairs: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
+    """``changes()`` of a state with dead letters: as :func:`_user_states`, a failed new key as ``(key, None)``."""
+    return ((k, unwrap_state(s)) for k, s in pairs)
+
+
+def _failures_of(operator: str, batch_ms: int) -> Callable[[Iterable[tuple[Any, Any]]], Iterator[DeadLetter]]:
+    """The dead letters of the batch at ``batch_ms`` among a partition of its state changes."""
+
+    def run(pairs: Iterable[tuple[Any, Any]]) -> Iterator[DeadLetter]:
+        for k, s in pairs:
+            if type(s) is FailedUpdate and s.batchTime == batch_ms:
+                yield DeadLetter((k, s.values), operator, s.error, batch_ms)
+
+    return run
+
+
 class DStream:
     """A discretized stream: one RDD per batch interval (see the module docstring).
 
@@ -76,6 +111,8 @@ class DStream:
         self.is_cached = False
         self.is_checkpointed = False
         self._dead_letters: DStream | None = None
+        #: A state stream made with dead letters: the stream of the raw state, whose values may be FailedUpdates.
+        self._state_source: DStream | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """A stream captured by a user function is stored with the checkpointed graph without its SparkContext."""
@@ -146,21 +183,29 @@ class DStream:
                     onError: str | None) -> DStream:
         """A per-record operator: one Python call of the user's function per record (``dstreams.records``); with
         dead letters (``onError``, else ``spark.dstreams.onRecordError``) the records it raises on are routed."""
-        mode = config.get(config.ON_RECORD_ERROR, self._sc.getConf()) if onError is None else \
-            check_on_error(onError, label)
-        if mode == "deadLetter":
-            return self._routing_dead_letters(label, f, preservesPartitioning)
+        if self._routes_dead_letters(onError, label):
+            return self._routing_dead_letters(label, lambda name, ms: tag_partition(label, f, name, ms),
+                                              preservesPartitioning)
         return self._rdd_op(label, lambda rdd: rdd.mapPartitionsWithIndex(func, preservesPartitioning))
 
-    def _routing_dead_letters(self, label: str, f: Callable[[Any], Any], preservesPartitioning: bool) -> DStream:
-        """``label`` with its function guarded (``dstreams.dead_letters``): a stream of the good outputs whose
-        ``deadLetters()`` is the stream of the records ``f`` raised on; both read one persisted tagged RDD."""
+    def _routes_dead_letters(self, onError: str | None, label: str) -> bool:
+        """Whether ``label`` routes its records' errors to dead letters: ``onError``, else the setting
+        ``spark.dstreams.onRecordError``."""
+        mode = config.get(config.ON_RECORD_ERROR, self._sc.getConf()) if onError is None else \
+            check_on_error(onError, label)
+        return mode == "deadLetter"
+
+    def _routing_dead_letters(self, label: str, tagger: Callable[[str, int], PartitionFunc],
+                              preservesPartitioning: bool) -> DStream:
+        """``label`` with its function guarded (``dstreams.dead_letters``): ``tagger(operator name, batch ms)`` is the
+        partition function that tags each output GOOD or DEAD. Returns the stream of the good outputs, whose
+        ``deadLetters()`` is the stream of the dead letters; both read one persisted tagged RDD."""
         self._check_open()
         graph = self._node.graph
         name = f"{label}#{len(graph.dead_letter_nodes) + 1}"
 
         def tag(rdds: list[RDD], t: BatchTime) -> RDD:
-            return rdds[0].mapPartitionsWithIndex(tag_partition(label, f, name, t.ms), preservesPartitioning)
+            return rdds[0].mapPartitionsWithIndex(tagger(name, t.ms), preservesPartitioning)
 
         tagged = self._derive(TransformedNode(graph, [self._node], tag, label)).cache()
         good = tagged.mapPartitions(good_records, preservesPartitioning=True)
@@ -169,6 +214,36 @@ class DStream:
         good._dead_letters = dead
         return good
 
+    def _folded_for_reduce(self, label: str, func: Callable[[Any, Any], Any], key: Any = None,
+                           pairs: bool = True) -> DStream:
+        """A reduce's input with dead letters: the records of each partition folded by key with ``func`` inside a
+        guard (:func:`~dstreams.dead_letters.fold_partition`; ``pairs=False``: the records are values, all of
+        ``key``), as ``(key, folded)`` pairs; ``deadLetters()`` has the records routed."""
+        return self._routing_dead_letters(label, lambda name, ms: fold_partition(func, name, ms, key, pairs), True)
+
+    def _with_dead_letters_of(self, source: DStream) -> DStream:
+        """This stream, whose ``deadLetters()`` is ``source``'s."""
+        self._dead_letters = source._dead_letters
+        return self
+
+    def _state_with_dead_letters(self, label: str) -> DStream:
+        """The user's view of a state stream made with a :class:`~dstreams.dead_letters.GuardedUpdate` (this
+        stream): the states as they are (a failed key's state as before its failure), with the failures of each
+        batch as ``deadLetters()`` (``(key, newValues)`` records, read from the keys the batch changed)."""
+        graph = self._node.graph
+        name = f"{label}#{len(graph.dead_letter_nodes) + 1}"
+        view = self.mapPartitions(_user_states, preservesPartitioning=True)
+        changed = self.changes()
+
+        def failures(rdds: list[RDD], t: BatchTime) -> RDD:
+            return rdds[0].mapPartitions(_failures_of(name, t.ms))
+
+        dead = changed._derive(TransformedNode(graph, [changed._node], failures, "deadLetters"))
+        graph.dead_letter_nodes.append(dead._node)
+        view._dead_letters = dead
+        view._state_source = self
+        return view
+
     def deadLetters(self) -> DStream:
         """The records this operator's function raised on, one :class:`~dstreams.dead_letters.DeadLetter`
         (``record, operator, error, batchTime``) each, batch by batch: a stream like any other, which any sink
@@ -176,7 +251,9 @@ class DStream:
         ``spark.dstreams.onRecordError=deadLetter``); every operator's at once: ``ssc.deadLetters()``."""
         if self._dead_letters is None:
             raise ValueError(f"{self._node.name} routes no dead letters: make the operator with onError='deadLetter' "
-                             "(stream.map(f, onError='deadLetter'); also flatMap, filter, mapValues, flatMapValues), "
+                             "(stream.map(f, onError='deadLetter'); also flatMap, filter, mapValues, flatMapValues, "
+                             "reduce, reduceByKey, runningReduce, reduceByKeyAndWindow, reduceByWindow, "
+                             "updateStateByKey), "
                              "or set spark.dstreams.onRecordError=deadLetter before defining it")
         return self._dead_letters
 
@@ -241,11 +318,19 @@ class DStream:
     # ------------------------------------------------------------------ aggregations per batch
     def count(self) -> DStream:
         """A stream with one element per batch: the number of records (as in PySpark)."""
-        return self.mapPartitions(lambda it: [sum(1 for _ in it)]).reduce(operator.add)
+        return self.mapPartitions(lambda it: [sum(1 for _ in it)]).reduce(operator.add, onError="fail")
 
-    def reduce(self, func: Callable[[Any, Any], Any]) -> DStream:
-        """A stream with the reduce of each batch (nothing for a batch with no partitions)."""
-        return self.map(lambda x: (None, x)).reduceByKey(func, 1).map(lambda kv: kv[1])
+    def reduce(self, func: Callable[[Any, Any], Any], *, onError: str | None = None) -> DStream:
+        """A stream with the reduce of each batch (nothing for a batch with no partitions).
+
+        ``onError="deadLetter"`` (default: ``spark.dstreams.onRecordError``) routes the records ``func`` raises on
+        to :meth:`deadLetters` (:mod:`dstreams.dead_letters` has which record a raise blames)."""
+        if self._routes_dead_letters(onError, "reduce"):
+            keyed = self._folded_for_reduce("reduce", func, None, pairs=False)
+        else:
+            keyed = self.map(lambda x: (None, x), onError="fail")
+        reduced = keyed.reduceByKey(func, 1, onError="fail").map(lambda kv: kv[1], onError="fail")
+        return reduced._with_dead_letters_of(keyed)
 
     def countByValue(self) -> DStream:
         """``(record, count)`` per distinct record of each batch: ``map(lambda x: (x, 1)).reduceByKey(add)``'s
@@ -263,11 +348,18 @@ class DStream:
             lambda rdd: rdd.mapPartitions(check).combineByKey(createCombiner, mergeValue, mergeCombiners, n),
         )
 
-    def reduceByKey(self, func: Callable[[Any, Any], Any], numPartitions: int | None = None) -> DStream:
+    def reduceByKey(self, func: Callable[[Any, Any], Any], numPartitions: int | None = None, *,
+                    onError: str | None = None) -> DStream:
         """Per key, the reduce of the batch's values with ``func`` (associative and commutative), in
         ``numPartitions`` hash partitions: a map-side combine, one shuffle, a merge (:func:`pre_reduce`;
         ``operator.add``, ``max`` and ``min`` run inlined, :func:`dstreams.spark.partitioned.fold`). The pairs of a
-        partition are combined in memory (no spill to disk, unlike PySpark's ``combineByKey``)."""
+        partition are combined in memory (no spill to disk, unlike PySpark's ``combineByKey``).
+
+        ``onError="deadLetter"`` (default: ``spark.dstreams.onRecordError``) routes the records ``func`` raises on
+        to :meth:`deadLetters` (:mod:`dstreams.dead_letters` has which record a raise blames)."""
+        if self._routes_dead_letters(onError, "reduceByKey"):
+            folded = self._folded_for_reduce("reduceByKey", func)
+            return folded.reduceByKey(func, numPartitions, onError="fail")._with_dead_letters_of(folded)
         part = hash_partitioner(self._default_partitions(numPartitions))
         return self._rdd_op("reduceByKey", lambda rdd: pre_reduce(rdd, func, part, "reduceByKey"))
 
@@ -321,7 +413,8 @@ class DStream:
     def reduceByKeyAndWindow(self, func: Callable[[Any, Any], Any], invFunc: Callable[[Any, Any], Any] | None,
                              windowDuration: DurationLike, slideDuration: DurationLike | None = None,
                              numPartitions: int | None = None,
-                             filterFunc: Callable[[tuple[Any, Any]], bool] | None = None) -> DStream:
+                             filterFunc: Callable[[tuple[Any, Any]], bool] | None = None, *,
+                             onError: str | None = None) -> DStream:
         """Per key, the reduce of the values in the window; incremental when ``invFunc`` is given.
 
         With ``invFunc`` the window is updated as previous window - batches that left + batches that
@@ -330,7 +423,14 @@ class DStream:
         ``filterFunc`` is also honoured without ``invFunc``. With ``spark.dstreams.state.store=executor``, an
         incremental window (``invFunc`` and a window of at least 5 slides) lives in the executors' state stores:
         a slide reads and writes only the keys of the batches entering and leaving the window.
+        ``onError="deadLetter"`` (default: ``spark.dstreams.onRecordError``) routes the records ``func`` raises on to
+        :meth:`deadLetters` (:mod:`dstreams.dead_letters` has which record a raise blames): each
+        batch's records once, as they enter the window; an ``invFunc`` or ``filterFunc`` that raises fails the batch.
         """
+        if self._routes_dead_letters(onError, "reduceByKeyAndWindow"):
+            folded = self._folded_for_reduce("reduceByKeyAndWindow", func)
+            return folded.reduceByKeyAndWindow(func, invFunc, windowDuration, slideDuration, numPartitions,
+                                               filterFunc, onError="fail")._with_dead_letters_of(folded)
         return self._reduce_by_key_and_window(func, invFunc, windowDuration, slideDuration, numPartitions,
                                               filterFunc, "reduceByKeyAndWindow", None)
 
@@ -367,14 +467,21 @@ class DStream:
         return self._derive(ReducedWindowNode(graph, combined, func, invFunc, w, s, part, filterFunc))
 
     def reduceByWindow(self, reduceFunc: Callable[[Any, Any], Any], invReduceFunc: Callable[[Any, Any], Any] | None,
-                       windowDuration: DurationLike, slideDuration: DurationLike | None = None) -> DStream:
-        """The reduce of every record in the window (one element per slide)."""
-        keyed = self.map(lambda x: (1, x))
-        reduced = keyed.reduceByKeyAndWindow(reduceFunc, invReduceFunc, windowDuration, slideDuration, 1)
-        return reduced.map(lambda kv: kv[1])
+                       windowDuration: DurationLike, slideDuration: DurationLike | None = None, *,
+                       onError: str | None = None) -> DStream:
+        """The reduce of every record in the window (one element per slide); ``onError`` as for
+        :meth:`reduceByKeyAndWindow`."""
+        if self._routes_dead_letters(onError, "reduceByWindow"):
+            keyed = self._folded_for_reduce("reduceByWindow", reduceFunc, 1, pairs=False)
+        else:
+            keyed = self.map(lambda x: (1, x), onError="fail")
+        reduced = keyed.reduceByKeyAndWindow(reduceFunc, invReduceFunc, windowDuration, slideDuration, 1,
+                                             onError="fail")
+        return reduced.map(lambda kv: kv[1], onError="fail")._with_dead_letters_of(keyed)
 
     def countByWindow(self, windowDuration: DurationLike, slideDuration: DurationLike | None = None) -> DStream:
-        return self.map(lambda x: 1).reduceByWindow(operator.add, operator.sub, windowDuration, slideDuration)
+        return self.map(lambda x: 1, onError="fail").reduceByWindow(operator.add, operator.sub, windowDuration,
+                                                                    slideDuration, onError="fail")
 
     def countByValueAndWindow(self, windowDuration: DurationLike, slideDuration: DurationLike | None = None,
                               numPartitions: int | None = None) -> DStream:
@@ -383,27 +490,34 @@ class DStream:
         CPython's C counting loop (:func:`count_values`)."""
         counted = self._reduce_by_key_and_window(operator.add, operator.sub, windowDuration, slideDuration,
                                                  numPartitions, None, "countByValueAndWindow", count_values)
-        return counted.filter(lambda kv: kv[1] > 0)
+        return counted.filter(lambda kv: kv[1] > 0, onError="fail")
 
     def groupByKeyAndWindow(self, windowDuration: DurationLike, slideDuration: DurationLike | None = None,
                             numPartitions: int | None = None) -> DStream:
-        ls = self.mapValues(lambda x: [x])
+        ls = self.mapValues(lambda x: [x], onError="fail")
         grouped = ls.reduceByKeyAndWindow(lambda a, b: a.extend(b) or a, lambda a, b: a[len(b):],
-                                          windowDuration, slideDuration, numPartitions)
-        return grouped.mapValues(ResultIterable)
+                                          windowDuration, slideDuration, numPartitions, onError="fail")
+        return grouped.mapValues(ResultIterable, onError="fail")
 
     # ------------------------------------------------------------------ state
     def updateStateByKey(self, updateFunc: Callable[[list[Any], Any], Any], numPartitions: int | None = None,
                          initialRDD: RDD | Iterable[tuple[Any, Any]] | None = None,
-                         updateIdleKeys: bool = True) -> DStream:
+                         updateIdleKeys: bool = True, *, onError: str | None = None) -> DStream:
         """Per key state: ``updateFunc(newValues, lastState) -> newState`` (None drops the key).
 
         As in PySpark, ``updateFunc`` runs every batch for every key of the state (``newValues`` is ``[]`` for a
         key without new values). ``updateIdleKeys=False`` (dstreams only) runs it only for keys with new values,
         the others keeping their state: with ``spark.dstreams.state.store=executor`` a batch then costs the keys
         it touches, not the size of the state.
+
+        ``onError="deadLetter"`` (default: ``spark.dstreams.onRecordError``): a key whose ``updateFunc`` raises
+        keeps its state as it was (a new key gets none) and ``(key, newValues)`` goes to :meth:`deadLetters`; the
+        other keys are updated. ``changes()`` works on the returned stream as without it.
         """
         self._check_open()
+        guarded = self._routes_dead_letters(onError, "updateStateByKey")
+        if guarded:
+            updateFunc = GuardedUpdate(updateFunc, keep_idle=not updateIdleKeys)
         part = hash_partitioner(self._default_partitions(numPartitions))
         if initialRDD is not None and not isinstance(initialRDD, RDD):
             initialRDD = self._sc.parallelize(list(initialRDD))
@@ -415,25 +529,35 @@ class DStream:
             local_dir, every = store
             node = StoreUpdateStateNode(graph, self._node, updateFunc, part, initialRDD, bool(updateIdleKeys),
                                         local_dir, every)
-            return self._derive(StateViewNode(graph, node))
-        auto = self._auto_state()
-        if auto is not None and not updateIdleKeys:  # with idle keys updated a batch costs the whole state anyway
+            state = self._derive(StateViewNode(graph, node))
+        elif (auto := self._auto_state()) is not None and not updateIdleKeys:
+            # with idle keys updated a batch costs the whole state anyway: the RDD state below
             local_dir, every, keys = auto
-            return self._derive(StateViewNode(graph, AutoUpdateStateNode(graph, self._node, updateFunc, part,
-                                                                         initialRDD, local_dir, every, keys)))
-        if not updateIdleKeys:
-            updateFunc = keep_idle(updateFunc)
-        return self._derive(UpdateStateNode(graph, self._node, updateFunc, part, initialRDD))
+            state = self._derive(StateViewNode(graph, AutoUpdateStateNode(graph, self._node, updateFunc, part,
+                                                                          initialRDD, local_dir, every, keys)))
+        else:
+            if not updateIdleKeys and not guarded:  # a GuardedUpdate keeps idle keys itself
+                updateFunc = keep_idle(updateFunc)
+            state = self._derive(UpdateStateNode(graph, self._node, updateFunc, part, initialRDD))
+        return state._state_with_dead_letters("updateStateByKey") if guarded else state
 
-    def runningReduce(self, func: Callable[[Any, Any], Any], numPartitions: int | None = None) -> DStream:
+    def runningReduce(self, func: Callable[[Any, Any], Any], numPartitions: int | None = None, *,
+                      onError: str | None = None) -> DStream:
         """Per key, the running reduce of every value so far (the paper's ``runningReduce``).
 
         Emits every key's current value each batch. With the RDD state (the default) the state stays
         hash-partitioned and is merged with each batch without a shuffle of the state; with
         ``spark.dstreams.state.store=executor`` it lives in the executors' state stores and a batch reads and
         writes only the keys it has.
+
+        ``onError="deadLetter"`` (default: ``spark.dstreams.onRecordError``) routes the records ``func`` raises on
+        to :meth:`deadLetters` (:mod:`dstreams.dead_letters` has which record a raise blames); a raise merging a
+        batch's reduce into a key's state fails the batch.
         """
         self._check_open()
+        if self._routes_dead_letters(onError, "runningReduce"):
+            folded = self._folded_for_reduce("runningReduce", func)
+            return folded.runningReduce(func, numPartitions, onError="fail")._with_dead_letters_of(folded)
         part = hash_partitioner(self._default_partitions(numPartitions))
         graph = self._node.graph
         store = self._state_store()
@@ -457,6 +581,8 @@ class DStream:
         state it compares each partition of the state with the one before.
         """
         self._check_open()
+        if self._state_source is not None:  # made with dead letters: the raw state's changes, as the user sees them
+            return self._state_source.changes().mapPartitions(_user_changes, preservesPartitioning=True)
         if not isinstance(self._node, (StateViewNode, RunningReduceNode, UpdateStateNode)):
             raise TypeError("changes() is defined on the stream that runningReduce() or updateStateByKey() returns "
                             f"(this one is {self._node.name}): call it on that stream, before any other operation")
@@ -538,7 +664,7 @@ class DStream:
             return TrackedDStream(TimerTrackNode(self._node.graph, self._node, init, update, t, part, timers),
                                   self._ssc, updated_only=emit == "updated")
         node = TrackNode(self._node.graph, self._node, init, update, t, part)
-        return self._derive(node).mapValues(lambda entry: entry[0])
+        return self._derive(node).mapValues(lambda entry: entry[0], onError="fail")
 
     # ------------------------------------------------------------------ event time
     def withEventTime(self, extract: Callable[[Any], Any], allowedLateness: DurationLike = 0,
@@ -590,6 +716,8 @@ class DStream:
     def checkpoint(self, interval: DurationLike) -> DStream:
         """Checkpoint this stream's RDDs every ``interval`` (a multiple of its slide)."""
         self._check_open()
+        if self._state_source is not None:  # a state made with dead letters: the state is what is checkpointed
+            self._state_source.checkpoint(interval)
         self._node.checkpoint_interval = parse_duration(interval, "checkpoint interval")
         if self._node.storage_level is None and self._node.checkpoint_persists:
             self._node.persist(StorageLevel.MEMORY_ONLY)

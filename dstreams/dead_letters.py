@@ -13,6 +13,21 @@ Contract:
   tagged RDD is persisted for the batch, so the user's function runs once per record when both are used.
 * Batches are deterministic (the engine's premise): a re-run of a batch (a retry, a replay after a restart) routes
   the same records to the dead letters, and any exactly-once sink saves the dead-letter stream exactly once.
+* Reduces (``reduceByKey``, ``reduce``, ``runningReduce``, ``reduceByKeyAndWindow``, ``reduceByWindow`` with
+  ``onError="deadLetter"``): the records of each partition are first folded by key in input order inside a guard
+  (:func:`fold_partition`), Kafka Streams' rule (KIP-1034): when ``func(acc, value)`` raises, the record being added
+  is the dead letter and the key's accumulator stays as it was; except that when the accumulator is still the
+  key's first value and that value cannot be combined with itself while the new one can (a ``None`` first), the
+  first record is the dead letter and the new value starts the key again. A key's value that is alone in its
+  partition is a dead letter when ``func(value, value)`` raises (a ``None`` where numbers are summed). A record that
+  is not a ``(key, value)`` pair, or whose key cannot be hashed, is a dead letter too. The operator then reduces the
+  folded pairs as without the guard: a later combine of two partitions' results, of a result with the state or
+  the window, or an ``invFunc`` that raises still fails the batch (no single record can be blamed for it). So a
+  value that combines with itself but not with the key's others (a string among numbers) is caught only when a
+  partition holds both; validate such values in a ``map(..., onError="deadLetter")`` before the reduce.
+* ``updateStateByKey(..., onError="deadLetter")``: a key whose ``updateFunc(newValues, lastState)`` raises keeps its
+  state (a key without one gets none) and ``(key, newValues)`` is the dead letter (:class:`GuardedUpdate`); the other
+  keys are updated as without the guard.
 * What is not routed: an error of the operator's input (a record that cannot be unpickled), of the engine, or a
   ``BaseException`` that is not an ``Exception`` (``KeyboardInterrupt``, ``SystemExit``): those fail the task.
 """
@@ -107,6 +122,121 @@ def _guarded(kind: str, f: Callable[[Any], Any], operator: str, batch_ms: int) -
     else:
         raise ValueError(f"no dead-letter guard for {kind!r}")
     return one
+
+
+def _probe(func: Callable[[Any, Any], Any], a: Any, b: Any) -> Exception | None:
+    """What ``func(a, b)`` raises, if anything (its result is not used)."""
+    try:
+        func(a, b)
+    except Exception as e:  # noqa: BLE001 - a probe: only whether it raises matters
+        return e
+    return None
+
+
+def fold_partition(func: Callable[[Any, Any], Any], operator: str, batch_ms: int, key: Any = None,
+                   pairs: bool = True) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+    """A reduce's guarded map-side fold (module docstring): a partition's ``(key, value)`` records (``pairs=False``:
+    values, all of ``key``) folded by key with ``func`` in input order, tagged: ``(DEAD, DeadLetter)`` for each
+    record routed, then ``(GOOD, (key, folded))`` per key, in first-seen order."""
+
+    def run(_: int, it: Iterator[Any]) -> Iterator[Any]:
+        acc: dict[Any, Any] = {}
+        first: dict[Any, Any] = {}  # key -> its one record, while the key's accumulator is that record's value
+        for x in it:
+            if not pairs:
+                k, v = key, x
+            elif type(x) is tuple and len(x) == 2:
+                k, v = x
+            elif isinstance(x, (tuple, list)) and len(x) == 2:
+                k, v = x[0], x[1]
+            else:
+                yield DEAD, DeadLetter(x, operator, f"TypeError: {operator} needs (key, value) pairs, got an element "
+                                                    f"of type {type(x).__name__}", batch_ms)
+                continue
+            try:
+                present = k in acc
+            except TypeError as e:  # an unhashable key
+                yield DEAD, DeadLetter(x, operator, describe_error(e), batch_ms)
+                continue
+            if not present:
+                acc[k] = v
+                first[k] = x
+                continue
+            try:
+                acc[k] = func(acc[k], v)
+            except Exception as e:  # noqa: BLE001 - a record goes to the dead letters
+                if k in first and _probe(func, acc[k], acc[k]) is not None and _probe(func, v, v) is None:
+                    yield DEAD, DeadLetter(first[k], operator, describe_error(e), batch_ms)
+                    acc[k], first[k] = v, x
+                else:
+                    yield DEAD, DeadLetter(x, operator, describe_error(e), batch_ms)
+                continue
+            if first:
+                first.pop(k, None)
+        for k, one in first.items():  # a key's lone value: is it a value func can combine at all?
+            e = _probe(func, acc[k], acc[k])
+            if e is not None:
+                yield DEAD, DeadLetter(one, operator, describe_error(e), batch_ms)
+                del acc[k]
+        for kv in acc.items():
+            yield GOOD, kv
+
+    return run
+
+
+class FailedUpdate(NamedTuple):
+    """The state of a key whose update function raised (:class:`GuardedUpdate`): ``state`` (the key's state before,
+    None for a key that had none, which it keeps), the batch's ``values`` of the key, the ``error`` and the
+    ``batchTime`` of that batch. Streams the user reads never hold it: the state stream shows ``state``, the dead
+    letters ``(key, values)``."""
+
+    state: Any
+    values: list[Any]
+    error: str
+    batchTime: int
+
+
+def unwrap_state(value: Any) -> Any:
+    """A state value as the user sees it (a :class:`FailedUpdate`'s ``state``)."""
+    return value.state if type(value) is FailedUpdate else value
+
+
+class GuardedUpdate:
+    """``updateStateByKey``'s ``updateFunc`` with dead letters: :meth:`for_batch` gives the function a state node calls
+    in one batch; a raise keeps the key's state and records the failure in it (:class:`FailedUpdate`)."""
+
+    def __init__(self, update: Callable[[list[Any], Any], Any], keep_idle: bool) -> None:
+        self.update = update
+        #: ``updateIdleKeys=False`` on the RDD state: a key without new values keeps its state without a call.
+        self.keep_idle = keep_idle
+
+    def for_batch(self, batch_ms: int) -> Callable[[list[Any], Any], Any]:
+        update, keep_idle = self.update, self.keep_idle
+
+        def call(values: list[Any], last: Any) -> Any:
+            if type(last) is FailedUpdate:  # an earlier batch's failure: the state is as it was before it
+                last = last.state
+            if last is None and not values:
+                return None  # the placeholder of a key whose first values failed
+            if keep_idle and not values:
+                return last
+            try:
+                return update(values, last)
+            except Exception as e:  # noqa: BLE001 - the key's values go to the dead letters
+                return FailedUpdate(last, list(values), describe_error(e), batch_ms)
+
+        return call
+
+    def __call__(self, values: list[Any], last: Any) -> Any:
+        raise RuntimeError("a GuardedUpdate is called through for_batch(batch_ms) (dead_letters.for_batch): a state "
+                           "node that calls it directly would lose the batch time of its dead letters")
+
+
+def for_batch(f: Callable[..., Any], batch_ms: int) -> Callable[..., Any]:
+    """The function a state node calls in the batch at ``batch_ms``: ``f.for_batch(batch_ms)`` for a function that
+    needs its batch (:class:`GuardedUpdate`), else ``f``."""
+    bind = getattr(f, "for_batch", None)
+    return bind(batch_ms) if bind is not None else f
 
 
 def tag_partition(kind: str, f: Callable[[Any], Any], operator: str, batch_ms: int

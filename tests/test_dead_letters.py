@@ -148,6 +148,13 @@ def _run(sc, tmp, monkeypatch, fail: bool) -> dict[str, list[str]]:  # noqa: ANN
         numbers = ssc.textFileStream(inputd).map(_parse, onError="deadLetter")
         totals = numbers.map(lambda n: ("sum", n)).updateStateByKey(lambda vs, s: sum(vs, s or 0))
         totals.map(lambda kv: f"{kv[0]}={kv[1]}").saveAsTextFiles(os.path.join(out, "totals"))
+        lines = ssc.textFileStream(inputd)
+        strict = lines.map(lambda x: ("n", x)).updateStateByKey(  # a key's whole batch refused by the update
+            lambda vs, s: (s or 0) + sum(int(v) for v in vs if v != "poison"), onError="deadLetter")
+        strict.map(lambda kv: f"{kv[0]}={kv[1]}").saveAsTextFiles(os.path.join(out, "strict"))
+        lengths = lines.map(lambda x: (len(x) > 1, x)).runningReduce(lambda a, b: str(int(a) + int(b)),
+                                                                     onError="deadLetter")
+        lengths.map(lambda kv: f"{kv[0]}={kv[1]}").saveAsTextFiles(os.path.join(out, "lengths"))
         ssc.deadLetters().map(lambda d: json.dumps([d.record, d.operator, d.error, d.batchTime])).saveAsTextFiles(
             os.path.join(out, "dead"))
         numbers.foreachRDD(FailsOnce(armed, 2000))
@@ -182,8 +189,124 @@ def _run(sc, tmp, monkeypatch, fail: bool) -> dict[str, list[str]]:  # noqa: ANN
 def test_dead_letters_and_outputs_are_exactly_once_through_a_failed_batch_and_a_restart(sc, tmp_path, monkeypatch):
     expected = _run(sc, str(tmp_path / "clean"), monkeypatch, fail=False)
     assert expected["totals-3000"] == ["sum=15"]
-    assert [json.loads(x)[:2] for x in expected["dead-2000"]] == [["poison", "map#1"]]
-    assert json.loads(expected["dead-3000"][0]) == [
+    by_operator = lambda lines: sorted((json.loads(x) for x in lines), key=lambda d: d[1])  # noqa: E731
+    assert [d[:2] for d in by_operator(expected["dead-2000"])] == [
+        ["poison", "map#1"], [[True, "poison"], "runningReduce#3"]]
+    dead_3000 = by_operator(expected["dead-3000"])
+    assert dead_3000[0] == [
         "not a number", "map#1", "ValueError: invalid literal for int() with base 10: 'not a number'", 3000]
+    assert [d[:2] for d in dead_3000[1:]] == [[[True, "not a number"], "runningReduce#3"],
+                                              [["n", ["5", "not a number"]], "updateStateByKey#2"]]
+    assert expected["strict-3000"] == ["n=10"]  # batch 2000's "poison": its key's values went to the dead letters
+    assert expected["lengths-3000"] == ["False=15"]
     got = _run(sc, str(tmp_path / "failed"), monkeypatch, fail=True)
     assert got == expected
+
+
+def _add(a, b):  # noqa: ANN001, ANN202 - a reduce that refuses what is not a number
+    return a + b
+
+
+def test_reduces_route_the_record_being_added_and_a_first_value_that_cannot_combine(sc):
+    """Kafka Streams' rule for a reduce: the record being added is the dead letter; a ``None`` first value (it cannot
+    be combined with itself, the next value can) is the dead letter itself. The results equal a reduce of the
+    records that are not dead letters."""
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+    batches = [[("a", 1), ("a", "x"), ("b", None), ("b", 2), ("a", 3), "not a pair"], [("a", 4), ("c", [1])]]
+    pairs = ssc.queueStream([sc.parallelize(b, 1) for b in batches])
+    by_key = pairs.reduceByKey(_add, 2, onError="deadLetter")
+    running = pairs.runningReduce(_add, 2, onError="deadLetter")
+    values = pairs.map(lambda kv: kv[1] if isinstance(kv, tuple) else kv, onError="fail")
+    total = values.reduce(_add, onError="deadLetter")
+    streams = {"by_key": by_key, "running": running, "total": total}
+    got: dict[str, dict] = {name: {} for name in streams}
+    dead: dict[str, dict] = {name: {} for name in streams}
+    for name, stream in streams.items():
+        stream.foreachRDD(_collector(got[name]))
+        stream.deadLetters().foreachRDD(_collector(dead[name]))
+    ssc.start()
+    try:
+        run_batches(ssc, ssc.clock, 2, TIMEOUT_S)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert sorted(got["by_key"][1000]) == [("a", 4), ("b", 2)]
+    assert sorted(got["by_key"][2000]) == [("a", 4), ("c", [1])]
+    assert [(d.record, d.operator, d.batchTime) for d in dead["by_key"][1000]] == [
+        (("a", "x"), "reduceByKey#1", 1000), (("b", None), "reduceByKey#1", 1000),
+        ("not a pair", "reduceByKey#1", 1000)]
+    assert dead["by_key"][1000][0].error.startswith("TypeError: unsupported operand")
+    assert dead["by_key"][1000][2].error.startswith("TypeError: reduceByKey#1 needs (key, value) pairs")
+    assert dead["by_key"][2000] == []
+    assert sorted(got["running"][2000]) == [("a", 8), ("b", 2), ("c", [1])]
+    assert [d.record for d in dead["running"][1000]] == [("a", "x"), ("b", None), "not a pair"]
+    # the values 1, "x", None, 2, 3, "not a pair": 1 + "x" raises ("x" out), 1 + None ... (None out), 3 + 2 + 3
+    assert got["total"] == {1000: [6], 2000: [4]}
+    assert [d.record for d in dead["total"][1000]] == ["x", None, "not a pair"]
+    assert [d.record for d in dead["total"][2000]] == [[1]]
+
+
+def test_windowed_reduces_route_each_batch_s_records_once_as_they_enter(sc):
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+    batches = [[("a", 1), ("a", "x")], [("a", 2)], [("a", None), ("b", 5)]]
+    pairs = ssc.queueStream([sc.parallelize(b, 1) for b in batches])
+    windowed = pairs.reduceByKeyAndWindow(_add, lambda a, b: a - b, 2, 1, 1, onError="deadLetter")
+    totals = pairs.map(lambda kv: kv[1], onError="fail").reduceByWindow(_add, None, 2, 1, onError="deadLetter")
+    got: dict[str, dict] = {"windowed": {}, "totals": {}}
+    dead: dict[str, dict] = {"windowed": {}, "totals": {}}
+    for name, stream in (("windowed", windowed), ("totals", totals)):
+        stream.foreachRDD(_collector(got[name]))
+        stream.deadLetters().foreachRDD(_collector(dead[name]))
+    ssc.start()
+    try:
+        run_batches(ssc, ssc.clock, 3, TIMEOUT_S)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert {t: sorted(v) for t, v in got["windowed"].items()} == {
+        1000: [("a", 1)], 2000: [("a", 3)], 3000: [("a", 2), ("b", 5)]}
+    assert {t: [d.record for d in ds] for t, ds in dead["windowed"].items()} == {
+        1000: [("a", "x")], 2000: [], 3000: [("a", None)]}  # None alone in its partition: None + None raises
+    assert got["totals"] == {1000: [1], 2000: [3], 3000: [7]}
+    assert {t: [d.record for d in ds] for t, ds in dead["totals"].items()} == {1000: ["x"], 2000: [], 3000: [None]}
+
+
+def _sum_or_refuse(values, state):  # noqa: ANN001, ANN202 - an update function that refuses a key's bad values
+    if "poison" in values:
+        raise ValueError("poison among the values")
+    return (state or 0) + sum(values)
+
+
+@pytest.mark.parametrize("store", ["rdd", "executor", "auto"])
+@pytest.mark.parametrize("idle", [True, False])
+def test_update_state_by_key_keeps_a_failed_key_s_state_and_routes_its_values(sc, tmp_path, monkeypatch, store, idle):
+    """A key whose update function raises keeps its state (a new key gets none), its values are the dead letter,
+    other keys go on; the state stream, ``changes()`` and the dead letters agree on every state backend."""
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", store)
+    monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(tmp_path / "local"))
+    monkeypatch.setenv("DSTREAMS_STATE_AUTO_KEYS", "1")
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+    batches = [[("a", 1), ("b", 2)], [("a", "poison"), ("a", 5), ("c", "poison"), ("b", 1)], [("a", 2), ("c", 3)],
+               []]
+    pairs = ssc.queueStream([sc.parallelize(b, 2) for b in batches])
+    state = pairs.updateStateByKey(_sum_or_refuse, 2, updateIdleKeys=idle, onError="deadLetter")
+    got: dict = {}
+    changes: dict = {}
+    dead: dict = {}
+    state.foreachRDD(_collector(got))
+    state.changes().foreachRDD(_collector(changes))
+    state.deadLetters().foreachRDD(_collector(dead))
+    ssc.start()
+    try:
+        run_batches(ssc, ssc.clock, 4, TIMEOUT_S)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert {t: sorted(v) for t, v in got.items()} == {
+        1000: [("a", 1), ("b", 2)], 2000: [("a", 1), ("b", 3)], 3000: [("a", 3), ("b", 3), ("c", 3)],
+        4000: [("a", 3), ("b", 3), ("c", 3)]}
+    assert {t: sorted((d.record, d.operator, d.batchTime) for d in ds) for t, ds in dead.items()} == {
+        1000: [], 2000: [(("a", ["poison", 5]), "updateStateByKey#1", 2000),
+                         (("c", ["poison"]), "updateStateByKey#1", 2000)], 3000: [], 4000: []}
+    assert all(d.error == "ValueError: poison among the values" for d in dead[2000])
+    # changes: what the user would upsert; a failed key's state is as it was (a failed new key: no state)
+    assert dict(changes[2000])["b"] == 3 and dict(changes[2000]).get("a", 1) == 1
+    assert dict(changes[2000]).get("c") is None
+    assert sorted(changes[3000]) == [("a", 3), ("c", 3)]

@@ -44,6 +44,7 @@ from pyspark import RDD, StorageLevel
 from pyspark.accumulators import Accumulator
 from pyspark.rdd import Partitioner
 
+from ..dead_letters import for_batch
 from ..node import DStreamNode
 from ..spark import jvm
 from ..spark.partitioned import ensure_partitioned, segmented_merge
@@ -373,7 +374,7 @@ class AutoUpdateStateNode(AutoStateNode, StoreUpdateStateNode):
         return [*super().describe_params(), "updateIdleKeys=False"]
 
     def rdd_merge(self, time: BatchTime) -> Merge:
-        return update_state_merge(keep_idle(self.update))
+        return update_state_merge(keep_idle(for_batch(self.update, time.ms)))
 
 
 def _plain_to_store(entry: tuple[Any, ...]) -> tuple[Any, ...]:

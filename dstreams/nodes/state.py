@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pyspark import RDD, StorageLevel
 from pyspark.rdd import Partitioner
 
+from ..dead_letters import for_batch
 from ..node import DStreamNode, OneParentNode
 from ..spark import jvm
 from ..spark.partitioned import (
@@ -186,7 +187,7 @@ class UpdateStateNode(StateNode):
         return shuffle_ordered(batch, self.partitioner, "updateStateByKey")  # merged by update_state_merge
 
     def merge_function(self, time: BatchTime) -> Merge:
-        return update_state_merge(self.update)
+        return update_state_merge(for_batch(self.update, time.ms))
 
 
 class TrackNode(StateNode):

@@ -45,6 +45,7 @@ from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.rdd import Partitioner
 
 from .. import config
+from ..dead_letters import for_batch
 from ..node import DStreamNode, OneParentNode
 from ..spark.partitioned import (
     ensure_partitioned,
@@ -633,7 +634,7 @@ class StoreUpdateStateNode(StoreStateNode):
         return shuffle_ordered(batch, self.partitioner, "updateStateByKey")  # merged in the applying task
 
     def updater(self, time: BatchTime) -> Updater:
-        update, idle = self.update, self.update_idle_keys
+        update, idle = for_batch(self.update, time.ms), self.update_idle_keys
 
         def apply(store: PartitionStore, records: list[Any]) -> tuple[dict[bytes, bytes | None], dict[bytes, bytes]]:
             new = {key_bytes(k): (k, vs) for k, vs in merge_ordered(records)}
