@@ -353,13 +353,13 @@ def ss_windows(sc: Any, window_ms: int, slide_ms: int, batches: int, rows: int =
 def ss_extra(window_ms: int, slide_ms: int, batches: int, rows: int = CHECK_ROWS,
              interval_ms: int = CHECK_INTERVAL_MS, data: EventData = BENCH_DATA
              ) -> tuple[dict[int, Counter[tuple[int, int, int]]], dict[str, int]]:
-    """What Structured Streaming counts beyond dstreams, per batch and window ``(key, start, end)``, by the
-    one documented difference (README, "Event time"): with ``W(b)`` the watermark of batch ``b`` (the largest
-    event time of the batches before, minus the lateness), a window whose end is in ``(W(b - 1), W(b)]``
-    closes in batch ``b``; dstreams emits it with the rows of the batches before, Structured Streaming (late
-    rows filtered with the previous batch's watermark) with batch ``b``'s rows in it too. Also returns counts
-    of the rows behind the watermark: ``behind`` (all), ``partly_counted`` (in some windows still open:
-    counted by per-window lateness, dropped whole by a per-record rule) and ``dropped_whole``."""
+    """What Structured Streaming counts beyond dstreams, per batch and window ``(key, start, end)``, by the one
+    documented difference (docs/concepts/event-time.md, "One difference from Structured Streaming"): with ``W(b)``
+    the watermark of batch ``b`` (the largest event time of the batches before, minus the lateness), a window whose
+    end is in ``(W(b - 1), W(b)]`` closes in batch ``b``; dstreams emits it with the rows of the batches before,
+    Structured Streaming (late rows filtered with the previous batch's watermark) with batch ``b``'s rows in it too.
+    Also returns counts of the rows behind the watermark: ``behind`` (all), ``partly_counted`` (in some windows
+    still open: counted by per-window lateness, dropped whole by a per-record rule) and ``dropped_whole``."""
     n = window_ms // slide_ms
     extra: dict[int, Counter[tuple[int, int, int]]] = {}
     stats = {"rows": 0, "behind": 0, "partly_counted": 0, "dropped_whole": 0}
