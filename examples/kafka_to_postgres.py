@@ -10,7 +10,7 @@ the metadata log before the batch runs, and it reads ``read_committed``, so a re
 the same records again. The totals are checkpointed state, and ``saveToPostgres`` commits every batch in one
 transaction with a commit record for its batch time: a batch that runs again writes nothing twice, through
 ``kill -9`` and a restart. (To write the totals back to Kafka instead, ``saveToKafka`` is the transactional
-sink: see docs/kafka.md.)
+sink: see docs/guide/kafka.md.)
 
 Needs a Kafka broker and a PostgreSQL server; the defaults are the project's test services (``bash
 scripts/services.sh start kafka postgres``): Kafka at ``$KAFKA_BOOTSTRAP`` or 127.0.0.1:9192, PostgreSQL at
