@@ -813,7 +813,8 @@ class DStream:
         self._output(save, f"saveToStore({str(location)!r})")
 
     def saveToRedisStream(self, url: str, key: str, fields: Sequence[str] | Callable[[Any], Mapping[str, Any]]
-                          | None = None, chunkSize: int = DEFAULT_REDIS_CHUNK_SIZE) -> None:
+                          | None = None, chunkSize: int = DEFAULT_REDIS_CHUNK_SIZE, *, onError: str = "fail",
+                          maxEntryBytes: int | None = None, deadLetterKey: str | None = None) -> None:
         """Add each batch's records to the Redis stream ``key`` at ``url``, exactly once.
 
         Each record becomes one entry: a mapping of field -> value when ``fields`` is None, a tuple zipped with
@@ -826,8 +827,13 @@ class DStream:
         batch with ``RedisStreamConflictError`` (never a silent loss). Read it with ``ssc.redisStream(key)``;
         see :mod:`dstreams.recovery.redis_sink` for the details. Needs redis-py (``pip install
         'dstreams[redis]'``).
+
+        A record that cannot be encoded, or whose entry is larger than ``maxEntryBytes`` (default: Redis's limit,
+        512 MiB), fails the batch; with ``onError="deadLetter"`` it goes instead, exactly once, to the stream
+        ``deadLetterKey`` (default ``"<key>:dead-letters"``: fields ``output, batch_ms, part, row, record, error``)
+        and the rest of the batch is written.
         """
-        from dstreams.recovery.redis_sink import save_to_redis_stream
+        from dstreams.recovery.redis_sink import DEFAULT_MAX_ENTRY_BYTES, save_to_redis_stream
 
         ssc = self._ssc
         if not isinstance(key, str) or not key:
@@ -839,6 +845,17 @@ class DStream:
             fields = list(fields)
         if int(chunkSize) < 1:
             raise ValueError(f"saveToRedisStream's chunkSize must be >= 1, got {chunkSize!r}")
+        if onError not in ("fail", "deadLetter"):
+            raise ValueError(f"saveToRedisStream: onError must be 'fail' or 'deadLetter', got {onError!r}")
+        max_bytes = DEFAULT_MAX_ENTRY_BYTES if maxEntryBytes is None else int(maxEntryBytes)
+        if max_bytes < 1:
+            raise ValueError(f"saveToRedisStream's maxEntryBytes must be >= 1, got {maxEntryBytes!r}")
+        dead_key = None
+        if onError == "deadLetter":
+            dead_key = deadLetterKey if deadLetterKey is not None else f"{key}:dead-letters"
+            if not isinstance(dead_key, str) or not dead_key or dead_key == key:
+                raise ValueError(f"saveToRedisStream's deadLetterKey must be a non-empty str other than the key, "
+                                 f"got {deadLetterKey!r}")
         if ssc.concurrent_batches > 1:
             raise ValueError("saveToRedisStream writes batches in id order and needs them one at a time: "
                              f"concurrentBatches is {ssc.concurrent_batches} (set it, or "
@@ -846,7 +863,8 @@ class DStream:
 
         def save(time: Any, rdd: RDD) -> None:
             ms = round(time.timestamp() * 1000)
-            save_to_redis_stream(rdd, ms, url, key, fields, ssc.output_environment().check_owner, int(chunkSize))
+            save_to_redis_stream(rdd, ms, url, key, fields, ssc.output_environment().check_owner, int(chunkSize),
+                                 max_entry_bytes=max_bytes, dead_letter_key=dead_key)
 
         self._output(save, f"saveToRedisStream({key!r})")
 

@@ -35,6 +35,14 @@ Contract of :func:`save_to_redis_stream` (the sink behind ``DStream.saveToRedisS
   ids and (deterministic functions) the same fields, which the owner then finds written: the stream is the same.
 * **Records written** (``OutputOperationInfo.records_written``): the entries this write added (0 for a re-run
   that found the batch written).
+* **Refused records.** A record that cannot be encoded (not a mapping or tuple of ``fields``, a value that is not
+  str, bytes, int or float) or whose entry is larger than ``max_entry_bytes`` (field names and values; the default
+  is Redis's own limit on one value, 512 MiB) fails the batch, naming the batch, the partition, the position and
+  the way past it. With ``dead_letters`` (``onError="deadLetter"``) it is written instead to the dead-letter
+  stream ``dead_letter_key`` (default ``<key>:dead-letters``) as one entry of the fields ``output``, ``batch_ms``,
+  ``part``, ``row``, ``record`` (JSON, other values as their ``repr``, cut to :data:`DEAD_RECORD_CHARS`) and
+  ``error``, with the id the record would have had: that stream's entries are written by the same idempotent
+  chunks, before the batch's entries, so they too are exactly once through re-runs and restarts.
 """
 
 from __future__ import annotations
@@ -59,6 +67,12 @@ STRIDE = 2**32
 MAX_PARTITIONS = 2**21
 #: Entries per script call: bounds how long one call blocks the server (about 1 ms per 1,000 small entries).
 DEFAULT_CHUNK_SIZE = 1000
+
+#: The default bound of one entry's size (field names and values): Redis refuses a value above 512 MiB
+#: (``proto-max-bulk-len``), so a larger entry would fail the write anyway.
+DEFAULT_MAX_ENTRY_BYTES = 512 * 1024 * 1024
+#: How much of a refused record a dead-letter entry keeps (characters of its JSON).
+DEAD_RECORD_CHARS = 65536
 
 #: A record, encoded on an executor: (entry id, [field, value, field, value, ...]).
 Entry = tuple[str, list[bytes]]
@@ -163,19 +177,48 @@ def encode_record(record: Any, fields: Fields) -> list[bytes]:
     return flat
 
 
-def encode_partition(batch_ms: int, fields: Fields) -> Callable[[int, Iterable[Any]], Iterator[Entry]]:
-    """The executor side: each record of partition ``p`` as ``(id, flat fields)``; a record that cannot be
-    encoded fails the task naming the batch, the partition and the record's position."""
+def dead_letter_fields(output: str, batch_ms: int, p: int, i: int, record: Any, error: str) -> list[bytes]:
+    """A refused record's dead-letter entry (module docstring)."""
+    import json
 
-    def encode(p: int, records: Iterable[Any]) -> Iterator[Entry]:
+    try:
+        text = json.dumps(record, default=repr)
+    except (TypeError, ValueError):  # a circular structure, a float key...
+        text = json.dumps(repr(record))
+    if len(text) > DEAD_RECORD_CHARS:
+        text = text[:DEAD_RECORD_CHARS - 3] + "..."
+    values = {"output": output, "batch_ms": str(batch_ms), "part": str(p), "row": str(i), "record": text,
+              "error": error}
+    return [b for name, value in values.items() for b in (name.encode(), value.encode("utf-8", "replace"))]
+
+
+def encode_partition(batch_ms: int, fields: Fields, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
+                     dead_letters: str | None = None) -> Callable[[int, Iterable[Any]], Iterator[Any]]:
+    """The executor side: each record of partition ``p`` as ``(id, flat fields)``. A record that cannot be encoded or
+    whose entry is larger than ``max_entry_bytes`` fails the task naming the batch, the partition, the record's
+    position and the way past it; with ``dead_letters`` (the output's name) it becomes ``(id, dead-letter fields,
+    True)`` instead (:func:`dead_letter_fields`)."""
+
+    def encode(p: int, records: Iterable[Any]) -> Iterator[Any]:
         if p >= MAX_PARTITIONS:
             raise ValueError(f"saveToRedisStream: partition {p} of batch {batch_ms}: at most {MAX_PARTITIONS} "
                              "partitions (repartition the stream)")
         for i, record in enumerate(records):
+            eid = entry_id(batch_ms, p, i)
             try:
-                yield entry_id(batch_ms, p, i), encode_record(record, fields)
+                flat = encode_record(record, fields)
+                size = sum(len(b) for b in flat)
+                if size > max_entry_bytes:
+                    raise ValueError(f"its entry is {size} bytes, larger than maxEntryBytes={max_entry_bytes}")
             except Exception as e:
-                raise type(e)(f"saveToRedisStream: batch {batch_ms}, partition {p}, record {i}: {e}") from None
+                if dead_letters is not None:
+                    error = f"{type(e).__name__}: {e}"
+                    yield eid, dead_letter_fields(dead_letters, batch_ms, p, i, record, error), True
+                    continue
+                raise type(e)(f"saveToRedisStream: batch {batch_ms}, partition {p}, record {i}: {e}. "
+                              "saveToRedisStream(..., onError='deadLetter') writes such records to a dead-letter "
+                              "stream instead and goes on with the batch") from None
+            yield eid, flat
 
     return encode
 
@@ -234,25 +277,36 @@ def write_chunk(client: Any, key: str, chunk: list[Entry], batch_ms: int) -> tup
 
 def save_to_redis_stream(rdd: RDD, batch_ms: int, url: str, key: str, fields: Fields = None,
                          guard: Callable[[], None] | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                         policy: RetryPolicy | None = None) -> int:
+                         policy: RetryPolicy | None = None, max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
+                         dead_letter_key: str | None = None) -> int:
     """Write the records of ``rdd`` (batch ``batch_ms``) to the stream ``key`` at ``url`` exactly once (see the
-    module docstring); returns the entries added (0 when the batch was already written)."""
+    module docstring); returns the entries added (0 when the batch was already written). With ``dead_letter_key``
+    the records refused go there (module docstring, "Refused records")."""
     from dstreams.nodes.redis_streams import client as redis_client
 
-    entries: list[Entry] = rdd.mapPartitionsWithIndex(encode_partition(batch_ms, fields)).collect()
+    output = f"saveToRedisStream({key})"
+    encoded = rdd.mapPartitionsWithIndex(encode_partition(
+        batch_ms, fields, max_entry_bytes, output if dead_letter_key is not None else None)).collect()
+    dead: list[Entry] = [(e[0], e[1]) for e in encoded if len(e) == 3]
+    entries: list[Entry] = [e for e in encoded if len(e) == 2] if dead else encoded
     if guard is not None:
         guard()
     faults.reached("sink-write")
     client = redis_client(url)
     policy = policy or RetryPolicy.from_env()
     added = found = 0
-    for chunk in _chunks(entries, chunk_size):
-        a, f = policy.call(lambda chunk=chunk: write_chunk(client, key, chunk, batch_ms), op="xadd", key=key,
-                           where=url)
-        added += a
-        found += f
-        if a:
-            faults.reached("redis-sink-chunk")
+    for target, items in ((dead_letter_key, dead), (key, entries)):
+        for chunk in _chunks(items, chunk_size):
+            a, f = policy.call(lambda chunk=chunk, target=target: write_chunk(client, target, chunk, batch_ms),
+                               op="xadd", key=target, where=url)
+            if target == key:
+                added += a
+                found += f
+            if a:
+                faults.reached("redis-sink-chunk")
+    if dead:
+        log.warning("saveToRedisStream: batch %d: %d records refused went to the dead-letter stream %s", batch_ms,
+                    len(dead), dead_letter_key)
     if found:
         log.info("saveToRedisStream: batch %d: %d entries of %s were already written, %d added", batch_ms, found,
                  key, added)

@@ -6,6 +6,7 @@ are reported (not silently taken for ours), and one dstreams job reads with ``re
 
 from __future__ import annotations
 
+import json
 import urllib.request
 
 import pytest
@@ -69,6 +70,50 @@ def test_a_record_that_is_not_a_mapping_fails_naming_the_batch_and_its_position(
     rdd = sc.parallelize([{"a": 1}, "not a dict"], 1)
     with pytest.raises(Exception, match=r"batch 1000, partition 0, record 1: .*not a non-empty mapping"):
         save_to_redis_stream(rdd, 1000, redis_url, f"{redis_prefix}bad")
+
+
+def test_a_refused_record_fails_naming_the_way_past_it(sc, redis_url, redis_prefix):
+    rdd = sc.parallelize([{"a": 1}, {"a": "x" * 200}], 1)
+    with pytest.raises(Exception, match=r"record 1: its entry is 201 bytes, larger than maxEntryBytes=100.*"
+                                        r"onError='deadLetter'"):
+        save_to_redis_stream(rdd, 1000, redis_url, f"{redis_prefix}big", max_entry_bytes=100)
+
+
+def test_refused_records_go_once_to_the_dead_letter_stream_through_a_cut_write_and_reruns(
+        sc, redis_url, redis_client, redis_prefix):
+    """Issue 44: an entry too large and a value Redis cannot hold go to ``<key>:dead-letters`` with the ids they
+    would have had, the rest of the batch to the key; a write cut after the dead letters and two re-runs add
+    nothing twice."""
+    from dstreams.nodes.redis_streams import client
+
+    key, dead_key = f"{redis_prefix}dl", f"{redis_prefix}dl:dead-letters"
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+    records = [{"i": 0}, {"i": 1, "blob": "x" * 500}, {"i": 2}, {"i": [3]}, {"i": 4}]
+    ssc.queueStream([sc.parallelize(records, 2)]).saveToRedisStream(redis_url, key, onError="deadLetter",
+                                                                    maxEntryBytes=100)
+    ssc.start()
+    try:
+        run_batches(ssc, ssc.clock, 1)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert [f["i"] for _, f in _entries(redis_client, key)] == ["0", "2", "4"]
+    dead = _entries(redis_client, dead_key)
+    assert [eid for eid, _ in dead] == ["1000-1", f"1000-{STRIDE + 1}"]  # the ids the records would have had
+    assert [(f["output"], f["batch_ms"], f["part"], f["row"]) for _, f in dead] == [
+        (f"saveToRedisStream({key})", "1000", "0", "1"), (f"saveToRedisStream({key})", "1000", "1", "1")]
+    assert json.loads(dead[0][1]["record"]) == records[1]
+    assert dead[0][1]["error"] == "ValueError: its entry is 506 bytes, larger than maxEntryBytes=100"
+    assert json.loads(dead[1][1]["record"]) == {"i": [3]}
+    assert dead[1][1]["error"].startswith("TypeError: field 'i' of the record")
+    # a second batch cut after its dead letters were written, then re-run twice: each record once
+    key2, dead2 = f"{redis_prefix}cut", f"{redis_prefix}cut:dead-letters"
+    rdd = sc.parallelize(records, 2)
+    encoded = rdd.mapPartitionsWithIndex(encode_partition(2000, None, 100, f"saveToRedisStream({key2})")).collect()
+    assert write_chunk(client(redis_url), dead2, [(e[0], e[1]) for e in encoded if len(e) == 3], 2000) == (2, 0)
+    assert save_to_redis_stream(rdd, 2000, redis_url, key2, max_entry_bytes=100, dead_letter_key=dead2) == 3
+    assert save_to_redis_stream(rdd, 2000, redis_url, key2, max_entry_bytes=100, dead_letter_key=dead2) == 0
+    assert [f["i"] for _, f in _entries(redis_client, key2)] == ["0", "2", "4"]
+    assert len(_entries(redis_client, dead2)) == 2
 
 
 def test_a_rerun_batch_adds_nothing(sc, redis_url, redis_client, redis_prefix):
