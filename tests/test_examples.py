@@ -495,7 +495,7 @@ def test_redis_to_postgres_upserts_the_totals_exactly_once_across_a_restart(sc, 
     assert f"{table}: 4 customers, 65 orders, {cents / 100:.2f} in all" in out2, out2[-3000:]
 
 
-def test_kafka_to_postgres_upserts_the_totals_of_the_topic(sc, monkeypatch, tmp_path, kafka_bootstrap,
+def test_kafka_to_postgres_upserts_the_totals_exactly_once_across_a_restart(sc, monkeypatch, tmp_path, kafka_bootstrap,
                                                            postgres_dsn, pg_schema):
     from tests.kafka_support import create_topic, produce
 
@@ -505,11 +505,18 @@ def test_kafka_to_postgres_upserts_the_totals_of_the_topic(sc, monkeypatch, tmp_
     produce(kafka_bootstrap, topic, [(c, json.dumps({"customer": c, "amount_cents": n})) for c, n in written])
     args = ["--kafka", kafka_bootstrap, "--topic", topic, "--postgres", postgres_dsn, "--table", table,
             "--produce", "0", "--batch", "500ms", "--checkpoint", str(tmp_path / "checkpoint"), "--seconds", str(RUN_S)]
-    out, _ = run_example(sc, monkeypatch, "kafka_to_postgres", args, tmp_path,
-                         done=lambda o: _table_rows(postgres_dsn, table) == _totals(written))
-    assert _table_rows(postgres_dsn, table) == _totals(written), out[-3000:]
-    cents = sum(c for _, c in written)
-    assert f"{table}: 4 customers, 50 orders, {cents / 100:.2f} in all" in out, out[-3000:]
+    out1, _ = run_example(sc, monkeypatch, "kafka_to_postgres", args, tmp_path,
+                          done=lambda o: _table_rows(postgres_dsn, table) == _totals(written))
+    assert _table_rows(postgres_dsn, table) == _totals(written), out1[-3000:]
+
+    # More orders while it is down; restarted from its checkpoint it goes on from the offsets it had reached.
+    more = _orders(30, rng)
+    produce(kafka_bootstrap, topic, [(c, json.dumps({"customer": c, "amount_cents": n})) for c, n in more])
+    out2, _ = run_example(sc, monkeypatch, "kafka_to_postgres", args, tmp_path,
+                          done=lambda o: _table_rows(postgres_dsn, table) == _totals(written + more))
+    assert _table_rows(postgres_dsn, table) == _totals(written + more), out2[-3000:]
+    cents = sum(c for _, c in written + more)
+    assert f"{table}: 4 customers, 80 orders, {cents / 100:.2f} in all" in out2, out2[-3000:]
 
 
 def test_direct_kafka_wordcount_counts_the_words_written_to_its_topic(sc, monkeypatch, tmp_path, kafka_bootstrap):
