@@ -783,7 +783,7 @@ class DStream:
 
         self._output(save, f"saveAsTextFiles({prefix!r})")
 
-    def saveToStore(self, location: str, format: str = "text", **storeOptions: Any) -> None:
+    def saveToStore(self, location: str, format: str = "text", *, onError: str = "fail", **storeOptions: Any) -> None:
         """Save each batch under ``location/<batch ms, 15 digits>/`` in a store, exactly once.
 
         ``location`` is an ``s3://bucket/prefix`` URL or a local folder (shared by the executors).
@@ -793,12 +793,18 @@ class DStream:
         batch alone and rewrites one that was cut off, so readers that only take folders with
         ``_SUCCESS`` see every batch once. ``storeOptions`` as for ``StreamingContext.checkpoint``
         (default: the checkpoint store's when that is an ``s3://`` location, else boto3's chain).
+        A record the format cannot encode (``pickle`` refuses it) fails the batch; with ``onError="deadLetter"``
+        it goes, exactly once, to ``_dead-letters-NNNNN.jsonl`` in the batch's folder instead
+        (:mod:`dstreams.recovery.sinks`).
         """
         ssc = self._ssc
         from dstreams.recovery.sinks import FORMATS
 
         if format not in FORMATS:
             raise ValueError(f"unknown output format {format!r}: choose one of {sorted(FORMATS)}")
+        if onError not in ("fail", "deadLetter"):
+            raise ValueError(f"saveToStore: onError must be 'fail' or 'deadLetter', got {onError!r}")
+        output = f"saveToStore({str(location)})"
         if not location or str(location).startswith("memory://"):
             raise ValueError("saveToStore needs an s3:// URL or a local folder the executors can write "
                              f"(memory:// stores live in one process), got {location!r}")
@@ -808,7 +814,8 @@ class DStream:
             env = ssc.output_environment()
             options = sink_store_options(str(location), storeOptions, env.checkpoint_dir, env.store_options)
             target = f"{str(location).rstrip('/')}/{ms:015d}"
-            save_to_store_exactly_once(rdd, target, env.check_owner, options, format)
+            save_to_store_exactly_once(rdd, target, env.check_owner, options, format,
+                                       (output, ms) if onError == "deadLetter" else None)
 
         self._output(save, f"saveToStore({str(location)!r})")
 

@@ -17,6 +17,14 @@ half-way) is replaced. Readers must ignore folders without ``_SUCCESS``.
 writes its part object ``part-NNNNN[.ext]`` (two attempts of one task write identical bytes under the same
 key), then the driver writes ``_SUCCESS``.
 
+Dead letters (``saveToStore(..., onError="deadLetter")``): a record the format cannot encode (``pickle`` refuses it,
+its ``str`` raises, a circular structure for ``json``) is left out of its part and written, in the same batch folder,
+to ``_dead-letters-NNNNN.jsonl`` (one JSON line per record: ``output, batch_ms, part, row, record`` as its ``repr``,
+``error``). The leading underscore hides it from readers of ``part-*`` as ``_SUCCESS`` is; it is written by the same
+task and committed by the same marker, so it is exactly once like the parts. A partition is first encoded whole;
+only when that raises are its records encoded one by one (no cost when nothing is refused). Without it such a
+record fails the task, and then the batch, with an error naming the way past it.
+
 Both report the records of a write they commit to :func:`dstreams.output_records.add_written` (the batch's
 ``OutputOperationInfo.records_written``): counted per partition by the one task result Spark keeps of it.
 
@@ -228,19 +236,6 @@ def _save_hadoop(rdd: RDD, path: str, guard: Callable[[], None] | None) -> bool:
     return True
 
 
-class _Counted:
-    """The records of ``it``, once, counting them in ``n`` as they go by."""
-
-    def __init__(self, it: Iterable[Any]) -> None:
-        self._it = it
-        self.n = 0
-
-    def __iter__(self) -> Iterator[Any]:
-        for x in self._it:
-            self.n += 1
-            yield x
-
-
 def _text(records: Iterable[Any]) -> bytes:
     return "".join(f"{x}\n" for x in records).encode("utf-8")
 
@@ -251,6 +246,44 @@ def _json_lines(records: Iterable[Any]) -> bytes:
 
 def _pickled(records: Iterable[Any]) -> bytes:
     return pickle.dumps(list(records), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def dead_letters_key(i: int) -> str:
+    """The object of partition ``i``'s dead letters in a batch folder."""
+    return f"_dead-letters-{i:05d}.jsonl"
+
+
+def encode_or_route(encode: Callable[[Iterable[Any]], bytes], records: list[Any], output: str, batch_ms: int,
+                    part: int) -> tuple[bytes, bytes | None, int]:
+    """A partition's part object, its dead letters' object (None: none) and the records in the part: the whole
+    partition encoded at once, else record by record with the refused ones routed (module docstring)."""
+    try:
+        return encode(records), None, len(records)
+    except Exception:  # noqa: BLE001 - find the records that fail, one by one
+        pass
+    good: list[Any] = []
+    dead: list[str] = []
+    for row, x in enumerate(records):
+        try:
+            encode([x])
+        except Exception as e:  # noqa: BLE001 - the record goes to the dead letters
+            try:
+                shown = repr(x)
+            except Exception:  # noqa: BLE001 - a repr that raises too
+                shown = f"<{type(x).__name__} whose repr raises>"
+            dead.append(json.dumps({"output": output, "batch_ms": batch_ms, "part": part, "row": row,
+                                    "record": shown[:65536], "error": f"{type(e).__name__}: {e}"[:2000]}))
+            continue
+        good.append(x)
+    return encode(good), "".join(line + "\n" for line in dead).encode("utf-8"), len(good)
+
+
+def _refuses(encode: Callable[[Iterable[Any]], bytes], x: Any) -> bool:
+    try:
+        encode([x])
+    except Exception:  # noqa: BLE001 - a probe
+        return True
+    return False
 
 
 #: Encodings of a part object: name -> (encoder of a partition's records, file extension).
@@ -274,7 +307,8 @@ def sink_store_options(location: str, explicit: dict[str, Any], checkpoint_dir: 
 
 
 def save_to_store_exactly_once(rdd: RDD, location: str, guard: Callable[[], None] | None = None,
-                               store_options: dict[str, Any] | None = None, format: str = "text") -> bool:
+                               store_options: dict[str, Any] | None = None, format: str = "text",
+                               dead_letters: tuple[str, int] | None = None) -> bool:
     """Write ``rdd`` under the store ``location`` once, as ``part-NNNNN[.ext]`` objects and a ``_SUCCESS`` marker.
 
     Each task writes its partition's object (a speculative or retried attempt, or a re-run of the batch,
@@ -283,6 +317,8 @@ def save_to_store_exactly_once(rdd: RDD, location: str, guard: Callable[[], None
     is already committed, and False when another writer committed it while this one wrote. ``guard``
     raises when this driver is fenced off: called before the first part is written and again before
     leftovers of a cut-off write (keys this write does not produce) are deleted and ``_SUCCESS`` is written.
+    ``dead_letters`` (the output's name and the batch's ms) routes the records the format refuses (module
+    docstring); without it they fail the task.
     """
     if format not in FORMATS:
         raise ValueError(f"unknown output format {format!r}: choose one of {sorted(FORMATS)}")
@@ -296,15 +332,34 @@ def save_to_store_exactly_once(rdd: RDD, location: str, guard: Callable[[], None
         guard()
     faults.reached("sink-write")
 
-    def write(i: int, it: Iterable[Any]) -> list[int]:
-        records = _Counted(it)
-        spec.open().put(f"part-{i:05d}{ext}", encode(records))
-        return [records.n]
+    def write(i: int, it: Iterable[Any]) -> list[tuple[int, bool]]:
+        records = list(it)
+        dead: bytes | None = None
+        if dead_letters is not None:
+            data, dead, n = encode_or_route(encode, records, dead_letters[0], dead_letters[1], i)
+            if dead is not None:
+                spec.open().put(dead_letters_key(i), dead)
+        else:
+            try:
+                data, n = encode(records), len(records)
+            except Exception as e:
+                raise refused(e, i, records) from e
+        spec.open().put(f"part-{i:05d}{ext}", data)
+        return [(n, dead is not None)]
 
-    written = sum(rdd.mapPartitionsWithIndex(write).collect())
+    def refused(e: Exception, i: int, records: list[Any]) -> Exception:
+        row = next((r for r, x in enumerate(records) if _refuses(encode, x)), None)
+        where = f"record {row} ({records[row]!r:.200})" if row is not None else "its records together"
+        return ValueError(f"saveToStore: partition {i}, {where}: the {format!r} format cannot encode it "
+                          f"({type(e).__name__}: {e}); saveToStore(..., onError='deadLetter') writes such records "
+                          f"to {dead_letters_key(i)} in the batch's folder instead and goes on")
+
+    parts = rdd.mapPartitionsWithIndex(write).collect()
+    written = sum(n for n, _ in parts)
     if guard is not None:
         guard()
     ours = {f"part-{i:05d}{ext}" for i in range(rdd.getNumPartitions())}
+    ours |= {dead_letters_key(i) for i, (_, dead) in enumerate(parts) if dead}
     leftovers = [key for key in store.list("") if key != SUCCESS and key not in ours]
     if leftovers:  # of a write cut off with more partitions or another format
         if store.exists(SUCCESS):  # another driver committed the batch meanwhile: not ours to delete

@@ -15,7 +15,7 @@ from dstreams import ManualClock, StreamingContext
 from dstreams.recovery.sinks import SUCCESS, save_text_exactly_once
 from dstreams.recovery.store import open_store
 
-from .support import service_unavailable
+from .support import run_batches, service_unavailable
 
 MOTO = os.environ.get("DSTREAMS_TEST_MOTO_ENDPOINT", "http://127.0.0.1:5055")
 MOTO_OPTS = {"endpoint_url": MOTO, "access_key": "testing", "secret_key": "testing", "region": "us-east-1"}
@@ -338,3 +338,46 @@ def test_local_sink_stages_its_write_and_clears_what_killed_writers_left(sc, tmp
     assert sorted(p for p in os.listdir(path) if not p.startswith(".")) == ["_SUCCESS", "part-00000", "part-00001"]
     assert _staged(out) == ["counts-2000.0123456789abcdef0123456789abcdef"]
     assert sorted(os.listdir(out)) == [STAGING, "counts-1000"]  # readers listing the folder skip the hidden one
+
+
+def _unpicklable(x):  # noqa: ANN001, ANN202 - a record pickle refuses (a generator) for "bad"
+    return (x, (y for y in ())) if x == "bad" else x
+
+
+def test_save_to_store_routes_a_record_its_format_refuses_once_or_fails_naming_the_way(sc, tmp_path):
+    """Issue 44: with ``onError="deadLetter"`` a record ``pickle`` refuses goes to ``_dead-letters-NNNNN.jsonl`` in the
+    batch's folder, committed with its parts; a cut-off write's re-run and a re-run of the committed batch write it
+    once. Without it the batch fails naming the record and that way past it."""
+    import json
+    import pickle
+
+    from dstreams.recovery.sinks import save_to_store_exactly_once
+
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+    records = [1, "bad", 3, 4]
+    ssc.queueStream([sc.parallelize(records, 2)]).map(_unpicklable).saveToStore(
+        str(tmp_path / "out"), "pickle", onError="deadLetter")
+    ssc.start()
+    try:
+        run_batches(ssc, ssc.clock, 1)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    folder = tmp_path / "out" / "000000000001000"
+    assert sorted(os.listdir(folder)) == ["_SUCCESS", "_dead-letters-00000.jsonl", "part-00000.pickle",
+                                          "part-00001.pickle"]
+    got = [x for p in ("part-00000.pickle", "part-00001.pickle") for x in pickle.loads((folder / p).read_bytes())]
+    assert got == [1, 3, 4]
+    (dead,) = [json.loads(line) for line in (folder / "_dead-letters-00000.jsonl").read_text().splitlines()]
+    assert (dead["output"], dead["batch_ms"], dead["part"], dead["row"]) == (
+        f"saveToStore({tmp_path / 'out'})", 1000, 0, 1)
+    assert dead["record"].startswith("('bad', <generator object") and "generator" in dead["error"]
+    # a write cut off before its commit, re-run: the same objects, once
+    rdd = sc.parallelize(records, 2).map(_unpicklable)
+    partial = tmp_path / "again" / "000000000001000"
+    assert save_to_store_exactly_once(rdd, str(partial), format="pickle", dead_letters=("o", 1000)) is True
+    (partial / "_SUCCESS").unlink()
+    assert save_to_store_exactly_once(rdd, str(partial), format="pickle", dead_letters=("o", 1000)) is True
+    assert save_to_store_exactly_once(rdd, str(partial), format="pickle", dead_letters=("o", 1000)) is False
+    assert len((partial / "_dead-letters-00000.jsonl").read_text().splitlines()) == 1
+    with pytest.raises(Exception, match=r"partition 0, record 1 \(\('bad'.*cannot encode it.*onError='deadLetter'"):
+        save_to_store_exactly_once(rdd, str(tmp_path / "failed" / "1"), format="pickle")
