@@ -669,7 +669,7 @@ class DStream:
     # ------------------------------------------------------------------ event time
     def withEventTime(self, extract: Callable[[Any], Any], allowedLateness: DurationLike = 0,
                       dropLate: bool = False) -> DStream:
-        """This stream with an event time per record and a low watermark (README, "Event time").
+        """This stream with an event time per record and a low watermark (docs/guide/event-time.md).
 
         ``extract(record)`` returns the record's event time: seconds since the epoch (int or float, as
         ``time.time()``) or a ``datetime`` (naive: UTC). The watermark in force for batch ``t`` is the

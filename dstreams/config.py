@@ -16,8 +16,8 @@ Contract:
 * :data:`SETTINGS` lists every setting; :data:`ENVIRONMENT_ONLY` and :data:`INTERNAL` dstreams' variables
   without a conf key; :data:`STANDARD` the variables of Spark, PySpark, Java, AWS and XDG that the library
   reads; :data:`TEST_ONLY` the fault-injection variables that stay environment-only (read by
-  ``dstreams.recovery.faults``). :func:`markdown_table` renders them all as the README's configuration table
-  (``python -m dstreams.config`` prints it).
+  ``dstreams.recovery.faults``). :func:`markdown_table` renders them all as the settings page
+  (docs/reference/settings.md; ``python -m dstreams.config`` prints it).
 
 This module imports the standard library only: executors import it, and it knows neither the api nor
 recovery.
@@ -63,7 +63,7 @@ class Setting:
 
 @dataclass(frozen=True)
 class EnvVar:
-    """An environment-only variable (test-only fault injection), listed for the README table."""
+    """An environment-only variable (test-only fault injection), listed on the settings page."""
 
     env: str
     default: str
@@ -548,7 +548,7 @@ ON_RECORD_ERROR = Setting(
         "error, batchTime)` each, and the rest of the batch goes on. Read when the operator is defined.",
 )
 
-#: Every engine setting, in the order of the README table.
+#: Every engine setting, in the order of the settings page.
 def _sharing(raw: str) -> str:
     value = raw.strip().lower()
     if value in ("auto", "1", "on", "true"):
@@ -586,8 +586,8 @@ STATE_STORE = Setting(
         "keys changed since the previous one. `auto` (the default): `runningReduce`, "
         "`updateStateByKey(..., updateIdleKeys=False)`, `track`, the incremental windows, the event-time windows and "
         "`sessionWindow` start on the RDD state and move into the executor store once the state is large next to "
-        "what a batch touches (`spark.dstreams.state.autoKeys`). README, "
-        "\"Large state\". Read when the operator is defined: a restart runs the graph stored in its checkpoint, "
+        "what a batch touches (`spark.dstreams.state.autoKeys`); see the guide's \"Large state\" page. "
+        "Read when the operator is defined: a restart runs the graph stored in its checkpoint, "
         "built under the value it was written with (with "
         "`spark.dstreams.checkpoint.graph=off` a graph rebuilt under another value is another graph, and the "
         "error names the value to set).",
@@ -643,7 +643,7 @@ STATE_CHANGELOG = Setting(
         "there up to date from the newest checkpoint and the changes after it, instead of failing the batch "
         "(whose retry then rebuilds the store through lineage). `auto` (the default): `on` under a cluster master "
         "(`spark://`, `yarn`, `k8s://`...), `off` under `local` and `local-cluster`, whose executors share one "
-        "disk. README, \"Large state\".",
+        "disk. See the guide's \"Large state\" page.",
 )
 
 
@@ -796,7 +796,7 @@ STANDARD: tuple[EnvVar, ...] = (
 
 
 def markdown_table() -> str:
-    """The README's configuration table: every setting, the environment-only and internal variables, the
+    """The settings page (docs/reference/settings.md): every setting, the environment-only and internal variables, the
     other tools' variables dstreams reads, then the test-only variables."""
     rows = ["| Spark conf key | environment variable | default | what it does |", "| --- | --- | --- | --- |"]
     for s in SETTINGS:

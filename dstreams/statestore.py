@@ -7,9 +7,8 @@ reads and writes only the keys it touches, instead of rebuilding the whole state
 Why SQLite: it is in Python's standard library (no dependency beyond the project's), it is shared by every
 Python worker process of an executor (a PySpark task runs in whichever worker is free, so an in-process
 dict would be loaded once per worker and per partition), it keeps state larger than memory on disk with the
-operating system's page cache in front of it, and a transaction makes each batch's update atomic. Measured
-(25,000 random updates into 2.5M keys, one process): 0.22-0.45 s with SQLite, 0.08 s with LMDB; LMDB would
-be the next step if the project accepts a dependency (``benchmarks/README.md``, "State at scale").
+operating system's page cache in front of it, and a transaction makes each batch's update atomic. Its cost
+next to an embedded key-value store such as LMDB is measured in ``benchmarks/README.md`` ("Why SQLite").
 
 Contract of :class:`PartitionStore`:
 
@@ -62,13 +61,11 @@ SNAPSHOT, DELTA, PAIRS_SNAPSHOT, FILE_SNAPSHOT = "snapshot", "delta", "pairs", "
 #: the checkpoint instead). 2: the log as one row per version; 3: a version's log as three lists (keys, old values,
 #: new values) rather than a list of triples (a third less time to write); 4: the state keyed by the key's bytes
 #: (``kv(k, v) WITHOUT ROWID``) instead of by a 63-bit hash of them as the row id, with a side table for keys on one
-#: hash. Measured (50,000 random updates into 5M keys, one process, interleaved, 8 batches each): 0.63 s a batch
-#: against 0.77 s, a file a quarter smaller, and no hashing or collision path in Python.
+#: hash: faster and smaller, with no hashing or collision path in Python (``benchmarks/README.md``, "Store format 4").
 STORE_FORMAT = 4
 #: SQLite's page size for a new store: a batch's random updates each dirty a page, and every dirty page is written
-#: at commit (WAL) and again by the WAL's checkpoint, so smaller pages write less. Measured (50,000 random updates
-#: into 5M keys, one process, interleaved, 3 runs each): 0.62 s a batch with 1 KB pages, 0.75 s with SQLite's
-#: default 4 KB (512 B: 0.60 s, a larger file); reading every key took the same.
+#: at commit (WAL) and again by the WAL's checkpoint, so smaller pages write less (``benchmarks/README.md``,
+#: "SQLite's page size", has the measurements behind 1 KB).
 PAGE_SIZE = 1024
 #: Variable naming the folder of executor state stores when the driver does not pass one.
 LOCAL_DIR_ENV = "DSTREAMS_STATE_LOCAL_DIR"

@@ -1,4 +1,4 @@
-"""``spark-submit``: the submitted master and ``--conf`` values reach dstreams' tuned conf (docs/cluster.md).
+"""``spark-submit``: the submitted master and ``--conf`` values reach dstreams' tuned conf (docs/guide/cluster.md).
 
 Under ``spark-submit`` the driver JVM runs before Python starts, with the user's ``--master`` and
 ``--conf`` as system properties. ``dstreams.spark.sparkconf.tuned_conf`` must read them (a SparkConf made

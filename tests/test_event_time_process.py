@@ -16,7 +16,7 @@ session. Then:
 
 * every produced line is in exactly one committed ``input`` batch (the source is exactly-once);
 * each batch's windows, sessions and late records (behind the watermark, and what the windows and the sessions
-  each dropped) are what the pure-Python model of the README's rules
+  each dropped) are what the pure-Python model of the rules of docs/guide/event-time.md
   (``model_run`` of tests/test_event_time_windows.py) gives for the batches as they were committed: the
   batch composition is up to timing, the results are a function of it;
 * model-free: every record's value is in exactly one session or listed as late for sessions, and in each of
@@ -24,7 +24,8 @@ session. Then:
 
 The ``timers`` output (``track`` with many event-time and processing-time timers per key, set, replaced and
 deleted by tag: :func:`~tests.event_time_app.timers_fired`) is checked the same way: batch by batch against
-:func:`timers_model`, the README's timer rule over the committed batches and their recorded watermarks, and
+:func:`timers_model`, the timer rule of docs/guide/state.md over the committed batches and their recorded
+watermarks, and
 model-free: each timer fired exactly once, and every bucket of the ``k`` keys once, with its sum.
 """
 
@@ -254,7 +255,8 @@ def test_event_time_outputs_are_exactly_once_across_two_kills(tmp_path):
 # ---------------------------------------------------------------------- timers
 def timers_model(inputs: list[list[tuple[int, str, int]]], times: list[int], marks: list[int | None],
                  ) -> dict[int, list[tuple]]:
-    """The records the timers output must hold per batch time, by the README's rule ("Timers in ``track``"):
+    """The records the timers output must hold per batch time, by the rule of docs/guide/state.md
+    ("Timers in ``track``"):
     batch ``t`` applies its events of the ``k`` keys (init/update; the app's functions do not depend on their
     order), then fires the key's due timers (event-time ones at or below the batch's recorded watermark, then
     processing-time ones at or below ``t``; each kind by (time, tag)), taken when the firing starts: one that a

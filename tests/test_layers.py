@@ -1,4 +1,4 @@
-"""The layering rule of docs/architecture.md, enforced on the imports.
+"""The layering rule of docs/internals/architecture.md, enforced on the imports.
 
 * engine modules (``dstreams/``: the streaming model and its Spark plumbing ``dstreams/spark/``) import neither
   ``dstreams.api`` nor ``dstreams.recovery``;
@@ -141,7 +141,7 @@ def test_layers_import_only_downwards():
                 violations.append(f"{module} (engine) imports {imported} ({target})")
             if layer == "recovery" and target == "api":
                 violations.append(f"{module} (recovery) imports {imported} (api)")
-    assert not violations, "layering rule broken (see docs/architecture.md):\n" + "\n".join(violations)
+    assert not violations, "layering rule broken (see docs/internals/architecture.md):\n" + "\n".join(violations)
 
 
 def test_the_model_uses_the_spark_plumbing_through_its_interface_only():
@@ -153,7 +153,8 @@ def test_the_model_uses_the_spark_plumbing_through_its_interface_only():
         for imported in _imports(module, path, top_level_only=False):
             if _in(imported, SPARK) and imported not in SPARK_INTERFACE:
                 violations.append(f"{module} imports {imported}, not one of {sorted(SPARK_INTERFACE)}")
-    assert not violations, "the Spark plumbing's interface (see docs/architecture.md):\n" + "\n".join(violations)
+    assert not violations, ("the Spark plumbing's interface (see docs/internals/architecture.md):\n"
+                            + "\n".join(violations))
 
 
 def test_the_spark_plumbing_does_not_import_the_streaming_model():
@@ -292,7 +293,7 @@ def _interface_members(module: str, name: str) -> dict[str, object]:
 
 def test_api_modules_use_the_context_through_its_interface_only():
     """DStream and the other api parts call the ``StreamingContext`` only through a named interface
-    (``GraphOwner``, ``Stoppable``) and never through its private attributes (docs/architecture.md)."""
+    (``GraphOwner``, ``Stoppable``) and never through its private attributes (docs/internals/architecture.md)."""
     modules = _modules()
     violations = []
     for module, path in modules.items():

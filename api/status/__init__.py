@@ -4,7 +4,8 @@
 ``spark.dstreams.ui.*`` in :mod:`dstreams.config`) and ``stop()`` stops it; ``ssc.uiWebUrl`` is its URL.
 :mod:`.model` builds the JSON documents from the listener bus and the running context's public parts,
 :mod:`.metrics` the context's own Prometheus registry, :mod:`.server` serves them; the page is
-``static/`` (no network access at run time). The endpoints and metrics are listed in the README.
+``static/`` (no network access at run time). The endpoints and metrics are
+listed in docs/guide/monitoring.md and docs/reference/metrics.md.
 """
 
 from __future__ import annotations

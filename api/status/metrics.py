@@ -17,7 +17,7 @@ Contract:
   retry in their own processes).
 * Names follow Prometheus' conventions: ``dstreams_`` prefix, base units (seconds, bytes), ``_total`` for
   counters; labels ``source`` (an input stream's key) and ``stream`` (a stateful stream's key), the keys
-  that stay the same when a restarted driver rebuilds the graph. The README lists every metric.
+  that stay the same when a restarted driver rebuilds the graph. docs/reference/metrics.md lists every metric.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def _short(text: str) -> str:
 
 
 def error_entry(time_ms: int, where: str, message: str, batch_time_ms: int | None = None) -> dict[str, Any]:
-    """One entry of the errors list (see the README's ``/api/errors``)."""
+    """One entry of the errors list (see docs/guide/monitoring.md, ``/api/errors``)."""
     return {"time_ms": time_ms, "batch_time_ms": batch_time_ms, "where": where, "message": _short(message)}
 
 
@@ -374,7 +374,7 @@ def _committed(checkpointer: Any) -> dict[str, list[int]]:
 
 
 class StatusModel:
-    """Builds the JSON documents of the status server (see the module docstring and the README)."""
+    """Builds the JSON documents of the status server (see the module docstring and docs/guide/monitoring.md)."""
 
     def __init__(self, sources: StatusSources, history: BatchHistory, status_url: str | None = None) -> None:
         self.sources = sources

@@ -11,7 +11,7 @@ Contract:
   (16) more; port 0 takes any free port. Its URL names ``SPARK_PUBLIC_DNS``, else the address it bound
   to, else ``spark.driver.host``. The URL is logged once at start (a WARNING-level line, so that it shows
   with Python's default logging) and is ``ssc.uiWebUrl``.
-* Routes (all GET; see the README): ``/`` the page, ``/static/<file>`` its script and style (shipped in
+* Routes (all GET; see docs/guide/monitoring.md): ``/`` the page, ``/static/<file>`` its script and style (shipped in
   the package: no network access), ``/api`` the list of endpoints, ``/api/status``, ``/api/batches``
   (``?after=<batch ms>``: only newer batches), ``/api/batches/<batch ms>``, ``/api/streams``,
   ``/api/errors``, ``/metrics`` (Prometheus text format, served by ``prometheus_client``'s WSGI app).

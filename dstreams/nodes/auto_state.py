@@ -4,11 +4,10 @@
 executor state store once the state is large next to what a batch touches (for a window: the keys of the batches
 entering and leaving it).
 
-Why: the RDD state (:mod:`.state`) rebuilds every key each batch, about 0.56 us a key on this project's 2 cores,
-and is the faster one for small state; the executor state store (:mod:`.store_state`) costs about 5 us per key a
-batch touches (a SQLite look-up and write) and nothing per idle key. At 1M keys and 100,000 uniform updates a batch
-(about 95,000 keys touched: the state 10.5x the keys touched) the two measured the same (``benchmarks/README.md``,
-"State at scale"), hence :data:`TOUCH_RATIO`.
+Why: the RDD state (:mod:`.state`) rebuilds every key each batch and is the faster one for small state; the
+executor state store (:mod:`.store_state`) costs a SQLite look-up and write per key a batch touches and nothing per
+idle key. The two cost the same when the state holds about ten times the keys a batch touches
+(``benchmarks/README.md``, "Picked by size", has the measurements), hence :data:`TOUCH_RATIO`.
 
 Contract:
 
@@ -72,8 +71,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The state must hold this many times the keys a batch touches before the store is worth it (measured: see the
-#: module docstring).
+#: The state must hold this many times the keys a batch touches before the store is worth it (measured: see
+#: ``benchmarks/README.md``, "Picked by size").
 TOUCH_RATIO = 10
 #: How many of the newest batches' touched keys the rule looks at (a quiet batch alone does not move a stream).
 WINDOW = 10

@@ -1,5 +1,5 @@
 // The dstreams status page: polls the JSON API every REFRESH_MS and redraws; no libraries, no network
-// access beyond the server that served it. Endpoints and fields: the README's "Status page" section.
+// access beyond the server that served it. Endpoints and fields: docs/guide/monitoring.md.
 "use strict";
 
 const REFRESH_MS = 2000;
