@@ -76,6 +76,10 @@ kind comes back every ``len(KINDS)`` faults). Kinds (:data:`KINDS`):
   engine's batch retry (``spark.dstreams.batch.maxAttempts``) should run it
   again; an engine without it stops the driver with the error, which the supervisor restarts. The two
   exactly-once sinks come before the audit output, so the retried batch writes them again.
+* ``poison-record``: a line the pipeline's parser raises on (``POISON <fault index>``) is appended to the next input
+  file the feeder writes (``detail.file``); ``map(parse_line, onError="deadLetter")`` routes it to the dead letters,
+  saved exactly once like every output: the check finds each poison line of the files the compared batches read
+  in the ``dead`` output exactly once (the reference reads copies of the same files, so it routes them too).
 
 Driver kills, ``redis-restart`` and ``redis-drop`` hit the ``saveToRedisStream`` output too (its key is on
 the run's Redis server, through the proxy), ``postgres-restart`` and the kills the ``saveToPostgres`` one, every
@@ -169,7 +173,9 @@ BASE_KINDS = ("driver-kill", "driver-kill-in-output", "driver-term", "gateway-do
               "executor-kill", "user-fail", "postgres-restart")
 #: With the Kafka branch (``--kafka``): a restart of the run's own broker, and a driver killed inside a Kafka write.
 KAFKA_KINDS = ("kafka-restart", "kafka-kill")
-KINDS = BASE_KINDS + KAFKA_KINDS
+#: The record-level fault (issue 44): after the Kafka kinds, so the schedules of BASE_KINDS stay those of before.
+POISON_KINDS = ("poison-record",)
+KINDS = BASE_KINDS + KAFKA_KINDS + POISON_KINDS
 DRIVER_ENDING = ("driver-kill", "driver-kill-in-output", "driver-term", "kafka-kill")
 #: The task-side kill points of ``saveToKafka`` (:mod:`dstreams.kafka.sink`) the ``kafka-kill`` fault uses.
 KAFKA_KILL_POINTS = ("kafka-before-commit", "kafka-after-commit")
@@ -713,6 +719,9 @@ class FileFeeder(threading.Thread):
         super().__init__(name="file-feeder", daemon=True)
         self.client, self.bucket, self.prefix, self.cfg = client, bucket, prefix, cfg
         self.written = 0
+        #: file index -> a line to append (the poison-record fault); set before the file is written
+        self.poison: dict[int, str] = {}
+        self.lock = threading.Lock()  # held while a file is written: poison() picks a file not written yet
         self.stopped = threading.Event()
         self.error: BaseException | None = None
 
@@ -723,12 +732,21 @@ class FileFeeder(threading.Thread):
     def write_up_to(self, n: int) -> None:
         c = self.cfg
         while self.written < n:
-            i = self.written
-            body = "".join(line + "\n" for line in chaos_app.file_lines(
-                c["seed"], i, c["lines_per_file"], c["files_per_batch"], c["batch_ms"]))
-            self.client.put_object(Bucket=self.bucket, Key=f"{self.prefix}{chaos_app.file_name(i)}",
-                                   Body=body.encode())
-            self.written += 1
+            with self.lock:
+                i = self.written
+                lines = chaos_app.file_lines(c["seed"], i, c["lines_per_file"], c["files_per_batch"], c["batch_ms"])
+                if i in self.poison:
+                    lines = [*lines, self.poison[i]]
+                body = "".join(line + "\n" for line in lines)
+                self.client.put_object(Bucket=self.bucket, Key=f"{self.prefix}{chaos_app.file_name(i)}",
+                                       Body=body.encode())
+                self.written += 1
+
+    def poison_next(self, line: str) -> int:
+        """Append ``line`` to the next file this feeder writes; returns its index."""
+        with self.lock:
+            self.poison[self.written] = line
+            return self.written
 
     def run(self) -> None:
         while not self.stopped.wait(0.2):
@@ -1211,6 +1229,13 @@ class ChaosRun:
             marker = Path(self.cfg["local"]) / "faults" / f"fail-{t}"
             marker.write_text(f"fault {f.index}\n")
             f.detail = {"batch_ms": t, "batch": (t - self.zero_ms) // self.batch_ms}
+        elif f.kind == "poison-record":
+            assert self.feeder is not None
+            line = f"POISON {f.index}"
+            i = self.feeder.poison_next(line)
+            # batch k reads files (k - 1) * files_per_batch ... (files always wait): the batch that reads file i
+            f.detail = {"file": i, "line": line, "batch_ms": self.zero_ms + (i // self.cfg["files_per_batch"] + 1)
+                        * self.batch_ms}
         f.ended_ms = now_ms()
 
     def _sleep_supervised(self, seconds: float, nxt: int) -> None:
@@ -1290,11 +1315,12 @@ class ChaosRun:
             self.kafka_feeder.join(4 * KAFKA_CALL_S)
         self.wait(lambda s=last_end: self.steady_since(s) is not None, 3 * steady_wait, len(self.schedule),
                   "the final steady state")
-        # a user-fail late in the schedule marks a batch a few batches ahead of the stream: the stop waits for it
-        marked = max((f.detail["batch_ms"] for f in self.schedule if f.kind == "user-fail" and "batch_ms" in f.detail),
-                     default=0)
+        # a user-fail late in the schedule marks a batch a few batches ahead of the stream, a poison-record a file
+        # some batches ahead: the stop waits for that batch
+        marked = max((f.detail["batch_ms"] for f in self.schedule
+                      if f.kind in ("user-fail", "poison-record") and "batch_ms" in f.detail), default=0)
         self.wait(lambda: max((r["batch_ms"] for r in self.committed_rows()), default=0) >= marked, FINAL_MARKED_S,
-                  len(self.schedule), "the batch a user-fail marked to complete")
+                  len(self.schedule), "the batch a user-fail or poison-record marked to complete")
         assert self.proc is not None and self.current is not None
         log("schedule done: SIGTERM to the driver")
         self.current.ended_by = "final stop"
@@ -1487,7 +1513,17 @@ class ChaosRun:
                             "duplicated_examples": sorted(r for r, c in seen.items() if c > 1)[:20],
                             "by_output": per_output,
                             "final_counts_equal_input": counts_n == dict(words)}
-        result["ok"] = (not mismatches and all(not o["missing"] and not o["missing_in_reference"]
+        # the poison lines of the files batches 1..n read: each once in the dead letters, with its parse error
+        poisoned = {line: i for i, line in (self.feeder.poison.items() if self.feeder is not None else ())
+                    if i < files}
+        dead = Counter(json.loads(line)[0] for k, lines in chaos["dead"].items() if 1 <= k <= n for line in lines)
+        result["dead_letters"] = {"poison_lines": len(poisoned), "seen": sum(dead.values()),
+                                  "missing": sorted(set(poisoned) - set(dead)),
+                                  "duplicated": sorted(r for r, c in dead.items() if c > 1),
+                                  "unexpected": sorted(set(dead) - set(poisoned))}
+        dead_ok = not (result["dead_letters"]["missing"] or result["dead_letters"]["duplicated"]
+                       or result["dead_letters"]["unexpected"])
+        result["ok"] = dead_ok and (not mismatches and all(not o["missing"] and not o["missing_in_reference"]
                                                for o in result["outputs"].values())
                         and result["totals"]["lost"] == 0 and result["totals"]["duplicated"] == 0
                         and result["totals"]["unexpected"] == 0 and result["totals"]["final_counts_equal_input"]
@@ -1721,7 +1757,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", nargs="+", choices=KINDS, help="fault kinds (default: all that apply: the Kafka kinds "
                    "with --kafka, kafka-restart only with --kafka own)")
     args = p.parse_args(argv)
-    applicable = BASE_KINDS + (KAFKA_KINDS if args.kafka == "own" else ("kafka-kill",) if args.kafka != "off" else ())
+    applicable = BASE_KINDS + (KAFKA_KINDS if args.kafka == "own" else ("kafka-kill",) if args.kafka != "off" else ()) \
+        + POISON_KINDS
     if args.kinds is None:
         args.kinds = list(applicable)
     elif set(args.kinds) - set(applicable):

@@ -19,7 +19,9 @@ The pipeline (:func:`build`), on batches of ``batch_ms``:
   several chunks, so a kill at ``redis-sink-chunk`` can cut one half-way) and into a PostgreSQL table
   (``saveToPostgres`` into ``table`` on the PostgreSQL server the run owns, ``postgres_dsn``; rows
   ``(batch_ms, rid, word, ts, usr)``: the batch time is a column so that the check can group the rows by
-  batch; the table has no key, so a duplicate would show); an *audit* ``foreachRDD`` that writes
+  batch; the table has no key, so a duplicate would show); the dead letters (``ssc.deadLetters()``: the file
+  lines ``parse_line`` raises on, which only the ``poison-record`` fault writes; ``saveToStore`` text, Ceph, one
+  JSON line per dead letter); an *audit* ``foreachRDD`` that writes
   ``audit/<batch ms>`` on the driver and is the user function the schedule makes fail:
   when ``faults/fail-<batch ms>`` exists and ``faults/fail-<batch ms>.done`` does
   not, it creates the latter and raises (so the batch's first attempt fails and a retry succeeds).
@@ -133,6 +135,11 @@ def parse_line(line: str) -> tuple[str, str, int, str]:
     return rid, word, int(ts), user
 
 
+def format_dead_letter(d: Any) -> str:
+    """A dead letter as one line of the ``dead`` output: ``[record, operator, error, batch ms]`` in JSON."""
+    return json.dumps([d.record, d.operator, d.error, d.batchTime])
+
+
 def format_event(e: tuple[str, str, int, str]) -> str:
     return f"{e[0]} {e[1]} {e[2]} {e[3]}"
 
@@ -190,7 +197,7 @@ def running_records(kv: tuple[str, tuple[int, list[tuple[int, str]]]]) -> list[t
 
 # -------------------------------------------------------------------------------------------- the pipeline
 #: Output names, in the order of the graph's output operations; the orchestrator compares all of them.
-OUTPUTS = ("events", "counts", "window", "ewindow", "sessions", "stream", "table", "audit")
+OUTPUTS = ("events", "counts", "window", "ewindow", "sessions", "stream", "table", "dead", "audit")
 #: The columns of the ``table`` output (:func:`table_ddl`).
 TABLE_COLUMNS = ("batch_ms", "rid", "word", "ts", "usr")
 
@@ -206,6 +213,7 @@ def output_locations(cfg: dict[str, Any]) -> dict[str, tuple[str, str]]:
         "sessions": ("store", f"{base}/out/sessions"),
         "stream": ("redis-stream", cfg["sink_key"]),
         "table": ("postgres", cfg["table"]),
+        "dead": ("store", f"{base}/out/dead"),
         "audit": ("audit", os.path.join(local, "out", "audit")),
     }
 
@@ -265,7 +273,8 @@ def build(sc: Any, cfg: dict[str, Any], clock: Any = None) -> Any:
     ssc.checkpoint(f"{cfg['base']}/ckpt")
     entries = ssc.redisStream(cfg["keys"], url=cfg["redis_url"], decoder=decode_entry,
                               maxRatePerPartition=cfg["per_key"] / batch_s)
-    lines = ssc.textFileStream(f"{cfg['base']}/in/", maxFilesPerBatch=cfg["files_per_batch"]).map(parse_line)
+    lines = ssc.textFileStream(f"{cfg['base']}/in/", maxFilesPerBatch=cfg["files_per_batch"]).map(
+        parse_line, onError="deadLetter")  # a poison line (the poison-record fault) goes to the dead letters
     events = entries.union(lines)
     where = output_locations(cfg)
     events.map(format_event).saveToStore(where["events"][1], format="text")
@@ -283,6 +292,7 @@ def build(sc: Any, cfg: dict[str, Any], clock: Any = None) -> Any:
     sessions.checkpoint(cfg["checkpoint_s"]).saveToStore(where["sessions"][1], format="json")
     events.map(event_fields).saveToRedisStream(cfg["redis_url"], cfg["sink_key"], chunkSize=cfg["sink_chunk"])
     events.transform(with_batch_ms).saveToPostgres(cfg["postgres_dsn"], cfg["table"], columns=list(TABLE_COLUMNS))
+    ssc.deadLetters().map(format_dead_letter).saveToStore(where["dead"][1], format="text")
     kafka = cfg.get("kafka")
     if kafka:
         params = {"bootstrap.servers": kafka["bootstrap"]}

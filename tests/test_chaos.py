@@ -8,7 +8,8 @@ out; and in the same driver a Kafka -> ``updateStateByKey`` -> ``saveToKafka`` b
 seeded 1.5-minute schedule (faults 9-13 s apart) in which every fault kind comes once (driver SIGKILL, a kill
 inside an output, SIGTERM, the gateway down, a Redis server restart, dropped Redis connections, an executor JVM
 killed on ``local-cluster``, a user function that fails once, a PostgreSQL restart, a Kafka broker restart, a
-driver killed inside a Kafka write), with its own Redis and PostgreSQL servers, Kafka broker (the jars
+driver killed inside a Kafka write, a poison line in an input file that the parser routes to the dead letters),
+with its own Redis and PostgreSQL servers, Kafka broker (the jars
 ``scripts/services.sh start kafka`` gathered; with ``DSTREAMS_TEST_KAFKA_BOOTSTRAP`` that broker instead, never
 restarted: no broker restart then) and fault proxies (the shared services are not touched), then runs the same
 pipeline without faults over the batches the chaos run committed. The test reads the command's JSON: every fault
@@ -118,7 +119,7 @@ def test_short_chaos_schedule_commits_what_a_fault_free_run_commits(tmp_path):
     # Every kind of fault was injected as planned (a broker restart only when the broker is the run's own).
     kinds = {f["kind"] for f in doc["schedule"]}
     assert kinds == {"driver-kill", "driver-kill-in-output", "driver-term", "gateway-down", "redis-restart",
-                     "redis-drop", "executor-kill", "user-fail", "postgres-restart", "kafka-kill"} | (
+                     "redis-drop", "executor-kill", "user-fail", "postgres-restart", "kafka-kill", "poison-record"} | (
         {"kafka-restart"} if kafka == "own" else set()), (kafka, KAFKA_BOOTSTRAP)
     not_injected = [f for f in doc["schedule"] if f["outcome"] != "injected"]
     assert not not_injected, not_injected
@@ -139,7 +140,12 @@ def test_short_chaos_schedule_commits_what_a_fault_free_run_commits(tmp_path):
     for name in ("events", "stream", "table"):  # the exactly-once sinks too: every record once, batch by batch
         o = totals["by_output"][name]
         assert o["lost"] == o["duplicated"] == o["unexpected"] == 0 and o["records_seen"] == totals["expected_records"]
-    assert {"stream", "table"} <= set(cmp_["outputs"])
+    assert {"stream", "table", "dead"} <= set(cmp_["outputs"])
+    # The poison line the poison-record fault wrote into an input file: once in the dead letters, through the faults
+    # (the dead output equals the reference's batch by batch, checked above with the other outputs).
+    dead = cmp_["dead_letters"]
+    assert dead["poison_lines"] == 1 and dead["seen"] == 1, dead
+    assert not dead["missing"] and not dead["duplicated"] and not dead["unexpected"], dead
     # The Kafka output, as a read_committed consumer sees it: per key every committed input record of the offset
     # ranges the batches read (one after the other from offset 0) once, in input order, counted 1, 2, 3, ... (the
     # fault-free result), through the broker restart and the kill inside a write.
