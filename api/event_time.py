@@ -267,6 +267,29 @@ class TrackedDStream(StateView):
     def emitted(self) -> DStream:
         """The records ``init``/``update``/``on_timer`` emitted with ``TrackUpdate(..., emit=[...])``, per batch."""
         self._check_open()
+        if self._dead_letters is not None:  # made with onError="deadLetter": the failures are not the user's
+            from dstreams.dead_letters import emitted_without_failures
+
+            return self._all_emitted().mapPartitions(emitted_without_failures, preservesPartitioning=True)
+        return self._all_emitted()
+
+    def _routing_failures(self) -> TrackedDStream:
+        """This stream, made with guarded functions (``dstreams.dead_letters.guarded_track``), with the failures its
+        functions emitted as :meth:`deadLetters` (stamped with their batch's time)."""
+        from dstreams.dead_letters import track_failures
+
+        raw = self._all_emitted()
+        graph = self._node.graph
+
+        def failures(rdds: list[Any], t: Any) -> Any:
+            return rdds[0].mapPartitions(track_failures(t.ms))
+
+        dead = raw._derive(TransformedNode(graph, [raw._node], failures, "deadLetters"))
+        graph.dead_letter_nodes.append(dead._node)
+        self._dead_letters = dead
+        return self
+
+    def _all_emitted(self) -> DStream:
         if self._changes is not None:
             from dstreams.nodes.store_track import emitted_entries
 

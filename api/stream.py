@@ -25,6 +25,7 @@ from dstreams.dead_letters import (
     GuardedUpdate,
     check_on_error,
     fold_partition,
+    guarded_track,
     tag_partition,
     unwrap_state,
 )
@@ -253,7 +254,7 @@ class DStream:
             raise ValueError(f"{self._node.name} routes no dead letters: make the operator with onError='deadLetter' "
                              "(stream.map(f, onError='deadLetter'); also flatMap, filter, mapValues, flatMapValues, "
                              "reduce, reduceByKey, runningReduce, reduceByKeyAndWindow, reduceByWindow, "
-                             "updateStateByKey), "
+                             "updateStateByKey, track), "
                              "or set spark.dstreams.onRecordError=deadLetter before defining it")
         return self._dead_letters
 
@@ -605,7 +606,8 @@ class DStream:
 
     def track(self, init: Callable[[Any, Any], Any], update: Callable[[Any, Any, Any], Any],
               timeout: DurationLike, numPartitions: int | None = None,
-              timers: Callable[[Any, Any, Any], Any] | None = None, emit: str = "all") -> DStream:
+              timers: Callable[[Any, Any, Any], Any] | None = None, emit: str = "all", *,
+              onError: str | None = None) -> DStream:
         """The paper's state tracking over a stream of ``(key, event)``.
 
         A key's state is created by ``init(key, event)``, updated by ``update(key, state, event)``
@@ -627,9 +629,17 @@ class DStream:
 
         ``emit="updated"`` (the ``mapWithState``-style variant) emits ``(key, state)`` only for the keys
         that received events or fired a timer in the batch (and are still alive), instead of every live key.
+
+        ``onError="deadLetter"`` (default: ``spark.dstreams.onRecordError``): an ``init``/``update`` that raises
+        leaves the key's state as it was before that event and ``(key, event)`` goes to :meth:`deadLetters`; an
+        ``on_timer`` that raises leaves the state as it was and ``(key, timer)`` goes there; the other events go on.
         """
         self._check_open()
         t = parse_duration(timeout, "timeout")
+        guarded = self._routes_dead_letters(onError, "track")
+        dead_name = f"track#{len(self._node.graph.dead_letter_nodes) + 1}"
+        if guarded:
+            init, update, timers = guarded_track(init, update, timers, dead_name)
         part = hash_partitioner(self._default_partitions(numPartitions))
         if emit not in ("all", "updated"):
             raise ValueError(f"emit must be 'all' or 'updated', got {emit!r}")
@@ -643,26 +653,29 @@ class DStream:
             graph = self._node.graph
             view = StateViewNode(graph, StoreTrackNode(graph, self._node, init, update, t, part, timers, local_dir,
                                                        every))
-            return TrackedDStream(view, self._ssc, updated_only=emit == "updated",
-                                  changes=StateChangesNode(graph, view))
+            tracked = TrackedDStream(view, self._ssc, updated_only=emit == "updated",
+                                     changes=StateChangesNode(graph, view))
+            return tracked._routing_failures() if guarded else tracked
         auto = self._auto_state()
         if auto is not None:
             from .event_time import TrackedDStream
 
             local_dir, every, keys = auto
             graph = self._node.graph
-            plain = timers is None and emit == "all"
+            plain = timers is None and emit == "all" and not guarded  # dead letters travel as emitted records
             view = StateViewNode(graph, AutoTrackNode(graph, self._node, init, update, t, part, timers, plain,
                                                       local_dir, every, keys))
-            return TrackedDStream(view, self._ssc, updated_only=emit == "updated",
-                                  changes=StateChangesNode(graph, view))
-        if timers is not None or emit == "updated":
+            tracked = TrackedDStream(view, self._ssc, updated_only=emit == "updated",
+                                     changes=StateChangesNode(graph, view))
+            return tracked._routing_failures() if guarded else tracked
+        if timers is not None or emit == "updated" or guarded:
             from dstreams.nodes.timers import TimerTrackNode
 
             from .event_time import TrackedDStream
 
-            return TrackedDStream(TimerTrackNode(self._node.graph, self._node, init, update, t, part, timers),
-                                  self._ssc, updated_only=emit == "updated")
+            tracked = TrackedDStream(TimerTrackNode(self._node.graph, self._node, init, update, t, part, timers),
+                                     self._ssc, updated_only=emit == "updated")
+            return tracked._routing_failures() if guarded else tracked
         node = TrackNode(self._node.graph, self._node, init, update, t, part)
         return self._derive(node).mapValues(lambda entry: entry[0], onError="fail")
 

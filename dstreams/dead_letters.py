@@ -28,6 +28,11 @@ Contract:
 * ``updateStateByKey(..., onError="deadLetter")``: a key whose ``updateFunc(newValues, lastState)`` raises keeps its
   state (a key without one gets none) and ``(key, newValues)`` is the dead letter (:class:`GuardedUpdate`); the other
   keys are updated as without the guard.
+* ``track(..., onError="deadLetter")``: an ``init(key, event)`` or ``update(key, state, event)`` that raises leaves the
+  key's state as it was before that event (a new key gets none) and ``(key, event)`` is the dead letter; an
+  ``on_timer(key, state, timer)`` that raises leaves the state as it was, the timer fired, and ``(key, timer)`` is the
+  dead letter (:func:`guarded_track`: the failure travels as an emitted :class:`TrackFailure`, which ``emitted()``
+  leaves out and ``deadLetters()`` reads). The key's other events go on, in order.
 * What is not routed: an error of the operator's input (a record that cannot be unpickled), of the engine, or a
   ``BaseException`` that is not an ``Exception`` (``KeyboardInterrupt``, ``SystemExit``): those fail the task.
 """
@@ -237,6 +242,65 @@ def for_batch(f: Callable[..., Any], batch_ms: int) -> Callable[..., Any]:
     needs its batch (:class:`GuardedUpdate`), else ``f``."""
     bind = getattr(f, "for_batch", None)
     return bind(batch_ms) if bind is not None else f
+
+
+class TrackFailure(NamedTuple):
+    """A ``track`` function's failure, emitted in place of its result (:func:`guarded_track`)."""
+
+    record: Any
+    operator: str
+    error: str
+
+
+def guarded_track(init: Callable[[Any, Any], Any], update: Callable[[Any, Any, Any], Any],
+                  on_timer: Callable[[Any, Any, Any], Any] | None, operator: str
+                  ) -> tuple[Callable[[Any, Any], Any], Callable[[Any, Any, Any], Any],
+                             Callable[[Any, Any, Any], Any] | None]:
+    """``track``'s functions with dead letters (module docstring): a raise returns the state as it was with a
+    :class:`TrackFailure` emitted."""
+    from dstreams.nodes.timers import TrackUpdate
+
+    def failed(state: Any, record: Any, e: Exception) -> Any:
+        return TrackUpdate(state, emit=[TrackFailure(record, operator, describe_error(e))])
+
+    def g_init(k: Any, ev: Any) -> Any:
+        try:
+            return init(k, ev)
+        except Exception as e:  # noqa: BLE001 - the event goes to the dead letters
+            return failed(None, (k, ev), e)
+
+    def g_update(k: Any, s: Any, ev: Any) -> Any:
+        try:
+            return update(k, s, ev)
+        except Exception as e:  # noqa: BLE001
+            return failed(s, (k, ev), e)
+
+    if on_timer is None:
+        return g_init, g_update, None
+
+    def g_timer(k: Any, s: Any, timer: Any) -> Any:
+        try:
+            return on_timer(k, s, timer)
+        except Exception as e:  # noqa: BLE001
+            return failed(s, (k, timer), e)
+
+    return g_init, g_update, g_timer
+
+
+def emitted_without_failures(records: Iterable[Any]) -> Iterator[Any]:
+    """A partition of ``emitted()`` as the user sees it: without the :class:`TrackFailure` records."""
+    return (x for x in records if type(x) is not TrackFailure)
+
+
+def track_failures(batch_ms: int) -> Callable[[Iterable[Any]], Iterator[DeadLetter]]:
+    """The dead letters of the batch at ``batch_ms`` among a partition of its emitted records."""
+
+    def run(records: Iterable[Any]) -> Iterator[DeadLetter]:
+        for x in records:
+            if type(x) is TrackFailure:
+                yield DeadLetter(x.record, x.operator, x.error, batch_ms)
+
+    return run
 
 
 def tag_partition(kind: str, f: Callable[[Any], Any], operator: str, batch_ms: int

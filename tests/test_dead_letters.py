@@ -310,3 +310,50 @@ def test_update_state_by_key_keeps_a_failed_key_s_state_and_routes_its_values(sc
     assert dict(changes[2000])["b"] == 3 and dict(changes[2000]).get("a", 1) == 1
     assert dict(changes[2000]).get("c") is None
     assert sorted(changes[3000]) == [("a", 3), ("c", 3)]
+
+
+def _track_init(k, ev):  # noqa: ANN001, ANN202 - refuses a negative first event
+    if ev < 0:
+        raise ValueError(f"negative start {ev}")
+    return ev
+
+
+def _track_update(k, s, ev):  # noqa: ANN001, ANN202 - refuses a zero
+    from dstreams import TrackUpdate
+
+    return TrackUpdate(s + 10 // ev, emit=[(k, "seen", ev)])
+
+
+@pytest.mark.parametrize("store", ["rdd", "executor", "auto"])
+def test_track_keeps_the_state_before_a_failed_event_and_routes_it(sc, tmp_path, monkeypatch, store):
+    """``track(..., onError="deadLetter")``: an ``init``/``update`` that raises leaves the key's state as before that
+    event and ``(key, event)`` is the dead letter; the key's later events go on; ``emitted()`` holds only the
+    user's records; on every state backend."""
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", store)
+    monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(tmp_path / "local"))
+    monkeypatch.setenv("DSTREAMS_STATE_AUTO_KEYS", "1")
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+    batches = [[("a", 5), ("b", -1), ("b", 2)], [("a", 0), ("a", 2), ("c", -3)], [("b", 1)]]
+    events = ssc.queueStream([sc.parallelize(b, 1) for b in batches])
+    tracked = events.track(_track_init, _track_update, 60, 2, onError="deadLetter")
+    got: dict = {}
+    emitted: dict = {}
+    dead: dict = {}
+    tracked.foreachRDD(_collector(got))
+    tracked.emitted().foreachRDD(_collector(emitted))
+    tracked.deadLetters().foreachRDD(_collector(dead))
+    ssc.start()
+    try:
+        run_batches(ssc, ssc.clock, 3, TIMEOUT_S)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    # b: init(-1) raised (no state), then init(2); a: update(0) raised (state 5 kept), then update(2): 5 + 5
+    assert {t: sorted(v) for t, v in got.items()} == {
+        1000: [("a", 5), ("b", 2)], 2000: [("a", 10), ("b", 2)], 3000: [("a", 10), ("b", 12)]}
+    assert {t: sorted(v) for t, v in emitted.items()} == {1000: [], 2000: [("a", "seen", 2)],
+                                                          3000: [("b", "seen", 1)]}
+    assert {t: sorted((d.record, d.operator, d.batchTime) for d in ds) for t, ds in dead.items()} == {
+        1000: [(("b", -1), "track#1", 1000)], 2000: [(("a", 0), "track#1", 2000), (("c", -3), "track#1", 2000)],
+        3000: []}
+    assert sorted(d.error for d in dead[2000]) == ["ValueError: negative start -3",
+                                                   "ZeroDivisionError: integer division or modulo by zero"]
