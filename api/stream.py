@@ -932,7 +932,8 @@ class DStream:
     def saveToKafka(self, topic: str, kafkaParams: Mapping[str, Any], keyFunc: Callable[[Any], Any] | None = None,
                     valueFunc: Callable[[Any], Any] | None = None, keySerializer: Callable[[Any], Any] | None = None,
                     valueSerializer: Callable[[Any], Any] | None = None, guarantee: str = "exactly-once",
-                    outputName: str | None = None, ledgerTopic: str = "dstreams-ledger") -> None:
+                    outputName: str | None = None, ledgerTopic: str = "dstreams-ledger", *, onError: str = "fail",
+                    deadLetterTopic: str | None = None) -> None:
         """Write each batch's records to the Kafka topic ``topic``, exactly once for ``read_committed`` consumers.
 
         A record that is a 2-tuple is ``(key, value)``, anything else is the value (no key); ``keyFunc(record)`` /
@@ -949,13 +950,20 @@ class DStream:
         producer without transactions, faster, but a re-run batch writes again. ``outputName`` (default: the topic
         and the checkpoint location) names the ledger: give two outputs writing one topic distinct names. The topic
         must exist. See :mod:`dstreams.kafka.sink`. Needs confluent-kafka (``pip install 'dstreams[kafka]'``).
+
+        A record that cannot be encoded or that the producer refuses as too large fails the batch; with
+        ``onError="deadLetter"`` it goes instead, in the same transaction, to ``deadLetterTopic`` (default
+        ``"<topic>.dead-letters"``; it must exist) as a JSON value (``output, batch_ms, part, row, record, error``).
         """
         from dstreams.kafka.sink import make_target, save_to_kafka, with_output
         from dstreams.recovery import faults
 
         ssc = self._ssc
+        if onError not in ("fail", "deadLetter"):
+            raise ValueError(f"saveToKafka: onError must be 'fail' or 'deadLetter', got {onError!r}")
+        dead_topic = (deadLetterTopic or f"{topic}.dead-letters") if onError == "deadLetter" else None
         target = make_target(topic, kafkaParams, outputName, guarantee, ledgerTopic, keyFunc, valueFunc,
-                             keySerializer, valueSerializer)
+                             keySerializer, valueSerializer, dead_topic)
         if guarantee == "exactly-once" and ssc.concurrent_batches > 1:
             raise ValueError("saveToKafka(guarantee='exactly-once') commits batches in order and needs them one at "
                              f"a time: concurrentBatches is {ssc.concurrent_batches} (set it, or "

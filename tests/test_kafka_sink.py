@@ -37,7 +37,7 @@ from dstreams.kafka.sink import (
 from dstreams.task_faults import TASK_KILL_ENV
 
 from . import kafka_sink_app
-from .kafka_support import create_topic, read_committed
+from .kafka_support import create_topic, read_committed, values
 from .process_support import kill_group, stop_driver, tail, wait_for
 
 pytestmark = pytest.mark.kafka
@@ -394,6 +394,37 @@ def test_a_record_too_large_fails_naming_it_and_nothing_of_its_partition_is_visi
         write_partition(target, 1000, 0, recs)
     assert read_committed(kafka_bootstrap, topic) == []
     assert write_partition(target, 1000, 0, recs[:1]) == (1, False)  # the producer is still usable
+
+
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+def test_refused_records_go_to_the_dead_letter_topic_once_and_the_rest_is_written(sc, kafka_bootstrap, guarantee):
+    """Issue 44: an unserializable and a too-large record go, in the partition's transaction, to the dead-letter
+    topic; the other records to the output; a re-run of the batch writes neither twice (exactly once)."""
+    topic, dlq = create_topic(kafka_bootstrap), create_topic(kafka_bootstrap)
+    target = make_target(topic, _params(kafka_bootstrap), guarantee=guarantee, dead_letter_topic=dlq)
+    recs = [("k", "small"), ("k", object()), ("k", "x" * 2_000_000), ("k", "last")]
+    assert write_partition(target, 1000, 0, recs)[0] == 2
+    if guarantee == "exactly-once":
+        assert write_partition(target, 1000, 0, recs) == (0, True)  # a re-run: already written
+    assert values(read_committed(kafka_bootstrap, topic)) == ["small", "last"]
+    dead = [json.loads(r[3]) for r in read_committed(kafka_bootstrap, dlq)]
+    assert [(d["output"], d["batch_ms"], d["part"], d["row"]) for d in dead] == [(topic, 1000, 0, 1),
+                                                                                  (topic, 1000, 0, 2)]
+    assert dead[0]["record"].startswith("('k', <object object") and "pass valueSerializer" in dead[0]["error"]
+    assert "too large" in dead[1]["error"].lower() and dead[1]["record"].startswith("<2000001 bytes; key b'k'")
+
+
+def test_the_dead_letter_way_out_is_named_and_its_topic_must_exist(sc, kafka_bootstrap):
+    topic = create_topic(kafka_bootstrap)
+    with pytest.raises(KafkaSinkError, match=r"record 1: .*too large.*onError='deadLetter', deadLetterTopic"):
+        write_partition(make_target(topic, _params(kafka_bootstrap)), 1000, 0, [("k", "a"), ("k", "x" * 2_000_000)])
+    missing = f"missing-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(KafkaSinkError, match=rf"the dead-letter topic '{missing}' does not exist.*create it"):
+        save_to_kafka(sc.parallelize([1], 1), 1000, make_target(topic, _params(kafka_bootstrap),
+                                                               dead_letter_topic=missing))
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+    with pytest.raises(ValueError, match="deadLetterTopic must be a topic name other than"):
+        ssc.queueStream([]).saveToKafka(topic, _params(kafka_bootstrap), onError="deadLetter", deadLetterTopic=topic)
 
 
 def test_brokers_that_do_not_answer_fail_with_a_clear_message(sc):

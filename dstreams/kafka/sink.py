@@ -12,6 +12,13 @@ Contract of :func:`save_to_kafka` (the sink behind ``DStream.saveToKafka``):
   and the record's position, and the way out (pass a serializer). Kafka partitions records by key with the Java
   client's partitioner (``murmur2_random``): a key lands where a Java producer would put it; records without a
   key are spread.
+* **Refused records** (``deadLetterTopic``, ``saveToKafka(..., onError="deadLetter")``): a record that cannot be
+  encoded (a ``TypeError`` of the default serializer, a ``keyFunc``/``valueFunc``/serializer that raises) or that
+  the producer refuses as too large (``message.max.bytes``) is written instead to the dead-letter topic, in the
+  same transaction as the batch's records (exactly once for ``read_committed`` readers, like them): no key, the
+  value a JSON object ``output, batch_ms, part, row, record`` (its ``repr``, cut to 1,000 characters), ``error``.
+  A record the broker refuses at the commit (a topic whose ``max.message.bytes`` is below the client's) still fails
+  the partition's transaction: no single record can be told from the commit's error.
 * **Exactly once** (``guarantee="exactly-once"``, the default). Partition ``p`` of the output RDD of batch ``t`` is
   written by its Spark task in ONE Kafka transaction under the stable ``transactional.id``
   ``dstreams-<output hash>-<p>``. The same transaction commits, through ``send_offsets_to_transaction``, the
@@ -210,6 +217,8 @@ class KafkaSinkTarget:
     value_func: Callable[[Any], Any] | None = None
     key_serializer: Serializer | None = None
     value_serializer: Serializer | None = None
+    #: Where refused records go (module docstring); None: they fail the batch.
+    dead_letter_topic: str | None = None
 
     @property
     def digest(self) -> str:
@@ -247,8 +256,8 @@ class KafkaSinkTarget:
 def make_target(topic: str, kafka_params: Mapping[str, Any] | None, output: str | None = None,
                 guarantee: str = EXACTLY_ONCE, ledger_topic: str = DEFAULT_LEDGER_TOPIC,
                 key_func: Callable[[Any], Any] | None = None, value_func: Callable[[Any], Any] | None = None,
-                key_serializer: Serializer | None = None, value_serializer: Serializer | None = None
-                ) -> KafkaSinkTarget:
+                key_serializer: Serializer | None = None, value_serializer: Serializer | None = None,
+                dead_letter_topic: str | None = None) -> KafkaSinkTarget:
     """Check the arguments of ``saveToKafka`` (``ValueError`` / ``KafkaConfigError`` naming what is wrong) and make
     the target; ``output`` defaults to the topic (the api layer passes the topic and the checkpoint location)."""
     if not isinstance(topic, str) or not topic:
@@ -266,17 +275,21 @@ def make_target(topic: str, kafka_params: Mapping[str, Any] | None, output: str 
             raise ValueError(f"saveToKafka's {name} must be a function, got {fn!r}")
     if output is not None and (not isinstance(output, str) or not output):
         raise ValueError(f"saveToKafka's outputName must be a non-empty str, got {output!r}")
+    if dead_letter_topic is not None and (not isinstance(dead_letter_topic, str) or not dead_letter_topic
+                                          or dead_letter_topic in (topic, ledger_topic)):
+        raise ValueError("saveToKafka's deadLetterTopic must be a topic name other than the output and ledger topics, "
+                         f"got {dead_letter_topic!r}")
     params = normalize(kafka_params)
     if str(params.get("transactional.id", "")) and guarantee == EXACTLY_ONCE:
         log.warning("kafkaParams: transactional.id is ignored: the exactly-once sink uses one id per output "
                     "partition, dstreams-<output hash>-<partition>")
     return KafkaSinkTarget(topic, params, output or topic, guarantee, ledger_topic, key_func, value_func,
-                           key_serializer, value_serializer)
+                           key_serializer, value_serializer, dead_letter_topic)
 
 
 # --------------------------------------------------------------------------------------------- the driver side
 
-_prepared: set[tuple[str, str, str]] = set()
+_prepared: set[tuple[str, str, str, str]] = set()
 _prepared_lock = threading.Lock()
 
 
@@ -289,7 +302,7 @@ def prepare_topics(target: KafkaSinkTarget) -> None:
     ledger topic exists, creating it (one partition) when it does not. :class:`KafkaSinkError` naming the topic and
     how to create it otherwise."""
     ledger = target.ledger_topic if target.guarantee == EXACTLY_ONCE else ""
-    key = (_servers(target), target.topic, ledger)
+    key = (_servers(target), target.topic, ledger, target.dead_letter_topic or "")
     with _prepared_lock:
         if key in _prepared:
             return
@@ -309,6 +322,12 @@ def prepare_topics(target: KafkaSinkTarget) -> None:
             f"saveToKafka: the topic {target.topic!r} does not exist on the Kafka cluster at {servers}: create it "
             f"first, e.g. kafka-topics.sh --bootstrap-server {servers} --create --topic {target.topic} --partitions "
             "<N> (the sink never creates its output topic)")
+    dlq = target.dead_letter_topic
+    if dlq is not None and dlq not in topics:
+        raise KafkaSinkError(
+            f"saveToKafka: the dead-letter topic {dlq!r} does not exist on the Kafka cluster at {servers}: create it "
+            f"first, e.g. kafka-topics.sh --bootstrap-server {servers} --create --topic {dlq} (the sink never "
+            "creates a topic it writes)")
     if ledger and ledger not in topics:
         _create_ledger(admin, target, timeout_s)
     with _prepared_lock:
@@ -560,13 +579,14 @@ def _record_error(err: Any) -> bool:
 
 
 def _produce(clients: _Clients, target: KafkaSinkTarget, batch_ms: int, partition: int,
-             encoded: Iterable[tuple[bytes | None, bytes | None]]) -> int:
-    """Produce ``encoded`` records to the topic (waiting on a full queue); returns how many."""
+             encoded: Iterable[Encoded]) -> int:
+    """Produce ``encoded`` records (each to its topic: the output's or the dead-letter topic) waiting on a full
+    queue; a record the producer refuses goes to the dead-letter topic when there is one. Returns how many went to
+    the output topic."""
     ck = require_client()
-    topic = target.topic
-    n = 0
+    n = sent = 0
     # ``clients.producer``, never a local: a failed write's traceback must not keep a discarded producer alive
-    for key, value in encoded:
+    for row, topic, key, value in encoded:
         while True:
             try:
                 clients.producer.produce(topic, value, key)
@@ -577,12 +597,32 @@ def _produce(clients: _Clients, target: KafkaSinkTarget, batch_ms: int, partitio
                 err = e.args[0]
                 if not _record_error(err):  # the producer's state (fenced, a failed transaction): for the caller
                     raise
-                raise KafkaSinkError(f"{target.where(batch_ms, partition)}, record {n}: the producer refused it: "
-                                     f"{err.str()} ({err.name()}){_too_large_hint(err, key, value)}") from None
-        n += 1
-        if n % POLL_EVERY == 0:
+                error = f"the producer refused it: {err.str()} ({err.name()}){_too_large_hint(err, key, value)}"
+                if target.dead_letter_topic is None or topic != target.topic:
+                    raise KafkaSinkError(f"{target.where(batch_ms, partition)}, record {row}: {error}"
+                                         f"{_DEAD_LETTER_HINT if topic == target.topic else ''}") from None
+                shown = f"<{len(key or b'') + len(value or b'')} bytes; key {key!r:.200}, value {value!r:.400}>"
+                topic, key, value = target.dead_letter_topic, None, _dead_letter(target, batch_ms, partition, row,
+                                                                                  shown, error)
+                continue
+        if topic == target.topic:
+            n += 1
+        sent += 1
+        if sent % POLL_EVERY == 0:
             clients.producer.poll(0)
     return n
+
+
+#: A record ready to produce: (its position in the partition, topic, key, value).
+Encoded = tuple[int, str, "bytes | None", "bytes | None"]
+_DEAD_LETTER_HINT = ("; saveToKafka(..., onError='deadLetter', deadLetterTopic=...) writes such records to a "
+                     "dead-letter topic instead and goes on")
+
+
+def _dead_letter(target: KafkaSinkTarget, batch_ms: int, partition: int, row: int, shown: str, error: str) -> bytes:
+    """A refused record's dead-letter value (module docstring)."""
+    return json.dumps({"output": target.output, "batch_ms": batch_ms, "part": partition, "row": row,
+                       "record": shown[:1000], "error": error[:2000]}, separators=(",", ":")).encode("utf-8")
 
 
 def _too_large_hint(err: Any, key: bytes | None, value: bytes | None) -> str:
@@ -628,16 +668,24 @@ def _undelivered_error(clients: _Clients, target: KafkaSinkTarget, batch_ms: int
                           f"({err.str()}); nothing of the partition was committed; {hint}")
 
 
-def _encoded(target: KafkaSinkTarget, batch_ms: int, partition: int, records: Iterable[Any]
-             ) -> Iterator[tuple[bytes | None, bytes | None]]:
+def _encoded(target: KafkaSinkTarget, batch_ms: int, partition: int, records: Iterable[Any]) -> Iterator[Encoded]:
+    topic, dlq = target.topic, target.dead_letter_topic
     for i, record in enumerate(records):
         try:
-            yield target.encode(record)
-        except TypeError as e:
-            raise TypeError(f"{target.where(batch_ms, partition)}, record {i}: {e}") from None
+            key, value = target.encode(record)
         except Exception as e:
+            if dlq is not None:
+                try:
+                    shown = repr(record)
+                except Exception:  # noqa: BLE001 - a repr that raises too
+                    shown = f"<{type(record).__name__} whose repr raises>"
+                yield i, dlq, None, _dead_letter(target, batch_ms, partition, i, shown, f"{type(e).__name__}: {e}")
+                continue
+            if isinstance(e, TypeError):
+                raise TypeError(f"{target.where(batch_ms, partition)}, record {i}: {e}{_DEAD_LETTER_HINT}") from None
             raise KafkaSinkError(f"{target.where(batch_ms, partition)}, record {i}: keyFunc, valueFunc or a serializer "
-                                 f"failed on {record!r:.200}: {type(e).__name__}: {e}") from e
+                                 f"failed on {record!r:.200}: {type(e).__name__}: {e}{_DEAD_LETTER_HINT}") from e
+        yield i, topic, key, value
 
 
 def _kafka_failure(target: KafkaSinkTarget, batch_ms: int, partition: int, step: str, e: BaseException,
@@ -706,7 +754,7 @@ def _write_exactly_once(target: KafkaSinkTarget, batch_ms: int, partition: int, 
     key = _cache_key({**conf, **{f"consumer.{k}": v for k, v in consumer_conf.items()}})
     timeout_s = _timeout_s(conf)
     where = target.where(batch_ms, partition)
-    encoded: list[tuple[bytes | None, bytes | None]] | None = None
+    encoded: list[Encoded] | None = None
     clients = _checkout(key) or _Clients(conf, consumer_conf)
     for attempt in (1, 2):
         step = "init_transactions"
