@@ -76,10 +76,12 @@ kind comes back every ``len(KINDS)`` faults). Kinds (:data:`KINDS`):
   engine's batch retry (``spark.dstreams.batch.maxAttempts``) should run it
   again; an engine without it stops the driver with the error, which the supervisor restarts. The two
   exactly-once sinks come before the audit output, so the retried batch writes them again.
-* ``poison-record``: a line the pipeline's parser raises on (``POISON <fault index>``) is appended to the next input
-  file the feeder writes (``detail.file``); ``map(parse_line, onError="deadLetter")`` routes it to the dead letters,
-  saved exactly once like every output: the check finds each poison line of the files the compared batches read
-  in the ``dead`` output exactly once (the reference reads copies of the same files, so it routes them too).
+* ``poison-record``: a line the pipeline's parser raises on (``POISON <fault index>``) in the first input file of
+  batch ``params.batch`` (2 or 3: early, so that the faults that follow meet the batch's dead letter and its output;
+  a file written at the fault's time would be read only once the stream caught up with the wall clock, which a
+  loaded machine may not do before the end); ``map(parse_line, onError="deadLetter")`` routes it to the dead
+  letters, saved exactly once like every output: the check finds each poison line of the files the compared batches
+  read in the ``dead`` output exactly once (the reference reads copies of the same files, so it routes them too).
 
 Driver kills, ``redis-restart`` and ``redis-drop`` hit the ``saveToRedisStream`` output too (its key is on
 the run's Redis server, through the proxy), ``postgres-restart`` and the kills the ``saveToPostgres`` one, every
@@ -277,6 +279,8 @@ def make_schedule(seed: int, minutes: float, kinds: tuple[str, ...] = KINDS,
             params["down_s"] = round(rng.uniform(0, 5), 1)
         elif kind == "kafka-kill":
             params["point"] = rng.choice(KAFKA_KILL_POINTS)
+        elif kind == "poison-record":
+            params["batch"] = 2 + len(faults) % 2  # no draw: the faults after it keep their times
         faults.append(Fault(len(faults), round(at, 1), kind, params))
         at += rng.uniform(*gap)
     return faults
@@ -742,11 +746,15 @@ class FileFeeder(threading.Thread):
                                        Body=body.encode())
                 self.written += 1
 
-    def poison_next(self, line: str) -> int:
-        """Append ``line`` to the next file this feeder writes; returns its index."""
+    def poison_batch(self, batch: int, line: str) -> int:
+        """Append ``line`` to the first input file of batch ``batch`` (batch ``k`` reads files ``(k - 1) *
+        files_per_batch`` on: files always wait); returns its index. Before the file is written."""
+        i = (batch - 1) * self.cfg["files_per_batch"]
         with self.lock:
-            self.poison[self.written] = line
-            return self.written
+            if i < self.written:
+                raise RuntimeError(f"input file {i} is written already: poison it before the run starts")
+            self.poison[i] = line
+        return i
 
     def run(self) -> None:
         while not self.stopped.wait(0.2):
@@ -1229,13 +1237,13 @@ class ChaosRun:
             marker = Path(self.cfg["local"]) / "faults" / f"fail-{t}"
             marker.write_text(f"fault {f.index}\n")
             f.detail = {"batch_ms": t, "batch": (t - self.zero_ms) // self.batch_ms}
-        elif f.kind == "poison-record":
+        elif f.kind == "poison-record":  # written with its file before the run (run_schedule): what it became
             assert self.feeder is not None
             line = f"POISON {f.index}"
-            i = self.feeder.poison_next(line)
-            # batch k reads files (k - 1) * files_per_batch ... (files always wait): the batch that reads file i
-            f.detail = {"file": i, "line": line, "batch_ms": self.zero_ms + (i // self.cfg["files_per_batch"] + 1)
-                        * self.batch_ms}
+            i = next(i for i, x in self.feeder.poison.items() if x == line)
+            k = f.params["batch"]
+            f.detail = {"file": i, "line": line, "batch": k, "batch_ms": self.zero_ms + k * self.batch_ms,
+                        "written": i < self.feeder.written}
         f.ended_ms = now_ms()
 
     def _sleep_supervised(self, seconds: float, nxt: int) -> None:
@@ -1276,6 +1284,9 @@ class ChaosRun:
         assert self.redis is not None
         self.cfg_path = self.write_config(self.cfg, "run.json")
         self.feeder = FileFeeder(self.client, self.bucket, "run/in/", self.cfg)
+        for f in self.schedule:
+            if f.kind == "poison-record":
+                self.feeder.poison_batch(f.params["batch"], f"POISON {f.index}")
         # bootstrap: batch 1 on a manual clock, files written after the source's start
         inc = self.launch("bootstrap", LOCAL)
         self.wait(lambda: inc.stamp("STARTED") is not None or self.proc.poll() is not None, 300, 0, "bootstrap start")
