@@ -4,10 +4,11 @@ Each example runs as ``python examples/<name>.py <args>`` would, but in this pro
 ``__main__``) on the suite's SparkContext: a JVM per example would cost 10-20 s each. For that, while an example
 runs, ``pyspark.SparkContext(...)`` (what pyspark's examples call) returns the suite's context,
 ``StreamingContext.local`` returns it anyway (dstreams' ``create_spark_context`` reuses a running context), and
-the context's ``stop()`` does nothing. A watcher thread polls the example's output (and whatever else the test
-checks, e.g. the PostgreSQL table) and stops the running StreamingContext gracefully once the test has what it
-needs; ``DSTREAMS_EXAMPLE_SECONDS`` / ``--seconds`` bound every run in case it never does. One example also runs
-as a real subprocess (its own JVM, stopped with SIGTERM as a user's Ctrl-C would).
+the context's ``stop()`` does nothing; ``print`` is captured (the examples print their results). A watcher thread
+polls the example's output (and whatever else the test checks, e.g. the PostgreSQL table) and stops the running
+StreamingContext once the test has what it needs; ``DSTREAMS_EXAMPLE_SECONDS`` / ``--seconds`` bound every run in
+case it never does. One example also runs as a real subprocess (its own JVM, stopped with SIGTERM as a user's
+Ctrl-C would).
 
 The checks compare the output with a model of the input: the socket examples get known lines from a local
 server on a free port; the generated-stream examples are recomputed from their own (deterministic) record
@@ -18,6 +19,7 @@ equal to the totals of what the test wrote, also across a restart from their che
 from __future__ import annotations
 
 import ast
+import builtins
 import io
 import json
 import os
@@ -33,7 +35,6 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +79,13 @@ def _shared_spark_context(sc: Any) -> type:
 
 
 def run_example(sc: Any, monkeypatch: pytest.MonkeyPatch, name: str, args: list[str], cwd: Path,
-                done: Callable[[str], bool] | None = None, timeout_s: float = RUN_S) -> tuple[str, dict[str, Any]]:
+                done: Callable[[str], bool] | None = None, timeout_s: float = RUN_S,
+                graceful: bool = True) -> tuple[str, dict[str, Any]]:
     """Run ``examples/<name>.py`` with ``args`` in this process; return what it printed and its globals.
 
     ``done(output)`` is polled by a watcher thread every 0.2 s (it may also act, e.g. write input); once it is
-    true, or after ``timeout_s``, the running StreamingContext is stopped gracefully, which ends the example.
+    true, or after ``timeout_s``, the running StreamingContext is stopped (gracefully: the batches generated so far
+    run first; else the running one is cancelled), which ends the example.
     """
     import pyspark
 
@@ -95,6 +98,18 @@ def run_example(sc: Any, monkeypatch: pytest.MonkeyPatch, name: str, args: list[
     monkeypatch.setenv("DSTREAMS_EXAMPLE_SECONDS", str(timeout_s))
     monkeypatch.chdir(cwd)
     out = _Output()
+    real_print = builtins.print
+
+    def capture_print(*values: object, sep: str | None = " ", end: str | None = "\n", file: Any = None,
+                      flush: bool = False) -> None:
+        # print() rather than sys.stdout is captured: pytest puts its own sys.stdout back whenever it suspends
+        # capturing (e.g. around a live log line), from any thread, which would undo a redirect_stdout.
+        if file is None or file is sys.stdout or file is sys.__stdout__:
+            out.write((" " if sep is None else sep).join(map(str, values)) + ("\n" if end is None else end))
+        else:
+            real_print(*values, sep=sep, end=end, file=file, flush=flush)
+
+    monkeypatch.setattr(builtins, "print", capture_print)
     finished = threading.Event()
     errors: list[BaseException] = []
 
@@ -108,13 +123,12 @@ def run_example(sc: Any, monkeypatch: pytest.MonkeyPatch, name: str, args: list[
             errors.append(e)
         active = StreamingContext.getActive()
         if active is not None and not finished.is_set():
-            active.stop(stopSparkContext=False, stopGraceFully=True)
+            active.stop(stopSparkContext=False, stopGraceFully=graceful)
 
     watcher = threading.Thread(target=watch, name=f"watch-{name}", daemon=True)
     watcher.start()
     try:
-        with redirect_stdout(out):
-            result = runpy.run_path(str(path), run_name="__main__")
+        result = runpy.run_path(str(path), run_name="__main__")
     finally:
         finished.set()
         watcher.join(60)
@@ -480,16 +494,17 @@ def test_redis_to_postgres_upserts_the_totals_exactly_once_across_a_restart(sc, 
     for customer, cents in written:
         redis_client.xadd(key, {"customer": customer, "amount_cents": cents})
     out1, _ = run_example(sc, monkeypatch, "redis_to_postgres", args, tmp_path,
-                          done=lambda o: _table_rows(postgres_dsn, table) == _totals(written))
+                          done=lambda o: _table_rows(postgres_dsn, table) == _totals(written), graceful=False)
     assert _table_rows(postgres_dsn, table) == _totals(written), out1[-3000:]
     assert re.search(r"^batch \d+ .*customers updated: ", out1, re.M), out1[-3000:]
 
-    # More orders while it is down; the restarted stream reads only those (a re-read would count twice).
+    # Stopped at once (a batch may be cut half-way: it runs again on the restart). More orders while it is down;
+    # the restarted stream reads only those (a re-read would count twice), and the table ends with all of them once.
     more = _orders(25, rng)
     for customer, cents in more:
         redis_client.xadd(key, {"customer": customer, "amount_cents": cents})
     out2, _ = run_example(sc, monkeypatch, "redis_to_postgres", args, tmp_path,
-                          done=lambda o: _table_rows(postgres_dsn, table) == _totals(written + more))
+                          done=lambda o: _table_rows(postgres_dsn, table) == _totals(written + more), graceful=False)
     assert _table_rows(postgres_dsn, table) == _totals(written + more), out2[-3000:]
     cents = sum(c for _, c in written + more)
     assert f"{table}: 4 customers, 65 orders, {cents / 100:.2f} in all" in out2, out2[-3000:]
@@ -506,14 +521,14 @@ def test_kafka_to_postgres_upserts_the_totals_exactly_once_across_a_restart(sc, 
     args = ["--kafka", kafka_bootstrap, "--topic", topic, "--postgres", postgres_dsn, "--table", table,
             "--produce", "0", "--batch", "500ms", "--checkpoint", str(tmp_path / "checkpoint"), "--seconds", str(RUN_S)]
     out1, _ = run_example(sc, monkeypatch, "kafka_to_postgres", args, tmp_path,
-                          done=lambda o: _table_rows(postgres_dsn, table) == _totals(written))
+                          done=lambda o: _table_rows(postgres_dsn, table) == _totals(written), graceful=False)
     assert _table_rows(postgres_dsn, table) == _totals(written), out1[-3000:]
 
     # More orders while it is down; restarted from its checkpoint it goes on from the offsets it had reached.
     more = _orders(30, rng)
     produce(kafka_bootstrap, topic, [(c, json.dumps({"customer": c, "amount_cents": n})) for c, n in more])
     out2, _ = run_example(sc, monkeypatch, "kafka_to_postgres", args, tmp_path,
-                          done=lambda o: _table_rows(postgres_dsn, table) == _totals(written + more))
+                          done=lambda o: _table_rows(postgres_dsn, table) == _totals(written + more), graceful=False)
     assert _table_rows(postgres_dsn, table) == _totals(written + more), out2[-3000:]
     cents = sum(c for _, c in written + more)
     assert f"{table}: 4 customers, 80 orders, {cents / 100:.2f} in all" in out2, out2[-3000:]
