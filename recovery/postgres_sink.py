@@ -34,7 +34,10 @@ Contract of :func:`save_to_postgres` (the sink behind ``DStream.saveToPostgres``
   table's schema; created by the sink: ``output, batch_ms, part, row, record`` as JSON, ``error``,
   ``constraint_name``) in the same transaction as the batch's other rows and commit record: exactly once, like
   them. The batch is tried whole first; when refused, in halved ranges of rows until each refused row is alone.
-  A value ``COPY`` cannot convert (a wrong type) still fails the batch. With ``mode="upsert"``, a refused record
+  A record ``COPY`` cannot convert (a value of the wrong type) or that does not fit the columns is found while its
+  partition is staged (``COPY`` names the line; the partition is staged again without it, and it is staged as a
+  marked row holding the record and the error) and moved to the dead letters by the same commit
+  (``constraint_name`` NULL). With ``mode="upsert"``, a refused record
   that a later record of its key replaces in the same range of rows may be replaced rather than reported.
 * **Bad input** fails the batch with :class:`PostgresSinkError` naming the batch, the table and, where Postgres
   says, the column and the record (partition and position in it): a missing table or column (before anything
@@ -56,6 +59,7 @@ Contract of :func:`save_to_postgres` (the sink behind ``DStream.saveToPostgres``
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 import uuid
@@ -80,6 +84,8 @@ FENCES = "dstreams_sink_fences"
 DEAD_LETTERS = "dstreams_sink_dead_letters"
 MODES = ("append", "upsert")
 _META = ("_ds_output", "_ds_batch", "_ds_part", "_ds_row", "_ds_attempt")
+#: The staging columns of a record ``COPY`` refused (``onError="deadLetter"``): the record as JSON, the error.
+_DEAD_META = ("_ds_dead", "_ds_error")
 #: How many times one write stages its batch when the commit finds staged rows lost (module docstring).
 STAGE_ATTEMPTS = 3
 
@@ -185,7 +191,8 @@ def resolve_target(dsn: str, table: str, mode: str, key_columns: Sequence[str] |
                 _ident(target.staging), _idents(cols), _ident(table)))
             conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS _ds_output text, ADD COLUMN IF NOT EXISTS "
                                  "_ds_batch bigint, ADD COLUMN IF NOT EXISTS _ds_part int, ADD COLUMN IF NOT EXISTS "
-                                 "_ds_row bigint, ADD COLUMN IF NOT EXISTS _ds_attempt text").format(
+                                 "_ds_row bigint, ADD COLUMN IF NOT EXISTS _ds_attempt text, ADD COLUMN IF NOT "
+                                 "EXISTS _ds_dead jsonb, ADD COLUMN IF NOT EXISTS _ds_error text").format(
                 _ident(target.staging)))
             conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (_ds_output, _ds_batch, _ds_part)").format(
                 sql.Identifier(target.staging.rsplit(".", 1)[-1] + "_batch"), _ident(target.staging)))
@@ -212,19 +219,81 @@ def _values(record: Any, columns: tuple[str, ...]) -> tuple[Any, ...]:
 _COPY_LINE = re.compile(r"COPY [^,]+, line (\d+)(?:, column (\w+))?")
 
 
+def _dead_record(record: Any, columns: tuple[str, ...]) -> str:
+    """A refused record as the dead letters' ``record`` JSON: an object of the columns when it has their shape."""
+    if isinstance(record, Mapping):
+        shown: Any = {str(k): v for k, v in record.items()}
+    elif isinstance(record, (tuple, list)) and len(record) == len(columns):
+        shown = dict(zip(columns, record, strict=True))
+    else:
+        shown = record
+    try:
+        return json.dumps(shown, default=repr)
+    except (TypeError, ValueError):
+        return json.dumps(repr(record))
+
+
+def _stage_routing(target: PostgresTarget, batch_ms: int, p: int, records: list[Any], attempt: str,
+                   copy_sql: Any, dead_sql: Any, where: str) -> int:
+    """``stage`` with dead letters: ``COPY`` the partition; when ``COPY`` refuses line ``i`` (a value it cannot
+    convert), that record becomes a marked staging row (its JSON and the error, the columns NULL) and the partition
+    is staged again, until ``COPY`` takes it. Returns the rows staged (marked ones included)."""
+    import psycopg
+
+    dead: dict[int, str] = {}
+    for i, record in enumerate(records):
+        try:
+            _values(record, target.columns)
+        except TypeError as e:
+            dead[i] = f"TypeError: {e}"
+    while True:
+        try:
+            with _connect(target.dsn) as conn, conn.cursor() as cur:
+                with cur.copy(copy_sql) as copy:
+                    for i, record in enumerate(records):
+                        if i not in dead:
+                            copy.write_row((*_values(record, target.columns), target.output, batch_ms, p, i, attempt))
+                if dead:
+                    cur.executemany(dead_sql, [(target.output, batch_ms, p, i, attempt,
+                                                _dead_record(records[i], target.columns), error)
+                                               for i, error in sorted(dead.items())])
+            return len(records)
+        except psycopg.errors.DataError as e:
+            diag = e.diag
+            m = _COPY_LINE.search(diag.context or "")
+            if not m:
+                raise PostgresSinkError(f"{where}: {diag.message_primary}") from None
+            line = int(m.group(1)) - 1  # the line among those sent: the records not yet routed, in order
+            i = [j for j in range(len(records)) if j not in dead][line]
+            column = f"column {m.group(2)!r}: " if m.group(2) else ""
+            dead[i] = f"{type(e).__name__}: {column}{diag.message_primary}"
+            log.warning("%s, record %d: %s%s; routed to %s", where, i, column, diag.message_primary,
+                        target.dead_letters)
+
+
 def stage_partition(target: PostgresTarget, batch_ms: int) -> Callable[[int, Iterable[Any]], Iterator[tuple]]:
     """The executor side: ``COPY`` partition ``p`` into the staging table under a fresh attempt id and commit;
     yields ``(p, attempt, rows)``. A record that cannot be converted or that Postgres refuses fails the task with
-    a ``PostgresSinkError`` naming the batch, the partition, the record's position and (where known) the column."""
+    a ``PostgresSinkError`` naming the batch, the partition, the record's position and (where known) the column;
+    with dead letters it is staged as a marked row instead (:func:`_stage_routing`)."""
     from psycopg import sql
 
     copy_sql = sql.SQL("COPY {} ({}) FROM STDIN").format(_ident(target.staging), _idents(target.columns + _META))
+    dead_sql = sql.SQL("INSERT INTO {} ({}) VALUES (%s, %s, %s, %s, %s, %s, %s)").format(
+        _ident(target.staging), _idents(_META + _DEAD_META))
 
     def stage(p: int, records: Iterable[Any]) -> Iterator[tuple]:
         import psycopg
 
         attempt = uuid.uuid4().hex
         where = f"saveToPostgres into {target.table!r}: batch {batch_ms}, partition {p}"
+        if target.on_error == "deadLetter":
+            try:
+                n = _stage_routing(target, batch_ms, p, list(records), attempt, copy_sql, dead_sql, where)
+            except psycopg.OperationalError as e:
+                raise TransientStoreError(f"PostgreSQL connection lost while staging {where}: {e}") from e
+            yield p, attempt, n
+            return
         n = 0
         try:
             with _connect(target.dsn) as conn, conn.cursor() as cur, cur.copy(copy_sql) as copy:
@@ -232,7 +301,8 @@ def stage_partition(target: PostgresTarget, batch_ms: int) -> Callable[[int, Ite
                     try:
                         values = _values(record, target.columns)
                     except TypeError as e:
-                        raise PostgresSinkError(f"{where}, record {n}: {e}") from None
+                        raise PostgresSinkError(f"{where}, record {n}: {e}; saveToPostgres(..., onError='deadLetter') "
+                                                f"writes such records to {target.dead_letters} instead") from None
                     copy.write_row((*values, target.output, batch_ms, p, n, attempt))
                     n += 1
         except psycopg.errors.DataError as e:
@@ -240,7 +310,9 @@ def stage_partition(target: PostgresTarget, batch_ms: int) -> Callable[[int, Ite
             m = _COPY_LINE.search(diag.context or "")
             row = f", record {int(m.group(1)) - 1}" if m else ""
             column = f", column {m.group(2)!r}" if m and m.group(2) else ""
-            raise PostgresSinkError(f"{where}{row}{column}: {diag.message_primary}") from None
+            raise PostgresSinkError(f"{where}{row}{column}: {diag.message_primary}; saveToPostgres(..., "
+                                    f"onError='deadLetter') writes such records to {target.dead_letters} instead "
+                                    "and commits the rest of the batch") from None
         except psycopg.OperationalError as e:  # the server restarting or unreachable: ridden out as an outage
             raise TransientStoreError(f"PostgreSQL connection lost while staging {where}: {e}") from e
         yield p, attempt, n
@@ -257,8 +329,8 @@ def _commit_sql(target: PostgresTarget, ranged: bool = False) -> Any:
     only = " AND (s._ds_part, s._ds_row) IN (SELECT * FROM unnest(%(rparts)s::int[], %(rrows)s::bigint[]))" \
         if ranged else ""
     picked = sql.SQL("FROM {} s WHERE s._ds_output = %(output)s AND s._ds_batch = %(batch)s AND (s._ds_part, "
-                     "s._ds_attempt) IN (SELECT * FROM unnest(%(parts)s::int[], %(attempts)s::text[]))" + only).format(
-        _ident(target.staging))
+                     "s._ds_attempt) IN (SELECT * FROM unnest(%(parts)s::int[], %(attempts)s::text[])) AND "
+                     "s._ds_dead IS NULL" + only).format(_ident(target.staging))
     if target.mode == "append":
         return sql.SQL("INSERT INTO {} ({}) SELECT {} {} ORDER BY s._ds_part, s._ds_row").format(
             _ident(target.table), cols, cols, picked)
@@ -339,6 +411,12 @@ def _move_routing_refused(conn: Any, target: PostgresTarget, params: dict[str, A
     import psycopg
     from psycopg import sql
 
+    conn.execute(sql.SQL(  # the records COPY refused while staging (marked rows)
+        "INSERT INTO {} (output, batch_ms, part, row, record, error, constraint_name) SELECT s._ds_output, "
+        "s._ds_batch, s._ds_part, s._ds_row, s._ds_dead, s._ds_error, NULL FROM {} s WHERE s._ds_output = "
+        "%(output)s AND s._ds_batch = %(batch)s AND (s._ds_part, s._ds_attempt) IN (SELECT * FROM "
+        "unnest(%(parts)s::int[], %(attempts)s::text[])) AND s._ds_dead IS NOT NULL ON CONFLICT DO NOTHING").format(
+        _ident(target.dead_letters), _ident(target.staging)), params)
     try:
         with conn.transaction():
             return int(conn.execute(_commit_sql(target), params).rowcount)
@@ -347,7 +425,7 @@ def _move_routing_refused(conn: Any, target: PostgresTarget, params: dict[str, A
     keys = conn.execute(sql.SQL(
         "SELECT s._ds_part, s._ds_row FROM {} s WHERE s._ds_output = %(output)s AND s._ds_batch = %(batch)s AND "
         "(s._ds_part, s._ds_attempt) IN (SELECT * FROM unnest(%(parts)s::int[], %(attempts)s::text[])) "
-        "ORDER BY 1, 2").format(_ident(target.staging)), params).fetchall()
+        "AND s._ds_dead IS NULL ORDER BY 1, 2").format(_ident(target.staging)), params).fetchall()
     ranged = _commit_sql(target, ranged=True)
     cols = sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(c)) for c in target.columns)
     dead_sql = sql.SQL(

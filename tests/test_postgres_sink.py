@@ -303,6 +303,30 @@ def test_refused_records_go_to_the_dead_letters_in_the_batch_transaction(sc, pg)
     assert _rows(dsn, f'SELECT count(*) FROM {schema}."{target.staging.split(".")[1]}"') == [(0,)]
 
 
+def test_records_copy_cannot_convert_go_to_the_dead_letters_with_the_batch(sc, pg):
+    """A value of the wrong type and a record of the wrong shape: with onError='deadLetter' each is staged as a
+    marked row and moved to the dead letters by the batch's commit, with a constraint refusal beside them; the other
+    rows are committed; a re-run writes nothing twice. Without it the error names that way out."""
+    dsn, schema = pg
+    plain = resolve_target(dsn, f"{schema}.words", "append", None, ["word", "n"], "plain")
+    with pytest.raises(Exception, match=r"record 1, column 'n': invalid input syntax.*onError='deadLetter'"):
+        save_to_postgres(sc.parallelize([("a", 1), ("b", "two")], 1), 1000, plain, policy=NO_RETRY)
+    target = resolve_target(dsn, f"{schema}.words", "append", None, ["word", "n"], "out", "deadLetter")
+    records = [("a", 1), ("b", "two"), ("c", 3), ("short",), ("d", "4x"), ("e", -5), ("f", 6)]
+    rdd = sc.parallelize(records, 2)  # partition 0: a, b, short; partition 1: short.. d, e, f
+    assert save_to_postgres(rdd, 1000, target, epoch=1, policy=NO_RETRY) == 3
+    assert save_to_postgres(rdd, 1000, target, epoch=1, policy=NO_RETRY) == 0
+    assert _rows(dsn, f"SELECT word, n FROM {schema}.words ORDER BY word") == [("a", 1), ("c", 3), ("f", 6)]
+    dead = _rows(dsn, f"SELECT record, error, constraint_name FROM {schema}.dstreams_sink_dead_letters "
+                      "ORDER BY part, row")
+    assert [r for r, _e, _c in dead] == [{"word": "b", "n": "two"}, ["short"], {"word": "d", "n": "4x"},
+                                         {"word": "e", "n": -5}]
+    assert dead[0][1].startswith("InvalidTextRepresentation: column 'n': invalid input syntax for type integer")
+    assert dead[1][1].startswith("TypeError: the record ('short',) is neither a dict nor a tuple of 2 values")
+    assert [c for _r, _e, c in dead] == [None, None, None, "words_n_check"]
+    assert _rows(dsn, f'SELECT count(*) FROM {schema}."{target.staging.split(".")[1]}"') == [(0,)]
+
+
 def test_a_stream_routes_refused_records_and_goes_on(sc, pg):
     dsn, schema = pg
     clock = ManualClock()
