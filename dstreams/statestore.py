@@ -43,6 +43,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from .pickling import dumps
 from .task_faults import task_reached
 
 #: Rows per ``IN (...)`` lookup (below SQLite's default limit of host parameters).
@@ -94,7 +95,7 @@ def value_bytes(value: Any) -> bytes:
     t = type(value)
     if t is int or t is float or t is str or value is None or t is bool:
         return pickle.dumps(value, 2)
-    return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    return dumps(value)  # cloudpickle for what pickle cannot (dstreams.pickling)
 
 
 def default_local_dir() -> str:

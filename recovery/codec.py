@@ -14,6 +14,8 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
+from dstreams.pickling import dumps
+
 MAGIC = b"DSCK"
 VERSION = 1
 _HEADER = struct.Struct(">4sBI32s")
@@ -26,7 +28,7 @@ class CorruptCheckpointError(ValueError):
 def encode_partition(records: Iterable[Any]) -> tuple[bytes, str, int]:
     """``(bytes, sha256 hex of the payload, record count)`` for a partition's records."""
     items = list(records)
-    payload = pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)
+    payload = dumps(items)  # cloudpickle for what pickle cannot: a class of the user's script (dstreams.pickling)
     digest = hashlib.sha256(payload).digest()
     return _HEADER.pack(MAGIC, VERSION, len(items), digest) + payload, digest.hex(), len(items)
 

@@ -75,7 +75,6 @@ import contextlib
 import errno
 import json
 import os
-import pickle
 import re
 import shutil
 import uuid
@@ -85,6 +84,7 @@ from typing import Any
 from pyspark import RDD
 
 from dstreams.output_records import add_written
+from dstreams.pickling import dumps
 
 from . import faults
 from .store import is_store_url, local_path
@@ -245,7 +245,7 @@ def _json_lines(records: Iterable[Any]) -> bytes:
 
 
 def _pickled(records: Iterable[Any]) -> bytes:
-    return pickle.dumps(list(records), protocol=pickle.HIGHEST_PROTOCOL)
+    return dumps(list(records))  # cloudpickle for what pickle cannot (dstreams.pickling)
 
 
 def dead_letters_key(i: int) -> str:

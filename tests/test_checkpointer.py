@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import pickle
 import threading
 import time as _time
 
@@ -328,3 +329,44 @@ def test_a_checkpoint_a_restart_resumes_from_is_kept_while_another_stream_lags(s
     assert ckpt.errors == [], ckpt.errors
     assert sorted(list_checkpoints(store, fast.key)) == [6000, 7000, 8000]
     assert sorted(list_checkpoints(store, slow.key)) == [2000, 6000]
+
+
+@pytest.mark.parametrize("store", ["rdd", "executor"])
+def test_a_state_of_a_class_the_standard_pickle_cannot_name_is_checkpointed(sc, tmp_path, monkeypatch,
+                                                                                        store):
+    """A state value of a class that pickle can only refer to by a name it cannot import (a class of the user's
+    script's ``__main__``, here a local class): PySpark ships it by value (cloudpickle), and the checkpoints (RDD
+    state, executor store) keep it the same way (``dstreams.pickling``), which ``pickle.loads`` reads back. Before,
+    every checkpoint failed (PicklingError) and the lineage was never cut."""
+    import collections
+
+    from dstreams.pickling import dumps
+
+    total = collections.namedtuple("Total", "n")  # made here: pickle cannot import it by its name
+    with pytest.raises(Exception):  # noqa: B017 - what the standard pickle does with it
+        pickle.dumps(total(1))
+    assert pickle.loads(dumps(total(1))).n == 1
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", store)
+    monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(tmp_path / "local"))
+    cpd = str(tmp_path / "ckpt")
+
+    def setup() -> StreamingContext:
+        ssc = StreamingContext(sc, 1, clock=ManualClock())
+        ssc.checkpoint(cpd)
+        pairs = ssc.queueStream([[("k", 1), ("j", 2)] for _ in range(4)], default=[[("k", 1)]])
+        state = pairs.updateStateByKey(lambda vs, s: total((s.n if s else 0) + sum(vs))).checkpoint("2s")
+        state.map(lambda kv: (kv[0], kv[1].n)).foreachRDD(lambda t, rdd: seen.__setitem__(t, sorted(rdd.collect())))
+        return ssc
+
+    seen: dict = {}
+    first = StreamingContext.getOrCreate(cpd, setup)
+    first.start()
+    try:
+        for i in range(1, 5):
+            first.clock.advance(1000)
+            first.awaitBatch(i * 1000, 120)
+        first._checkpointer.flush(60)
+        assert first._checkpointer.errors == []
+    finally:
+        first.stop(stopSparkContext=False, stopGraceFully=True)
+    assert list(seen.values())[-1] == [("j", 8), ("k", 4)]
