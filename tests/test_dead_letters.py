@@ -12,6 +12,8 @@ import pytest
 
 from dstreams import ManualClock, StreamingContext
 from dstreams.dead_letters import DeadLetter
+from dstreams.testing import collect
+from dstreams.testing import run_batches as run_next
 
 from .recovery_app import read_outputs
 from .support import run_batches
@@ -269,6 +271,21 @@ def test_windowed_reduces_route_each_batch_s_records_once_as_they_enter(sc):
     assert {t: [d.record for d in ds] for t, ds in dead["totals"].items()} == {1000: ["x"], 2000: [], 3000: [None]}
 
 
+def _use_state_backend(monkeypatch, tmp_path, store: str) -> None:  # noqa: ANN001
+    """Make the state operators defined next use ``store`` (rdd, executor, auto: auto moves at once)."""
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", store)
+    monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(tmp_path / "local"))
+    monkeypatch.setenv("DSTREAMS_STATE_AUTO_KEYS", "1")
+
+
+def _run(ssc, batches: int) -> None:  # noqa: ANN001
+    ssc.start()
+    try:
+        run_next(ssc, batches, TIMEOUT_S)
+    finally:
+        ssc.stop(stopSparkContext=False)
+
+
 def _sum_or_refuse(values, state):  # noqa: ANN001, ANN202 - an update function that refuses a key's bad values
     if "poison" in values:
         raise ValueError("poison among the values")
@@ -280,25 +297,14 @@ def _sum_or_refuse(values, state):  # noqa: ANN001, ANN202 - an update function 
 def test_update_state_by_key_keeps_a_failed_key_s_state_and_routes_its_values(sc, tmp_path, monkeypatch, store, idle):
     """A key whose update function raises keeps its state (a new key gets none), its values are the dead letter,
     other keys go on; the state stream, ``changes()`` and the dead letters agree on every state backend."""
-    monkeypatch.setenv("DSTREAMS_STATE_STORE", store)
-    monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(tmp_path / "local"))
-    monkeypatch.setenv("DSTREAMS_STATE_AUTO_KEYS", "1")
+    _use_state_backend(monkeypatch, tmp_path, store)
     ssc = StreamingContext(sc, 1, clock=ManualClock())
     batches = [[("a", 1), ("b", 2)], [("a", "poison"), ("a", 5), ("c", "poison"), ("b", 1)], [("a", 2), ("c", 3)],
                []]
     pairs = ssc.queueStream([sc.parallelize(b, 2) for b in batches])
     state = pairs.updateStateByKey(_sum_or_refuse, 2, updateIdleKeys=idle, onError="deadLetter")
-    got: dict = {}
-    changes: dict = {}
-    dead: dict = {}
-    state.foreachRDD(_collector(got))
-    state.changes().foreachRDD(_collector(changes))
-    state.deadLetters().foreachRDD(_collector(dead))
-    ssc.start()
-    try:
-        run_batches(ssc, ssc.clock, 4, TIMEOUT_S)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    got, changes, dead = collect(state), collect(state.changes()), collect(state.deadLetters())
+    _run(ssc, 4)
     assert {t: sorted(v) for t, v in got.items()} == {
         1000: [("a", 1), ("b", 2)], 2000: [("a", 1), ("b", 3)], 3000: [("a", 3), ("b", 3), ("c", 3)],
         4000: [("a", 3), ("b", 3), ("c", 3)]}
@@ -329,24 +335,13 @@ def test_track_keeps_the_state_before_a_failed_event_and_routes_it(sc, tmp_path,
     """``track(..., onError="deadLetter")``: an ``init``/``update`` that raises leaves the key's state as before that
     event and ``(key, event)`` is the dead letter; the key's later events go on; ``emitted()`` holds only the
     user's records; on every state backend."""
-    monkeypatch.setenv("DSTREAMS_STATE_STORE", store)
-    monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(tmp_path / "local"))
-    monkeypatch.setenv("DSTREAMS_STATE_AUTO_KEYS", "1")
+    _use_state_backend(monkeypatch, tmp_path, store)
     ssc = StreamingContext(sc, 1, clock=ManualClock())
     batches = [[("a", 5), ("b", -1), ("b", 2)], [("a", 0), ("a", 2), ("c", -3)], [("b", 1)]]
     events = ssc.queueStream([sc.parallelize(b, 1) for b in batches])
     tracked = events.track(_track_init, _track_update, 60, 2, onError="deadLetter")
-    got: dict = {}
-    emitted: dict = {}
-    dead: dict = {}
-    tracked.foreachRDD(_collector(got))
-    tracked.emitted().foreachRDD(_collector(emitted))
-    tracked.deadLetters().foreachRDD(_collector(dead))
-    ssc.start()
-    try:
-        run_batches(ssc, ssc.clock, 3, TIMEOUT_S)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    got, emitted, dead = collect(tracked), collect(tracked.emitted()), collect(tracked.deadLetters())
+    _run(ssc, 3)
     # b: init(-1) raised (no state), then init(2); a: update(0) raised (state 5 kept), then update(2): 5 + 5
     assert {t: sorted(v) for t, v in got.items()} == {
         1000: [("a", 5), ("b", 2)], 2000: [("a", 10), ("b", 2)], 3000: [("a", 10), ("b", 12)]}
