@@ -278,7 +278,8 @@ def _use_state_backend(monkeypatch, tmp_path, store: str) -> None:  # noqa: ANN0
     monkeypatch.setenv("DSTREAMS_STATE_AUTO_KEYS", "1")
 
 
-def _run(ssc, batches: int) -> None:  # noqa: ANN001
+def _drive(ssc, batches: int) -> None:  # noqa: ANN001
+    """Start ``ssc``, run its next ``batches`` batches, stop it (the SparkContext stays)."""
     ssc.start()
     try:
         run_next(ssc, batches, TIMEOUT_S)
@@ -304,7 +305,7 @@ def test_update_state_by_key_keeps_a_failed_key_s_state_and_routes_its_values(sc
     pairs = ssc.queueStream([sc.parallelize(b, 2) for b in batches])
     state = pairs.updateStateByKey(_sum_or_refuse, 2, updateIdleKeys=idle, onError="deadLetter")
     got, changes, dead = collect(state), collect(state.changes()), collect(state.deadLetters())
-    _run(ssc, 4)
+    _drive(ssc, 4)
     assert {t: sorted(v) for t, v in got.items()} == {
         1000: [("a", 1), ("b", 2)], 2000: [("a", 1), ("b", 3)], 3000: [("a", 3), ("b", 3), ("c", 3)],
         4000: [("a", 3), ("b", 3), ("c", 3)]}
@@ -341,7 +342,7 @@ def test_track_keeps_the_state_before_a_failed_event_and_routes_it(sc, tmp_path,
     events = ssc.queueStream([sc.parallelize(b, 1) for b in batches])
     tracked = events.track(_track_init, _track_update, 60, 2, onError="deadLetter")
     got, emitted, dead = collect(tracked), collect(tracked.emitted()), collect(tracked.deadLetters())
-    _run(ssc, 3)
+    _drive(ssc, 3)
     # b: init(-1) raised (no state), then init(2); a: update(0) raised (state 5 kept), then update(2): 5 + 5
     assert {t: sorted(v) for t, v in got.items()} == {
         1000: [("a", 5), ("b", 2)], 2000: [("a", 10), ("b", 2)], 3000: [("a", 10), ("b", 12)]}
