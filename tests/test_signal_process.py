@@ -180,7 +180,12 @@ def test_sigterm_mid_stream_stops_gracefully_and_a_restart_resumes_exactly_once(
         code = _sigterm_and_wait(second, logs[1], group=True)
         text = tail(logs[1], 10**7)
         assert code == 0, f"exit code {code} after SIGTERM to the process group\n{text[-6000:]}"
-        assert "the same signal, sent to the process group and forwarded by the JVM" in text, text[-6000:]
+        # The signal reaches the driver twice (the process group, then the JVM's forwarded copy): the copy must not
+        # count as a second signal (which exits at once, code 143). When the copy comes while the stop runs it is
+        # logged as the same signal; on a loaded machine it may come only after the stop finished (a fresh clone
+        # with two busy loops beside it: no log line, exit 0), so the exit code and the absence of an exit at once
+        # are what is asserted.
+        assert "exiting now" not in text, text[-6000:]
         assert "Traceback" not in text, text[-6000:]
     finally:
         if feeder.is_alive():
