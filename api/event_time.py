@@ -96,23 +96,63 @@ class TimedDStream(DStream):
                                lambda rdds, t: rdds[0].mapPartitionsWithIndex(func, preserves), label)
         return TimedDStream(node, self._event, self._ssc)
 
-    # ------------------------------------------------------------------ per-record operators keeping event time
-    def map(self, f: Callable[[Any], Any], preservesPartitioning: bool = False) -> TimedDStream:
-        return self._timed_op("map", lambda _, it: ((r[0], f(r[1])) for r in it), preservesPartitioning)
+    def _timed_dead_letters(self, kind: str, f: Callable[[Any], Any], preserves: bool,
+                            onError: str | None) -> TimedDStream | None:
+        """``kind`` with its function guarded (``onError``, else ``spark.dstreams.onRecordError``; None when it does
+        not route): a timed stream of the good outputs, each with its record's event time, whose ``deadLetters()``
+        holds the records ``f`` raised on (the values, as the user's function saw them); one persisted tagged RDD."""
+        if not self._routes_dead_letters(onError, kind):
+            return None
+        from pyspark import StorageLevel
 
-    def flatMap(self, f: Callable[[Any], Iterable[Any]], preservesPartitioning: bool = False) -> TimedDStream:
-        return self._timed_op(
+        from dstreams.dead_letters import DEAD, GOOD, dead, good, guarded_record
+
+        self._check_open()
+        graph = self._timed.graph
+        name = f"{kind}#{len(graph.dead_letter_nodes) + 1}"
+
+        def tag(rdds: list[Any], t: Any) -> Any:
+            one = guarded_record(kind, f, name, t.ms)
+
+            def run(_: int, it: Iterator[tuple[int, Any]]) -> Iterator[Any]:
+                for event_ms, value in it:
+                    for label, out in one(value):
+                        yield (GOOD, (event_ms, out)) if label == GOOD else (DEAD, out)
+
+            return rdds[0].mapPartitionsWithIndex(run, preserves)
+
+        tagged = TransformedNode(graph, [self._timed], tag, kind)
+        tagged.persist(StorageLevel.MEMORY_ONLY)
+        kept = TransformedNode(graph, [tagged], lambda rdds, t: rdds[0].mapPartitions(good, True), kind)
+        routed = TransformedNode(graph, [tagged], lambda rdds, t: rdds[0].mapPartitions(dead, True), "deadLetters")
+        graph.dead_letter_nodes.append(routed)
+        out = TimedDStream(kept, self._event, self._ssc)
+        out._dead_letters = DStream(routed, self._ssc)
+        return out
+
+    # ------------------------------------------------------------------ per-record operators keeping event time
+    def map(self, f: Callable[[Any], Any], preservesPartitioning: bool = False, *,
+            onError: str | None = None) -> TimedDStream:
+        """``f(value)`` for every record, keeping its event time; ``onError`` as for :meth:`DStream.map`."""
+        return self._timed_dead_letters("map", f, preservesPartitioning, onError) or self._timed_op(
+            "map", lambda _, it: ((r[0], f(r[1])) for r in it), preservesPartitioning)
+
+    def flatMap(self, f: Callable[[Any], Iterable[Any]], preservesPartitioning: bool = False, *,
+                onError: str | None = None) -> TimedDStream:
+        return self._timed_dead_letters("flatMap", f, preservesPartitioning, onError) or self._timed_op(
             "flatMap", lambda _, it: chain.from_iterable(((r[0], y) for y in f(r[1])) for r in it),
             preservesPartitioning)
 
-    def filter(self, f: Callable[[Any], bool]) -> TimedDStream:
-        return self._timed_op("filter", lambda _, it: (r for r in it if f(r[1])), True)
+    def filter(self, f: Callable[[Any], bool], *, onError: str | None = None) -> TimedDStream:
+        return self._timed_dead_letters("filter", f, True, onError) or self._timed_op(
+            "filter", lambda _, it: (r for r in it if f(r[1])), True)
 
-    def mapValues(self, f: Callable[[Any], Any]) -> TimedDStream:
-        return self._timed_op("mapValues", lambda _, it: ((r[0], (r[1][0], f(r[1][1]))) for r in it), True)
+    def mapValues(self, f: Callable[[Any], Any], *, onError: str | None = None) -> TimedDStream:
+        return self._timed_dead_letters("mapValues", f, True, onError) or self._timed_op(
+            "mapValues", lambda _, it: ((r[0], (r[1][0], f(r[1][1]))) for r in it), True)
 
-    def flatMapValues(self, f: Callable[[Any], Iterable[Any]]) -> TimedDStream:
-        return self._timed_op(
+    def flatMapValues(self, f: Callable[[Any], Iterable[Any]], *, onError: str | None = None) -> TimedDStream:
+        return self._timed_dead_letters("flatMapValues", f, True, onError) or self._timed_op(
             "flatMapValues",
             lambda _, it: chain.from_iterable(((r[0], (r[1][0], y)) for y in f(r[1][1])) for r in it), True)
 
@@ -181,7 +221,7 @@ class TimedDStream(DStream):
                             emit: str = "final") -> DStream:
         """The reduce of all records whose event time falls in each window (one state partition): records
         ``((start, end), value)``; otherwise as :meth:`reduceByKeyAndEventWindow`."""
-        keyed = self.map(lambda x: (None, x))
+        keyed = self.map(lambda x: (None, x), onError="fail")
         assert isinstance(keyed, TimedDStream)
         return keyed._event_window(reduceFunc, windowDuration, slideDuration, invReduceFunc, emit, 1, keyed=False)
 

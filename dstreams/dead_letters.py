@@ -3,11 +3,11 @@
 Contract:
 
 * An operator routes its dead letters when it is made with ``onError="deadLetter"`` (``map``, ``flatMap``,
-  ``filter``, ``mapValues``, ``flatMapValues``) or when ``spark.dstreams.onRecordError=deadLetter`` makes that the
-  default. Its function is then called once per record inside a guard: a record for which it raises becomes one
-  :class:`DeadLetter` (the input record, the operator, the error, the batch time) and yields no output; the other
-  records go on as without the guard. ``flatMap``'s elements of one record are all emitted or (it raised while
-  they were made) none.
+  ``filter``, ``mapValues``, ``flatMapValues``, also on a stream with event time, whose good records keep it) or
+  when ``spark.dstreams.onRecordError=deadLetter`` makes that the default. Its function is then called once per
+  record inside a guard: a record for which it raises becomes one :class:`DeadLetter` (the input record, the
+  operator, the error, the batch time) and yields no output; the other records go on as without the guard.
+  ``flatMap``'s elements of one record are all emitted or (it raised while they were made) none.
 * The operator's RDD of a batch holds tagged records, ``(GOOD, output)`` and ``(DEAD, DeadLetter)``
   (:func:`tag_partition`); the stream the user gets reads the GOOD ones and ``deadLetters()`` the DEAD ones. The
   tagged RDD is persisted for the batch, so the user's function runs once per record when both are used.
@@ -75,7 +75,8 @@ def check_on_error(value: str, where: str) -> str:
     return value
 
 
-def _guarded(kind: str, f: Callable[[Any], Any], operator: str, batch_ms: int) -> Callable[[Any], Iterator[Any]]:
+def guarded_record(kind: str, f: Callable[[Any], Any], operator: str, batch_ms: int
+                   ) -> Callable[[Any], Iterator[Any]]:
     """The tagged outputs of one record for ``kind`` (map, filter, flatMap, mapValues, flatMapValues)."""
 
     def dead(x: Any, e: Exception) -> tuple[int, DeadLetter]:
@@ -306,7 +307,7 @@ def track_failures(batch_ms: int) -> Callable[[Iterable[Any]], Iterator[DeadLett
 def tag_partition(kind: str, f: Callable[[Any], Any], operator: str, batch_ms: int
                   ) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
     """The partition function of an operator with dead letters (module docstring)."""
-    one = _guarded(kind, f, operator, batch_ms)
+    one = guarded_record(kind, f, operator, batch_ms)
 
     def run(_: int, it: Iterator[Any]) -> Iterator[Any]:
         for x in it:

@@ -353,3 +353,22 @@ def test_track_keeps_the_state_before_a_failed_event_and_routes_it(sc, tmp_path,
         3000: []}
     assert sorted(d.error for d in dead[2000]) == ["ValueError: negative start -3",
                                                    "ZeroDivisionError: integer division or modulo by zero"]
+
+
+def test_event_time_per_record_operators_route_what_they_raise_on_and_keep_the_event_time(sc):
+    """``TimedDStream.map/filter/...(onError="deadLetter")``: the good records keep their event time (an event
+    window downstream counts them in their windows); the records the function raised on are dead letters."""
+    import operator
+
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+    raw = [[(1, "a", "1"), (2, "a", "x"), (11, "b", "2")], [(3, "a", "5")]]  # (event second, key, text)
+    timed = ssc.queueStream([sc.parallelize(b, 1) for b in raw]).withEventTime(lambda r: r[0], allowedLateness=30)
+    parsed = timed.map(lambda r: (r[1], int(r[2])), onError="deadLetter")
+    kept = parsed.filter(lambda kv: 10 // (kv[1] - 2) != 99, onError="deadLetter")  # 2: ZeroDivisionError
+    windows = kept.reduceByKeyAndEventWindow(operator.add, 10, emit="updates")
+    got, dead_parsed, dead_kept = collect(windows), collect(parsed.deadLetters()), collect(kept.deadLetters())
+    _drive(ssc, 2)
+    assert {t: sorted(v) for t, v in got.items()} == {1000: [(("a", (0, 10)), 1)], 2000: [(("a", (0, 10)), 6)]}
+    assert {t: [(d.record, d.operator) for d in ds] for t, ds in dead_parsed.items()} == {
+        1000: [((2, "a", "x"), "map#1")], 2000: []}
+    assert [(d.record, d.error.split(":")[0]) for d in dead_kept[1000]] == [(("b", 2), "ZeroDivisionError")]
