@@ -11,8 +11,10 @@ order, and owns from then on:
    scheduler, event loop, resume plan; ``DriverRuntime.build`` wires those);
 3. the JVM's preparation for short batches (``dstreams.spark.jvm.prepare``) and the speculation note in the log;
 4. the status server (page, ``/api``, ``/metrics``; ``spark.dstreams.ui.enabled``) and the progress line;
-5. the runtime's start (the first batch is generated from here on);
-6. the SIGTERM/SIGINT handlers (``spark.dstreams.stopOnSignal``), with the JVM forwarding those signals.
+5. the outputs' claims (``OutputNode.on_start``, once the epoch is taken: ``saveToPostgres`` ends older drivers'
+   sessions of its output and raises its fence, so a zombie cannot commit even before this driver's first commit);
+6. the runtime's start (the first batch is generated from here on);
+7. the SIGTERM/SIGINT handlers (``spark.dstreams.stopOnSignal``), with the JVM forwarding those signals.
 
 :meth:`StartedDriver.close` undoes all of it in reverse order: the signal handlers, the runtime (graceful:
 after the generated batches ran; then the checkpointer), the graph's sources, the status server and the
@@ -117,6 +119,9 @@ class StartedDriver:
         batch = s.graph.batch_duration
         self.progress = ProgressLine.start(s.bus, self._progress_stream, self.status.url if self.status else None,
                                            batch.ms if batch else None)
+        for out in s.graph.outputs:  # the epoch is taken: sinks that fence their output claim it now
+            if out.on_start is not None:
+                out.on_start()
         self.runtime.start()
         self.signals = SignalStop.install(s.context, self._stop_on_signal, self._forward_jvm_signals)
 

@@ -21,7 +21,7 @@ from dstreams.nodes.event_time import EventTimeNode, LateRecordsNode
 from dstreams.nodes.store_state import StateChangesNode, StateViewNode
 from dstreams.nodes.transformed import TransformedNode
 from dstreams.nodes.union import UnionNode
-from dstreams.time import DurationLike, parse_duration
+from dstreams.time import Duration, DurationLike, parse_duration
 
 from .stream import DStream
 
@@ -60,6 +60,7 @@ class EventWindowView(StateView):
                  ssc: GraphOwner, late: Callable[[], DStreamNode], source: DStreamNode | None = None) -> None:
         super().__init__(state, view, label, ssc, source)
         self._late = late
+        self._all_sessions: DStreamNode | None = None  # a guarded session operator's every emitted session
 
     def lateRecords(self) -> DStream:
         """Per batch, the records this operator dropped from at least one of their windows because that window
@@ -168,7 +169,7 @@ class TimedDStream(DStream):
     def reduceByKeyAndEventWindow(self, func: Callable[[Any, Any], Any], windowDuration: DurationLike,
                                   slideDuration: DurationLike | None = None,
                                   invFunc: Callable[[Any, Any], Any] | None = None, emit: str = "final",
-                                  numPartitions: int | None = None) -> DStream:
+                                  numPartitions: int | None = None, *, onError: str | None = None) -> DStream:
         """Per key, the reduce with ``func`` of the values whose event time falls in each window.
 
         Records are ``(key, value)`` pairs. Windows are ``[start, start + windowDuration)`` with ``start`` a
@@ -186,14 +187,19 @@ class TimedDStream(DStream):
         incremental: the next window is the previous one, ``invFunc`` the pane that left, ``func`` the pane
         that entered. The state is per key, hash-partitioned into ``numPartitions`` and checkpointed like
         ``updateStateByKey``'s; it holds only windows the watermark has not passed.
+        ``onError="deadLetter"`` folds each partition's records by key and pane inside a guard first, with the
+        rules of :meth:`DStream.reduceByKey`'s (:func:`~dstreams.dead_letters.fold_event_partition`): a record
+        ``func`` raises on goes to the returned stream's ``deadLetters()``; a later combine (with the window's
+        state, of two partitions, ``invFunc``) still fails the batch.
         """
-        return self._event_window(func, windowDuration, slideDuration, invFunc, emit, numPartitions, keyed=True)
+        return self._event_window(func, windowDuration, slideDuration, invFunc, emit, numPartitions, keyed=True,
+                                  label="reduceByKeyAndEventWindow", onError=onError)
 
     def _event_window(self, func: Callable[[Any, Any], Any], windowDuration: DurationLike,
                       slideDuration: DurationLike | None, invFunc: Callable[[Any, Any], Any] | None, emit: str,
-                      numPartitions: int | None, keyed: bool) -> DStream:
+                      numPartitions: int | None, keyed: bool, label: str, onError: str | None) -> DStream:
         self._check_open()
-        from dstreams.nodes.event_window import EventWindowNode, WindowLateRecordsNode, emitted_windows
+        from dstreams.nodes.event_window import WindowLateRecordsNode
         from dstreams.spark.partitioned import hash_partitioner
 
         w = parse_duration(windowDuration, "windowDuration")
@@ -201,6 +207,44 @@ class TimedDStream(DStream):
         part = hash_partitioner(self._default_partitions(numPartitions))
         timed = self._timed
         late = lambda: WindowLateRecordsNode(timed.graph, timed, w, s, keyed)  # noqa: E731
+        if self._routes_dead_letters(onError, label):
+            folded = self._folded_for_event_window(label, func, w.ms, s.ms, keyed)
+            view = self._windows_of(folded._timed, func, invFunc, w, s, emit, part, keyed, late)
+            view._dead_letters = folded._dead_letters
+            return view
+        return self._windows_of(timed, func, invFunc, w, s, emit, part, keyed, late)
+
+    def _folded_for_event_window(self, label: str, func: Callable[[Any, Any], Any], window_ms: int, slide_ms: int,
+                                 keyed: bool) -> TimedDStream:
+        """This stream's records folded by key and pane inside a guard (``fold_event_partition``), as a timed
+        stream whose ``deadLetters()`` has the records routed; one persisted tagged RDD."""
+        from pyspark import StorageLevel
+
+        from dstreams.dead_letters import dead, fold_event_partition, good
+        from dstreams.nodes.event_time import watermark_at
+
+        graph, timed = self._timed.graph, self._timed
+        name = f"{label}#{len(graph.dead_letter_nodes) + 1}"
+
+        def tag(rdds: list[Any], t: Any) -> Any:
+            run = fold_event_partition(func, name, t.ms, window_ms, slide_ms, watermark_at(timed, t), keyed)
+            return rdds[0].mapPartitionsWithIndex(run)
+
+        tagged = TransformedNode(graph, [timed], tag, label)
+        tagged.persist(StorageLevel.MEMORY_ONLY)
+        kept = TransformedNode(graph, [tagged], lambda rdds, t: rdds[0].mapPartitions(good, True), label)
+        routed = TransformedNode(graph, [tagged], lambda rdds, t: rdds[0].mapPartitions(dead, True), "deadLetters")
+        graph.dead_letter_nodes.append(routed)
+        out = TimedDStream(kept, self._event, self._ssc)
+        out._dead_letters = DStream(routed, self._ssc)
+        return out
+
+    def _windows_of(self, timed: DStreamNode, func: Callable[[Any, Any], Any],
+                    invFunc: Callable[[Any, Any], Any] | None, w: Duration, s: Duration, emit: str, part: Any,
+                    keyed: bool, late: Callable[[], DStreamNode]) -> EventWindowView:
+        """The event-window operator over ``timed`` on the state backend in force."""
+        from dstreams.nodes.event_window import EventWindowNode, emitted_windows
+
         store, auto = self._state_store(), self._auto_state()
         if store is not None or auto is not None:
             from dstreams.nodes.auto_state import AutoEventWindowNode
@@ -218,15 +262,16 @@ class TimedDStream(DStream):
     def reduceByEventWindow(self, reduceFunc: Callable[[Any, Any], Any], windowDuration: DurationLike,
                             slideDuration: DurationLike | None = None,
                             invReduceFunc: Callable[[Any, Any], Any] | None = None,
-                            emit: str = "final") -> DStream:
+                            emit: str = "final", *, onError: str | None = None) -> DStream:
         """The reduce of all records whose event time falls in each window (one state partition): records
-        ``((start, end), value)``; otherwise as :meth:`reduceByKeyAndEventWindow`."""
+        ``((start, end), value)``; otherwise (``onError`` too) as :meth:`reduceByKeyAndEventWindow`."""
         keyed = self.map(lambda x: (None, x), onError="fail")
         assert isinstance(keyed, TimedDStream)
-        return keyed._event_window(reduceFunc, windowDuration, slideDuration, invReduceFunc, emit, 1, keyed=False)
+        return keyed._event_window(reduceFunc, windowDuration, slideDuration, invReduceFunc, emit, 1, keyed=False,
+                                   label="reduceByEventWindow", onError=onError)
 
     def sessionWindow(self, gap: DurationLike, aggregate: Callable[[list[Any]], Any] | None = None,
-                      numPartitions: int | None = None) -> DStream:
+                      numPartitions: int | None = None, *, onError: str | None = None) -> DStream:
         """Per key, sessions of activity separated by at least ``gap`` of event time without a record.
 
         Records are ``(key, value)`` pairs. A session runs from its first record's event time to its last
@@ -238,16 +283,48 @@ class TimedDStream(DStream):
         it is late only when the session it would belong to has closed (it is not within ``gap`` of an open
         session and its own ``eventTime + gap`` is at or below the watermark): then it is dropped and listed
         by ``lateRecords()`` of the returned stream. The open sessions are per-key state, hash-partitioned
-        into ``numPartitions`` and checkpointed.
+        into ``numPartitions`` and checkpointed. ``onError="deadLetter"``: a session whose ``aggregate`` raises is
+        not emitted; ``((key, (start, end)), values)`` goes to the returned stream's ``deadLetters()`` instead.
         """
         self._check_open()
-        from dstreams.nodes.event_window import SessionWindowNode, emitted_sessions, late_session_records
+        from dstreams.dead_letters import GuardedAggregate
+        from dstreams.nodes.event_window import late_session_records
         from dstreams.spark.partitioned import hash_partitioner
 
         g = parse_duration(gap, "gap")
         part = hash_partitioner(self._default_partitions(numPartitions))
-        graph, aggregate = self._timed.graph, aggregate if aggregate is not None else list
-        late = late_session_records(g.ms)
+        aggregate = aggregate if aggregate is not None else list
+        guarded = self._routes_dead_letters(onError, "sessionWindow")
+        view = self._sessions_of(g, GuardedAggregate(aggregate) if guarded else aggregate, part,
+                                 late_session_records(g.ms), guarded)
+        if guarded:
+            from dstreams.dead_letters import session_failures
+
+            graph = self._timed.graph
+            name = f"sessionWindow#{len(graph.dead_letter_nodes) + 1}"
+            sessions = view._all_sessions
+            assert sessions is not None
+
+            def failures(rdds: list[Any], t: Any) -> Any:
+                return rdds[0].mapPartitions(session_failures(name, t.ms))
+
+            routed = TransformedNode(graph, [sessions], failures, "deadLetters")
+            graph.dead_letter_nodes.append(routed)
+            view._dead_letters = DStream(routed, self._ssc)
+        return view
+
+    def _sessions_of(self, g: Duration, aggregate: Callable[[list[Any]], Any], part: Any,
+                     late: Callable[[Iterator[Any]], Iterator[Any]], guarded: bool) -> EventWindowView:
+        """The session operator on the state backend in force; ``guarded``: its aggregate is a
+        ``GuardedAggregate``, whose failed sessions the view leaves out (``_all_sessions`` is the node of every
+        emitted session, failed ones included)."""
+        from dstreams.dead_letters import sessions_without_failures
+        from dstreams.nodes.event_window import SessionWindowNode, emitted_sessions
+
+        graph = self._timed.graph
+        emitted: Callable[[Iterator[Any]], Iterator[Any]] = emitted_sessions
+        if guarded:
+            emitted = lambda it: sessions_without_failures(emitted_sessions(it))  # noqa: E731
         store, auto = self._state_store(), self._auto_state()
         if store is not None or auto is not None:
             from dstreams.nodes.auto_state import AutoSessionWindowNode
@@ -257,15 +334,23 @@ class TimedDStream(DStream):
                 else AutoSessionWindowNode(graph, self._timed, g, aggregate, part, *auto)
             view = StateViewNode(graph, state)
             changes = StateChangesNode(graph, view)
-            late_written = written(late)
-            return EventWindowView(view, written(emitted_sessions), "sessions", self._ssc,
-                                   lambda: TransformedNode(graph, [changes],
-                                                           lambda rdds, t: rdds[0].mapPartitions(late_written),
-                                                           "sessionLate"), source=changes)
+            late_written, all_written = written(late), written(emitted_sessions)
+            out = EventWindowView(view, written(emitted), "sessions", self._ssc,
+                                  lambda: TransformedNode(graph, [changes],
+                                                          lambda rdds, t: rdds[0].mapPartitions(late_written),
+                                                          "sessionLate"), source=changes)
+            if guarded:
+                out._all_sessions = TransformedNode(graph, [changes],
+                                                    lambda rdds, t: rdds[0].mapPartitions(all_written), "sessions")
+            return out
         node = SessionWindowNode(graph, self._timed, g, aggregate, part)
-        return EventWindowView(node, emitted_sessions, "sessions", self._ssc,
-                               lambda: TransformedNode(node.graph, [node],
-                                                       lambda rdds, t: rdds[0].mapPartitions(late), "sessionLate"))
+        out = EventWindowView(node, emitted, "sessions", self._ssc,
+                              lambda: TransformedNode(node.graph, [node],
+                                                      lambda rdds, t: rdds[0].mapPartitions(late), "sessionLate"))
+        if guarded:
+            out._all_sessions = TransformedNode(graph, [node],
+                                                lambda rdds, t: rdds[0].mapPartitions(emitted_sessions), "sessions")
+        return out
 
     # ------------------------------------------------------------------ late records
     def lateRecords(self) -> DStream:

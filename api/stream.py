@@ -681,7 +681,7 @@ class DStream:
 
     # ------------------------------------------------------------------ event time
     def withEventTime(self, extract: Callable[[Any], Any], allowedLateness: DurationLike = 0,
-                      dropLate: bool = False) -> DStream:
+                      dropLate: bool = False, *, onError: str | None = None) -> DStream:
         """This stream with an event time per record and a low watermark (docs/guide/event-time.md).
 
         ``extract(record)`` returns the record's event time: seconds since the epoch (int or float, as
@@ -698,13 +698,24 @@ class DStream:
         other methods see the plain records.
         The watermark of each batch is recorded in the metadata log, so a restarted driver
         (``getOrCreate``) replays every batch with the watermark it had.
+        ``onError="deadLetter"`` (or ``spark.dstreams.onRecordError=deadLetter``): a record whose ``extract`` raises
+        or returns no event time (not a number or ``datetime``) goes to the returned stream's ``deadLetters()``
+        and counts nowhere (not in the watermark, not in the batch's records); the default fails the batch.
         """
         self._check_open()
-        from dstreams.nodes.event_time import EventTimeNode
+        from dstreams.nodes.event_time import EventStamp, EventTimeNode
 
         from .event_time import TimedDStream
 
         lateness = parse_duration(allowedLateness, "allowedLateness", allow_zero=True)
+        if self._routes_dead_letters(onError, "withEventTime"):
+            stamp = EventStamp(extract)
+            stamped = self._routing_dead_letters("withEventTime",
+                                                 lambda name, ms: tag_partition("map", stamp, name, ms), False)
+            node = EventTimeNode(self._node.graph, stamped._node, extract, lateness, bool(dropLate), stamped=True)
+            timed = TimedDStream(node, node, self._ssc)
+            timed._dead_letters = stamped._dead_letters
+            return timed
         node = EventTimeNode(self._node.graph, self._node, extract, lateness, bool(dropLate))
         return TimedDStream(node, node, self._ssc)
 
@@ -746,9 +757,10 @@ class DStream:
         """
         self._output(func, getattr(func, "__name__", "foreachRDD"))
 
-    def _output(self, func: Callable[..., Any], label: str) -> None:
+    def _output(self, func: Callable[..., Any], label: str, on_start: Callable[[], None] | None = None) -> None:
         """Register ``func`` (``func(rdd)`` or ``func(time, rdd)``) as an output named ``label`` (in errors, the
-        status page and the metrics)."""
+        status page and the metrics); ``on_start()`` runs when a driver has taken its epoch, before its first
+        batch."""
         self._ssc.check_not_started("add an output operation")
         n = positional_arity(func, (1, 2), "foreachRDD")
 
@@ -758,7 +770,7 @@ class DStream:
             else:
                 func(to_datetime(t), rdd)
 
-        OutputNode(self._node.graph, self._node, run, label)
+        OutputNode(self._node.graph, self._node, run, label, on_start)
 
     def pprint(self, num: int = 10) -> None:
         """Print the first ``num`` elements of each batch (PySpark's format)."""
@@ -905,7 +917,7 @@ class DStream:
         schema) instead of failing the batch. See :mod:`dstreams.recovery.postgres_sink`. Needs psycopg 3
         (``pip install 'dstreams[postgres]'``).
         """
-        from dstreams.recovery.postgres_sink import MODES, resolve_target, save_to_postgres
+        from dstreams.recovery.postgres_sink import MODES, claim_output, resolve_target, save_to_postgres
 
         ssc = self._ssc
         if mode not in MODES:
@@ -918,16 +930,23 @@ class DStream:
             raise ValueError(f"saveToPostgres needs a table name, got {table!r}")
         resolved: dict[str, Any] = {}
 
-        def save(time: Any, rdd: RDD) -> None:
-            ms = round(time.timestamp() * 1000)
-            env = ssc.output_environment()
+        def resolved_target(env: Any) -> Any:
             target = resolved.get("target")
             if target is None:
                 name = outputName or (f"{table}@{env.checkpoint_dir}" if env.checkpoint_dir else table)
                 target = resolved["target"] = resolve_target(dsn, table, mode, keyColumns, columns, name, onError)
-            save_to_postgres(rdd, ms, target, env.check_owner, env.epoch)
+            return target
 
-        self._output(save, f"saveToPostgres({table!r})")
+        def claim() -> None:  # a new driver fences older ones off at once, not at its first commit (issue 42)
+            env = ssc.output_environment()
+            if env.epoch is not None:
+                claim_output(resolved_target(env), env.epoch)
+
+        def save(time: Any, rdd: RDD) -> None:
+            env = ssc.output_environment()
+            save_to_postgres(rdd, round(time.timestamp() * 1000), resolved_target(env), env.check_owner, env.epoch)
+
+        self._output(save, f"saveToPostgres({table!r})", claim)
 
     def saveToKafka(self, topic: str, kafkaParams: Mapping[str, Any], keyFunc: Callable[[Any], Any] | None = None,
                     valueFunc: Callable[[Any], Any] | None = None, keySerializer: Callable[[Any], Any] | None = None,

@@ -139,53 +139,143 @@ def _probe(func: Callable[[Any, Any], Any], a: Any, b: Any) -> Exception | None:
     return None
 
 
+def _pair(x: Any, operator: str, batch_ms: int) -> tuple[Any, Any] | DeadLetter:
+    """``x`` as a reduce's ``(key, value)``, or the dead letter of a record that is not one."""
+    if type(x) is tuple and len(x) == 2:
+        return x
+    if isinstance(x, (tuple, list)) and len(x) == 2:
+        return x[0], x[1]
+    return DeadLetter(x, operator,
+                      f"TypeError: {operator} needs (key, value) pairs, got an element of type {type(x).__name__}",
+                      batch_ms)
+
+
+def _fold(func: Callable[[Any, Any], Any], operator: str, batch_ms: int,
+          items: Iterable[tuple[Any, Any, Any] | DeadLetter]) -> Iterator[tuple[int, Any]]:
+    """The guarded fold of :func:`fold_partition` over ``items``: ``(key, value, record)`` (``record``: what a dead
+    letter shows) or a :class:`DeadLetter` already made, which is passed on."""
+    acc: dict[Any, Any] = {}
+    first: dict[Any, Any] = {}  # key -> its one record, while the key's accumulator is that record's value
+    for item in items:
+        if type(item) is DeadLetter:
+            yield DEAD, item
+            continue
+        k, v, x = item  # type: ignore[misc]
+        try:
+            present = k in acc
+        except TypeError as e:  # an unhashable key
+            yield DEAD, DeadLetter(x, operator, describe_error(e), batch_ms)
+            continue
+        if not present:
+            acc[k] = v
+            first[k] = x
+            continue
+        try:
+            acc[k] = func(acc[k], v)
+        except Exception as e:  # noqa: BLE001 - a record goes to the dead letters
+            if k in first and _probe(func, acc[k], acc[k]) is not None and _probe(func, v, v) is None:
+                yield DEAD, DeadLetter(first[k], operator, describe_error(e), batch_ms)
+                acc[k], first[k] = v, x
+            else:
+                yield DEAD, DeadLetter(x, operator, describe_error(e), batch_ms)
+            continue
+        if first:
+            first.pop(k, None)
+    for k, one in first.items():  # a key's lone value: is it a value func can combine at all?
+        e = _probe(func, acc[k], acc[k])
+        if e is not None:
+            yield DEAD, DeadLetter(one, operator, describe_error(e), batch_ms)
+            del acc[k]
+    for kv in acc.items():
+        yield GOOD, kv
+
+
 def fold_partition(func: Callable[[Any, Any], Any], operator: str, batch_ms: int, key: Any = None,
                    pairs: bool = True) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
     """A reduce's guarded map-side fold (module docstring): a partition's ``(key, value)`` records (``pairs=False``:
     values, all of ``key``) folded by key with ``func`` in input order, tagged: ``(DEAD, DeadLetter)`` for each
     record routed, then ``(GOOD, (key, folded))`` per key, in first-seen order."""
 
-    def run(_: int, it: Iterator[Any]) -> Iterator[Any]:
-        acc: dict[Any, Any] = {}
-        first: dict[Any, Any] = {}  # key -> its one record, while the key's accumulator is that record's value
+    def items(it: Iterator[Any]) -> Iterator[tuple[Any, Any, Any] | DeadLetter]:
         for x in it:
             if not pairs:
-                k, v = key, x
-            elif type(x) is tuple and len(x) == 2:
-                k, v = x
-            elif isinstance(x, (tuple, list)) and len(x) == 2:
-                k, v = x[0], x[1]
+                yield key, x, x
+                continue
+            kv = _pair(x, operator, batch_ms)
+            yield kv if type(kv) is DeadLetter else (kv[0], kv[1], x)  # type: ignore[index]
+
+    def run(_: int, it: Iterator[Any]) -> Iterator[Any]:
+        return _fold(func, operator, batch_ms, items(it))
+
+    return run
+
+
+def fold_event_partition(func: Callable[[Any, Any], Any], operator: str, batch_ms: int, window_ms: int,
+                         slide_ms: int, watermark: int | None, keyed: bool = True
+                         ) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+    """An event-time window reduce's guarded map-side fold: a partition's timed records ``(event_ms, (key, value))``
+    folded by key and pane (the slide-long slice of event time whose records belong to the same windows) with
+    ``func`` in input order, by :func:`fold_partition`'s rules; each fold is tagged ``(GOOD, (pane start, (key,
+    folded)))``, which counts in exactly the windows of its records. A record late for every one of its windows
+    (the newest ends at or below ``watermark``, the batch's) is left out without calling ``func``: the window
+    operator would drop it, and its ``lateRecords()`` (read from the operator's input) lists it. A dead letter
+    shows the record as the user gave it (``keyed=False``: the value alone)."""
+
+    def run(_: int, it: Iterator[Any]) -> Iterator[Any]:
+        def items() -> Iterator[tuple[Any, Any, Any] | DeadLetter]:
+            for ts, x in it:
+                pane = ts - ts % slide_ms
+                if watermark is not None and pane + window_ms <= watermark:
+                    continue
+                shown = x if keyed else x[1]  # reduceByEventWindow's records are (None, value)
+                kv = _pair(x, operator, batch_ms)
+                yield kv if type(kv) is DeadLetter else ((kv[0], pane), kv[1], shown)  # type: ignore[index]
+
+        for tag, out in _fold(func, operator, batch_ms, items()):
+            if tag == GOOD:
+                (k, pane), folded = out
+                yield GOOD, (pane, (k, folded))
             else:
-                yield DEAD, DeadLetter(x, operator, f"TypeError: {operator} needs (key, value) pairs, got an element "
-                                                    f"of type {type(x).__name__}", batch_ms)
-                continue
-            try:
-                present = k in acc
-            except TypeError as e:  # an unhashable key
-                yield DEAD, DeadLetter(x, operator, describe_error(e), batch_ms)
-                continue
-            if not present:
-                acc[k] = v
-                first[k] = x
-                continue
-            try:
-                acc[k] = func(acc[k], v)
-            except Exception as e:  # noqa: BLE001 - a record goes to the dead letters
-                if k in first and _probe(func, acc[k], acc[k]) is not None and _probe(func, v, v) is None:
-                    yield DEAD, DeadLetter(first[k], operator, describe_error(e), batch_ms)
-                    acc[k], first[k] = v, x
-                else:
-                    yield DEAD, DeadLetter(x, operator, describe_error(e), batch_ms)
-                continue
-            if first:
-                first.pop(k, None)
-        for k, one in first.items():  # a key's lone value: is it a value func can combine at all?
-            e = _probe(func, acc[k], acc[k])
-            if e is not None:
-                yield DEAD, DeadLetter(one, operator, describe_error(e), batch_ms)
-                del acc[k]
-        for kv in acc.items():
-            yield GOOD, kv
+                yield tag, out
+
+    return run
+
+
+class FailedAggregate(NamedTuple):
+    """A session whose ``aggregate`` raised (:class:`GuardedAggregate`): its values and the error, in place of the
+    aggregate in the state's emitted sessions; the user's stream leaves it out, ``deadLetters()`` reads it."""
+
+    values: list[Any]
+    error: str
+
+
+class GuardedAggregate:
+    """``sessionWindow(..., onError="deadLetter")``'s ``aggregate``: a session whose aggregate raises becomes a
+    :class:`FailedAggregate` instead of failing the task."""
+
+    def __init__(self, aggregate: Callable[[list[Any]], Any]) -> None:
+        self.aggregate = aggregate
+
+    def __call__(self, values: list[Any]) -> Any:
+        try:
+            return self.aggregate(values)
+        except Exception as e:  # noqa: BLE001 - the session goes to the dead letters
+            return FailedAggregate(values, describe_error(e))
+
+
+def sessions_without_failures(records: Iterable[Any]) -> Iterator[Any]:
+    """The emitted sessions ``((key, (start, end)), aggregate)`` whose aggregate did not raise."""
+    return (r for r in records if type(r[1]) is not FailedAggregate)
+
+
+def session_failures(operator: str, batch_ms: int) -> Callable[[Iterable[Any]], Iterator[DeadLetter]]:
+    """Partition function over emitted sessions: a :class:`DeadLetter` ``(((key, (start, end)), values), ...)`` per
+    session whose aggregate raised."""
+
+    def run(records: Iterable[Any]) -> Iterator[DeadLetter]:
+        for session, value in records:
+            if type(value) is FailedAggregate:
+                yield DeadLetter((session, value.values), operator, value.error, batch_ms)
 
     return run
 

@@ -83,6 +83,10 @@ FENCES = "dstreams_sink_fences"
 #: The dead letters of the outputs with ``onError="deadLetter"``: the records the table refused, per output and batch.
 DEAD_LETTERS = "dstreams_sink_dead_letters"
 MODES = ("append", "upsert")
+#: The start of the ``application_name`` of the sink's connections (:func:`session_name`).
+SESSION_PREFIX = "dstreams-sink e"
+#: How long the takeover waits for a lock on the output's fence row after ending the older drivers' sessions.
+CLAIM_LOCK_TIMEOUT_S = 30
 _META = ("_ds_output", "_ds_batch", "_ds_part", "_ds_row", "_ds_attempt")
 #: The staging columns of a record ``COPY`` refused (``onError="deadLetter"``): the record as JSON, the error.
 _DEAD_META = ("_ds_dead", "_ds_error")
@@ -127,12 +131,26 @@ class PostgresTarget:
         return f"{self.table}__dstreams_{digest}"
 
 
-def _connect(dsn: str) -> Any:
+def _connect(dsn: str, session: str | None = None) -> Any:
+    """A connection to ``dsn``; ``session``: its ``application_name`` (:func:`session_name`)."""
     try:
         import psycopg
     except ImportError:  # pragma: no cover - an installation problem
         raise ImportError("saveToPostgres needs psycopg 3: pip install 'dstreams[postgres]'") from None
-    return psycopg.connect(dsn, connect_timeout=10)
+    if session is None:
+        return psycopg.connect(dsn, connect_timeout=10)
+    return psycopg.connect(dsn, connect_timeout=10, application_name=session)
+
+
+def _output_digest(output: str) -> str:
+    return hashlib.sha1(output.encode()).hexdigest()[:16]
+
+
+def session_name(target: PostgresTarget, epoch: int | None) -> str | None:
+    """The ``application_name`` of a driver's or task's connections for ``target``'s output under ``epoch``
+    (``dstreams-sink e<epoch> <digest of the output>``; None without an epoch): how :func:`claim_output` finds the
+    sessions of older drivers."""
+    return None if epoch is None else f"{SESSION_PREFIX}{epoch} {_output_digest(target.output)}"
 
 
 def _ident(name: str) -> Any:
@@ -187,16 +205,95 @@ def resolve_target(dsn: str, table: str, mode: str, key_columns: Sequence[str] |
                                  "PRIMARY KEY (output, batch_ms))").format(_ident(schema + COMMITS)))
             conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (output text PRIMARY KEY, epoch bigint NOT NULL)")
                          .format(_ident(schema + FENCES)))
-            conn.execute(sql.SQL("CREATE UNLOGGED TABLE IF NOT EXISTS {} AS SELECT {} FROM {} WITH NO DATA").format(
-                _ident(target.staging), _idents(cols), _ident(table)))
-            conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS _ds_output text, ADD COLUMN IF NOT EXISTS "
-                                 "_ds_batch bigint, ADD COLUMN IF NOT EXISTS _ds_part int, ADD COLUMN IF NOT EXISTS "
-                                 "_ds_row bigint, ADD COLUMN IF NOT EXISTS _ds_attempt text, ADD COLUMN IF NOT "
-                                 "EXISTS _ds_dead jsonb, ADD COLUMN IF NOT EXISTS _ds_error text").format(
-                _ident(target.staging)))
-            conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (_ds_output, _ds_batch, _ds_part)").format(
-                sql.Identifier(target.staging.rsplit(".", 1)[-1] + "_batch"), _ident(target.staging)))
+            if not _staging_ready(conn, target):
+                # DDL only when something is missing: an ALTER or CREATE INDEX waits for every open transaction on
+                # the staging table, a paused (zombie) driver's COPY included (issue 42)
+                conn.execute(sql.SQL("CREATE UNLOGGED TABLE IF NOT EXISTS {} AS SELECT {} FROM {} WITH NO DATA")
+                             .format(_ident(target.staging), _idents(cols), _ident(table)))
+                conn.execute(sql.SQL(
+                    "ALTER TABLE {} ADD COLUMN IF NOT EXISTS _ds_output text, ADD COLUMN IF NOT EXISTS _ds_batch "
+                    "bigint, ADD COLUMN IF NOT EXISTS _ds_part int, ADD COLUMN IF NOT EXISTS _ds_row bigint, ADD "
+                    "COLUMN IF NOT EXISTS _ds_attempt text, ADD COLUMN IF NOT EXISTS _ds_dead jsonb, ADD COLUMN IF "
+                    "NOT EXISTS _ds_error text").format(_ident(target.staging)))
+                conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (_ds_output, _ds_batch, _ds_part)").format(
+                    sql.Identifier(_staging_index(target)), _ident(target.staging)))
     return target
+
+
+def _staging_index(target: PostgresTarget) -> str:
+    return target.staging.rsplit(".", 1)[-1] + "_batch"
+
+
+def _staging_ready(conn: Any, target: PostgresTarget) -> bool:
+    """Whether the staging table, its columns and its index exist, read from the catalog (no lock on the table)."""
+    row = conn.execute("SELECT to_regclass(%s)::oid", [_quoted(target.staging)]).fetchone()
+    if row is None or row[0] is None:
+        return False
+    have = {r[0] for r in conn.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT "
+                                       "attisdropped", [row[0]])}
+    if not {*target.columns, *_META, *_DEAD_META} <= have:
+        return False
+    index = (target.schema_prefix + _staging_index(target)) if target.schema_prefix else _staging_index(target)
+    found = conn.execute("SELECT to_regclass(%s)::oid", [_quoted(index)]).fetchone()
+    return found is not None and found[0] is not None
+
+
+def _quoted(name: str) -> str:
+    """``schema.name`` as a quoted identifier for ``to_regclass`` (the sink quotes every name it creates)."""
+    return ".".join('"' + part.replace('"', '""') + '"' for part in name.split("."))
+
+
+def claim_output(target: PostgresTarget, epoch: int) -> None:
+    """Take the output for the driver of ``epoch`` when it starts, before its first batch (issue 42): end the
+    sessions of older drivers of this output (found by :func:`session_name`; a zombie's open transaction is rolled
+    back and its locks go), then raise the output's fence row to ``epoch``. From then on an older driver's commit
+    fails with ``FencedError``, whether or not this driver has committed anything yet. Raises ``FencedError`` when
+    a newer driver owns the output already, and ``PostgresSinkError`` when the fence row stays locked for
+    :data:`CLAIM_LOCK_TIMEOUT_S` (a session this one could not end: another database user's)."""
+    import psycopg
+    from psycopg import sql
+
+    mine = session_name(target, epoch)
+    assert mine is not None
+    digest = _output_digest(target.output)
+    with _connect(target.dsn, mine) as conn:
+        conn.autocommit = True
+        older = [(pid, name) for pid, name in conn.execute(
+            "SELECT pid, application_name FROM pg_stat_activity WHERE application_name LIKE %s AND pid <> "
+            "pg_backend_pid()", [f"{SESSION_PREFIX}% {digest}"]).fetchall()
+            if _session_epoch(name) is not None and _session_epoch(name) < epoch]  # type: ignore[operator]
+        for pid, name in older:
+            try:
+                conn.execute("SELECT pg_terminate_backend(%s)", [pid])
+                log.warning("saveToPostgres into %r: ended session %d (%s) of an older driver of output %r",
+                            target.table, pid, name, target.output)
+            except psycopg.Error as e:  # not allowed (another user's session): the lock timeout below bounds it
+                log.warning("saveToPostgres into %r: could not end session %d of an older driver: %s", target.table,
+                            pid, e)
+        conn.autocommit = False
+        try:
+            with conn.transaction():
+                conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
+                    sql.Literal(f"{CLAIM_LOCK_TIMEOUT_S}s")))
+                (owner,) = conn.execute(sql.SQL(
+                    "INSERT INTO {} AS f (output, epoch) VALUES (%s, %s) ON CONFLICT (output) DO UPDATE SET epoch = "
+                    "GREATEST(f.epoch, EXCLUDED.epoch) RETURNING epoch").format(
+                    _ident(target.schema_prefix + FENCES)), [target.output, epoch]).fetchone()
+        except psycopg.errors.LockNotAvailable:
+            raise PostgresSinkError(
+                f"saveToPostgres into {target.table!r}: the fence row of output {target.output!r} stayed locked for "
+                f"{CLAIM_LOCK_TIMEOUT_S} s by a session this driver could not end (see pg_locks): end it "
+                "(pg_terminate_backend) and start again") from None
+    if owner > epoch:
+        raise FencedError(f"saveToPostgres into {target.table!r}: a newer driver (epoch {owner}) owns the output "
+                          f"{target.output!r}; this one (epoch {epoch}) must not write it")
+
+
+def _session_epoch(name: str) -> int | None:
+    try:
+        return int(name[len(SESSION_PREFIX):].split(" ", 1)[0])
+    except ValueError:
+        return None
 
 
 def _safe_dsn(dsn: str) -> str:
@@ -234,7 +331,7 @@ def _dead_record(record: Any, columns: tuple[str, ...]) -> str:
 
 
 def _stage_routing(target: PostgresTarget, batch_ms: int, p: int, records: list[Any], attempt: str,
-                   copy_sql: Any, dead_sql: Any, where: str) -> int:
+                   copy_sql: Any, dead_sql: Any, where: str, epoch: int | None) -> int:
     """``stage`` with dead letters: ``COPY`` the partition; when ``COPY`` refuses line ``i`` (a value it cannot
     convert), that record becomes a marked staging row (its JSON and the error, the columns NULL) and the partition
     is staged again, until ``COPY`` takes it. Returns the rows staged (marked ones included)."""
@@ -248,7 +345,7 @@ def _stage_routing(target: PostgresTarget, batch_ms: int, p: int, records: list[
             dead[i] = f"TypeError: {e}"
     while True:
         try:
-            with _connect(target.dsn) as conn, conn.cursor() as cur:
+            with _connect(target.dsn, session_name(target, epoch)) as conn, conn.cursor() as cur:
                 with cur.copy(copy_sql) as copy:
                     for i, record in enumerate(records):
                         if i not in dead:
@@ -271,7 +368,8 @@ def _stage_routing(target: PostgresTarget, batch_ms: int, p: int, records: list[
                         target.dead_letters)
 
 
-def stage_partition(target: PostgresTarget, batch_ms: int) -> Callable[[int, Iterable[Any]], Iterator[tuple]]:
+def stage_partition(target: PostgresTarget, batch_ms: int, epoch: int | None = None
+                    ) -> Callable[[int, Iterable[Any]], Iterator[tuple]]:
     """The executor side: ``COPY`` partition ``p`` into the staging table under a fresh attempt id and commit;
     yields ``(p, attempt, rows)``. A record that cannot be converted or that Postgres refuses fails the task with
     a ``PostgresSinkError`` naming the batch, the partition, the record's position and (where known) the column;
@@ -289,14 +387,15 @@ def stage_partition(target: PostgresTarget, batch_ms: int) -> Callable[[int, Ite
         where = f"saveToPostgres into {target.table!r}: batch {batch_ms}, partition {p}"
         if target.on_error == "deadLetter":
             try:
-                n = _stage_routing(target, batch_ms, p, list(records), attempt, copy_sql, dead_sql, where)
+                n = _stage_routing(target, batch_ms, p, list(records), attempt, copy_sql, dead_sql, where, epoch)
             except psycopg.OperationalError as e:
                 raise TransientStoreError(f"PostgreSQL connection lost while staging {where}: {e}") from e
             yield p, attempt, n
             return
         n = 0
         try:
-            with _connect(target.dsn) as conn, conn.cursor() as cur, cur.copy(copy_sql) as copy:
+            with _connect(target.dsn, session_name(target, epoch)) as conn, conn.cursor() as cur, \
+                    cur.copy(copy_sql) as copy:
                 for record in records:
                     try:
                         values = _values(record, target.columns)
@@ -356,7 +455,7 @@ def commit_batch(target: PostgresTarget, batch_ms: int, staged: list[tuple[int, 
     params = {"output": target.output, "batch": batch_ms, "parts": [p for p, _, _ in staged],
               "attempts": [a for _, a, _ in staged]}
     try:
-        with _connect(target.dsn) as conn, conn.transaction():
+        with _connect(target.dsn, session_name(target, epoch)) as conn, conn.transaction():
             if epoch is not None:
                 (owner,) = conn.execute(sql.SQL(
                     "INSERT INTO {} AS f (output, epoch) VALUES (%s, %s) ON CONFLICT (output) DO UPDATE SET epoch = "
@@ -499,7 +598,7 @@ def save_to_postgres(rdd: RDD, batch_ms: int, target: PostgresTarget, guard: Cal
     token = uuid.uuid4().hex
     try:
         for attempt in range(1, STAGE_ATTEMPTS + 1):
-            staged = rdd.mapPartitionsWithIndex(stage_partition(target, batch_ms)).collect()
+            staged = rdd.mapPartitionsWithIndex(stage_partition(target, batch_ms, epoch)).collect()
             try:
                 written = policy.call(lambda s=staged: commit_batch(target, batch_ms, s, epoch, token), op="commit",
                                       key=target.table, where=_safe_dsn(target.dsn))

@@ -372,3 +372,73 @@ def test_event_time_per_record_operators_route_what_they_raise_on_and_keep_the_e
     assert {t: [(d.record, d.operator) for d in ds] for t, ds in dead_parsed.items()} == {
         1000: [((2, "a", "x"), "map#1")], 2000: []}
     assert [(d.record, d.error.split(":")[0]) for d in dead_kept[1000]] == [(("b", 2), "ZeroDivisionError")]
+
+
+def test_with_event_time_routes_the_records_whose_event_time_cannot_be_extracted(sc):
+    """``withEventTime(extract, onError="deadLetter")``: a record whose ``extract`` raises or returns no event time is
+    a dead letter and counts nowhere (not in the watermark); the others go on with their event time."""
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+    raw = [[{"t": 1, "k": "a"}, {"k": "a"}, {"t": "soon", "k": "b"}, {"t": 5, "k": "b"}], [{"t": 2, "k": "a"}]]
+    timed = ssc.queueStream([sc.parallelize(b, 2) for b in raw]).withEventTime(lambda r: r["t"],
+                                                                               onError="deadLetter")
+    got, marks, dead = collect(timed), collect(timed.watermarks()), collect(timed.deadLetters())
+    everything = collect(ssc.deadLetters())
+    _drive(ssc, 2)
+    assert got == {1000: [{"t": 1, "k": "a"}, {"t": 5, "k": "b"}], 2000: [{"t": 2, "k": "a"}]}
+    assert marks == {1000: [None], 2000: [5]}  # "soon" is not an event time: it did not move the watermark
+    assert {t: [(d.record, d.operator, d.error.split(":")[0]) for d in ds] for t, ds in dead.items()} == {
+        1000: [({"k": "a"}, "withEventTime#1", "KeyError"), ({"t": "soon", "k": "b"}, "withEventTime#1", "TypeError")],
+        2000: []}
+    assert "make withEventTime's function return one" in dead[1000][1].error
+    assert everything == dead
+
+
+def _add_numbers(a, b):  # noqa: ANN001, ANN202 - None + anything raises TypeError
+    return a + b
+
+
+@pytest.mark.parametrize("store", ["rdd", "executor", "auto"])
+def test_event_window_reduces_route_what_func_raises_on_and_leave_late_records_late(sc, tmp_path, monkeypatch, store):
+    """``reduceByKeyAndEventWindow`` / ``reduceByEventWindow(..., onError="deadLetter")``: the reduce's records are
+    folded per key and pane in a guard first (the reduces' blame rule); the windows hold the other records; a
+    record late for all its windows is not given to ``func`` (it stays a late record, not a dead letter)."""
+    _use_state_backend(monkeypatch, tmp_path, store)
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+    raw = [[(1, "a", 1), (2, "a", None), (11, "b", 2)],
+           [(3, "a", 5), (4, "a", None), (12, "b", None), (15, "b", 3)],
+           [(25, "c", 1)], []]  # (event second, key, value); W(2) = 11 closes [0, 10): batch 2's 3 and 4 are late
+    timed = ssc.queueStream([sc.parallelize(b, 1) for b in raw]).withEventTime(lambda r: r[0])
+    keyed = timed.map(lambda r: (r[1], r[2])).reduceByKeyAndEventWindow(_add_numbers, 10, onError="deadLetter")
+    total = timed.map(lambda r: r[2]).reduceByEventWindow(_add_numbers, 10, onError="deadLetter")
+    got, dead, late = collect(keyed), collect(keyed.deadLetters()), collect(keyed.lateRecords())
+    got_total, dead_total = collect(total), collect(total.deadLetters())
+    _drive(ssc, 4)
+    assert got == {1000: [], 2000: [(("a", (0, 10)), 1)], 3000: [], 4000: [(("b", (10, 20)), 5)]}
+    assert {t: [(d.record, d.operator, d.batchTime) for d in ds] for t, ds in dead.items()} == {
+        1000: [(("a", None), "reduceByKeyAndEventWindow#1", 1000)],
+        2000: [(("b", None), "reduceByKeyAndEventWindow#1", 2000)], 3000: [], 4000: []}
+    assert dead[1000][0].error.startswith("TypeError: unsupported operand")
+    assert sorted(late[2000], key=lambda r: r[1]) == [(("a", 5), 3, [(0, 10)]), (("a", None), 4, [(0, 10)])]
+    assert got_total == {1000: [], 2000: [((0, 10), 1)], 3000: [], 4000: [((10, 20), 5)]}
+    assert {t: [(d.record, d.operator) for d in ds] for t, ds in dead_total.items()} == {
+        1000: [(None, "reduceByEventWindow#2")], 2000: [(None, "reduceByEventWindow#2")], 3000: [], 4000: []}
+
+
+def _sum_session(values):  # noqa: ANN001, ANN202 - refuses a session holding a None
+    return sum(values)
+
+
+@pytest.mark.parametrize("store", ["rdd", "executor", "auto"])
+def test_session_window_routes_a_session_whose_aggregate_raises(sc, tmp_path, monkeypatch, store):
+    """``sessionWindow(gap, aggregate, onError="deadLetter")``: a session whose aggregate raises is not emitted;
+    ``((key, (start, end)), values)`` is the dead letter, in the batch that closed it; other sessions go on."""
+    _use_state_backend(monkeypatch, tmp_path, store)
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+    raw = [[(1, "a", 1), (2, "a", None), (11, "b", 2)], [(15, "b", 3)], [(25, "c", 1)], []]
+    timed = ssc.queueStream([sc.parallelize(b, 1) for b in raw]).withEventTime(lambda r: r[0])
+    sessions = timed.map(lambda r: (r[1], r[2])).sessionWindow(5, _sum_session, onError="deadLetter")
+    got, dead = collect(sessions), collect(sessions.deadLetters())
+    _drive(ssc, 4)
+    assert got == {1000: [], 2000: [], 3000: [], 4000: [(("b", (11, 20)), 5)]}
+    assert {t: [(d.record, d.operator, d.error.split(":")[0]) for d in ds] for t, ds in dead.items()} == {
+        1000: [], 2000: [((("a", (1, 7)), [1, None]), "sessionWindow#1", "TypeError")], 3000: [], 4000: []}

@@ -17,9 +17,11 @@ from dstreams import ManualClock, StreamingContext
 from dstreams.recovery.metadata import FencedError
 from dstreams.recovery.postgres_sink import (
     PostgresSinkError,
+    claim_output,
     commit_batch,
     resolve_target,
     save_to_postgres,
+    session_name,
     stage_partition,
 )
 from dstreams.recovery.retry import RetryPolicy
@@ -152,6 +154,74 @@ def test_a_fenced_driver_commits_nothing(sc, pg):
     with pytest.raises(FencedError):  # staged before the takeover, committed after it
         commit_batch(target, 3000, staged, 1)
     assert _rows(dsn, f"SELECT word FROM {schema}.words") == [("a",)]
+
+
+def _in_thread(func, timeout_s: float):  # noqa: ANN001, ANN202
+    """``func()``'s result, run in a thread; fails the test if it has not returned within ``timeout_s``."""
+    import threading
+
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = func()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    assert not t.is_alive(), f"{func} did not return within {timeout_s} s: it waits on the zombie's locks"
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+def test_a_new_driver_claims_its_output_at_start_past_a_zombie_s_open_transactions(sc, pg, tmp_path):
+    """Issue 42: a zombie (epoch 1) paused inside its commit (the fence row locked) and inside a COPY (its staging
+    transaction open) holds up neither the new driver's set-up nor its claim: the claim ends the zombie's sessions
+    and raises the fence to epoch 2 before the new driver commits anything, so the zombie's commit is fenced off;
+    an older driver that starts late is refused. A started context claims its output before its first batch."""
+    import psycopg
+
+    dsn, schema = pg
+    table = f"{schema}.words"
+    target = resolve_target(dsn, table, "append", None, ["word", "n"], "out")
+    staged = sc.parallelize([("z", 1)], 1).mapPartitionsWithIndex(stage_partition(target, 2000, 1)).collect()
+    in_commit = psycopg.connect(dsn, application_name=session_name(target, 1))
+    in_copy = psycopg.connect(dsn, application_name=session_name(target, 1))
+    try:
+        in_commit.execute(f"INSERT INTO {schema}.dstreams_sink_fences (output, epoch) VALUES ('out', 1) "
+                          "ON CONFLICT (output) DO UPDATE SET epoch = 1")  # the fence row locked, not committed
+        in_copy.execute(f"INSERT INTO {target.staging} (word, n, _ds_output, _ds_batch, _ds_part, _ds_row, "
+                        "_ds_attempt) VALUES ('q', 1, 'out', 2000, 0, 0, 'zombie')")  # a COPY in progress
+        again = _in_thread(lambda: resolve_target(dsn, table, "append", None, ["word", "n"], "out"), 30)
+        assert again == target
+        _in_thread(lambda: claim_output(target, 2), 60)
+        for conn in (in_commit, in_copy):  # the zombie's sessions were ended: its transactions rolled back
+            with pytest.raises(psycopg.OperationalError):
+                conn.execute("SELECT 1")
+    finally:
+        in_commit.close()
+        in_copy.close()
+    assert _rows(dsn, f"SELECT epoch FROM {schema}.dstreams_sink_fences") == [(2,)]
+    with pytest.raises(FencedError, match="epoch 2"):  # the new owner has committed nothing yet
+        commit_batch(target, 2000, staged, 1)
+    with pytest.raises(FencedError, match="epoch 2"):
+        claim_output(target, 1)
+    claim_output(target, 2)  # a restart of the same driver's epoch: nothing to end, the fence as it is
+    assert _rows(dsn, f"SELECT count(*) FROM {schema}.words") == [(0,)]
+
+    ssc = StreamingContext(sc, 1, clock=ManualClock())  # a context with a checkpoint claims at start()
+    ssc.checkpoint(str(tmp_path / "ckpt"))
+    (tmp_path / "in").mkdir()
+    ssc.textFileStream(str(tmp_path / "in")).map(lambda w: (w, 1)).saveToPostgres(dsn, table, columns=["word", "n"])
+    ssc.start()
+    try:
+        (row,) = _rows(dsn, f"SELECT epoch FROM {schema}.dstreams_sink_fences WHERE output <> 'out'")
+        assert row == (1,), "claimed before the first batch"
+    finally:
+        ssc.stop(stopSparkContext=False)
 
 
 def test_a_missing_table_or_column_is_named(pg):

@@ -140,12 +140,16 @@ def test_driver_killed_inside_the_table_commit_writes_every_row_exactly_once(tmp
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("pause", [("sink-write", "3"), ("postgres-sink-commit", "2")],
+                         ids=["redis-write", "pg-commit"])
 def test_a_zombie_driver_adds_nothing_to_the_stream_or_the_table(tmp_path, redis_url, redis_client, redis_prefix,
-                                                                 postgres_dsn, copied_table):
-    """The first driver stops itself (SIGSTOP) inside the Redis sink of batch 2, after its fence check; a second
-    driver takes over and writes everything; then the first resumes: a zombie in the middle of a write. It adds
-    no entry (its ids are at or below the stream's last and equal to what is there) and commits no row (its fence
-    check fails), and the stream and the table hold every record once."""
+                                                                 postgres_dsn, copied_table, pause):
+    """The first driver stops itself (SIGSTOP) inside the Redis sink of batch 2, after its fence check (or inside
+    the table's commit transaction of batch 2, the fence row locked: issue 42); a second driver takes over and
+    writes everything while the first is still stopped; then the first resumes: a zombie in the middle of a write.
+    It adds no entry (its ids are at or below the stream's last and equal to what is there) and commits no row
+    (the new driver ended its sessions and raised the fence when it started), and the stream and the table hold
+    every record once."""
     out_key, expected = sink_input(redis_client, redis_prefix, PER_KEY)
     table, rows = copied_table
 
@@ -163,11 +167,13 @@ def test_a_zombie_driver_adds_nothing_to_the_stream_or_the_table(tmp_path, redis
             return text in f.read()
 
     zlog, nlog = str(tmp_path / "zombie.log"), str(tmp_path / "owner.log")
-    # sink-write #1: Redis, batch 1; #2: the table, batch 1; #3: Redis, batch 2
-    zombie = start(zlog, DSTREAMS_FAULT_PAUSE="sink-write", DSTREAMS_FAULT_PAUSE_AFTER="3")
+    # sink-write #1: Redis, batch 1; #2: the table, batch 1; #3: Redis, batch 2. postgres-sink-commit #2: batch 2
+    point, nth = pause
+    zombie = start(zlog, DSTREAMS_FAULT_PAUSE=point, DSTREAMS_FAULT_PAUSE_AFTER=nth)
     owner = None
     try:
-        wait_for(lambda: logged(zlog, "SIGSTOP at sink-write #3"), 240, "the zombie to stop in its sink", zombie, zlog)
+        wait_for(lambda: logged(zlog, f"SIGSTOP at {point} #{nth}"), 240, "the zombie to stop in its sink", zombie,
+                 zlog)
         owner = start(nlog)
         wait_for(lambda: redis_client.xlen(out_key) >= len(expected) and len(rows()) >= len(expected), 240,
               "the new owner to write everything", owner, nlog)

@@ -137,18 +137,32 @@ class _StatsParam(AccumulatorParam):
         return value1
 
 
-def _tag_partition(extract: Callable[[Any], Any], watermark: int | None, keep: str, time_ms: int,
+class EventStamp:
+    """``withEventTime(extract, onError="deadLetter")``'s guarded step: ``x -> (event ms, x)``, raising (inside the
+    dead-letter guard) when ``extract`` raises or returns no event time."""
+
+    def __init__(self, extract: Callable[[Any], Any]) -> None:
+        self.extract = extract
+
+    def __call__(self, x: Any) -> tuple[int, Any]:
+        return event_ms(self.extract(x)), x
+
+
+def _tag_partition(extract: Callable[[Any], Any] | None, watermark: int | None, keep: str, time_ms: int,
                    acc: Accumulator | None) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
     """Partition function over the records ``x`` of a partition, by ``keep``: ``"all"``: ``(event_ms, x)``
     for every record; ``"on-time"``: for the records at or above ``watermark``; ``"late"``: the records
     below it, ``x`` as they are. Reports the partition's statistics to ``acc`` once the partition has been
-    read to its end."""
+    read to its end. ``extract`` None: the records are ``(event_ms, x)`` already (:class:`EventStamp`)."""
 
     def run(index: int, it: Iterator[Any]) -> Iterator[Any]:
         n = late = 0
         top: int | None = None
         for x in it:
-            ts = event_ms(extract(x))
+            if extract is None:
+                ts, x = x
+            else:
+                ts = event_ms(extract(x))
             n += 1
             if watermark is not None and ts < watermark:
                 late += 1
@@ -177,7 +191,7 @@ class _LastReport:
         self.value = value
 
 
-def _stats_partition(extract: Callable[[Any], Any], watermark: int | None
+def _stats_partition(extract: Callable[[Any], Any] | None, watermark: int | None
                      ) -> Callable[[int, Iterator[Any]], Iterable[tuple[int, PartitionStats]]]:
     """Partition function: ``[(index, statistics)]`` of a partition, counted as :func:`_tag_partition` counts."""
 
@@ -194,13 +208,17 @@ class EventTimeNode(OneParentNode):
     """``withEventTime(extract, allowedLateness)``: see the module docstring."""
 
     label = "withEventTime"
+    stamped = False
 
     def __init__(self, graph: DStreamGraph, parent: DStreamNode, extract: Callable[[Any], Any],
-                 lateness: Duration, drop_late: bool = False) -> None:
+                 lateness: Duration, drop_late: bool = False, stamped: bool = False) -> None:
+        """``stamped``: the parent's records are ``(event ms, record)`` already (``extract`` was applied upstream,
+        inside a dead-letter guard: :class:`EventStamp`)."""
         super().__init__(graph, parent)
         if lateness.ms < 0:
             raise ValueError(f"allowedLateness must not be negative, got {lateness}")
         self.extract = extract
+        self.stamped = stamped
         self.lateness = lateness
         self.drop_late = drop_late
         self._records: dict[int, WatermarkRecord] = {}
@@ -211,6 +229,11 @@ class EventTimeNode(OneParentNode):
         state = super().__getstate__()
         state.update(_records={}, _replay={}, _acc=None)
         return state
+
+    @property
+    def record_extract(self) -> Callable[[Any], Any] | None:
+        """What the partition functions call on a parent record: ``extract``, or None when the records are stamped."""
+        return None if self.stamped else self.extract
 
     def describe_params(self) -> list[str]:
         return [f"lateness={self.lateness.ms}", *(["dropLate"] if self.drop_late else [])]
@@ -272,7 +295,7 @@ class EventTimeNode(OneParentNode):
         if missing:
             log.debug("%s: computing the event-time statistics of %d partition(s) of batch %d", self.name,
                       len(missing), time.ms)
-            job = parent.mapPartitionsWithIndex(_stats_partition(self.extract, watermark))
+            job = parent.mapPartitionsWithIndex(_stats_partition(self.record_extract, watermark))
             for index, s in self.graph.sc.runJob(job, lambda it: list(it), missing):
                 stats[index] = s
             self._accumulator().add({time.ms: {i: stats[i] for i in missing}})
@@ -318,7 +341,7 @@ class EventTimeNode(OneParentNode):
         if rdd is None:
             return None
         return rdd.mapPartitionsWithIndex(
-            _tag_partition(self.extract, rec.watermark_ms, "on-time" if self.drop_late else "all", time.ms,
+            _tag_partition(self.record_extract, rec.watermark_ms, "on-time" if self.drop_late else "all", time.ms,
                            self._accumulator()))
 
     def clear_metadata(self, time: BatchTime) -> None:
@@ -347,7 +370,8 @@ class LateRecordsNode(OneParentNode):
         rdd = source.parent.get_or_compute(time)
         if rdd is None:
             return None
-        return rdd.mapPartitionsWithIndex(_tag_partition(source.extract, rec.watermark_ms, "late", time.ms, None))
+        return rdd.mapPartitionsWithIndex(
+            _tag_partition(source.record_extract, rec.watermark_ms, "late", time.ms, None))
 
 
 class WatermarkNode(OneParentNode):

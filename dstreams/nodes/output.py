@@ -23,12 +23,18 @@ ForeachFunc = Callable[[RDD, BatchTime], None]
 
 
 class OutputNode(OneParentNode):
-    def __init__(self, graph: DStreamGraph, parent: DStreamNode, func: ForeachFunc, label: str) -> None:
+    #: Called on the driver once it has taken its epoch, before its first batch (a sink that claims its output
+    #: there: ``saveToPostgres``); None for most outputs.
+    on_start: Callable[[], None] | None = None
+
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode, func: ForeachFunc, label: str,
+                 on_start: Callable[[], None] | None = None) -> None:
         super().__init__(graph, parent)
         if parent.graph is not graph:
             raise ValueError("the stream belongs to a different StreamingContext")
         self.func = func
         self.label = label
+        self.on_start = on_start
         graph.add_output(self)
         self.output_id = len(graph.outputs) - 1
 
