@@ -22,6 +22,7 @@ from pyspark import RDD, SparkConf, SparkContext, StorageLevel
 
 from dstreams import config
 from dstreams.clock import Clock, SystemClock
+from dstreams.errors import DStreamsError
 from dstreams.graph import DStreamGraph, not_started_message
 from dstreams.listener import BatchInfo
 from dstreams.listener_bus import ListenerBus
@@ -59,7 +60,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class StreamingContextStateError(RuntimeError):
+class StreamingContextStateError(DStreamsError, RuntimeError):
     """An operation that the context's lifecycle state does not allow (e.g. restarting a stopped one)."""
 
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from dstreams.api.context import StreamingContext, StreamingContextStateError
     from dstreams.api.stream import DStream
     from dstreams.clock import ManualClock, SystemClock
+    from dstreams.errors import DStreamsError
     from dstreams.listener import BatchInfo, OutputOperationInfo, StreamingListener
     from dstreams.nodes.timers import Timer, TrackUpdate
     from dstreams.scheduler import BatchFailedError
@@ -36,6 +37,7 @@ __all__ = [
     "OutputOperationInfo",
     "StreamingListener",
     "BatchFailedError",
+    "DStreamsError",
     "BatchTime",
     "Duration",
     "parse_duration",
@@ -53,6 +55,7 @@ _EXPORTS = {
     "OutputOperationInfo": "dstreams.listener",
     "StreamingListener": "dstreams.listener",
     "BatchFailedError": "dstreams.scheduler",
+    "DStreamsError": "dstreams.errors",
     "BatchTime": "dstreams.time",
     "Duration": "dstreams.time",
     "parse_duration": "dstreams.time",

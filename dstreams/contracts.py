@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pyspark import RDD
 
+from .errors import DStreamsError
 from .time import BatchTime
 
 if TYPE_CHECKING:
@@ -139,18 +140,18 @@ class ObjectStoreLocation(Protocol):
     def open(self) -> ObjectStore: ...
 
 
-class SourceNotCheckpointableError(Exception):
+class SourceNotCheckpointableError(DStreamsError):
     """Raised while serializing a source whose data lives only in this driver (``queueStream``): the
     graph cannot be stored in the checkpoint, and a restarted driver must rebuild it with ``setupFunc``."""
 
 
-class InputNotRecordedError(RuntimeError):
+class InputNotRecordedError(DStreamsError, RuntimeError):
     """A source was asked to build again a batch it (or an earlier driver) fixed, whose offsets are no longer
     known: building it from new input would skip the input it had. Raised instead of losing data; it means
     that the engine's plan asked for a batch it should not need (a defect to report)."""
 
 
-class SourceUnavailableError(Exception):
+class SourceUnavailableError(DStreamsError):
     """A source's server (e.g. Redis) did not answer after the client's own retries.
 
     The driver rides it out like an unavailable store (:class:`OutagePolicy`): the batch being built or

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .contracts import FINGERPRINT_FORMAT, Checkpointer, WriteAheadLog
+from .errors import DStreamsError
 from .time import BatchTime, Duration
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class BatchRecords:
     sources: dict[str, Any]
 
 
-class GraphFrozenError(RuntimeError):
+class GraphFrozenError(DStreamsError, RuntimeError):
     """Raised when streams or outputs are added after the context has started."""
 
 

@@ -40,6 +40,7 @@ from typing import Any
 from . import output_records
 from .clock import Clock
 from .contracts import BatchJournal, Checkpointer, FaultHook, NoOutageRetry, OutagePolicy, no_fault
+from .errors import DStreamsError, task_traceback
 from .events import BatchCompleted, BatchDropped, CheckpointCommitted, Event, EventLoop, GenerateJobs
 from .graph import DStreamGraph, GraphServices, Job, WriteAheadLog
 from .listener import (
@@ -72,7 +73,7 @@ WAYS_PAST_A_BAD_RECORD = (
     "spark.dstreams.batch.onFailure=dropInput drops a batch that keeps failing and goes on.")
 
 
-class BatchFailedError(RuntimeError):
+class BatchFailedError(DStreamsError, RuntimeError):
     """A batch's output operation failed inside Spark; the message carries the Python traceback.
 
     ``__cause__`` is the original error (a ``Py4JJavaError`` with the full JVM stack trace).
@@ -87,7 +88,7 @@ class BatchFailedError(RuntimeError):
         self.cause = cause
 
 
-class BatchNotDoneError(RuntimeError):
+class BatchNotDoneError(DStreamsError, RuntimeError):
     """Waiting for a batch that will not complete: the context stopped on an error first (``__cause__``)."""
 
 
@@ -111,23 +112,14 @@ def retry_delay(attempt: int) -> float:
 
 def _describe(error: BaseException) -> str:
     """The Python traceback inside a Spark task failure, else the error's own text."""
-    tb = python_traceback_of(error) if type(error).__name__ == "Py4JJavaError" else None
+    tb = task_traceback(error)
     return tb if tb is not None else f"{type(error).__name__}: {error}"
 
 
-def python_traceback_of(error: BaseException) -> str | None:
-    """The Python worker's traceback inside a Spark task failure, if ``error`` carries one."""
-    text = str(error)
-    start = text.rfind("Traceback (most recent call last):")
-    if start < 0:
-        return None
-    end = text.find("\n\tat ", start)
-    return text[start:end if end > 0 else None].rstrip()
-
-
 def user_facing_error(error: BaseException, batch_time: BatchTime, operation: str) -> BaseException:
-    """Errors raised in the driver stay as they are; task failures become :class:`BatchFailedError`."""
-    tb = python_traceback_of(error) if type(error).__name__ == "Py4JJavaError" else None
+    """Errors raised in the driver stay as they are; task failures (:func:`dstreams.errors.task_traceback`) become
+    :class:`BatchFailedError`."""
+    tb = task_traceback(error)
     if tb is None:
         return error
     wrapped = BatchFailedError(batch_time, operation, tb)  # its first line: the output and the cause

@@ -43,6 +43,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from .errors import DStreamsError
 from .pickling import dumps
 from .task_faults import task_reached
 
@@ -72,7 +73,7 @@ PAGE_SIZE = 1024
 LOCAL_DIR_ENV = "DSTREAMS_STATE_LOCAL_DIR"
 
 
-class StateStoreError(RuntimeError):
+class StateStoreError(DStreamsError, RuntimeError):
     """The store cannot serve what a task asked (a version it no longer has, a store deleted under it)."""
 
 

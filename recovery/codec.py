@@ -14,6 +14,7 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
+from dstreams.errors import DStreamsError
 from dstreams.pickling import dumps
 
 MAGIC = b"DSCK"
@@ -21,7 +22,7 @@ VERSION = 1
 _HEADER = struct.Struct(">4sBI32s")
 
 
-class CorruptCheckpointError(ValueError):
+class CorruptCheckpointError(DStreamsError, ValueError):
     """A checkpoint object is truncated, corrupt or of an unknown format."""
 
 

@@ -32,6 +32,7 @@ from typing import Any
 from pyspark import SparkConf
 
 from dstreams.contracts import SourceNotCheckpointableError
+from dstreams.errors import DStreamsError
 from dstreams.graph import DStreamGraph
 
 from .store import Store
@@ -52,11 +53,11 @@ _RUN_SPECIFIC = ("spark.app.id", "spark.app.startTime", "spark.driver.host", "sp
 _SECRET_WORDS = ("secret", "password", "token", "credential", "access.key", "accesskey")
 
 
-class GraphNotSerializableError(RuntimeError):
+class GraphNotSerializableError(DStreamsError, RuntimeError):
     """A user function of the graph cannot be serialized, so the graph cannot be checkpointed."""
 
 
-class GraphLoadError(RuntimeError):
+class GraphLoadError(DStreamsError, RuntimeError):
     """The graph stored in a checkpoint cannot be loaded."""
 
 

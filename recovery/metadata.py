@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dstreams.contracts import FINGERPRINT_FORMAT, FaultHook, no_fault
+from dstreams.errors import DStreamsError
 
 from .store import PreconditionFailed, Store
 
@@ -39,15 +40,15 @@ HEAD = "meta/head.json"
 FORMAT = 1
 
 
-class FencedError(RuntimeError):
+class FencedError(DStreamsError, RuntimeError):
     """Another driver has taken over this checkpoint location; this one must stop."""
 
 
-class GraphChangedError(ValueError):
+class GraphChangedError(DStreamsError, ValueError):
     """The stream graph built by ``setupFunc`` differs from the one that wrote the checkpoint."""
 
 
-class ForeignCheckpointError(ValueError):
+class ForeignCheckpointError(DStreamsError, ValueError):
     """The checkpoint location holds another application's (or an unknown format's) data."""
 
 

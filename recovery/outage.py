@@ -17,8 +17,8 @@ Each waits and retries (a warning each time, counted in :data:`OUTAGE_WAITS`) un
 ``spark.dstreams.store.outageSeconds`` (900 s) has passed since the outage began for that operation; then the
 error propagates (a clear error, nothing lost: ``getOrCreate`` resumes from the metadata log). An error raised
 inside an executor reaches the driver as a Spark task failure whose text names the store's error type: that
-counts as an outage too. The journal and the checkpointer wait through :func:`ride_out`; the scheduler has its
-own loop over the same policy.
+counts as an outage too (:func:`dstreams.errors.failed_with` tells). The journal and the checkpointer wait through
+:func:`ride_out`; the scheduler has its own loop over the same policy.
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ from __future__ import annotations
 import logging
 import threading
 import time as _time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar
 
 from dstreams import config
 from dstreams.contracts import OutagePolicy, SourceUnavailableError
+from dstreams.errors import failed_with
 
 from .counters import EventCounts
 from .store.errors import StoreUnavailableError, TransientStoreError
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_NAMES = (StoreUnavailableError.__name__, TransientStoreError.__name__, SourceUnavailableError.__name__)
+_OUTAGE_ERRORS = (StoreUnavailableError, TransientStoreError, SourceUnavailableError)
 _SETTING = config.STORE_OUTAGE_SECONDS
 
 #: Waits for an unavailable store in this process (one per :meth:`StoreOutagePolicy.retry_delay` that returns a
@@ -54,24 +55,10 @@ def outage_seconds_from_env(conf: config.ConfLike | None = None) -> float:
     return float(config.get(_SETTING, conf if conf is not None else config.active_conf()))
 
 
-def _chain(error: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
 def is_store_outage(error: BaseException) -> bool:
     """Whether ``error`` (or what caused it) is the store, or a source's server, being unavailable (on the driver
-    or in a task)."""
-    for e in _chain(error):
-        if isinstance(e, (StoreUnavailableError, TransientStoreError, SourceUnavailableError)):
-            return True
-        if type(e).__name__ == "Py4JJavaError" and any(name in str(e) for name in _NAMES):
-            return True
-    return False
+    or in a task: :func:`dstreams.errors.failed_with`)."""
+    return failed_with(error, *_OUTAGE_ERRORS)
 
 
 class StoreOutagePolicy:

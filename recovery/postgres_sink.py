@@ -69,6 +69,7 @@ from typing import Any
 
 from pyspark import RDD
 
+from dstreams.errors import DStreamsError
 from dstreams.output_records import add_written
 
 from . import faults
@@ -94,12 +95,12 @@ _DEAD_META = ("_ds_dead", "_ds_error")
 STAGE_ATTEMPTS = 3
 
 
-class PostgresSinkError(RuntimeError):
+class PostgresSinkError(DStreamsError, RuntimeError):
     """A batch could not be written to its table: the message names the batch, the table, and where Postgres says,
     the column and the record."""
 
 
-class StagingLostError(RuntimeError):
+class StagingLostError(DStreamsError, RuntimeError):
     """The commit found fewer staged rows of the batch than its tasks staged (the unlogged staging table was
     emptied by a crash recovery of the server): nothing was committed; stage again."""
 

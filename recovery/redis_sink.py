@@ -53,6 +53,7 @@ from typing import Any
 
 from pyspark import RDD
 
+from dstreams.errors import DStreamsError
 from dstreams.output_records import add_written
 
 from . import faults
@@ -79,7 +80,7 @@ Entry = tuple[str, list[bytes]]
 Fields = Sequence[str] | Callable[[Any], Mapping[str, Any]] | None
 
 
-class RedisStreamConflictError(RuntimeError):
+class RedisStreamConflictError(DStreamsError, RuntimeError):
     """Entries of a batch are missing or different below the stream's last id: another writer (or a trim)."""
 
 

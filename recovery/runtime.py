@@ -41,6 +41,7 @@ from pyspark import SparkContext
 from dstreams import config
 from dstreams.clock import Clock
 from dstreams.contracts import FINGERPRINT_FORMAT, Fence, NoFence
+from dstreams.errors import DStreamsError
 from dstreams.events import EventLoop
 from dstreams.graph import DStreamGraph
 from dstreams.listener_bus import ListenerBus
@@ -60,7 +61,7 @@ from .storespec import StoreSpec
 log = logging.getLogger(__name__)
 
 
-class CheckpointInUseError(RuntimeError):
+class CheckpointInUseError(DStreamsError, RuntimeError):
     """The checkpoint location holds a previous run's metadata log and the context was not asked to resume."""
 
 

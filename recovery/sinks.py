@@ -83,6 +83,7 @@ from typing import Any
 
 from pyspark import RDD
 
+from dstreams.errors import failed_in_jvm_with
 from dstreams.output_records import add_written
 from dstreams.pickling import dumps
 
@@ -228,7 +229,7 @@ def _save_hadoop(rdd: RDD, path: str, guard: Callable[[], None] | None) -> bool:
         # or a concurrent attempt of the same deterministic batch.
         if guard is not None:
             guard()
-        if "FileAlreadyExistsException" not in str(e):
+        if not failed_in_jvm_with(e, "FileAlreadyExistsException"):
             raise
         add_written(0)  # a concurrent attempt of the same batch wrote it
         return False

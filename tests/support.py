@@ -202,3 +202,25 @@ def state_node(stream):
 
     node = stream._node
     return node.state if isinstance(node, StateViewNode) else node
+
+
+def library_errors() -> dict[str, type[BaseException]]:
+    """Every public exception class the library defines (``module.Name`` -> class), found by importing every module
+    of ``dstreams``, ``dstreams.api`` and ``dstreams.recovery`` (not a hand-kept list)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import dstreams
+    import dstreams.api
+    import dstreams.recovery
+
+    found: dict[str, type[BaseException]] = {}
+    for package in (dstreams, dstreams.api, dstreams.recovery):
+        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            module = importlib.import_module(info.name)
+            for name, obj in vars(module).items():
+                if (inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == info.name
+                        and not name.startswith("_")):
+                    found[f"{info.name}.{name}"] = obj
+    return found

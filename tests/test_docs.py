@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from .support import library_errors
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
@@ -149,22 +151,9 @@ def test_the_metrics_page_names_every_metric():
                                      f"{sorted(documented - in_code)}"
 
 
-def _library_exceptions() -> set[str]:
-    found = set()
-    for folder in ("dstreams", "api", "recovery"):
-        for path in (ROOT / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if not isinstance(node, ast.ClassDef) or not node.name.endswith("Error") or node.name.startswith("_"):
-                    continue
-                bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
-                if any(b.endswith(("Error", "Exception")) for b in bases):
-                    found.add(node.name)
-    return found
-
-
 def test_the_errors_page_names_every_error_of_the_library():
     page = (DOCS / "reference" / "errors.md").read_text()
-    missing = sorted(name for name in _library_exceptions() if f"`{name}`" not in page)
+    missing = sorted({cls.__name__ for cls in library_errors().values()} - set(re.findall(r"`(\w+)`", page)))
     assert not missing, f"errors missing from docs/reference/errors.md (say what to do about each): {missing}"
 
 

@@ -10,7 +10,8 @@
   class-data sharing and compiled classes, the worker daemon, the executor check, the Arrow functions) is
   for ``api/``, the layer that starts Spark and owns the user-facing operators;
 * the plumbing does not import the streaming model: ``dstreams/spark/`` imports of the rest of the project
-  only the leaf modules :data:`PLUMBING_MAY_IMPORT` (the settings table, the per-record partition functions),
+  only the leaf modules :data:`PLUMBING_MAY_IMPORT` (the settings table, the per-record partition functions,
+  the errors' base class),
   and its ``__init__`` imports nothing (the worker daemon runs as ``python -m`` before it cleans ``sys.path``);
 * the library imports modules by their names now, never by an old name kept for users (``dstreams._moved``);
 * no import cycles among the project's modules (module-level imports);
@@ -47,7 +48,7 @@ APPLICATIONS = "dstreams.examples"
 SPARK = "dstreams.spark"
 SPARK_INTERFACE = {SPARK, f"{SPARK}.partitioned", f"{SPARK}.jvm"}
 #: What the plumbing may import of the rest of the project (leaf modules that import nothing of it).
-PLUMBING_MAY_IMPORT = {"dstreams", "dstreams.config", "dstreams.records"}
+PLUMBING_MAY_IMPORT = {"dstreams", "dstreams.config", "dstreams.records", "dstreams.errors"}
 #: ``from dstreams import X`` resolves X lazily to these modules (dstreams/__init__.py).
 FACADE = {"StreamingContext": "dstreams.api.context", "StreamingContextStateError": "dstreams.api.context",
           "DStream": "dstreams.api.stream"}

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from dstreams.errors import DStreamsError
 
-class KafkaDataLossError(RuntimeError):
+
+class KafkaDataLossError(DStreamsError, RuntimeError):
     """Offsets the stream had not read are gone from the broker (retention, a deleted topic or partition, a
     truncated log). ``failOnDataLoss=False`` skips them (counted as ``recordsLost``)."""
 
 
-class KafkaDecodeError(ValueError):
+class KafkaDecodeError(DStreamsError, ValueError):
     """A decoder or record function raised on a record: the message names topic, partition and offset."""
 
 
-class KafkaReadTimeoutError(RuntimeError):
+class KafkaReadTimeoutError(DStreamsError, RuntimeError):
     """A range reader got nothing from a partition for the poll timeout (a broker down or unreachable)."""
 
 

@@ -26,6 +26,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from dstreams.errors import DStreamsError
+
 log = logging.getLogger(__name__)
 
 #: pyspark 2.4 / Kafka 0.8 names -> current names.
@@ -77,7 +79,7 @@ PRODUCER_ONLY = frozenset({
 READER_GROUP = "dstreams-reader"
 
 
-class KafkaConfigError(ValueError):
+class KafkaConfigError(DStreamsError, ValueError):
     """``kafkaParams`` cannot make a client (no servers, a setting librdkafka refuses)."""
 
 

@@ -123,6 +123,7 @@ from dataclasses import dataclass, field, replace
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
+from dstreams.errors import DStreamsError
 from dstreams.output_records import add_written
 from dstreams.task_faults import task_reached
 
@@ -158,7 +159,7 @@ CLIENT_DEFAULTS: dict[str, Any] = {"enable.sparse.connections": False, "socket.n
 Serializer = Callable[[Any], Any]
 
 
-class KafkaSinkError(RuntimeError):
+class KafkaSinkError(DStreamsError, RuntimeError):
     """A batch could not be written to its topic: the message says which batch, partition and (where it is one
     record's fault) record, and what to do."""
 

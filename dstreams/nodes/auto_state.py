@@ -44,10 +44,11 @@ from pyspark.accumulators import Accumulator
 from pyspark.rdd import Partitioner
 
 from ..dead_letters import for_batch
+from ..errors import failed_with
 from ..node import DStreamNode
 from ..spark import jvm
 from ..spark.partitioned import ensure_partitioned, segmented_merge
-from ..statestore import PAIRS_SNAPSHOT, PART_HEADER
+from ..statestore import PAIRS_SNAPSHOT, PART_HEADER, StateStoreError
 from ..time import BatchTime, Duration
 from .event_time import watermark_at
 from .event_window import _closed_through, event_window_merge, session_merge, session_step
@@ -58,7 +59,6 @@ from .store_state import (
     StoreRunningReduceNode,
     StoreStateNode,
     StoreUpdateStateNode,
-    _error_text,
     _LatestPerPartition,
     state_diff,
 )
@@ -220,7 +220,7 @@ class AutoStateNode(StoreStateNode):
     def before_batch_retry(self, time: BatchTime, error: BaseException) -> None:
         super().before_batch_retry(time, error)
         moved = self._moved_handle
-        if moved is not None and self.on_store(time.ms) and "StateStoreError" in _error_text(error):
+        if moved is not None and self.on_store(time.ms) and failed_with(error, StateStoreError):
             moved.unpersist(blocking=True)
             moved.persist(StorageLevel.MEMORY_ONLY)
 

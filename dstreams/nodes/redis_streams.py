@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark import RDD
 
 from ..contracts import SourceUnavailableError
+from ..errors import DStreamsError
 from ..records import consume
 from ..time import BatchTime
 from .input import InputNode
@@ -197,7 +198,7 @@ def read_range(url: str, key: str, after: str, until: str, count: int | None, de
             f"trimmed or deleted before they were read. {SKIP_TRIMMED_HOW}")
 
 
-class TrimmedEntriesError(RuntimeError):
+class TrimmedEntriesError(DStreamsError, RuntimeError):
     """Entries the stream had not read yet were removed from the server."""
 
 

@@ -46,6 +46,7 @@ from pyspark.rdd import Partitioner
 
 from .. import config
 from ..dead_letters import for_batch
+from ..errors import failed_with
 from ..node import DStreamNode, OneParentNode
 from ..spark.partitioned import (
     ensure_partitioned,
@@ -98,17 +99,6 @@ class _LatestPerPartition(AccumulatorParam):
             if p not in a or a[p][0] <= stats[0]:
                 a[p] = stats
         return a
-
-
-def _error_text(error: BaseException) -> str:
-    """The error and its causes as text (a task's Python error reaches the driver inside a JVM error's text)."""
-    parts, seen = [], set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        parts.append(f"{type(e).__name__}: {e}")
-        e = e.__cause__ or e.__context__
-    return "\n".join(parts)
 
 
 def _report(stats: Accumulator | None, partition: int, store: PartitionStore) -> None:
@@ -368,7 +358,7 @@ class StoreStateNode(OneParentNode):
         zero time) through ``time`` are dropped and persisted again, so that the retry recomputes each
         partition's chain in one task: the checkpoint (or the initial state) loaded into that task's store,
         then the batches since applied (each only where the store does not have it yet)."""
-        if "StateStoreError" not in _error_text(error):
+        if not failed_with(error, StateStoreError):
             return
         with self.graph.lock:
             floor = max((t for t in self._reader_times if t <= time.ms), default=None)

@@ -24,6 +24,8 @@ from typing import Any
 
 from pyspark import SparkContext
 
+from ..errors import DStreamsError
+
 log = logging.getLogger(__name__)
 
 #: What executors import when they run the engine's tasks and write checkpoints (the checkpoint and
@@ -35,7 +37,7 @@ _checked: set[int] = set()
 _lock = threading.Lock()
 
 
-class ExecutorEnvironmentError(RuntimeError):
+class ExecutorEnvironmentError(DStreamsError, RuntimeError):
     """The executors' Python cannot import what dstreams' tasks need."""
 
 

@@ -14,8 +14,10 @@ fix the cause. A missing bucket is deliberately *not* a ``FileNotFoundError``: a
 
 from __future__ import annotations
 
+from dstreams.errors import DStreamsError
 
-class StoreError(Exception):
+
+class StoreError(DStreamsError):
     """Base class of the store's own errors (permanent unless :class:`TransientStoreError`)."""
 
 
@@ -27,7 +29,7 @@ class StoreUnavailableError(StoreError):
     """The retry policy gave up: the store kept failing transiently for the whole time bound."""
 
 
-class PreconditionFailed(FileExistsError):  # noqa: N818 - named after the HTTP status it mirrors
+class PreconditionFailed(DStreamsError, FileExistsError):  # noqa: N818 - named after the HTTP status it mirrors
     """``put_if_match``: the object changed (or vanished) since the caller read its etag."""
 
 
