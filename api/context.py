@@ -140,7 +140,7 @@ class StreamingContext:
               conf: SparkConf | dict[str, str] | None = None, **kwargs: Any) -> StreamingContext:
         """Create a SparkContext tuned for low per-batch latency and a StreamingContext on it.
 
-        Settings in ``conf`` win over dstreams' defaults (``dstreams.sparkconf``).
+        Settings in ``conf`` win over dstreams' defaults (``dstreams.spark.sparkconf``).
         """
         sc = create_spark_context(master, appName, conf)
         return cls(sc, batchInterval, **kwargs)

@@ -170,4 +170,4 @@ def _log_speculation(conf: Any) -> None:
                  "speculates in local mode); run on a cluster master for it", master)
     elif conf.get("spark.speculation", "false") != "true":
         log.warning("speculative execution is off on %s: slow tasks (stragglers) delay whole batches; "
-                    "set spark.speculation=true (dstreams.sparkconf.tuned_conf does)", master)
+                    "set spark.speculation=true (dstreams.spark.sparkconf.tuned_conf does)", master)

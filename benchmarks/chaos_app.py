@@ -86,7 +86,7 @@ BASE_CONF = {
     "spark.locality.wait": "0",
     "spark.executor.memory": "512m",
     # the Python worker daemon of dstreams works with local-cluster executors too (same interpreter)
-    "spark.python.daemon.module": "dstreams.worker_daemon",
+    "spark.python.daemon.module": "dstreams.spark.worker_daemon",
     "spark.python.unix.domain.socket.enabled": "true",
 }
 #: Batches the reference's manual clock moves at a time.

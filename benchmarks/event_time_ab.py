@@ -49,7 +49,7 @@ def child(rows: int, batches: int, data_name: str) -> int:
     """One measurement (module contract), in this process, with whatever ``dstreams`` imports as."""
     import dstreams
     from dstreams import ManualClock, StreamingContext
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     from .event_time import BENCH_DATA, LATE_DATA, T0_MS, dstreams_counts
 

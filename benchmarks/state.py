@@ -15,7 +15,7 @@ Run from the repository root::
   distributions: ``hot`` (every update on one of :data:`HOT_KEYS` keys: the issue's 1,000-key workload) and
   ``uniform`` (keys drawn uniformly from the whole state). The state keeps ``keys`` keys throughout.
 * **Engines**, each (engine, keys, distribution) in its own child process with its own SparkContext from
-  ``dstreams.sparkconf.create_spark_context("local[2]", ...)`` (the same tuned conf for every engine, the
+  ``dstreams.spark.sparkconf.create_spark_context("local[2]", ...)`` (the same tuned conf for every engine, the
   JVM's heap set by ``--driver-memory``) and a timeout:
 
   - ``dstreams``: ``StreamingContext.generatorStream`` with :func:`update_records`,
@@ -546,7 +546,7 @@ class RunPeaks:
 
 def child(case: dict[str, Any], progress_path: str | None) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     from .memory import PeakMemory
 

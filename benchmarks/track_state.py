@@ -85,7 +85,7 @@ def _hot(updates: int, batch: int):
 def child(case: dict[str, Any]) -> dict[str, Any]:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from dstreams import ManualClock, StreamingContext
-    from dstreams.sparkconf import create_spark_context
+    from dstreams.spark.sparkconf import create_spark_context
 
     from .memory import PeakMemory
 

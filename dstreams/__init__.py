@@ -13,10 +13,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from dstreams import _moved
-
-_moved.install()  # the old names of moved modules (dstreams.sparkconf, dstreams.worker_daemon...): see _moved
-
 if TYPE_CHECKING:
     from dstreams.api.context import StreamingContext, StreamingContextStateError
     from dstreams.api.stream import DStream

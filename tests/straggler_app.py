@@ -210,7 +210,7 @@ def _run_apps(args: argparse.Namespace, out: str, short_tmp: str, status: dict[s
             "spark.default.parallelism": "2",
             # The executors run this very interpreter (one machine): its lean worker daemon saves 60-80 ms
             # per task (dstreams applies it by itself on local masters only).
-            "spark.python.daemon.module": "dstreams.worker_daemon",
+            "spark.python.daemon.module": "dstreams.spark.worker_daemon",
             f"spark.executorEnv.{faults.SLOW_EXECUTOR_ENV}": args.slow_executor,
             f"spark.executorEnv.{faults.SLOW_SECONDS_ENV}": str(args.slow_seconds),
         }

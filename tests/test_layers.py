@@ -13,7 +13,6 @@
   only the leaf modules :data:`PLUMBING_MAY_IMPORT` (the settings table, the per-record partition functions,
   the errors' base class),
   and its ``__init__`` imports nothing (the worker daemon runs as ``python -m`` before it cleans ``sys.path``);
-* the library imports modules by their names now, never by an old name kept for users (``dstreams._moved``);
 * no import cycles among the project's modules (module-level imports);
 * importing an engine module (what an executor does when it unpickles one) loads neither the api nor the
   recovery layer, nor boto3 or tenacity.
@@ -169,43 +168,6 @@ def test_the_spark_plumbing_does_not_import_the_streaming_model():
     init = ast.parse((ROOT / "dstreams" / "spark" / "__init__.py").read_text())
     assert not [n for n in ast.walk(init) if isinstance(n, (ast.Import, ast.ImportFrom))], \
         "dstreams/spark/__init__.py must import nothing (the worker daemon imports it before cleaning sys.path)"
-
-
-def test_the_library_imports_moved_modules_by_their_new_names():
-    from dstreams._moved import MOVED
-
-    violations = [f"{module} imports {imported} (now {MOVED[imported]})"
-                  for module, path in _modules().items()
-                  for imported in _imports(module, path, top_level_only=False, known_only=False)
-                  if imported in MOVED]
-    assert not violations, "\n".join(violations)
-
-
-def test_the_old_names_are_the_moved_modules():
-    """``dstreams._moved``: ``from dstreams.sparkconf import tuned_conf`` (the README's import before the move)
-    and the names a stored graph refers to give the very objects at the new place."""
-    import pickle
-
-    from dstreams._moved import MOVED
-
-    for old, new in MOVED.items():
-        assert importlib.import_module(old) is importlib.import_module(new), old
-    from dstreams.spark import partitioned, sparkconf
-    from dstreams.sparkconf import tuned_conf
-
-    assert tuned_conf is sparkconf.tuned_conf
-    # What pickle wrote for dstreams.partitioned.fold before the move (protocol 4: module and name).
-    old_reference = b"\x80\x04\x8c\x14dstreams.partitioned\x94\x8c\x04fold\x94\x93\x94."
-    assert pickle.loads(old_reference) is partitioned.fold
-
-
-def test_the_old_module_names_still_run_with_python_m():
-    """``python -m dstreams.jvm_cds`` (and ``-m dstreams.worker_daemon``, as Spark runs the daemon) run the
-    module at its new place under its own name."""
-    out = subprocess.run([sys.executable, "-m", "dstreams.jvm_cds", "--help"], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "python -m dstreams.spark.jvm_cds" in out.stdout
 
 
 def test_no_import_cycles():

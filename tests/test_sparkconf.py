@@ -1,4 +1,4 @@
-"""dstreams.spark.sparkconf (tuned SparkConf) and dstreams.worker_daemon (sys.path clean-up): behaviour only."""
+"""dstreams.spark.sparkconf (tuned SparkConf) and dstreams.spark.worker_daemon (sys.path clean-up): behaviour only."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_defaults_fill_unset_keys():
     assert conf.get("spark.app.name") == "app"
     for k, v in LOW_LATENCY_DEFAULTS.items():
         assert conf.get(k) == v, k
-    assert LOW_LATENCY_DEFAULTS[DAEMON] == "dstreams.worker_daemon"
+    assert LOW_LATENCY_DEFAULTS[DAEMON] == "dstreams.spark.worker_daemon"
     assert LOW_LATENCY_DEFAULTS[UDS] == "true"
 
 
@@ -60,7 +60,7 @@ def test_user_keys_win(as_sparkconf):
 
 def test_daemon_module_only_for_local_masters_running_this_python(monkeypatch):
     monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
-    assert tuned_conf("local-cluster[2,1,1024]").get(DAEMON) == "dstreams.worker_daemon"
+    assert tuned_conf("local-cluster[2,1,1024]").get(DAEMON) == "dstreams.spark.worker_daemon"
     assert not tuned_conf("spark://host:7077").contains(DAEMON)
     other = tuned_conf("local[2]", conf={"spark.pyspark.python": "/nonexistent/python3"})
     assert not other.contains(DAEMON)
@@ -241,7 +241,7 @@ def test_archive_already_shadowed_by_a_directory_is_removed(layout, tmp_path):
 
 
 def test_pyspark_imported_from_the_zip_before_the_clean_up_is_reimported_from_the_directory():
-    """``python -m dstreams.worker_daemon`` imports the dstreams package first, which may import pyspark."""
+    """``python -m dstreams.spark.worker_daemon`` imports the dstreams package first, which may import pyspark."""
     import pyspark
 
     lib = Path(pyspark.__file__).parent / "python" / "lib"
@@ -318,7 +318,7 @@ def test_tuned_context_runs_python_jobs_through_the_worker_daemon(tmp_path):
 
     assert [r["x"] for r in result["out"]] == [0, 1]
     for r in result["out"]:
-        # Spark runs ``-m dstreams.worker_daemon`` (the old name, dstreams._moved), i.e. the module at its new place
+        # Spark runs ``-m dstreams.spark.worker_daemon``
         assert r["argv0"].endswith(os.path.join("dstreams", "spark", "worker_daemon.py")), r["argv0"]
         assert not any(os.path.basename(e) == "pyspark.zip" for e in r["path"]), r["path"]
         assert not any(os.path.basename(e).startswith("py4j-") for e in r["path"]), r["path"]

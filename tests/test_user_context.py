@@ -48,7 +48,7 @@ def _plan(conf: SparkConf, *, started: bool = False, tmpdir: str = "/tmp") -> Ru
 
 def test_a_local_context_gets_everything_it_lacks_and_misses_nothing():
     plan = _plan(_conf("local[2]"))
-    assert plan.applied == {DAEMON_MODULE_KEY: "dstreams.worker_daemon", UDS_KEY: "true", LOCALITY: "0"}
+    assert plan.applied == {DAEMON_MODULE_KEY: "dstreams.spark.worker_daemon", UDS_KEY: "true", LOCALITY: "0"}
     assert plan.missing == {}
     assert plan.missing_line("local[2]") is None
 
@@ -117,7 +117,7 @@ def test_settings_removed_from_the_running_context_are_applied_again(sc, caplog,
             StreamingContext(sc, 1)
         conf = sc._conf  # the live conf (getConf() also loads the JVM's system properties)
         assert {k: conf.get(k) for k in keys} == saved == {
-            DAEMON_MODULE_KEY: "dstreams.worker_daemon", UDS_KEY: "true", LOCALITY: "0"}
+            DAEMON_MODULE_KEY: "dstreams.spark.worker_daemon", UDS_KEY: "true", LOCALITY: "0"}
         lines = [r for r in caplog.records if r.name == LOGGER]
         assert [r.levelno for r in lines] == [logging.INFO], [r.getMessage() for r in lines]
         assert all(f"{k}={v}" in lines[0].getMessage() for k, v in saved.items())
@@ -176,6 +176,7 @@ _APP = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_user_made_context_gets_the_worker_daemon_and_a_cluster_one_logs_what_to_pass(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_GATEWAY_PORT")}
@@ -189,15 +190,15 @@ def test_a_user_made_context_gets_the_worker_daemon_and_a_cluster_one_logs_what_
 
     local = result["local"]
     assert [level for level, _ in local["logs"]] == ["INFO"], local["logs"]  # applied; nothing missing
-    assert f"{DAEMON_MODULE_KEY}=dstreams.worker_daemon" in local["logs"][0][1]
+    assert f"{DAEMON_MODULE_KEY}=dstreams.spark.worker_daemon" in local["logs"][0][1]
     # the JVM started dstreams' daemon, with Unix sockets on, and never pyspark's own
-    assert [d["args"].split()[1:3] for d in local["daemons"]] == [["-m", "dstreams.worker_daemon"]]
+    assert [d["args"].split()[1:3] for d in local["daemons"]] == [["-m", "dstreams.spark.worker_daemon"]]
     assert [e.lower() for e in local["daemons"][0]["uds"]] == ["python_unix_domain_enabled=true"]
 
     cluster = result["cluster"]
     warnings = [msg for level, msg in cluster["logs"] if level == "WARNING"]
     assert len(warnings) == 1, cluster["logs"]
-    for flag in (f"--conf {DAEMON_MODULE_KEY}=dstreams.worker_daemon", f"--conf {UDS_KEY}=true",
+    for flag in (f"--conf {DAEMON_MODULE_KEY}=dstreams.spark.worker_daemon", f"--conf {UDS_KEY}=true",
                  "--conf spark.speculation=true"):
         assert flag in warnings[0], warnings[0]
     assert cluster["locality"] == "0"

@@ -1,4 +1,4 @@
-"""The worker daemon (``dstreams.worker_daemon``): a forked worker whose JVM closed the socket exits.
+"""The worker daemon (``dstreams.spark.worker_daemon``): a forked worker whose JVM closed the socket exits.
 
 Regression: the daemon's wrapper once turned a ``BrokenPipeError`` into exit code 0, which
 pyspark.daemon's forked worker reads as "serve the next task on this socket"; on a closed socket that

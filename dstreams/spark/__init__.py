@@ -13,8 +13,7 @@ The other modules serve the layer that starts Spark (``api/``: context creation 
 * :mod:`dstreams.spark.jvm_cds`: the driver JVM's class-data-sharing archive (``python -m dstreams.spark.jvm_cds``);
 * :mod:`dstreams.spark.jvm_compiled`, :mod:`dstreams.spark.jvm_signals`: JVM classes compiled at start-up
   (the batch builder behind :mod:`~dstreams.spark.jvm`; the signal forwarder);
-* :mod:`dstreams.spark.worker_daemon`: the PySpark worker daemon (Spark runs it by the name
-  ``dstreams.worker_daemon``: ``spark.python.daemon.module``);
+* :mod:`dstreams.spark.worker_daemon`: the PySpark worker daemon (``spark.python.daemon.module``);
 * :mod:`dstreams.spark.executors`: the check that the executors can import what the engine's tasks need;
 * :mod:`dstreams.spark.arrow`: ``mapInArrow``-style partition functions for the fluent API.
 
@@ -22,7 +21,4 @@ Rules: this package imports nothing of the streaming model beyond the two leaf m
 (the settings table) and ``dstreams.records`` (per-record partition functions); and this ``__init__``
 imports nothing at all, because the worker daemon runs as ``python -m`` before it cleans ``sys.path``
 (importing pyspark here would load it from Spark's zip archives first).
-
-The modules lived directly in ``dstreams/`` before; the old names (``dstreams.sparkconf``,
-``dstreams.worker_daemon``...) still import the same module objects: see :mod:`dstreams._moved`.
 """

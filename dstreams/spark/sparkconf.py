@@ -11,9 +11,9 @@ set are never changed.
 The two settings that matter for micro-batch latency (measured with ``python -m benchmarks.batch_overhead``;
 a trivial two-task Python job in ``local[2]``):
 
-* ``spark.python.daemon.module=dstreams.worker_daemon``: the worker daemon drops Spark's redundant
+* ``spark.python.daemon.module=dstreams.spark.worker_daemon``: the worker daemon drops Spark's redundant
   ``pyspark.zip`` / py4j zip / spark-core jar from the workers' ``sys.path``, which otherwise cost
-  60-80 ms per task (see :mod:`dstreams.worker_daemon`). Only set when the Python workers run this very
+  60-80 ms per task (see :mod:`dstreams.spark.worker_daemon`). Only set when the Python workers run this very
   interpreter on this machine (``local``/``local-cluster`` masters), where ``dstreams`` is importable.
 * ``spark.python.unix.domain.socket.enabled=true``: JVM <-> worker traffic over a Unix socket avoids a
   ~40 ms TCP delayed-ACK stall per task.
@@ -54,7 +54,7 @@ LOW_LATENCY_DEFAULTS: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
     "spark.locality.wait": "0",
     "spark.python.worker.reuse": "true",
-    DAEMON_MODULE_KEY: "dstreams.worker_daemon",
+    DAEMON_MODULE_KEY: "dstreams.spark.worker_daemon",
     "spark.python.unix.domain.socket.enabled": "true",
 }
 
@@ -81,7 +81,7 @@ def _same_interpreter(python: str | None) -> bool:
 
 
 def _daemon_module_applies(conf: SparkConf, python: str | None = None) -> bool:
-    """``dstreams.worker_daemon`` is only known importable by this interpreter on this machine.
+    """``dstreams.spark.worker_daemon`` is only known importable by this interpreter on this machine.
 
     ``python`` is the workers' interpreter when known (a running context's ``pythonExec``); else the
     conf's ``spark.pyspark.python`` or ``PYSPARK_PYTHON``.

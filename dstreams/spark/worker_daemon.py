@@ -1,8 +1,8 @@
 """PySpark worker daemon that drops Spark's redundant zip/jar archives from ``sys.path``.
 
-Use it with ``spark.python.daemon.module=dstreams.worker_daemon`` (``dstreams.spark.sparkconf`` sets it for the
-SparkContexts dstreams creates). The JVM starts it as ``python -m dstreams.worker_daemon <worker module>``
-(the module's old name, which runs this file: :mod:`dstreams._moved`); it cleans the path and then runs
+Use it with ``spark.python.daemon.module=dstreams.spark.worker_daemon`` (``dstreams.spark.sparkconf`` sets it for
+the SparkContexts dstreams creates). The JVM starts it as ``python -m dstreams.spark.worker_daemon <worker module>``;
+it cleans the path and then runs
 :func:`pyspark.daemon.manager`, which reads ``sys.argv[1]`` (left untouched) as the worker module.
 
 Why: the JVM puts ``pyspark.zip``, ``py4j-*-src.zip`` and the spark-core jar at the front of every Python
@@ -138,7 +138,7 @@ def strip_redundant_archives(
 def _forget_modules_from(archives: Sequence[str]) -> None:
     """Drop modules already imported from ``archives`` so they re-import from the directory install.
 
-    Running ``python -m dstreams.worker_daemon`` imports the ``dstreams`` package first; if that import
+    Running ``python -m dstreams.spark.worker_daemon`` imports the ``dstreams`` package first; if that import
     pulled in pyspark/py4j from the zips, those modules (and dstreams' own, which hold references to
     them) are forgotten so that the daemon and its workers use one consistent copy.
     """
@@ -205,10 +205,8 @@ class Freezer:
 
 #: Environment variable naming modules (comma-separated) the daemon imports before it forks workers.
 PRELOAD_ENV = "DSTREAMS_WORKER_PRELOAD"
-#: The name Spark runs this module by (``spark.python.daemon.module``; ``python -m dstreams.worker_daemon``): the
-#: module's name before it moved into ``dstreams.spark``, kept because users pass it to ``spark-submit`` and the
-#: worker pools are keyed by it (:mod:`dstreams._moved` runs this module under it).
-DAEMON_MODULE = "dstreams.worker_daemon"
+#: The name Spark runs this module by (``spark.python.daemon.module``; ``python -m dstreams.spark.worker_daemon``).
+DAEMON_MODULE = "dstreams.spark.worker_daemon"
 
 
 def request_preload(sc, module: str) -> bool:  # noqa: ANN001 - a SparkContext (not imported here)
@@ -240,7 +238,7 @@ def preload(names: str) -> None:
             if warm is not None:
                 warm()
         except Exception as e:  # noqa: BLE001 - an optimisation only
-            print(f"dstreams.worker_daemon: could not preload {name}: {type(e).__name__}: {e}", file=sys.stderr)
+            print(f"dstreams.spark.worker_daemon: could not preload {name}: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 def main() -> None:

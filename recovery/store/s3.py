@@ -70,7 +70,7 @@ def _data_loader() -> botocore.loaders.Loader:
 def warm_worker() -> None:
     """Import and load what an S3 client needs, before a worker daemon forks its workers.
 
-    ``dstreams.worker_daemon`` calls it when ``DSTREAMS_WORKER_PRELOAD`` names this module: every
+    ``dstreams.spark.worker_daemon`` calls it when ``DSTREAMS_WORKER_PRELOAD`` names this module: every
     forked worker then inherits boto3 and the loaded S3 model instead of paying ~250 ms of CPU for
     them at its first store access. No client is kept and nothing touches the network.
     """
