@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
 # Installs what the tests need, starts the services they use, runs ruff and the whole test suite.
 # Extra arguments go to pytest. Exit code 5 (no tests collected) is a failure.
+# --fast (anywhere among the arguments): the inner loop's tier, the unit and property tests only (pytest -m
+# "$FAST_TIER"): no test marked slow, fault, or needing a server (s3, ceph, redis, postgres, kafka); it starts no
+# service and stops none, and builds no class-data-sharing archive (it uses one that exists). CI (.ci/run) runs
+# the whole suite, without --fast.
 # Under CI=true (unless DSTREAMS_REQUIRE_SERVICES is set) it exports DSTREAMS_REQUIRE_SERVICES=1: a service
 # that does not start fails scripts/services.sh, and the tests that need one fail instead of skipping.
 set -euo pipefail
+FAST_TIER="not slow and not fault and not s3 and not ceph and not redis and not postgres and not kafka"
+fast=0
+args=()
+for arg in "$@"; do
+  if [ "$arg" = --fast ]; then fast=1; else args+=("$arg"); fi
+done
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh" test
 case "$(echo "${CI:-}" | tr '[:upper:]' '[:lower:]')" in
   1 | true | yes | on) export DSTREAMS_REQUIRE_SERVICES="${DSTREAMS_REQUIRE_SERVICES:-1}" ;;
@@ -12,14 +22,22 @@ export DSTREAMS_TEST_TMP="${DSTREAMS_TEST_TMP:-$(mktemp -d -t dstreams-tests.XXX
 cleanup() {
   if [ -f scripts/services.sh ]; then bash scripts/services.sh stop >/dev/null 2>&1 || true; fi
 }
-trap cleanup EXIT
-if [ -f scripts/services.sh ]; then bash scripts/services.sh start; fi
+if [ "$fast" = 1 ]; then
+  # No server: the services others' runs may be using are neither started nor stopped.
+  selection=(-m "$FAST_TIER" --durations=10)
+else
+  trap cleanup EXIT
+  if [ -f scripts/services.sh ]; then bash scripts/services.sh start; fi
+  selection=(--durations=25)  # the 25 slowest: where CI time goes
+fi
 "$VENV_PY" -m ruff check .
-# The driver JVM's class-data-sharing archive: every driver the tests start maps it (each starts ~3 s sooner);
-# a build that fails is reported by tests/test_jvm_cds.py, which builds it again.
-"$VENV_PY" -m dstreams.spark.jvm_cds || echo "WARNING: no class-data-sharing archive (tests/test_jvm_cds.py says why)" >&2
+if [ "$fast" = 0 ]; then
+  # The driver JVM's class-data-sharing archive: every driver the tests start maps it (each starts ~3 s sooner);
+  # a build that fails is reported by tests/test_jvm_cds.py, which builds it again.
+  "$VENV_PY" -m dstreams.spark.jvm_cds || echo "WARNING: no class-data-sharing archive (tests/test_jvm_cds.py says why)" >&2
+fi
 set +e
-"$VENV_PY" -m pytest -q -ra --durations=25 "$@"  # the 25 slowest: where CI time goes
+"$VENV_PY" -m pytest -q -ra "${selection[@]}" ${args[@]+"${args[@]}"}
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then echo "ERROR: pytest collected no tests" >&2; exit 1; fi

@@ -109,12 +109,21 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[REQUIRE_ENV] = "1"  # also seen by subprocesses and tests/support.py
 
 
+#: A test parametrised with one of these values runs against an S3 server (the moto server, the Ceph RADOS Gateway):
+#: marker ``s3`` (``scripts/test.sh --fast`` leaves such tests out: it starts no server).
+S3_PARAMS = frozenset({"moto", "rgw"})
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for service in _SERVICES:
             if not item.get_closest_marker(service.marker) and service.used_by(item):
                 item.add_marker(getattr(pytest.mark, service.marker))
+        callspec = getattr(item, "callspec", None)
+        params = {v for v in callspec.params.values() if isinstance(v, str)} if callspec is not None else set()
+        if not item.get_closest_marker("s3") and S3_PARAMS & params:
+            item.add_marker(pytest.mark.s3)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -139,6 +139,7 @@ def _moves(ssc: StreamingContext) -> dict[str, int | None]:
             n.switched_at for n in ssc._graph.nodes if isinstance(n, AutoStateNode)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["rdd", "auto"])
 def test_a_state_stream_has_an_rdd_from_its_first_batch_even_an_empty_one(sc, monkeypatch, store) -> None:
     """Before any record (a source whose first batches have no partition), the state stream's output still runs

@@ -11,6 +11,8 @@ from __future__ import annotations
 import operator
 import threading
 
+import pytest
+
 from dstreams import ManualClock, StreamingContext
 from dstreams.time import from_user_time
 
@@ -32,6 +34,7 @@ def _tasks_per_batch(sc, ctx_id: int, times: list[int]) -> dict[int, int]:
     return out
 
 
+@pytest.mark.slow
 def test_batches_generated_during_a_backlog_compute_one_step_each(sc, tmp_path):
     clock = ManualClock()
     ssc = StreamingContext(sc, 1, clock=clock)
@@ -72,6 +75,7 @@ def test_batches_generated_during_a_backlog_compute_one_step_each(sc, tmp_path):
     assert sorted(tasks.values())[len(tasks) // 2] <= 6, tasks
 
 
+@pytest.mark.slow
 def test_empty_intervals_leave_a_running_state_as_it_was_without_a_spark_stage(sc, tmp_path):
     """A batch with no partition (an empty folder listing, the missed intervals of a downtime) hands the
     previous state on as it is: its output job runs one task per state partition, no state stage, and the

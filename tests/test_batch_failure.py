@@ -99,6 +99,7 @@ def _step(ssc: StreamingContext, inputd: str, t_ms: int) -> None:
     ssc.awaitBatch(t_ms, TIMEOUT_S)
 
 
+@pytest.mark.slow
 def test_a_failed_batch_is_tried_again_from_the_output_that_failed(sc, folders):
     inputd, out, cpd, marks = folders
     open(os.path.join(marks, "fail-once-2000"), "w").close()
@@ -118,6 +119,7 @@ def test_a_failed_batch_is_tried_again_from_the_output_that_failed(sc, folders):
     assert sorted(f for f in os.listdir(marks) if f.startswith("seen-")) == ["seen-1000", "seen-2000", "seen-3000"]
 
 
+@pytest.mark.slow
 def test_a_batch_that_keeps_failing_stops_the_context_and_a_restart_runs_it_again(sc, folders, monkeypatch):
     monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "2")
     inputd, out, cpd, marks = folders
@@ -174,6 +176,7 @@ def test_the_error_of_a_failed_batch_names_the_output_and_the_cause(sc, tmp_path
     assert "onError='deadLetter'" in str(raised.value).splitlines()[1]
 
 
+@pytest.mark.slow
 def test_a_batch_that_cannot_be_built_stops_the_context_with_it_not_done(sc, folders, monkeypatch):
     monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "2")
     inputd, out, cpd, marks = folders
@@ -215,6 +218,7 @@ def test_a_batch_that_cannot_be_built_stops_the_context_with_it_not_done(sc, fol
     assert lines[1000] == ["a b a"] and lines[2000] == ["late line"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("state_store", ["rdd", "executor"])
 def test_drop_input_is_an_opt_in_that_drops_the_batch_everywhere_and_records_it(sc, folders, monkeypatch,
                                                                                  state_store):
@@ -250,6 +254,7 @@ def test_drop_input_is_an_opt_in_that_drops_the_batch_everywhere_and_records_it(
     assert counts[3000] == ["a,2", "b,2"]
 
 
+@pytest.mark.slow
 def test_a_replayed_dropped_batch_is_dropped_again(sc, folders, monkeypatch):
     monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "1")
     monkeypatch.setenv("DSTREAMS_BATCH_ON_FAILURE", "dropInput")
@@ -280,6 +285,7 @@ def test_a_replayed_dropped_batch_is_dropped_again(sc, folders, monkeypatch):
     assert _head(cpd)["dropped_total"] == 1
 
 
+@pytest.mark.slow
 def test_a_batch_cut_by_a_stop_runs_none_of_its_later_outputs(sc, folders, monkeypatch):
     monkeypatch.setenv("DSTREAMS_GRACEFUL_STOP_TIMEOUT", "1s")
     monkeypatch.setenv("DSTREAMS_CHECKPOINT_GRAPH", "off")  # the outputs below hold thread events
@@ -319,6 +325,7 @@ def test_a_batch_cut_by_a_stop_runs_none_of_its_later_outputs(sc, folders, monke
     assert _head(cpd)["completed_through"] == 1000, "a batch cut by a stop must not be recorded as done"
 
 
+@pytest.mark.slow
 def test_a_batch_failed_for_good_is_the_last_that_starts_even_while_the_next_is_being_built(sc, monkeypatch):
     """Batch 1000 fails for good exactly while batch 2000 is being built on the event loop (a driver-side
     ``transform`` holds it until the failure is in): batch 2000 is neither queued nor started, although nobody
@@ -372,6 +379,7 @@ def test_a_batch_failed_for_good_is_the_last_that_starts_even_while_the_next_is_
     assert 2000 not in submitted and 3000 not in submitted, submitted
 
 
+@pytest.mark.slow
 def test_a_dropped_batch_is_recorded_before_its_error_reaches_a_plain_script(sc, folders, monkeypatch):
     """Under dropInput a plain script ends on ``awaitTermination``'s error (the process exits: nothing of the
     context runs after it). The drop is recorded before that error is raised, so the restart goes past the

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from dstreams import ManualClock, StreamingContext
 from dstreams.nodes.generator import text_record_batches, text_records
 
@@ -236,6 +238,7 @@ def _fake_trials(limit: int, tried: list[int]):
     return run
 
 
+@pytest.mark.slow
 def test_a_search_never_tries_a_rate_above_max_rate_and_steps_down_by_down():
     from benchmarks.memory import PeakMemory
     from benchmarks.run import Mode, search

@@ -151,6 +151,7 @@ def test_other_errors_are_recorded_at_once_and_the_next_checkpoint_is_tried(sc, 
     assert _committed(events) == [2000]
 
 
+@pytest.mark.slow
 def test_past_the_bound_a_checkpoint_write_gives_up_and_the_stream_goes_on(sc, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("DSTREAMS_STORE_OUTAGE_SECONDS", "1")
     url = str(tmp_path / "cp")
@@ -220,6 +221,7 @@ def test_close_during_a_retry_returns_promptly(sc, tmp_path, wait):
     assert _committed(events) == []
 
 
+@pytest.mark.slow
 def test_failed_writes_are_kept_as_a_bounded_summary_without_frames(sc, tmp_path):
     """Many failed writes: ``errors`` keeps the newest few as text summaries (no exception, traceback or RDD kept
     alive) and ``error_count`` counts them all."""

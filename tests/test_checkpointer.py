@@ -36,6 +36,7 @@ def test_memory_store_is_refused_for_checkpoints(sc):
         ssc.checkpoint("memory://x")
 
 
+@pytest.mark.slow
 def test_state_is_checkpointed_and_lineage_stays_bounded(sc, tmp_path):
     url = str(tmp_path / "ckpt")
     clock = ManualClock()
@@ -70,6 +71,7 @@ def test_state_is_checkpointed_and_lineage_stays_bounded(sc, tmp_path):
     assert ssc._checkpointer.errors == []
 
 
+@pytest.mark.slow
 def test_a_checkpoint_is_kept_while_queued_batches_still_reach_it(sc, tmp_path):
     """Regression (seen in CI under load): with a backlog, a batch built on checkpoint 3's lineage
     ran after checkpoints 4, 5 and 6 were committed and 3 had been deleted: the batch failed."""
@@ -305,6 +307,7 @@ class _OtherStubNode(_StubNode):
     name = "stub#2"
 
 
+@pytest.mark.slow
 def test_a_checkpoint_a_restart_resumes_from_is_kept_while_another_stream_lags(sc, tmp_path):
     """Streams checkpointed at different intervals (or one whose write failed): a restart resumes every stream
     from its newest checkpoint at or before the oldest of their newest ones, so each stream keeps that one,
@@ -331,6 +334,7 @@ def test_a_checkpoint_a_restart_resumes_from_is_kept_while_another_stream_lags(s
     assert sorted(list_checkpoints(store, slow.key)) == [2000, 6000]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["rdd", "executor"])
 def test_a_state_of_a_class_the_standard_pickle_cannot_name_is_checkpointed(sc, tmp_path, monkeypatch,
                                                                                         store):

@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pyspark.streaming
+import pytest
 
 import dstreams
 
@@ -45,6 +46,7 @@ def test_dstreams_exports_what_pyspark_streaming_exports():
         assert hasattr(dstreams, name), name
 
 
+@pytest.mark.slow
 def test_pyspark_example_runs_after_changing_the_import(tmp_path):
     script = SCRIPT.replace("from pyspark.streaming import StreamingContext", "from dstreams import StreamingContext")
     path = tmp_path / "queue_stream.py"

@@ -33,6 +33,7 @@ def _collector(into: dict):  # noqa: ANN001, ANN202
     return save
 
 
+@pytest.mark.slow
 def test_each_per_record_operator_routes_what_its_function_raises_on(sc):
     ssc = StreamingContext(sc, 1, clock=ManualClock())
     batches = [["1", "poison", "2"], ["3"], ["poison", "poison"]]
@@ -188,6 +189,7 @@ def _run(sc, tmp, monkeypatch, fail: bool) -> dict[str, list[str]]:  # noqa: ANN
     return {name: sorted(lines) for name, lines in read_outputs(out).items()}
 
 
+@pytest.mark.slow
 def test_dead_letters_and_outputs_are_exactly_once_through_a_failed_batch_and_a_restart(sc, tmp_path, monkeypatch):
     expected = _run(sc, str(tmp_path / "clean"), monkeypatch, fail=False)
     assert expected["totals-3000"] == ["sum=15"]
@@ -209,6 +211,7 @@ def _add(a, b):  # noqa: ANN001, ANN202 - a reduce that refuses what is not a nu
     return a + b
 
 
+@pytest.mark.slow
 def test_reduces_route_the_record_being_added_and_a_first_value_that_cannot_combine(sc):
     """Kafka Streams' rule for a reduce: the record being added is the dead letter; a ``None`` first value (it cannot
     be combined with itself, the next value can) is the dead letter itself. The results equal a reduce of the
@@ -293,6 +296,7 @@ def _sum_or_refuse(values, state):  # noqa: ANN001, ANN202 - an update function 
     return (state or 0) + sum(values)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["rdd", "executor", "auto"])
 @pytest.mark.parametrize("idle", [True, False])
 def test_update_state_by_key_keeps_a_failed_key_s_state_and_routes_its_values(sc, tmp_path, monkeypatch, store, idle):
@@ -331,6 +335,7 @@ def _track_update(k, s, ev):  # noqa: ANN001, ANN202 - refuses a zero
     return TrackUpdate(s + 10 // ev, emit=[(k, "seen", ev)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["rdd", "executor", "auto"])
 def test_track_keeps_the_state_before_a_failed_event_and_routes_it(sc, tmp_path, monkeypatch, store):
     """``track(..., onError="deadLetter")``: an ``init``/``update`` that raises leaves the key's state as before that
@@ -397,6 +402,7 @@ def _add_numbers(a, b):  # noqa: ANN001, ANN202 - None + anything raises TypeErr
     return a + b
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["rdd", "executor", "auto"])
 def test_event_window_reduces_route_what_func_raises_on_and_leave_late_records_late(sc, tmp_path, monkeypatch, store):
     """``reduceByKeyAndEventWindow`` / ``reduceByEventWindow(..., onError="deadLetter")``: the reduce's records are
@@ -428,6 +434,7 @@ def _sum_session(values):  # noqa: ANN001, ANN202 - refuses a session holding a 
     return sum(values)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["rdd", "executor", "auto"])
 def test_session_window_routes_a_session_whose_aggregate_raises(sc, tmp_path, monkeypatch, store):
     """``sessionWindow(gap, aggregate, onError="deadLetter")``: a session whose aggregate raises is not emitted;

@@ -69,6 +69,7 @@ def _name(path: Path) -> str:
 RUNNABLE = [p for p in PAGES if any(runs for *_, runs in _blocks(p))]
 
 
+@pytest.mark.slow
 def test_the_site_builds_strict(tmp_path):
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # Material's banner about its successor, on every build
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
@@ -88,6 +89,7 @@ def test_every_python_block_parses():
                 pytest.fail(f"{_name(page)}, python block {number} (line {line}) is not valid Python: {e}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", RUNNABLE, ids=_name)
 def test_the_python_blocks_of_a_page_run(page: Path, sc, monkeypatch):
     from pyspark import SparkContext

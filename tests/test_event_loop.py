@@ -121,6 +121,7 @@ def test_after_stop_posts_are_dropped_and_calls_fail():
     assert loop.call(lambda: 7) == 7  # not running: runs on the caller's thread
 
 
+@pytest.mark.slow
 def test_graph_state_changes_only_on_the_event_loop(sc, tmp_path, monkeypatch):
     """compute, clear_metadata and checkpoint adoption of every node run on the generator loop's thread,
     never on a runner, the checkpoint writer or the caller's thread."""

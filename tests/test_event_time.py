@@ -51,6 +51,7 @@ A = [[(10, "a1"), (12, "a2")], [(20, "a3")], [(15, "late?"), (8, "late")], [], [
 B = [[(5, "b1")], [(6, "b2")], [(30, "b3")], [(31, "b4")], [], []]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drop_late", [False, True], ids=["default", "dropLate"])
 def test_watermark_is_monotone_from_earlier_batches_and_late_records_are_counted(sc, drop_late):
     """Records behind the watermark are counted and listed by lateRecords(); they stay in the timed stream (for
@@ -80,6 +81,7 @@ def test_watermark_is_monotone_from_earlier_batches_and_late_records_are_counted
     assert metrics[2]["records"] == 2 and metrics[2]["stream"].startswith("withEventTime#")
 
 
+@pytest.mark.slow
 def test_watermark_of_a_union_and_a_join_is_the_minimum_and_a_backlog_gives_the_same(sc):
     def build(clock):
         ssc = StreamingContext(sc, 1, clock=clock)
@@ -183,6 +185,7 @@ def _resume(sc, ckpt: str, out: str, now_ms: int, batches: range) -> None:
         ssc.stop(stopSparkContext=False)
 
 
+@pytest.mark.slow
 def test_resumed_driver_replays_the_recorded_watermarks_and_continues_the_same(sc, tmp_path):
     clock = ManualClock()
     ssc = build_timed(sc, str(tmp_path / "ref"), clock, str(tmp_path / "ref-out"))
@@ -217,6 +220,7 @@ def test_resumed_driver_replays_the_recorded_watermarks_and_continues_the_same(s
     assert _read(out) == ref
 
 
+@pytest.mark.slow
 def test_a_replayed_batch_sees_exactly_the_watermark_recorded_for_it(sc, tmp_path):
     """Batches 4 and 5 were recorded (generated) but not completed when the driver died: the resumed driver
     rebuilds them with their recorded watermarks, even one that recomputing would not give."""

@@ -104,6 +104,7 @@ def count(rdd: Any, entries: Any) -> tuple[int, int]:
     return rdd.mapPartitions(entries).fold((0, 0), lambda a, b: (a[0] + b[0], a[1] + b[1]))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_event_time_state_stays_flat_on_an_unbounded_key_space(sc, monkeypatch) -> None:
     started = time.monotonic()

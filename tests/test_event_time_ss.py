@@ -24,6 +24,7 @@ DATA = EventData(disorder_ms=1501, late_every=10, late_by_ms=0, late_spread_ms=4
 BATCHES = 24
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_windows_both_engines_keep_open_count_the_same_late_rows(sc):
     extra, stats = ss_extra(WINDOW_MS, SLIDE_MS, BATCHES, ROWS, INTERVAL_MS, DATA)

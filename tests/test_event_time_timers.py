@@ -33,6 +33,7 @@ def on_timer(key: str, state: int, timer: Timer) -> TrackUpdate:
     return TrackUpdate(state, emit=[("tick", key, state, timer.time)])
 
 
+@pytest.mark.slow
 def test_event_and_processing_time_timers_fire_once_and_emit(sc):
     batches = [[(1, "a"), (2, "b")], [(3, "a")], [(9, "b")], [(10, "c")], [], [(20, "d")], []]
     clock = ManualClock()
@@ -119,6 +120,7 @@ def scripted_on_timer(key: str, seq: int, timer: Timer) -> TrackUpdate:
     return TrackUpdate(seq + 1, emit=out, timers=REACT.get(timer.tag))
 
 
+@pytest.mark.slow
 def test_many_timers_per_key_set_replaced_and_deleted_by_tag(sc):
     batches = [
         [("x", (1, {"timers": {"early": T("event", 3), "close": T("event", 6), "tick": T("processing", 2),

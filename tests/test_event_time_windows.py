@@ -17,6 +17,7 @@ import operator
 from collections import defaultdict
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -172,6 +173,7 @@ def _check(sc, batches: list[Batch], lateness: int, window: int, slide: int, dro
     return got
 
 
+@pytest.mark.slow
 def test_final_and_updates_windows_with_late_records(sc):
     batches: list[Batch] = [
         [(1, "a", 1), (3, "b", 1), (5, "a", 2)],
@@ -196,6 +198,7 @@ def test_final_and_updates_windows_with_late_records(sc):
     assert got["sessions"][6] == [(("a", (9, 12)), 1), (("a", (14, 17)), 1), (("c", (10, 17)), 3)]  # c merged
 
 
+@pytest.mark.slow
 def test_a_record_behind_the_watermark_counts_in_its_windows_still_open(sc):
     """Issue 24's example: windows of 1.5 s sliding by 0.5 s, a record at 11.375 s in a batch whose watermark is
     11.5 s. Its windows are [10, 11.5), [10.5, 12) and [11, 12.5); the first has closed (end <= 11.5), the
@@ -213,6 +216,7 @@ def test_a_record_behind_the_watermark_counts_in_its_windows_still_open(sc):
     assert final[(10.5, 12)] == 1 and final[(11, 12.5)] == 11 and dropped["window_late"][3] == []
 
 
+@pytest.mark.slow
 def test_a_record_late_for_a_closed_session_merges_into_an_open_one(sc):
     """Gap 3 s, lateness 0. Batch 2's watermark is 9 s: key a's session [1, 4) closes in batch 2 (emitted with
     its one record); a's open session starts at 9 s. In batch 3 (watermark 10 s) a record at 6.5 s arrives,
@@ -230,6 +234,7 @@ def test_a_record_late_for_a_closed_session_merges_into_an_open_one(sc):
 _records = st.tuples(st.integers(0, 30), st.sampled_from("ab"), st.integers(1, 3))
 
 
+@pytest.mark.slow
 @settings(max_examples=5, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(batches=st.lists(st.lists(_records, max_size=5), min_size=5, max_size=7),
@@ -241,6 +246,7 @@ def test_random_out_of_order_streams_match_the_model(sc, batches, shape, latenes
     _check(sc, shifted, lateness, window, slide, drop_late)
 
 
+@pytest.mark.slow
 def test_window_state_is_not_shuffled_each_batch(sc):
     """As for the other state streams (tests/test_stages.py): each batch's job executes 2 stages, the map side
     of the batch's shuffle into the state's partitioner (one task per input partition, 3) and the result stage

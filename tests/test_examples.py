@@ -224,6 +224,7 @@ def test_network_wordcount_counts_the_lines_a_socket_sends(sc, monkeypatch, tmp_
     assert summed(pprint_batches(out)) == WORDS, out[-3000:]
 
 
+@pytest.mark.slow
 def test_stateful_network_wordcount_keeps_running_counts_from_its_initial_state(sc, monkeypatch, tmp_path,
                                                                                 line_server):
     server = line_server(LINES)
@@ -242,6 +243,7 @@ def test_stateful_network_wordcount_keeps_running_counts_from_its_initial_state(
     assert (tmp_path / "checkpoint").is_dir()  # pyspark's example checkpoints to ./checkpoint
 
 
+@pytest.mark.slow
 def test_queue_stream_counts_each_queued_rdd_and_stops_by_itself(sc, monkeypatch, tmp_path):
     out, _ = run_example(sc, monkeypatch, "queue_stream", [], tmp_path)
     batches = pprint_batches(out)
@@ -250,6 +252,7 @@ def test_queue_stream_counts_each_queued_rdd_and_stops_by_itself(sc, monkeypatch
     assert all(sorted(b) == [(k, 100) for k in range(10)] for b in full), out[-3000:]
 
 
+@pytest.mark.slow
 def test_sql_network_wordcount_runs_a_query_on_every_batch(sc, monkeypatch, tmp_path, line_server):
     server = line_server(LINES)
 
@@ -265,6 +268,7 @@ def test_sql_network_wordcount_runs_a_query_on_every_batch(sc, monkeypatch, tmp_
     assert "|word|total|" in out.replace(" ", ""), out[-3000:]
 
 
+@pytest.mark.slow
 def test_recoverable_network_wordcount_is_restored_from_its_checkpoint(sc, monkeypatch, tmp_path, line_server):
     first = ["hello a world", "b hello"]
     second = ["world again c", "a a world"]
@@ -327,6 +331,7 @@ def test_recoverable_network_wordcount_is_restored_from_its_checkpoint(sc, monke
 BATCH_LINE = re.compile(r"^batch (\d+) \(\d\d:\d\d:\d\d\): (.*)$", re.M)
 
 
+@pytest.mark.slow
 def test_page_views_running_counts_equal_the_generated_views(sc, monkeypatch, tmp_path):
     seed, rate = 13, 200
     args = ["--batch", "500ms", "--rate", str(rate), "--seed", str(seed), "--seconds", str(RUN_S)]
@@ -345,6 +350,7 @@ def test_page_views_running_counts_equal_the_generated_views(sc, monkeypatch, tm
         assert dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in counts.split()) == dict(model), (ms, text)
 
 
+@pytest.mark.slow
 def test_top_k_over_a_sliding_window_equals_the_model(sc, monkeypatch, tmp_path):
     seed, rate, k = 17, 200, 3
     batch_ms, window_ms = 500, 2000
@@ -373,6 +379,7 @@ def test_top_k_over_a_sliding_window_equals_the_model(sc, monkeypatch, tmp_path)
     assert full >= 2, out[-3000:]  # the window has slid past its first full length: the inverse was used
 
 
+@pytest.mark.slow
 def test_sessions_with_track_follow_the_timeout(sc, monkeypatch, tmp_path):
     seed, rate, top = 19, 100, 3
     args = ["--batch", "500ms", "--timeout", "1500ms", "--rate", str(rate), "--top", str(top), "--seed", str(seed),
@@ -405,6 +412,7 @@ def test_sessions_with_track_follow_the_timeout(sc, monkeypatch, tmp_path):
     assert ended > 0  # sessions did time out during the run
 
 
+@pytest.mark.slow
 def test_event_time_windows_count_every_click_once_or_list_it_as_late(sc, monkeypatch, tmp_path):
     seed, rate = 23, 100
     args = ["--batch", "500ms", "--window", "1s", "--lateness", "500ms", "--rate", str(rate), "--seed", str(seed),
@@ -555,6 +563,7 @@ def test_direct_kafka_wordcount_counts_the_words_written_to_its_topic(sc, monkey
 
 
 # ---------------------------------------------------------------------------------------------- a real process
+@pytest.mark.slow
 def test_network_wordcount_runs_as_a_script_and_stops_on_sigterm(tmp_path, line_server):
     """``python examples/network_wordcount.py HOST PORT``: its own SparkContext and JVM; SIGTERM (what Ctrl-C or a
     supervisor sends) stops it gracefully with exit code 0."""

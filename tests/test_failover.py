@@ -66,6 +66,7 @@ def test_resume_after_abrupt_stop_gives_exactly_the_uninterrupted_outputs(sc, tm
                                       for t in range(1000, 15000, 1000))
 
 
+@pytest.mark.slow
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(sc, tmp_path, caplog):
     expected = _reference(sc, tmp_path, 9)
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
@@ -91,6 +92,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(sc, tmp_path, 
     assert read_outputs(out) == expected
 
 
+@pytest.mark.slow
 def test_changed_graph_is_refused_with_what_changed(sc, tmp_path):
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
     clock = ManualClock()
@@ -106,6 +108,7 @@ def test_changed_graph_is_refused_with_what_changed(sc, tmp_path):
     other.stop(stopSparkContext=False)
 
 
+@pytest.mark.slow
 def test_plain_start_on_a_used_location_and_foreign_application(sc, tmp_path):
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
     clock = ManualClock()
@@ -140,6 +143,7 @@ def test_stale_driver_is_fenced_off():
     assert MetadataLog.read(store)["completed_through"] == 2000
 
 
+@pytest.mark.slow
 def test_socket_batches_are_replayed_from_the_write_ahead_log(sc, tmp_path):
     import operator
 
@@ -213,6 +217,7 @@ class _Outage:
         return call
 
 
+@pytest.mark.slow
 def test_batches_wait_for_a_store_that_is_down_for_a_while_and_lose_nothing(sc, tmp_path, caplog):
     expected = _reference(sc, tmp_path, 8)
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
@@ -239,6 +244,7 @@ def test_batches_wait_for_a_store_that_is_down_for_a_while_and_lose_nothing(sc, 
     assert read_outputs(out) == expected
 
 
+@pytest.mark.slow
 def test_a_store_down_longer_than_the_outage_bound_stops_the_driver_with_the_error(sc, tmp_path, monkeypatch):
     from dstreams.recovery.store.errors import StoreUnavailableError
 
@@ -285,6 +291,7 @@ def _write_files(folder: str, n: int) -> None:
             f.write("".join(f"f{i}-{j} w{(i * 3 + j) % 5}\n".split()[0] + "\n" for j in range(3)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["one-manifest-missing", "different-intervals"])
 def test_a_restart_where_the_streams_newest_checkpoints_differ_replays_the_recorded_input(sc, tmp_path, case):
     """``one-manifest-missing``: the driver died after the checkpoint of one stateful stream at t committed and

@@ -36,6 +36,7 @@ def _step(ssc: StreamingContext, inputd: str, t_ms: int, text: str) -> None:
     ssc.awaitBatch(t_ms, 120)
 
 
+@pytest.mark.slow
 def test_restore_does_not_call_setup_and_state_continues(sc, tmp_path):
     inputd, out, cpd = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "cp")
     os.makedirs(inputd)

@@ -71,6 +71,7 @@ def test_union_keeps_partition_alignment_and_order(sc, lean):
     assert mixed.collect() == [1]  # different serializers: PySpark's path
 
 
+@pytest.mark.slow
 def test_union_of_more_rdds_than_one_builder_call_takes(sc, lean):
     part = hash_partitioner(2)
     count = jvm.UNION_ARITY * 2 + 3

@@ -117,6 +117,7 @@ def _inverting(ssc):
     return seen
 
 
+@pytest.mark.slow
 def test_function_raising_in_a_batch_reaches_await_termination_and_stops_the_context(sc, monkeypatch):
     monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "2")
     monkeypatch.setenv("DSTREAMS_BATCH_ON_FAILURE", "stop")  # the default only with a checkpoint location
@@ -186,6 +187,7 @@ def test_driver_side_error_in_foreach_is_raised_as_is(sc):
         ssc.stop(stopSparkContext=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", ["runningReduce", "reduceByKey", "window", "updateStateByKey", "join"])
 def test_non_pair_stream_to_pair_operator(sc, op, monkeypatch):
     monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "1")  # the same error on every try: no retries to wait for
@@ -321,6 +323,7 @@ def _cached_rdd_names(sc) -> list[str]:
     return sorted(str(rdds.get(k).name()) for k in rdds.keySet())
 
 
+@pytest.mark.slow
 def test_stop_unpersists_the_streams_cached_rdds_when_the_spark_context_lives_on(sc):
     before = _cached_rdd_names(sc)
     clock = ManualClock()

@@ -173,6 +173,7 @@ def reaches(sc, rdd, target_id: int) -> bool:
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_lineage_is_cut_when_batches_are_generated_before_the_checkpoint_commits(sc) -> None:
     """After a checkpoint has committed, new state RDDs must not reach back to the first batches."""

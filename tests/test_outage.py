@@ -50,6 +50,7 @@ def test_what_counts_as_an_outage():
     assert policy.retry_delay(StoreUnavailableError("x"), 5.0, "x") is None
 
 
+@pytest.mark.slow
 def test_an_output_that_meets_an_outage_is_run_again_and_the_batch_completes(sc, tmp_path, monkeypatch):
     monkeypatch.setenv("DSTREAMS_STORE_OUTAGE_SECONDS", "60")
     flaky = _FlakyStore(failures=2)

@@ -278,6 +278,7 @@ PROPERTY_SETTINGS = settings(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @PROPERTY_SETTINGS
 @given(sn=scenarios())
@@ -347,6 +348,7 @@ def model_usbk_touched(inputs: list[list[tuple[str, int]]]) -> dict[int, list]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @PROPERTY_SETTINGS
 @given(sn=scenarios())

@@ -222,6 +222,7 @@ def test_the_input_contract_limits_records_reports_them_and_learns_from_complete
     quiet.batch_completed(_completed(quiet, 1000, 10, 10))  # no limiter: nothing to do
 
 
+@pytest.mark.slow
 def test_backpressure_shrinks_the_limit_of_a_source_whose_batches_take_longer_than_the_interval(sc, monkeypatch):
     interval_ms, capacity = 500, 2000.0  # records/s the output operation processes
     monkeypatch.setenv("DSTREAMS_BACKPRESSURE_ENABLED", "true")
@@ -319,6 +320,7 @@ def test_max_files_per_batch_from_the_conf_for_binary_records(sc, tmp_path, monk
     assert got["recs"] == [[b"0a", b"0b", b"1a", b"1b"], [b"2a", b"2b", b"3a", b"3b"], [b"4a", b"4b"]]
 
 
+@pytest.mark.slow
 def test_backpressure_learns_a_file_source_rate_in_files_per_second(sc, tmp_path, monkeypatch):
     """A backlog of one-line files processed at 20 files/s (at most: the machine's load only slows it), 0.5 s
     batches run one after the other: the first batch takes maxFilesPerBatch (30 files, no estimate yet), then
@@ -382,6 +384,7 @@ def _counting_setup(sc, inputd: str, out: str, clock: ManualClock):
     return setup
 
 
+@pytest.mark.slow
 def test_files_left_over_are_read_once_across_a_restart(sc, tmp_path):
     inputd, out, cpd = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "cp")
     os.makedirs(inputd)
@@ -414,6 +417,7 @@ def test_files_left_over_are_read_once_across_a_restart(sc, tmp_path):
     assert got["counts-4000"] == sorted(f"{x},1" for x in lines)  # the state counted each line once
 
 
+@pytest.mark.slow
 def test_state_after_a_restart_in_the_middle_of_a_drain_keeps_counting_once(sc, tmp_path):
     """Same as above with a checkpoint to restore from: the drain goes on after the checkpointed batch."""
     inputd, out, cpd = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "cp")

@@ -301,6 +301,7 @@ def _batches(case: Case, node: InputNode, location: Any, feed: bool,
     return out, offsets
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", [pytest.param(k, marks=MARKS.get(k, [])) for k in CASES])
 def test_a_fault_half_way_through_a_batch_leaves_the_source_as_it_was(kind, sc, tmp_path, request, contexts):
     case = CASES[kind](sc, tmp_path, request)

@@ -161,6 +161,7 @@ def test_socket_bad_port(sc):
         ssc.socketTextStream("localhost", 70000)
 
 
+@pytest.mark.slow
 def test_generator_stream_is_deterministic_and_sized(sc):
     outs = []
     for _ in range(2):
@@ -220,6 +221,7 @@ def test_a_backlog_of_small_files_is_read_in_few_tasks(sc, tmp_path):
     assert partitions <= max(1, sc.defaultParallelism) and sorted(lines) == sorted(f"line-{i}" for i in range(12))
 
 
+@pytest.mark.slow
 def test_a_batch_sliced_again_is_rebuilt_from_its_files_and_an_old_one_takes_nothing_new(sc, tmp_path):
     """A source builds a batch it fixed again only from the offsets it had: ``slice()`` within the remember
     window returns the same files; past it, :class:`InputNotRecordedError` (never new files, which no batch

@@ -240,6 +240,7 @@ def test_archive_already_shadowed_by_a_directory_is_removed(layout, tmp_path):
     assert redundant_archives(path) == [layout["pyspark_zip"], layout["spark_jar"]]
 
 
+@pytest.mark.slow
 def test_pyspark_imported_from_the_zip_before_the_clean_up_is_reimported_from_the_directory():
     """``python -m dstreams.spark.worker_daemon`` imports the dstreams package first, which may import pyspark."""
     import pyspark
@@ -304,6 +305,7 @@ _E2E = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_tuned_context_runs_python_jobs_through_the_worker_daemon(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "SPARK_LOCAL_DIRS")}
@@ -386,6 +388,7 @@ _LONG_TMPDIR = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_context_starts_and_runs_python_tasks_with_a_long_java_tmpdir(tmp_path):
     # Regression: a deep TMPDIR / java.io.tmpdir (CI's pytest folders) made the SparkContext fail with

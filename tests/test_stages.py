@@ -170,6 +170,7 @@ def observed(sc) -> Observed:
     return Observed(counts, narrow, debug)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_state_is_not_shuffled_each_batch(observed: Observed, kind: str) -> None:
     for t in CHECKED:

@@ -112,6 +112,7 @@ def test_equal_keys_are_one_key_and_a_bulk_load_keeps_a_keys_last_value(tmp_path
     store.close()
 
 
+@pytest.mark.slow
 def test_a_bulk_load_indexes_a_repeated_keys_last_value_only(tmp_path):
     """Records that give a key twice (an initial state with a repeated key): the key's last value is its state,
     and its deadline is the last value's (none here), whichever chunk of the load the first one fell in."""
@@ -250,6 +251,7 @@ def _format3_file(path: str, rows: dict) -> int:
     return len(items)
 
 
+@pytest.mark.slow
 def test_a_snapshot_of_the_older_store_layout_reads_back_and_reloads(tmp_path):
     """A checkpoint written before store format 4 holds snapshots of the older layout (rows keyed by a hash, a side
     table): the checkpoint reader and a store's reload still read every key of it, with a delta after it."""
@@ -903,6 +905,7 @@ def _initial_app(sc, ckpt: str, out: str, clock) -> StreamingContext:
     return ssc
 
 
+@pytest.mark.slow
 def test_stores_removed_before_the_first_checkpoint_catch_up_from_the_initial_states_checkpoint(
         sc, tmp_path, tmp_path_factory, monkeypatch):
     """Issue 42: with an ``initialRDD``, the state's checkpoint at the zero time (written right after the first

@@ -81,6 +81,7 @@ def _number(text: str) -> int:
     return int(text.replace(",", ""))
 
 
+@pytest.mark.slow
 def test_the_page_shows_the_batches_and_updates(browser, sc):  # no browser: skip before Spark starts
     from selenium.webdriver.support.ui import WebDriverWait
 

@@ -226,6 +226,7 @@ def rdd_window_outputs(sc, tmp_path_factory):
     return _reference(sc, tmp_path_factory, "window")
 
 
+@pytest.mark.slow
 def test_the_reference_workload_exercises_every_path(rdd_outputs):
     expected = rdd_outputs
     assert sorted(expected) == sorted(f"{n}-{t}" for n in ("plain", "sessions", "emitted", "updated")
@@ -283,6 +284,7 @@ def test_store_backed_track_restarted_from_its_checkpoint_gives_the_uninterrupte
 
 
 # ---------------------------------------------------------------------------------------------- windows
+@pytest.mark.slow
 def test_the_window_workload_keeps_zero_counts_and_filters_them(rdd_window_outputs):
     expected = rdd_window_outputs
     times = range(1000, (BATCHES + 1) * 1000, 1000)
@@ -311,6 +313,7 @@ def rdd_event_outputs(sc, tmp_path_factory):
     return _reference(sc, tmp_path_factory, "event")
 
 
+@pytest.mark.slow
 def test_the_event_time_workload_closes_windows_and_sessions_and_drops_late_records(rdd_event_outputs):
     expected = rdd_event_outputs
     times = range(1000, (BATCHES + 1) * 1000, 1000)

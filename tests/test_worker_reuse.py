@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from dstreams import ManualClock, StreamingContext
 from dstreams.recovery.checkpointer import reader_rdd
 from dstreams.recovery.codec import encode_partition
@@ -44,6 +46,7 @@ def test_partition_aligned_reader_keeps_its_worker(sc):
     _assert_workers_stay(rdd.collect())
 
 
+@pytest.mark.slow
 def test_checkpoint_reader_keeps_its_worker(sc, tmp_path):
     spec = StoreSpec(str(tmp_path / "ckpt"), {})
     store = spec.open()
@@ -59,6 +62,7 @@ def test_checkpoint_reader_keeps_its_worker(sc, tmp_path):
         _assert_workers_stay(rdd.map(_pid).collect())
 
 
+@pytest.mark.slow
 def test_generator_source_keeps_its_worker(sc):
     clock = ManualClock()
     ssc = StreamingContext(sc, 1, clock=clock)
