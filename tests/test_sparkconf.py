@@ -400,3 +400,44 @@ def test_context_starts_and_runs_python_tasks_with_a_long_java_tmpdir(tmp_path):
     proc = subprocess.run([sys.executable, "-c", _LONG_TMPDIR, str(long_dir)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0 and "SUM 90" in proc.stdout, proc.stderr[-3000:]
+
+
+# ------------------------------------------------------------------------------ frozen-host timeouts (issue 42)
+
+
+def test_frozen_host_timeouts_apply_off_local_masters_and_the_users_keys_win():
+    from dstreams.spark.sparkconf import FROZEN_HOST_DEFAULTS
+
+    assert not any(tuned_conf("local[2]").contains(k) for k in FROZEN_HOST_DEFAULTS)
+    cluster = tuned_conf("spark://127.0.0.1:7077")
+    assert {k: cluster.get(k) for k in FROZEN_HOST_DEFAULTS} == FROZEN_HOST_DEFAULTS
+    assert tuned_conf("local-cluster[2,1,1024]").get("spark.network.timeoutInterval") == "5s"
+    mine = tuned_conf("spark://127.0.0.1:7077", conf={"spark.shuffle.io.maxRetries": "5",
+                                                      "spark.rpc.askTimeout": "300s"})
+    assert mine.get("spark.shuffle.io.maxRetries") == "5" and mine.get("spark.rpc.askTimeout") == "300s"
+    assert mine.get("spark.shuffle.io.connectionTimeout") == "10s"
+
+
+def test_a_users_network_timeout_keeps_governing_the_timeouts_that_fall_back_to_it():
+    conf = tuned_conf("spark://127.0.0.1:7077", conf={"spark.network.timeout": "600s"})
+    for key in ("spark.storage.blockManagerHeartbeatTimeoutMs", "spark.shuffle.io.connectionTimeout",
+                "spark.rpc.askTimeout"):
+        assert not conf.contains(key), key
+    assert conf.get("spark.executor.heartbeatInterval") == "3s"
+    assert conf.get("spark.network.timeoutInterval") == "5s"
+    # A timeout shorter than dstreams' intervals: Spark refuses to start with an interval above it, so they stay unset.
+    short = tuned_conf("spark://127.0.0.1:7077", conf={"spark.network.timeout": "2"})  # seconds
+    assert not short.contains("spark.executor.heartbeatInterval")
+    assert not short.contains("spark.network.timeoutInterval")
+    short = tuned_conf("spark://127.0.0.1:7077", conf={"spark.storage.blockManagerHeartbeatTimeoutMs": "4000"})
+    assert not short.contains("spark.network.timeoutInterval")
+    assert short.get("spark.executor.heartbeatInterval") == "3s"
+
+
+@pytest.mark.parametrize(("value", "unit", "ms"), [("30s", "ms", 30_000), ("30000", "ms", 30_000),
+                                                   ("120", "s", 120_000), ("2min", "s", 120_000), ("1.5s", "ms", 1500),
+                                                   ("soon", "s", None)])
+def test_spark_time_ms_reads_spark_time_strings(value, unit, ms):
+    from dstreams.spark.sparkconf import spark_time_ms
+
+    assert spark_time_ms(value, unit) == ms

@@ -106,6 +106,63 @@ SPECULATION_DEFAULTS: dict[str, str] = {
 }
 
 
+#: How long a host that stops answering (SIGSTOP, a long GC pause, a hung disk, a network partition) can hold a
+#: streaming job up, bounded (docs/guide/cluster.md, "A frozen host"). With Spark's own values a frozen executor is
+#: declared lost only after its heartbeat timeout (``spark.network.timeout``, 120 s) *and* the next check of it
+#: (``spark.network.timeoutInterval``, every 60 s), and until then every fetch of a cached block or a shuffle block
+#: from it waits ``spark.shuffle.io.connectionTimeout`` (120 s) per try, 1 + ``spark.shuffle.io.maxRetries`` (3)
+#: tries ``spark.shuffle.io.retryWait`` (5 s) apart: about 8 minutes for one fetch. With these the executor is
+#: declared lost 30-35 s after its last heartbeat and a fetch from it gives up after 3 x 10 s + 2 x 1 s; a killed
+#: host's refused connections cost 2 s of retries instead of 15. ``spark.rpc.askTimeout`` bounds the driver's
+#: blocking calls to it (a blocking unpersist asks every executor). Applied, like speculation, when the master is
+#: not ``local``/``local[N]``; a key the user sets wins, and a user's ``spark.network.timeout`` (the fallback of
+#: the heartbeat, connection and ask timeouts in Spark) keeps governing those three.
+FROZEN_HOST_DEFAULTS: dict[str, str] = {
+    "spark.executor.heartbeatInterval": "3s",
+    "spark.storage.blockManagerHeartbeatTimeoutMs": "30s",
+    "spark.network.timeoutInterval": "5s",
+    "spark.shuffle.io.connectionTimeout": "10s",
+    "spark.shuffle.io.maxRetries": "2",
+    "spark.shuffle.io.retryWait": "1s",
+    "spark.rpc.askTimeout": "30s",
+}
+#: Keys of :data:`FROZEN_HOST_DEFAULTS` whose Spark default is ``spark.network.timeout``.
+_FALL_BACK_TO_NETWORK_TIMEOUT = frozenset(
+    {"spark.storage.blockManagerHeartbeatTimeoutMs", "spark.shuffle.io.connectionTimeout", "spark.rpc.askTimeout"})
+_TIME_UNITS_MS = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+_TIME = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
+
+
+def spark_time_ms(value: str, default_unit: str) -> float | None:
+    """A Spark time setting (``"30s"``, ``"2min"``, ``"500"`` in ``default_unit``) in ms; None if not one."""
+    m = _TIME.match(value or "")
+    if m is None:
+        return None
+    return float(m.group(1)) * _TIME_UNITS_MS[(m.group(2) or default_unit).lower()]
+
+
+def frozen_host_defaults(conf: SparkConf) -> dict[str, str]:
+    """The entries of :data:`FROZEN_HOST_DEFAULTS` that suit ``conf`` (whatever it sets itself is still left out by
+    the caller): none of the network-timeout fallbacks when it sets ``spark.network.timeout``, and the heartbeat
+    interval and check interval only where they stay within the executors' timeout that results (Spark refuses to
+    start otherwise)."""
+    out = dict(FROZEN_HOST_DEFAULTS)
+    if conf.contains("spark.network.timeout"):
+        for key in _FALL_BACK_TO_NETWORK_TIMEOUT:
+            out.pop(key)
+    if conf.contains("spark.storage.blockManagerHeartbeatTimeoutMs"):
+        timeout = spark_time_ms(conf.get("spark.storage.blockManagerHeartbeatTimeoutMs"), "ms")
+    elif conf.contains("spark.network.timeout"):
+        timeout = spark_time_ms(conf.get("spark.network.timeout"), "s")
+    else:
+        timeout = spark_time_ms(out["spark.storage.blockManagerHeartbeatTimeoutMs"], "ms")
+    for key in ("spark.executor.heartbeatInterval", "spark.network.timeoutInterval"):
+        wanted = spark_time_ms(out[key], "ms")
+        if timeout is not None and wanted is not None and wanted > timeout:
+            out.pop(key)
+    return out
+
+
 def is_local_master(master: str) -> bool:
     """True for ``local``, ``local[N]``, ``local[*]`` and ``local[N,F]``: one JVM, no speculation."""
     return master == "local" or master.startswith("local[")
@@ -121,6 +178,7 @@ def _applicable_defaults(conf: SparkConf, python: str | None = None) -> dict[str
         defaults.pop(DAEMON_MODULE_KEY)
     if speculation_available(conf):
         defaults.update(SPECULATION_DEFAULTS)
+        defaults.update(frozen_host_defaults(conf))
     return defaults
 
 
