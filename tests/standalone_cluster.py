@@ -115,7 +115,8 @@ def free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def _port_open(host: str, port: int) -> bool:
+def port_open(host: str, port: int) -> bool:
+    """Whether a TCP connection to ``host:port`` opens (within 0.5 s)."""
     try:
         with socket.create_connection((host, port), timeout=0.5):
             return True
@@ -348,7 +349,7 @@ class StandaloneCluster:
             self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", MASTER_HOST,
                                    "--port", str(self.master_port), "--webui-port", "0"],
                         self._env(MASTER_HOST, self.base_dir / "master", executors=False))
-            while not _port_open(MASTER_HOST, self.master_port):
+            while not port_open(MASTER_HOST, self.master_port):
                 self._check_running()
                 if time.monotonic() > deadline:
                     raise ClusterStartError(f"master not listening after {timeout} s\n{self.logs()}")
