@@ -298,3 +298,18 @@ def test_the_context_use_checker_sees_a_violation():
               "setup.context._main_thread_awaited()\n")
     assert _context_uses(source) == [(2, "_concurrent"), (3, "_check_not_started"), (4, "sparkContext"),
                                      (7, "_main_thread_awaited")]
+
+
+def test_every_package_of_the_checkout_is_in_the_wheel() -> None:
+    """``pyproject.toml``'s ``packages`` lists every folder of the library that has an ``__init__.py`` (under its
+    installed name), so none is left out of the wheel (``dstreams.kafka`` once was)."""
+    import tomllib
+
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed, dirs = set(tool["packages"]), tool["package-dir"]
+    found = set()
+    for name, folder in dirs.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([name, *rel.parts]))
+    assert found <= listed, f"missing from pyproject.toml's packages: {sorted(found - listed)}"
