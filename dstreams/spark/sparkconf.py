@@ -19,8 +19,11 @@ a trivial two-task Python job in ``local[2]``):
   ~40 ms TCP delayed-ACK stall per task.
 
 The other entries are cosmetic for a streaming driver (no UI, no console progress bar); they did not move
-the measured latency. :data:`dstreams.config.SPARK_LOCAL_DIR` (``spark.dstreams.localDir``, else
-``DSTREAMS_SPARK_LOCAL_DIR``), when set, becomes ``spark.local.dir`` (unless the conf sets it), so a run's
+the measured latency. Off ``local``/``local[N]`` masters two more groups apply: speculation
+(:data:`SPECULATION_DEFAULTS`) and the timeouts that bound how long a frozen host holds a batch up
+(:data:`FROZEN_HOST_DEFAULTS`, :func:`frozen_host_defaults`).
+:data:`dstreams.config.SPARK_LOCAL_DIR` (``spark.dstreams.localDir``, else ``DSTREAMS_SPARK_LOCAL_DIR``), when set,
+becomes ``spark.local.dir`` (unless the conf sets it), so a run's
 scratch space can be isolated (note Spark's ``SPARK_LOCAL_DIRS`` env var still overrides
 ``spark.local.dir``); :data:`dstreams.config.SPARK_LOG_LEVEL` is the log level of a context
 :func:`create_spark_context` creates. When this process is about to start its driver JVM and a
