@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .owner import GraphOwner
 
 
-def _values(_: int, it: Iterator[tuple[int, Any]]) -> Iterator[Any]:
+def _values(_: int, it: Iterable[tuple[int, Any]]) -> Iterator[Any]:
     return (r[1] for r in it)
 
 
@@ -37,7 +37,7 @@ class StateView(DStream):
     """The public stream of an event-time state operator (windows, sessions, timers): ``checkpoint(interval)``
     sets the checkpoint interval of the operator's state, which is what a checkpoint must cut."""
 
-    def __init__(self, state: DStreamNode, view: Callable[[Iterator[Any]], Iterator[Any]], label: str,
+    def __init__(self, state: DStreamNode, view: Callable[[Iterable[Any]], Iterator[Any]], label: str,
                  ssc: GraphOwner, source: DStreamNode | None = None) -> None:
         """Records: ``view`` over each partition of ``source`` (default: ``state``)."""
         source = state if source is None else source
@@ -56,7 +56,7 @@ class StateView(DStream):
 class EventWindowView(StateView):
     """The stream of an event-time window or session operator, with :meth:`lateRecords`, what it dropped."""
 
-    def __init__(self, state: DStreamNode, view: Callable[[Iterator[Any]], Iterator[Any]], label: str,
+    def __init__(self, state: DStreamNode, view: Callable[[Iterable[Any]], Iterator[Any]], label: str,
                  ssc: GraphOwner, late: Callable[[], DStreamNode], source: DStreamNode | None = None) -> None:
         super().__init__(state, view, label, ssc, source)
         self._late = late
@@ -90,7 +90,7 @@ class TimedDStream(DStream):
         self._timed = timed
         self._event = event
 
-    def _timed_op(self, label: str, func: Callable[[int, Iterator[tuple[int, Any]]], Iterator[Any]],
+    def _timed_op(self, label: str, func: Callable[[int, Iterable[tuple[int, Any]]], Iterator[Any]],
                   preserves: bool = False) -> TimedDStream:
         self._check_open()
         node = TransformedNode(self._timed.graph, [self._timed],
@@ -115,7 +115,7 @@ class TimedDStream(DStream):
         def tag(rdds: list[Any], t: Any) -> Any:
             one = guarded_record(kind, f, name, t.ms)
 
-            def run(_: int, it: Iterator[tuple[int, Any]]) -> Iterator[Any]:
+            def run(_: int, it: Iterable[tuple[int, Any]]) -> Iterator[Any]:
                 for event_ms, value in it:
                     for label, out in one(value):
                         yield (GOOD, (event_ms, out)) if label == GOOD else (DEAD, out)
@@ -251,8 +251,11 @@ class TimedDStream(DStream):
             from dstreams.nodes.store_event_window import StoreEventWindowNode, written
 
             graph = timed.graph
-            state = StoreEventWindowNode(graph, timed, func, invFunc, w, s, emit, part, *store) if store is not None \
-                else AutoEventWindowNode(graph, timed, func, invFunc, w, s, emit, part, *auto)
+            if store is not None:
+                state = StoreEventWindowNode(graph, timed, func, invFunc, w, s, emit, part, *store)
+            else:
+                assert auto is not None, "this branch runs when the store or auto backend is in force"
+                state = AutoEventWindowNode(graph, timed, func, invFunc, w, s, emit, part, *auto)
             view = StateViewNode(graph, state)
             return EventWindowView(view, written(emitted_windows(w.ms, s.ms, keyed=keyed)), "eventWindows",
                                    self._ssc, late, source=StateChangesNode(graph, view))
@@ -314,7 +317,7 @@ class TimedDStream(DStream):
         return view
 
     def _sessions_of(self, g: Duration, aggregate: Callable[[list[Any]], Any], part: Any,
-                     late: Callable[[Iterator[Any]], Iterator[Any]], guarded: bool) -> EventWindowView:
+                     late: Callable[[Iterable[Any]], Iterator[Any]], guarded: bool) -> EventWindowView:
         """The session operator on the state backend in force; ``guarded``: its aggregate is a
         ``GuardedAggregate``, whose failed sessions the view leaves out (``_all_sessions`` is the node of every
         emitted session, failed ones included)."""
@@ -322,7 +325,7 @@ class TimedDStream(DStream):
         from dstreams.nodes.event_window import SessionWindowNode, emitted_sessions
 
         graph = self._timed.graph
-        emitted: Callable[[Iterator[Any]], Iterator[Any]] = emitted_sessions
+        emitted: Callable[[Iterable[Any]], Iterator[Any]] = emitted_sessions
         if guarded:
             emitted = lambda it: sessions_without_failures(emitted_sessions(it))  # noqa: E731
         store, auto = self._state_store(), self._auto_state()
@@ -330,8 +333,11 @@ class TimedDStream(DStream):
             from dstreams.nodes.auto_state import AutoSessionWindowNode
             from dstreams.nodes.store_event_window import StoreSessionWindowNode, written
 
-            state = StoreSessionWindowNode(graph, self._timed, g, aggregate, part, *store) if store is not None \
-                else AutoSessionWindowNode(graph, self._timed, g, aggregate, part, *auto)
+            if store is not None:
+                state = StoreSessionWindowNode(graph, self._timed, g, aggregate, part, *store)
+            else:
+                assert auto is not None, "this branch runs when the store or auto backend is in force"
+                state = AutoSessionWindowNode(graph, self._timed, g, aggregate, part, *auto)
             view = StateViewNode(graph, state)
             changes = StateChangesNode(graph, view)
             late_written, all_written = written(late), written(emitted_sessions)

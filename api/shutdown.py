@@ -114,7 +114,7 @@ class SignalStop:
         the application handles both signals itself)."""
         if mode == "off" or threading.current_thread() is not threading.main_thread():
             return None
-        previous = {s: signal.getsignal(s) for s in SIGNALS if _is_default(s, signal.getsignal(s))}
+        previous: dict[int, Any] = {s: signal.getsignal(s) for s in SIGNALS if _is_default(s, signal.getsignal(s))}
         if not previous:
             return None
         stopper = cls(ssc, mode, previous, forward=forward)
@@ -212,4 +212,4 @@ class SignalStop:
         self._done.set()
         main = threading.main_thread()
         if main.is_alive() and not self._ssc.main_thread_awaited():
-            _thread.interrupt_main(signum)  # runs _handle in the main thread, which raises SystemExit
+            _thread.interrupt_main(signal.Signals(signum))  # runs _handle in the main thread, which raises SystemExit

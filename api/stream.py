@@ -58,7 +58,7 @@ from dstreams.recovery.sinks import save_text_exactly_once, save_to_store_exactl
 from dstreams.spark.arrow import DEFAULT_BATCH_SIZE as DEFAULT_ARROW_BATCH_SIZE
 from dstreams.spark.arrow import arrow_batches_func
 from dstreams.spark.partitioned import checked_pairs, count_values, hash_partitioner, pre_combine, pre_reduce
-from dstreams.time import BatchTime, DurationLike, from_user_time, parse_duration, to_datetime
+from dstreams.time import BatchTime, Duration, DurationLike, from_user_time, parse_duration, to_datetime
 
 from .functions import positional_arity
 
@@ -137,7 +137,7 @@ class DStream:
             raise ValueError(f"numPartitions must be a positive int, got {n!r}")
         return n
 
-    def _duration(self, d: DurationLike | None, what: str):
+    def _duration(self, d: DurationLike | None, what: str) -> Duration | None:
         return None if d is None else parse_duration(d, what)
 
     @property
@@ -258,12 +258,12 @@ class DStream:
                              "or set spark.dstreams.onRecordError=deadLetter before defining it")
         return self._dead_letters
 
-    def mapPartitionsWithIndex(self, f: Callable[[int, Iterator[Any]], Iterable[Any]],
+    def mapPartitionsWithIndex(self, f: Callable[[int, Iterable[Any]], Iterable[Any]],
                                preservesPartitioning: bool = False) -> DStream:
         return self._rdd_op("mapPartitionsWithIndex",
                             lambda rdd: rdd.mapPartitionsWithIndex(f, preservesPartitioning))
 
-    def mapPartitions(self, f: Callable[[Iterator[Any]], Iterable[Any]],
+    def mapPartitions(self, f: Callable[[Iterable[Any]], Iterable[Any]],
                       preservesPartitioning: bool = False) -> DStream:
         return self._rdd_op("mapPartitions", lambda rdd: rdd.mapPartitions(f, preservesPartitioning))
 
@@ -301,7 +301,7 @@ class DStream:
         return self._rdd_op("repartition", lambda rdd: rdd.repartition(n))
 
     def partitionBy(self, numPartitions: int, partitionFunc: Callable[[Any], int] | None = None) -> DStream:
-        from pyspark.rdd import portable_hash
+        from pyspark.core.rdd import portable_hash
 
         n = self._default_partitions(numPartitions)
         pf = partitionFunc or portable_hash
@@ -454,17 +454,17 @@ class DStream:
                                    lambda rdds, t: pre_combine(rdds[0], func, part, label, combine),
                                    "reduceByKey")
         store, auto = self._state_store(), self._auto_state()
-        incremental = invFunc is not None and w.ms >= 5 * s.ms  # ReducedWindowNode.incremental()
-        if store is not None and incremental:
-            from dstreams.nodes.store_window import StoreWindowNode
+        if invFunc is not None and w.ms >= 5 * s.ms:  # incremental: ReducedWindowNode.incremental()
+            if store is not None:
+                from dstreams.nodes.store_window import StoreWindowNode
 
-            local_dir, every = store
-            return self._derive(StateViewNode(graph, StoreWindowNode(graph, combined, func, invFunc, w, s, part,
-                                                                     filterFunc, local_dir, every)))
-        if auto is not None and incremental:
-            local_dir, every, keys = auto
-            return self._derive(StateViewNode(graph, AutoWindowNode(graph, combined, func, invFunc, w, s, part,
-                                                                    filterFunc, local_dir, every, keys)))
+                local_dir, every = store
+                return self._derive(StateViewNode(graph, StoreWindowNode(graph, combined, func, invFunc, w, s, part,
+                                                                         filterFunc, local_dir, every)))
+            if auto is not None:
+                local_dir, every, keys = auto
+                return self._derive(StateViewNode(graph, AutoWindowNode(graph, combined, func, invFunc, w, s, part,
+                                                                        filterFunc, local_dir, every, keys)))
         return self._derive(ReducedWindowNode(graph, combined, func, invFunc, w, s, part, filterFunc))
 
     def reduceByWindow(self, reduceFunc: Callable[[Any, Any], Any], invReduceFunc: Callable[[Any, Any], Any] | None,

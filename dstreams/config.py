@@ -707,7 +707,7 @@ def lookup(setting: Setting, conf: ConfLike | None = None,
     if conf is not None:
         for key in (setting.key, setting.spark_key):
             raw = conf.get(key) if key is not None else None
-            if raw is not None and str(raw).strip():
+            if key is not None and raw is not None and str(raw).strip():
                 return key, str(raw)
     raw = (os.environ if environ is None else environ).get(setting.env)
     if raw is not None and raw.strip():

@@ -135,7 +135,8 @@ class ObjectStore(Protocol):
 class ObjectStoreLocation(Protocol):
     """A picklable description of an object store prefix that any process (executors too) can open."""
 
-    url: str
+    @property
+    def url(self) -> str: ...  # read-only: a location is immutable (recovery's StoreSpec is a frozen dataclass)
 
     def open(self) -> ObjectStore: ...
 

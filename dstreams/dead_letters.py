@@ -182,29 +182,29 @@ def _fold(func: Callable[[Any, Any], Any], operator: str, batch_ms: int,
         if first:
             first.pop(k, None)
     for k, one in first.items():  # a key's lone value: is it a value func can combine at all?
-        e = _probe(func, acc[k], acc[k])
-        if e is not None:
-            yield DEAD, DeadLetter(one, operator, describe_error(e), batch_ms)
+        failure = _probe(func, acc[k], acc[k])
+        if failure is not None:
+            yield DEAD, DeadLetter(one, operator, describe_error(failure), batch_ms)
             del acc[k]
     for kv in acc.items():
         yield GOOD, kv
 
 
 def fold_partition(func: Callable[[Any, Any], Any], operator: str, batch_ms: int, key: Any = None,
-                   pairs: bool = True) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+                   pairs: bool = True) -> Callable[[int, Iterable[Any]], Iterator[Any]]:
     """A reduce's guarded map-side fold (module docstring): a partition's ``(key, value)`` records (``pairs=False``:
     values, all of ``key``) folded by key with ``func`` in input order, tagged: ``(DEAD, DeadLetter)`` for each
     record routed, then ``(GOOD, (key, folded))`` per key, in first-seen order."""
 
-    def items(it: Iterator[Any]) -> Iterator[tuple[Any, Any, Any] | DeadLetter]:
+    def items(it: Iterable[Any]) -> Iterator[tuple[Any, Any, Any] | DeadLetter]:
         for x in it:
             if not pairs:
                 yield key, x, x
                 continue
             kv = _pair(x, operator, batch_ms)
-            yield kv if type(kv) is DeadLetter else (kv[0], kv[1], x)  # type: ignore[index]
+            yield kv if type(kv) is DeadLetter else (kv[0], kv[1], x)
 
-    def run(_: int, it: Iterator[Any]) -> Iterator[Any]:
+    def run(_: int, it: Iterable[Any]) -> Iterator[Any]:
         return _fold(func, operator, batch_ms, items(it))
 
     return run
@@ -212,7 +212,7 @@ def fold_partition(func: Callable[[Any, Any], Any], operator: str, batch_ms: int
 
 def fold_event_partition(func: Callable[[Any, Any], Any], operator: str, batch_ms: int, window_ms: int,
                          slide_ms: int, watermark: int | None, keyed: bool = True
-                         ) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+                         ) -> Callable[[int, Iterable[Any]], Iterator[Any]]:
     """An event-time window reduce's guarded map-side fold: a partition's timed records ``(event_ms, (key, value))``
     folded by key and pane (the slide-long slice of event time whose records belong to the same windows) with
     ``func`` in input order, by :func:`fold_partition`'s rules; each fold is tagged ``(GOOD, (pane start, (key,
@@ -221,7 +221,7 @@ def fold_event_partition(func: Callable[[Any, Any], Any], operator: str, batch_m
     operator would drop it, and its ``lateRecords()`` (read from the operator's input) lists it. A dead letter
     shows the record as the user gave it (``keyed=False``: the value alone)."""
 
-    def run(_: int, it: Iterator[Any]) -> Iterator[Any]:
+    def run(_: int, it: Iterable[Any]) -> Iterator[Any]:
         def items() -> Iterator[tuple[Any, Any, Any] | DeadLetter]:
             for ts, x in it:
                 pane = ts - ts % slide_ms
@@ -229,7 +229,7 @@ def fold_event_partition(func: Callable[[Any, Any], Any], operator: str, batch_m
                     continue
                 shown = x if keyed else x[1]  # reduceByEventWindow's records are (None, value)
                 kv = _pair(x, operator, batch_ms)
-                yield kv if type(kv) is DeadLetter else ((kv[0], pane), kv[1], shown)  # type: ignore[index]
+                yield kv if type(kv) is DeadLetter else ((kv[0], pane), kv[1], shown)
 
         for tag, out in _fold(func, operator, batch_ms, items()):
             if tag == GOOD:
@@ -395,11 +395,11 @@ def track_failures(batch_ms: int) -> Callable[[Iterable[Any]], Iterator[DeadLett
 
 
 def tag_partition(kind: str, f: Callable[[Any], Any], operator: str, batch_ms: int
-                  ) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+                  ) -> Callable[[int, Iterable[Any]], Iterator[Any]]:
     """The partition function of an operator with dead letters (module docstring)."""
     one = guarded_record(kind, f, operator, batch_ms)
 
-    def run(_: int, it: Iterator[Any]) -> Iterator[Any]:
+    def run(_: int, it: Iterable[Any]) -> Iterator[Any]:
         for x in it:
             yield from one(x)
 

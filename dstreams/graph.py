@@ -210,8 +210,8 @@ class DStreamGraph:
     def stop(self) -> None:
         """Stop the inputs, then unpersist what the engine cached for every node (see ``release``)."""
         with self.lock:
-            for node in self.inputs:
-                node.stop()
+            for source in self.inputs:
+                source.stop()
             for node in self.nodes:
                 node.release()
 
@@ -275,9 +275,9 @@ class DStreamGraph:
         with self.lock:
             self.dropped_times.add(dropped.ms)
             inputs = {id(n) for n in self.inputs}
-            for node in self.inputs:
-                node.forget(dropped)
-                node.generated[dropped.ms] = self.sc.emptyRDD()
+            for source in self.inputs:
+                source.forget(dropped)
+                source.generated[dropped.ms] = self.sc.emptyRDD()
             for node in self.nodes:
                 if id(node) not in inputs:
                     for t in (dropped, *later):

@@ -40,7 +40,7 @@ import threading
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pyspark import RDD, StorageLevel
-from pyspark.rdd import Partitioner
+from pyspark.core.rdd import Partitioner
 
 from .contracts import FINGERPRINT_FORMAT
 from .spark import jvm
@@ -237,7 +237,9 @@ class DStreamNode:
             jvm.persist(rdd, self.storage_level)
             self._persisted_by_engine.add(time.ms)
         if self.checkpoint_due(time):
-            self.graph.checkpointer.mark(self, time, rdd)
+            checkpointer = self.graph.checkpointer
+            assert checkpointer is not None, "a node has a zero time only once its graph started with its services"
+            checkpointer.mark(self, time, rdd)
         self.generated[time.ms] = rdd
         return rdd
 

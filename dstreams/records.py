@@ -18,13 +18,13 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 from typing import Any
 
-PartitionFunc = Callable[[int, Iterator[Any]], Iterator[Any]]
+PartitionFunc = Callable[[int, Iterable[Any]], Iterator[Any]]
 
 
 def map_records(f: Callable[[Any], Any]) -> PartitionFunc:
     """``f(x)`` for every record ``x``."""
 
-    def run(_: int, it: Iterator[Any]) -> Iterator[Any]:
+    def run(_: int, it: Iterable[Any]) -> Iterator[Any]:
         return (f(x) for x in it)
 
     return run
@@ -33,7 +33,7 @@ def map_records(f: Callable[[Any], Any]) -> PartitionFunc:
 def filter_records(f: Callable[[Any], bool]) -> PartitionFunc:
     """The records ``x`` for which ``f(x)`` is true."""
 
-    def run(_: int, it: Iterator[Any]) -> Iterator[Any]:
+    def run(_: int, it: Iterable[Any]) -> Iterator[Any]:
         return (x for x in it if f(x))
 
     return run
@@ -42,7 +42,7 @@ def filter_records(f: Callable[[Any], bool]) -> PartitionFunc:
 def flat_map_records(f: Callable[[Any], Iterable[Any]]) -> PartitionFunc:
     """The elements of ``f(x)`` for every record ``x``, in order."""
 
-    def run(_: int, it: Iterator[Any]) -> Iterator[Any]:
+    def run(_: int, it: Iterable[Any]) -> Iterator[Any]:
         return chain.from_iterable(f(x) for x in it)
 
     return run
@@ -51,7 +51,7 @@ def flat_map_records(f: Callable[[Any], Iterable[Any]]) -> PartitionFunc:
 def map_values(f: Callable[[Any], Any]) -> PartitionFunc:
     """``(k, f(v))`` for every pair ``(k, v)``."""
 
-    def run(_: int, it: Iterator[Any]) -> Iterator[Any]:
+    def run(_: int, it: Iterable[Any]) -> Iterator[Any]:
         return ((kv[0], f(kv[1])) for kv in it)
 
     return run
@@ -60,13 +60,13 @@ def map_values(f: Callable[[Any], Any]) -> PartitionFunc:
 def flat_map_values(f: Callable[[Any], Iterable[Any]]) -> PartitionFunc:
     """``(k, y)`` for every element ``y`` of ``f(v)``, for every pair ``(k, v)``."""
 
-    def pairs(it: Iterator[Any]) -> Iterator[Any]:
+    def pairs(it: Iterable[Any]) -> Iterator[Any]:
         for kv in it:
             k = kv[0]
             for y in f(kv[1]):
                 yield k, y
 
-    def run(_: int, it: Iterator[Any]) -> Iterator[Any]:
+    def run(_: int, it: Iterable[Any]) -> Iterator[Any]:
         return pairs(it)
 
     return run

@@ -14,6 +14,7 @@ import math
 import re
 from dataclasses import dataclass
 from numbers import Real
+from typing import overload
 
 __all__ = ["BatchTime", "Duration", "DurationLike", "parse_duration", "to_datetime"]
 
@@ -67,7 +68,13 @@ class BatchTime:
     def __add__(self, d: Duration) -> BatchTime:
         return BatchTime(self.ms + d.ms)
 
-    def __sub__(self, other: Duration | BatchTime):  # type: ignore[override]
+    @overload
+    def __sub__(self, other: BatchTime) -> Duration: ...
+
+    @overload
+    def __sub__(self, other: Duration) -> BatchTime: ...
+
+    def __sub__(self, other: Duration | BatchTime) -> Duration | BatchTime:
         if isinstance(other, BatchTime):
             return Duration(self.ms - other.ms)
         return BatchTime(self.ms - other.ms)

@@ -214,9 +214,9 @@ def _file_snapshot_with_deltas(parts: list[list[Any]]) -> Iterator[tuple[bytes, 
                 yield k, v
     finally:
         os.remove(path)
-    for k, v in changed.items():
-        if v is not None:
-            yield k, v
+    for k, value in changed.items():
+        if value is not None:
+            yield k, value
 
 
 #: A streaming reader's copy of a store-file snapshot in the system temp folder: ``<prefix><pid>-<random>.sqlite``.

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD, SparkContext
-from pyspark.rdd import Partitioner
+from pyspark.core.rdd import Partitioner
 
 from dstreams.contracts import CommitEvents, FaultHook, Fence, NoFence, NoOutageRetry, OutagePolicy, no_fault
 from dstreams.events import CheckpointCommitted
@@ -153,7 +153,12 @@ def _state_reader_rdd(sc: SparkContext, spec: StoreSpec, manifest: dict[str, Any
 
     if partitioner is not None and partitioner.numPartitions == n:
         return partition_aligned_rdd(sc, n, read)
-    return sc.parallelize(range(n), n).mapPartitionsWithIndex(lambda i, it: (consume(it), read(i))[1])
+
+    def consumed_then_read(i: int, it: Iterable[Any]) -> Iterable[Any]:
+        consume(it)
+        return read(i)
+
+    return sc.parallelize(range(n), n).mapPartitionsWithIndex(consumed_then_read)
 
 
 def reader_rdd(sc: SparkContext, spec: StoreSpec, prefix: str, manifest: dict[str, Any],
@@ -255,8 +260,8 @@ class StoreCheckpointer:
         eventually removes them too; newer ones are written again as the batches are re-run.
         """
         chains: dict[int, list[int]] = {}
-        for t in existing if restored_ms is not None else []:
-            if t <= restored_ms:
+        for t in existing:
+            if restored_ms is not None and t <= restored_ms:
                 try:
                     chains[t] = state_chain(load_manifest(self.store, node.key, t))
                 except Exception as e:  # noqa: BLE001 - unreadable: it cannot be read back either

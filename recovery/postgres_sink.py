@@ -65,6 +65,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pyspark import RDD
@@ -601,7 +602,7 @@ def save_to_postgres(rdd: RDD, batch_ms: int, target: PostgresTarget, guard: Cal
         for attempt in range(1, STAGE_ATTEMPTS + 1):
             staged = rdd.mapPartitionsWithIndex(stage_partition(target, batch_ms, epoch)).collect()
             try:
-                written = policy.call(lambda s=staged: commit_batch(target, batch_ms, s, epoch, token), op="commit",
+                written = policy.call(partial(commit_batch, target, batch_ms, staged, epoch, token), op="commit",
                                       key=target.table, where=_safe_dsn(target.dsn))
                 break
             except StagingLostError as e:

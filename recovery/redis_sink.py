@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from pyspark import RDD
@@ -298,8 +299,9 @@ def save_to_redis_stream(rdd: RDD, batch_ms: int, url: str, key: str, fields: Fi
     added = found = 0
     for target, items in ((dead_letter_key, dead), (key, entries)):
         for chunk in _chunks(items, chunk_size):
-            a, f = policy.call(lambda chunk=chunk, target=target: write_chunk(client, target, chunk, batch_ms),
-                               op="xadd", key=target, where=url)
+            assert target is not None, "records are refused (dead) only when there is a dead_letter_key"
+            a, f = policy.call(partial(write_chunk, client, target, chunk, batch_ms), op="xadd", key=target,
+                               where=url)
             if target == key:
                 added += a
                 found += f

@@ -159,20 +159,20 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
     def prepare() -> None:
         # After the graph started: whether a source replays can depend on its services (a socket's
         # write-ahead log).
-        for node in graph.inputs:
-            if not node.replayable:
+        for source in graph.inputs:
+            if not source.replayable:
                 log.warning("%s cannot be replayed: batches re-run after this restart see new input, not the "
                             "original (use a file, generator or other replayable source for exactly-once)",
-                            node.name)
+                            source.name)
         by_key = {n.key: n for n in graph.stateful_nodes()}
         for key, readers in rdds.items():
             for t, rdd, manifest in readers:
                 by_key[key].checkpoint_manifest(t, manifest)
                 by_key[key].restore_from_checkpoint(BatchTime(t), rdd)
-        for key, t in restored.items():
-            checkpointer.resumed(by_key[key], t, found[key])
-            if t is not None and key in rdds:
-                by_key[key].checkpoint_restored(t, chains.get(key, []))
+        for key, restored_at in restored.items():
+            checkpointer.resumed(by_key[key], restored_at, found[key])
+            if restored_at is not None and key in rdds:
+                by_key[key].checkpoint_restored(restored_at, chains.get(key, []))
         for node in graph.nodes:  # the persistence contract: each node's state, then its per-batch records
             if node.key in sources:
                 node.restore_node_state(sources[node.key])

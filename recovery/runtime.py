@@ -131,6 +131,7 @@ class DriverRuntime:
                     f"the checkpoint location {settings.checkpoint_dir} already holds the metadata log of a previous "
                     "run: resume it with StreamingContext.getOrCreate(path, setupFunc), or use an empty location"
                 )
+            assert sc.appName is not None, "a running SparkContext has an application name (Spark requires one)"
             metadata = MetadataLog(store, sc.appName, graph.fingerprint(), batch.ms,
                                    {f: graph.fingerprint(f) for f in range(1, FINGERPRINT_FORMAT)},
                                    fault_hook=faults.reached)

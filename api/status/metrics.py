@@ -176,8 +176,9 @@ class StatusMetrics:
         for sid, total in sorted(late.items()):
             label = [keys.get(sid, str(sid))]
             dropped.add_metric(label, total)
-            if watermarks.get(sid) is not None:
-                mark.add_metric(label, watermarks[sid] / 1000.0)
+            watermark = watermarks.get(sid)
+            if watermark is not None:
+                mark.add_metric(label, watermark / 1000.0)
         yield from (mark, dropped)
 
     def _state(self) -> Iterator[Metric]:

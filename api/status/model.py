@@ -386,6 +386,7 @@ class StatusModel:
         self.sizes = ManifestSizes(sources.runtime.checkpointer.store)
         # Fixed for the run: read once here (each read of the SparkContext's conf is a Py4J round trip).
         conf = sources.sc.getConf()
+        assert sources.sc.appName is not None, "a running SparkContext has an application name (Spark requires one)"
         self.app_name: str = sources.sc.appName
         self.spark_app_id: str | None = conf.get("spark.app.id")
         self.master: str | None = conf.get("spark.master")

@@ -211,7 +211,7 @@ class StatusServer:
         self.history = history
         self.model = model
         self.metrics = metrics
-        self._httpd = httpd
+        self._httpd: WSGIServer | None = httpd  # None once closed
         self.url = url
         self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": POLL_INTERVAL_S},
                                         name="dstreams-status-server", daemon=True)
@@ -219,6 +219,8 @@ class StatusServer:
 
     @property
     def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError(f"the status server that was at {self.url} is closed: it has no port")
         return int(self._httpd.server_address[1])
 
     @staticmethod

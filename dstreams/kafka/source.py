@@ -215,9 +215,9 @@ class KafkaInputNode(InputNode):
             return func()
         except ck.KafkaException as e:
             err = e.args[0] if e.args else None
-            code = err.code() if hasattr(err, "code") else None
+            code = err.code() if err is not None and hasattr(err, "code") else None
             transient = code in {getattr(ck.KafkaError, name, None) for name in TRANSIENT_ERRORS} - {None}
-            if transient or (hasattr(err, "retriable") and err.retriable()):
+            if transient or (err is not None and hasattr(err, "retriable") and err.retriable()):
                 raise _unavailable(self.servers, what, e) from e
             raise
 

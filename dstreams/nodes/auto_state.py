@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD, StorageLevel
 from pyspark.accumulators import Accumulator
-from pyspark.rdd import Partitioner
+from pyspark.core.rdd import Partitioner
 
 from ..dead_letters import for_batch
 from ..errors import failed_with
@@ -87,10 +87,10 @@ def typical_touched(touched: Sequence[int]) -> int:
 
 
 #: ``(previous entries, entries after the batch, keys of the batch's records) -> keys the batch touched``.
-TouchCounter = Callable[[list[Any], list[Any], set[Any]], int]
+TouchCounter = Callable[[list[Any], Sequence[Any], set[Any]], int]
 
 
-def _keys_with_records(previous: list[Any], out: list[Any], keys: set[Any]) -> int:
+def _keys_with_records(previous: list[Any], out: Sequence[Any], keys: set[Any]) -> int:
     return len(keys)
 
 
@@ -100,7 +100,7 @@ def track_touched(plain: bool) -> TouchCounter:
     ``touched`` flag). The store reads and writes each of them, so the rule must count them all: a state whose
     keys mostly time out or fire every batch costs the same on either side."""
 
-    def count(previous: list[Any], out: list[Any], keys: set[Any]) -> int:
+    def count(previous: list[Any], out: Sequence[Any], keys: set[Any]) -> int:
         kept = {kv[0] for kv in out}
         touched = keys | {kv[0] for kv in previous if kv[0] not in kept}
         if not plain:

@@ -149,13 +149,13 @@ class EventStamp:
 
 
 def _tag_partition(extract: Callable[[Any], Any] | None, watermark: int | None, keep: str, time_ms: int,
-                   acc: Accumulator | None) -> Callable[[int, Iterator[Any]], Iterator[Any]]:
+                   acc: Accumulator | None) -> Callable[[int, Iterable[Any]], Iterator[Any]]:
     """Partition function over the records ``x`` of a partition, by ``keep``: ``"all"``: ``(event_ms, x)``
     for every record; ``"on-time"``: for the records at or above ``watermark``; ``"late"``: the records
     below it, ``x`` as they are. Reports the partition's statistics to ``acc`` once the partition has been
     read to its end. ``extract`` None: the records are ``(event_ms, x)`` already (:class:`EventStamp`)."""
 
-    def run(index: int, it: Iterator[Any]) -> Iterator[Any]:
+    def run(index: int, it: Iterable[Any]) -> Iterator[Any]:
         n = late = 0
         top: int | None = None
         for x in it:
@@ -192,10 +192,10 @@ class _LastReport:
 
 
 def _stats_partition(extract: Callable[[Any], Any] | None, watermark: int | None
-                     ) -> Callable[[int, Iterator[Any]], Iterable[tuple[int, PartitionStats]]]:
+                     ) -> Callable[[int, Iterable[Any]], Iterable[tuple[int, PartitionStats]]]:
     """Partition function: ``[(index, statistics)]`` of a partition, counted as :func:`_tag_partition` counts."""
 
-    def run(index: int, it: Iterator[Any]) -> Iterable[tuple[int, PartitionStats]]:
+    def run(index: int, it: Iterable[Any]) -> Iterable[tuple[int, PartitionStats]]:
         report = _LastReport()
         for _ in _tag_partition(extract, watermark, "on-time", 0, report)(index, it):  # type: ignore[arg-type]
             pass

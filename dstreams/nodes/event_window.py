@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD
-from pyspark.rdd import Partitioner
+from pyspark.core.rdd import Partitioner
 
 from ..node import DStreamNode, OneParentNode
 from ..spark import jvm
@@ -228,11 +228,11 @@ def updates_step(func: Callable[[Any, Any], Any], n: int, jmax: int | None) -> S
     return step
 
 
-def emitted_windows(window_ms: int, slide_ms: int, keyed: bool) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def emitted_windows(window_ms: int, slide_ms: int, keyed: bool) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """Partition function: the public records of the windows emitted in a batch:
     ``((key, (start, end)), value)`` (keyed) or ``((start, end), value)``, bounds in seconds since the epoch."""
 
-    def run(it: Iterator[Any]) -> Iterator[Any]:
+    def run(it: Iterable[Any]) -> Iterator[Any]:
         for k, st in it:
             for j, value in st[2]:
                 bounds = (seconds(j * slide_ms), seconds(j * slide_ms + window_ms))
@@ -346,19 +346,19 @@ def _sessions(events: list[tuple[int, Any]], gap: int) -> list[list[tuple[int, A
     return out
 
 
-def emitted_sessions(it: Iterator[Any]) -> Iterator[Any]:
+def emitted_sessions(it: Iterable[Any]) -> Iterator[Any]:
     """Partition function: ``((key, (start, end)), aggregate)`` for the sessions emitted in a batch."""
     for k, st in it:
         for start, end, value in st[1]:
             yield (k, (seconds(start), seconds(end))), value
 
 
-def late_session_records(gap_ms: int) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def late_session_records(gap_ms: int) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """Partition function: ``((key, value), event time, [(event time, event time + gap)])`` for each record
     a batch's sessions dropped as late (the session it alone would have opened had closed already), times in
     seconds since the epoch."""
 
-    def run(it: Iterator[Any]) -> Iterator[Any]:
+    def run(it: Iterable[Any]) -> Iterator[Any]:
         for k, st in it:
             for ts, v in (st[2] if len(st) > 2 else ()):
                 yield (k, v), seconds(ts), [(seconds(ts), seconds(ts + gap_ms))]
@@ -367,14 +367,14 @@ def late_session_records(gap_ms: int) -> Callable[[Iterator[Any]], Iterator[Any]
 
 
 def late_window_records(window_ms: int, slide_ms: int, jmax: int | None, keyed: bool
-                        ) -> Callable[[Iterator[Any]], Iterator[Any]]:
+                        ) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """Partition function over a batch's ``(event_ms, (key, value))`` records: for each record with a window
     closed through index ``jmax`` (None: none closed), ``(record, event time, [(start, end), ...])``: ``record``
     is ``(key, value)`` (``value`` when not ``keyed``), the windows it missed in time order, times in seconds
     since the epoch."""
     n = window_ms // slide_ms
 
-    def run(it: Iterator[Any]) -> Iterator[Any]:
+    def run(it: Iterable[Any]) -> Iterator[Any]:
         if jmax is None:
             return
         for ts, kv in it:

@@ -38,7 +38,7 @@ import dataclasses
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD
@@ -71,7 +71,7 @@ def split_lines(data: bytes) -> list[str]:
     return [line.decode("utf-8", errors="replace") for line in lines]
 
 
-def _read_objects(spec: Any, record_length: int | None, keys: Iterator[str]) -> Iterator[Any]:
+def _read_objects(spec: Any, record_length: int | None, keys: Iterable[str]) -> Iterator[Any]:
     """Executor side: the records of the objects ``keys`` of the store ``spec``."""
     store = spec.open()
     for key in keys:
@@ -244,6 +244,7 @@ class FileInputNode(InputNode):
             spec, record_length = self._spec, self.record_length
             keys = sc.parallelize(paths, min(len(paths), target))
             return keys.mapPartitions(lambda it: _read_objects(spec, record_length, it))
+        rdd: RDD  # of lines (str) or of fixed-length records (bytes)
         if self.record_length is None:
             rdd = sc.textFile(",".join(paths))
         else:

@@ -23,6 +23,9 @@ ForeachFunc = Callable[[RDD, BatchTime], None]
 
 
 class OutputNode(OneParentNode):
+    #: The output operation (``foreachRDD``, ``saveAsTextFiles``...): it names the node's jobs.
+    label: str
+
     #: Called on the driver once it has taken its epoch, before its first batch (a sink that claims its output
     #: there: ``saveToPostgres``); None for most outputs.
     on_start: Callable[[], None] | None = None

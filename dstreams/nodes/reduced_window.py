@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD, StorageLevel
-from pyspark.rdd import Partitioner
+from pyspark.core.rdd import Partitioner
 
 from ..node import DStreamNode, OneParentNode
 from ..spark.partitioned import fold, segmented_merge

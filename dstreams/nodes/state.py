@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pyspark import RDD, StorageLevel
-from pyspark.rdd import Partitioner
+from pyspark.core.rdd import Partitioner
 
 from ..dead_letters import for_batch
 from ..node import DStreamNode, OneParentNode

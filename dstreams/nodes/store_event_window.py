@@ -22,11 +22,11 @@ session records) read what each batch wrote: the keys it touched.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD
-from pyspark.rdd import Partitioner
+from pyspark.core.rdd import Partitioner
 
 from ..node import DStreamNode
 from ..statestore import Indexer, PartitionStore, key_bytes, value_bytes
@@ -189,11 +189,11 @@ class StoreSessionWindowNode(StoreStateNode):
         return stepped(key_step, wm, time.ms)
 
 
-def written(view: Callable[[Iterator[Any]], Iterator[Any]]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def written(view: Callable[[Iterable[Any]], Iterator[Any]]) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """``view`` over what a batch wrote (``changes``: ``(key, entry)``, ``(key, None)`` for a key removed),
     skipping the removals."""
 
-    def run(it: Iterator[Any]) -> Iterator[Any]:
+    def run(it: Iterable[Any]) -> Iterator[Any]:
         return view((k, e) for k, e in it if e is not None)
 
     return run

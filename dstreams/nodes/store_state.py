@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD, StorageLevel
 from pyspark.accumulators import Accumulator, AccumulatorParam
-from pyspark.rdd import Partitioner
+from pyspark.core.rdd import Partitioner
 
 from .. import config
 from ..dead_letters import for_batch
@@ -661,7 +661,7 @@ class StateViewNode(OneParentNode):
         super().__init__(graph, parent)
         self.state = parent
 
-    @property  # type: ignore[override]
+    @property
     def checkpoint_interval(self) -> None:
         """The view is never checkpointed: ``DStream.checkpoint(interval)`` on it sets the state's interval."""
         return None

@@ -22,11 +22,11 @@ outputs equal the RDD state's, batch by batch. The public streams read the whole
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD
-from pyspark.rdd import Partitioner
+from pyspark.core.rdd import Partitioner
 
 from ..node import DStreamNode
 from ..spark.partitioned import pre_group_ordered
@@ -115,12 +115,12 @@ class StoreTrackNode(StoreStateNode):
         return apply
 
 
-def updated_entries(it: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
+def updated_entries(it: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
     """Partition function over what a batch wrote (``changes``): ``(key, state)`` of the live keys it touched."""
     return ((k, e[0]) for k, e in it if e is not None and e[-2] and e[-1])
 
 
-def emitted_entries(it: Iterator[Any]) -> Iterator[Any]:
+def emitted_entries(it: Iterable[Any]) -> Iterator[Any]:
     """Partition function over what a batch wrote: the records its functions emitted."""
     for _, e in it:
         if e is not None:

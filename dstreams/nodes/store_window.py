@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD, StorageLevel
-from pyspark.rdd import Partitioner
+from pyspark.core.rdd import Partitioner
 
 from ..node import DStreamNode
 from ..statestore import PartitionStore, key_bytes, value_bytes

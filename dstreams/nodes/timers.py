@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pyspark.rdd import Partitioner
+from pyspark.core.rdd import Partitioner
 
 from ..node import DStreamNode
 from ..time import BatchTime, Duration
@@ -297,18 +297,18 @@ def _apply(result: Any, timers: TimerTable, emitted: list[Any], changed: set[str
 
 # The public streams read the last three fields, ``emitted, alive, touched``: the same in both layouts, so a
 # restored checkpoint of the one-timer layout reads without a conversion.
-def live_states(it: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
+def live_states(it: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
     """Partition function: ``(key, state)`` of the live keys (an entry of :class:`TrackNode`'s layout,
     ``(state, last_event_ms)``, is always live)."""
     return ((k, e[0]) for k, e in it if len(e) == 2 or e[-2])
 
 
-def updated_states(it: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
+def updated_states(it: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
     """Partition function: ``(key, state)`` of the live keys that had events or fired timers in the batch."""
     return ((k, e[0]) for k, e in it if e[-2] and e[-1])
 
 
-def emitted_records(it: Iterator[Any]) -> Iterator[Any]:
+def emitted_records(it: Iterable[Any]) -> Iterator[Any]:
     """Partition function: the records the batch's functions emitted."""
     for _, e in it:
         yield from e[-3]

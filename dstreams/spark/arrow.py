@@ -36,17 +36,18 @@ def _records_of(out: Any) -> Iterable[Any]:
 
 
 def arrow_batches_func(f: Callable[[Any], Any], batch_size: int = DEFAULT_BATCH_SIZE
-                       ) -> Callable[[Iterator[Any]], Iterator[Any]]:
+                       ) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """A ``mapPartitions`` function that applies ``f`` to Arrow chunks of the partition (see the contract)."""
     if batch_size <= 0:
         raise ValueError(f"batchSize must be positive, got {batch_size}")
 
-    def run(it: Iterator[Any]) -> Iterator[Any]:
+    def run(records: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
         def of_chunk(chunk: list[Any]) -> Iterable[Any]:
             return _records_of(f(pa.RecordBatch.from_arrays([pa.array(chunk)], names=["value"])))
 
+        it = iter(records)
         first = next(it, _END)
         if first is _END:
             return

@@ -44,8 +44,7 @@ from typing import Any
 
 from py4j.protocol import Py4JError
 from pyspark import RDD, SparkContext, StorageLevel
-from pyspark.core.rdd import PipelinedRDD
-from pyspark.rdd import Partitioner
+from pyspark.core.rdd import Partitioner, PipelinedRDD
 from pyspark.serializers import BatchedSerializer, CloudPickleSerializer, NoOpSerializer, pack_long
 
 from .. import config
@@ -129,9 +128,10 @@ class Bridge:
         the builder stays None (PySpark's own calls)."""
         try:
             builder = compile_builder(self.sc._jvm, self.jsc)
-            python = self.sc._jvm.org.apache.spark.api.python
+            # Ignored for mypy: PySpark's private _jvm is Optional in its stubs; it is set while a context runs.
+            python = self.sc._jvm.org.apache.spark.api.python  # type: ignore[union-attr]
             self.broadcast_threshold = int(python.PythonUtils.getBroadcastThreshold(self.jsc))
-            self._storage_level = self.sc._jvm.org.apache.spark.storage.StorageLevel
+            self._storage_level = self.sc._jvm.org.apache.spark.storage.StorageLevel  # type: ignore[union-attr]
             self._python_partitioner = python.PythonPartitioner
             self._builder = builder
         except (Py4JError, AttributeError) as e:  # AttributeError: the context was stopped meanwhile
@@ -181,18 +181,20 @@ class Bridge:
         """Java copies of ``sc.environment`` and ``sc._python_includes`` (rebuilt when they change)
         and an empty list of broadcast variables."""
         sc = self.sc
-        key = (tuple(sorted(sc.environment.items())), tuple(sc._python_includes))
+        # Ignored for mypy: PySpark's private _python_includes and _gateway are Optional in its stubs; set while a
+        # context runs.
+        key = (tuple(sorted(sc.environment.items())), tuple(sc._python_includes))  # type: ignore[arg-type]
         with self.lock:
             if key != self._collections_key:
                 gateway = sc._gateway
-                env = gateway.jvm.java.util.HashMap()
+                env = gateway.jvm.java.util.HashMap()  # type: ignore[union-attr]
                 for k, v in key[0]:
                     env.put(k, v)
-                includes = gateway.jvm.java.util.ArrayList()
+                includes = gateway.jvm.java.util.ArrayList()  # type: ignore[union-attr]
                 for path in key[1]:
                     includes.add(path)
                 self._env, self._includes = env, includes
-                self._no_broadcasts = gateway.jvm.java.util.ArrayList()
+                self._no_broadcasts = gateway.jvm.java.util.ArrayList()  # type: ignore[union-attr]
                 self._collections_key = key
             return self._env, self._includes, self._no_broadcasts
 
@@ -340,7 +342,8 @@ def shuffle(rdd: RDD, partitioner: Partitioner) -> RDD:
         return rdd.partitionBy(n, func)
     out_serializer = sc._unbatched_serializer
     keyed = rdd.mapPartitionsWithIndex(_bucket_pairs(n, func, out_serializer.dumps), preservesPartitioning=True)
-    keyed._bypass_serializer = True  # type: ignore[attr-defined]
+    assert isinstance(keyed, PipelinedRDD), "PySpark's mapPartitionsWithIndex returns a PipelinedRDD"
+    keyed._bypass_serializer = True
     pickled = _command(keyed)
     if pickled is None:  # profiling, broadcast variables, a large command: PySpark's own shuffle
         return rdd.partitionBy(n, func)

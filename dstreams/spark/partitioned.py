@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from pyspark import RDD, SparkContext, StorageLevel
-from pyspark.rdd import Partitioner, portable_hash
+from pyspark.core.rdd import Partitioner, portable_hash
 
 from ..records import consume
 from . import jvm
@@ -33,7 +33,7 @@ class SegmentMarker:
 
     __slots__ = ()
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[SegmentMarker], tuple[()]]:
         return (SegmentMarker, ())
 
 
@@ -151,10 +151,10 @@ def segmented_merge(
             parts.append(r)
     count = len(groups)
 
-    def run(it: Iterator[Any]) -> Iterable[Any]:
+    def run(it: Iterable[Any]) -> Iterable[Any]:
         return merge(split_segments(it, count))
 
-    def run_indexed(i: int, it: Iterator[Any]) -> Iterable[Any]:
+    def run_indexed(i: int, it: Iterable[Any]) -> Iterable[Any]:
         return merge(i, split_segments(it, count))
 
     union = union_rdds(sc, parts)

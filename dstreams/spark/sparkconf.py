@@ -136,8 +136,8 @@ _TIME_UNITS_MS = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "
 _TIME = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
 
 
-def spark_time_ms(value: str, default_unit: str) -> float | None:
-    """A Spark time setting (``"30s"``, ``"2min"``, ``"500"`` in ``default_unit``) in ms; None if not one."""
+def spark_time_ms(value: str | None, default_unit: str) -> float | None:
+    """A Spark time setting (``"30s"``, ``"2min"``, ``"500"`` in ``default_unit``) in ms; None if not one (or None)."""
     m = _TIME.match(value or "")
     if m is None:
         return None
@@ -360,11 +360,13 @@ def plan_running_context(
 
 def _python_workers_started(sc: SparkContext) -> bool:
     """Whether this driver JVM's ``SparkEnv`` already started a Python worker pool (one Py4J call)."""
-    return int(sc._jvm.org.apache.spark.SparkEnv.get().pythonWorkers().size()) > 0
+    # Ignored for mypy: PySpark's private _jvm is Optional in its stubs; it is set while a context runs.
+    return int(sc._jvm.org.apache.spark.SparkEnv.get().pythonWorkers().size()) > 0  # type: ignore[union-attr]
 
 
 def _java_tmpdir(sc: SparkContext) -> str | None:
-    return sc._jvm.java.lang.System.getProperty("java.io.tmpdir")
+    # Ignored for mypy: PySpark's private _jvm is Optional in its stubs; it is set while a context runs.
+    return sc._jvm.java.lang.System.getProperty("java.io.tmpdir")  # type: ignore[union-attr]
 
 
 def tune_running_context(sc: SparkContext) -> RunningContextTuning:

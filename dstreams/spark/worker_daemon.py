@@ -29,9 +29,14 @@ import fnmatch
 import gc
 import os
 import re
+import socket
 import sys
 import zipfile
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext  # only for the checker: main() imports pyspark after strip_redundant_archives
 
 _VERSION_RE = re.compile(r"""^__version__\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""", re.MULTILINE)
 _PY4J_ZIP_RE = re.compile(r"^py4j-(.+)-src\.zip$")
@@ -115,7 +120,7 @@ def redundant_archives(path: Sequence[str]) -> list[str]:
 
 def strip_redundant_archives(
     path: list[str],
-    importer_cache: MutableMapping[str, object] | None = None,
+    importer_cache: MutableMapping[str, Any] | None = None,
 ) -> list[str]:
     """Remove :func:`redundant_archives` from ``path`` (in place) and their ``importer_cache`` entries.
 
@@ -155,7 +160,11 @@ def _forget_modules_from(archives: Sequence[str]) -> None:
 PEER_CLOSED = 3
 
 
-def quiet_broken_pipe(worker):
+#: pyspark.daemon's ``worker(sock, authenticated)``: the forked worker's task loop; its exit code.
+WorkerFn = Callable[[socket.socket, bool], int]
+
+
+def quiet_broken_pipe(worker: WorkerFn) -> WorkerFn:
     """Wrap pyspark.daemon's ``worker``: a JVM that closed the socket (shutdown) is a quiet exit.
 
     Without it every forked worker prints a ``BrokenPipeError`` traceback when the SparkContext stops.
@@ -167,7 +176,7 @@ def quiet_broken_pipe(worker):
     """
     freezer = Freezer()
 
-    def run(sock, authenticated):
+    def run(sock: socket.socket, authenticated: bool) -> int:
         try:
             code = worker(sock, authenticated)
         except BrokenPipeError:
@@ -209,7 +218,7 @@ PRELOAD_ENV = "DSTREAMS_WORKER_PRELOAD"
 DAEMON_MODULE = "dstreams.spark.worker_daemon"
 
 
-def request_preload(sc, module: str) -> bool:  # noqa: ANN001 - a SparkContext (not imported here)
+def request_preload(sc: SparkContext, module: str) -> bool:
     """Ask the worker daemons of ``sc`` to import ``module`` (and call its ``warm_worker()``) before forking.
 
     Forked workers then inherit what the module loaded (e.g. boto3 and the S3 model: ~250 ms of CPU

@@ -30,6 +30,7 @@ store's root and need not retry.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -183,7 +184,7 @@ class Store(ABC):
     def _put_if_match(self, key: str, data: bytes, etag: str) -> str: ...
 
     @abstractmethod
-    def _list(self, prefix: str) -> list[str]: ...
+    def _list(self, prefix: str) -> builtins.list[str]: ...  # (``list`` is the method above here)
 
     @abstractmethod
     def _delete(self, key: str) -> None: ...
