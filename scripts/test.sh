@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Installs what the tests need, starts the services they use, runs ruff and the whole test suite.
+# Installs what the tests need, starts the services they use, runs ruff, mypy (scripts/typecheck.py) and the whole
+# test suite.
 # Extra arguments go to pytest. Exit code 5 (no tests collected) is a failure.
-# --fast (anywhere among the arguments): the inner loop's tier, the unit and property tests only (pytest -m
-# "$FAST_TIER"): no test marked slow, fault, or needing a server (s3, ceph, redis, postgres, kafka); it starts no
-# service and stops none, and builds no class-data-sharing archive (it uses one that exists). CI (.ci/run) runs
-# the whole suite, without --fast.
+# --fast (anywhere among the arguments): ruff and mypy, then the inner loop's tier, the unit and property tests
+# only (pytest -m "$FAST_TIER"): no test marked slow, fault, or needing a server (s3, ceph, redis, postgres,
+# kafka); it starts no service and stops none, and builds no class-data-sharing archive (it uses one that exists).
+# CI (.ci/run) runs the whole suite, without --fast.
 # Under CI=true (unless DSTREAMS_REQUIRE_SERVICES is set) it exports DSTREAMS_REQUIRE_SERVICES=1: a service
 # that does not start fails scripts/services.sh, and the tests that need one fail instead of skipping.
 set -euo pipefail
@@ -31,6 +32,7 @@ else
   selection=(--durations=25)  # the 25 slowest: where CI time goes
 fi
 "$VENV_PY" -m ruff check .
+"$VENV_PY" scripts/typecheck.py  # mypy over dstreams/, api/, recovery/ ([tool.mypy] in pyproject.toml)
 if [ "$fast" = 0 ]; then
   # The driver JVM's class-data-sharing archive: every driver the tests start maps it (each starts ~3 s sooner);
   # a build that fails is reported by tests/test_jvm_cds.py, which builds it again.
