@@ -917,7 +917,7 @@ class DStream:
         schema) instead of failing the batch. See :mod:`dstreams.recovery.postgres_sink`. Needs psycopg 3
         (``pip install 'dstreams[postgres]'``).
         """
-        from dstreams.recovery.postgres_sink import MODES, claim_output, resolve_target, save_to_postgres
+        from dstreams.recovery.postgres_sink import MODES, claim_at_start, resolve_target, save_to_postgres
 
         ssc = self._ssc
         if mode not in MODES:
@@ -940,7 +940,7 @@ class DStream:
         def claim() -> None:  # a new driver fences older ones off at once, not at its first commit (issue 42)
             env = ssc.output_environment()
             if env.epoch is not None:
-                claim_output(resolved_target(env), env.epoch)
+                claim_at_start(lambda: resolved_target(env), env.epoch, dsn)
 
         def save(time: Any, rdd: RDD) -> None:
             env = ssc.output_environment()

@@ -291,6 +291,24 @@ def claim_output(target: PostgresTarget, epoch: int) -> None:
                           f"{target.output!r}; this one (epoch {epoch}) must not write it")
 
 
+def claim_at_start(target_of: Callable[[], PostgresTarget], epoch: int, dsn: str,
+                   policy: RetryPolicy | None = None) -> None:
+    """:func:`claim_output` of ``target_of()`` (which resolves the target, checking the table) when a driver starts,
+    riding out a server that does not answer (restarting, unreachable) like the sink's commit does: retried with
+    ``policy`` (the store's retry policy), then ``StoreUnavailableError``."""
+    import psycopg
+
+    def attempt() -> None:
+        try:
+            claim_output(target_of(), epoch)
+        except psycopg.errors.LockNotAvailable:
+            raise
+        except psycopg.OperationalError as e:
+            raise TransientStoreError(f"PostgreSQL unreachable while claiming the output at start: {e}") from e
+
+    (policy or RetryPolicy.from_env()).call(attempt, op="claim", key="saveToPostgres", where=_safe_dsn(dsn))
+
+
 def _session_epoch(name: str) -> int | None:
     try:
         return int(name[len(SESSION_PREFIX):].split(" ", 1)[0])

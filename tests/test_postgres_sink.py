@@ -413,3 +413,26 @@ def test_a_stream_routes_refused_records_and_goes_on(sc, pg):
     assert _rows(dsn, f"SELECT word, n FROM {schema}.words ORDER BY word") == [("a", 1), ("c", 3)]
     assert _rows(dsn, f"SELECT batch_ms, record FROM {schema}.dstreams_sink_dead_letters") == [
         (1000, {"word": "b", "n": -2, "note": None})]
+
+
+def test_a_claim_at_start_rides_out_a_server_that_does_not_answer():
+    """A driver starting while PostgreSQL restarts (refused connections) retries its claim with the store's retry
+    policy, as the commit does, and then says the store is unavailable, rather than failing ``start()`` at once."""
+    import socket
+
+    from dstreams.recovery.postgres_sink import PostgresTarget, claim_at_start
+    from dstreams.recovery.store.errors import StoreUnavailableError
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dsn = f"postgresql://nobody@127.0.0.1:{port}/none"
+    calls = []
+
+    def target() -> PostgresTarget:
+        calls.append(1)
+        return PostgresTarget(dsn, "t", ("a",), "append", (), "out")
+
+    with pytest.raises(StoreUnavailableError, match="claim"):
+        claim_at_start(target, 2, dsn, RetryPolicy(total_seconds=1.5))
+    assert len(calls) >= 2, "retried"
