@@ -43,7 +43,8 @@ PROGRAM = textwrap.dedent(
     checkout = sys.argv[1]
     where = os.path.realpath(dstreams.__file__)
     assert where.startswith(os.path.realpath(sys.prefix)), f"dstreams imported from {where}, not the venv"
-    assert not where.startswith(os.path.realpath(checkout)), f"dstreams imported from the checkout: {where}"
+    inside = os.path.join(os.path.realpath(checkout), "")  # with the separator: /tmp/x-bt is not in /tmp/x
+    assert not where.startswith(inside), f"dstreams imported from the checkout: {where}"
     for name in ("index.html", "app.js", "style.css"):
         assert server._static(name), f"the status page's {name} is missing from the installed package"
 
