@@ -13,7 +13,9 @@ on a ManualClock:
 * application 2, ``spark.speculation=false``: ``BATCHES`` batches with the straggler.
 
 From the engine's own metrics (``BatchInfo.processing_delay_ms`` of each batch): with speculation the
-median batch processing time stays within 2x of the no-straggler median, without it it does not. And
+median batch processing time stays within 2x of the no-straggler median; without it the median is at least a
+quarter of the straggler's sleep above both (not "above 2x": with both cores busy the baseline itself doubles while
+the sleep's share of a batch does not, and a loaded run measured 1.8x). And
 every batch's committed ``saveAsTextFiles`` folder (written by the very tasks that are speculated) equals
 that of a failure-free run on ``local[2]``: a speculative copy and its killed original never both commit.
 """
@@ -160,7 +162,8 @@ def test_speculation_keeps_batches_fast_with_a_straggler_and_outputs_exactly_onc
     assert phases[("speculation", "straggler")]["attempts"]["speculative"] > 0, report
     assert phases[("no-speculation", "straggler")]["attempts"]["speculative"] == 0, report
     assert speculated <= 2 * baseline, report
-    assert unspeculated > 2 * baseline, report
+    extra = SLOW_S * 1000 / 4  # the straggler's sleep shows in the batches nothing speculates
+    assert unspeculated >= baseline + extra and unspeculated >= speculated + extra, report
 
     # Every batch's committed output equals the failure-free run's, in every phase: no batch lost, and
     # each record once although two attempts of the writing tasks ran.
