@@ -104,15 +104,9 @@ class TimedDStream(DStream):
         holds the records ``f`` raised on (the values, as the user's function saw them); one persisted tagged RDD."""
         if not self._routes_dead_letters(onError, kind):
             return None
-        from pyspark import StorageLevel
+        from dstreams.dead_letters import DEAD, GOOD, guarded_record
 
-        from dstreams.dead_letters import DEAD, GOOD, dead, good, guarded_record
-
-        self._check_open()
-        graph = self._timed.graph
-        name = f"{kind}#{len(graph.dead_letter_nodes) + 1}"
-
-        def tag(rdds: list[Any], t: Any) -> Any:
+        def tagger(name: str, t: Any) -> Callable[[int, Iterable[tuple[int, Any]]], Iterator[Any]]:
             one = guarded_record(kind, f, name, t.ms)
 
             def run(_: int, it: Iterable[tuple[int, Any]]) -> Iterator[Any]:
@@ -120,11 +114,29 @@ class TimedDStream(DStream):
                     for label, out in one(value):
                         yield (GOOD, (event_ms, out)) if label == GOOD else (DEAD, out)
 
-            return rdds[0].mapPartitionsWithIndex(run, preserves)
+            return run
 
-        tagged = TransformedNode(graph, [self._timed], tag, kind)
+        return self._routing_timed(kind, tagger, preserves)
+
+    def _routing_timed(self, label: str, tagger: Callable[[str, Any], Callable[[int, Iterable[Any]], Iterator[Any]]],
+                       preserves: bool) -> TimedDStream:
+        """A timed stream of the GOOD outputs of ``tagger(operator name, batch time)`` over this stream's timed
+        records (each output ``(event_ms, value)``), whose ``deadLetters()`` are the DEAD ones; one persisted tagged
+        RDD (:mod:`dstreams.dead_letters`)."""
+        from pyspark import StorageLevel
+
+        from dstreams.dead_letters import dead, good
+
+        self._check_open()
+        graph = self._timed.graph
+        name = f"{label}#{len(graph.dead_letter_nodes) + 1}"
+
+        def tag(rdds: list[Any], t: Any) -> Any:
+            return rdds[0].mapPartitionsWithIndex(tagger(name, t), preserves)
+
+        tagged = TransformedNode(graph, [self._timed], tag, label)
         tagged.persist(StorageLevel.MEMORY_ONLY)
-        kept = TransformedNode(graph, [tagged], lambda rdds, t: rdds[0].mapPartitions(good, True), kind)
+        kept = TransformedNode(graph, [tagged], lambda rdds, t: rdds[0].mapPartitions(good, True), label)
         routed = TransformedNode(graph, [tagged], lambda rdds, t: rdds[0].mapPartitions(dead, True), "deadLetters")
         graph.dead_letter_nodes.append(routed)
         out = TimedDStream(kept, self._event, self._ssc)
@@ -218,26 +230,12 @@ class TimedDStream(DStream):
                                  keyed: bool) -> TimedDStream:
         """This stream's records folded by key and pane inside a guard (``fold_event_partition``), as a timed
         stream whose ``deadLetters()`` has the records routed; one persisted tagged RDD."""
-        from pyspark import StorageLevel
-
-        from dstreams.dead_letters import dead, fold_event_partition, good
+        from dstreams.dead_letters import fold_event_partition
         from dstreams.nodes.event_time import watermark_at
 
-        graph, timed = self._timed.graph, self._timed
-        name = f"{label}#{len(graph.dead_letter_nodes) + 1}"
-
-        def tag(rdds: list[Any], t: Any) -> Any:
-            run = fold_event_partition(func, name, t.ms, window_ms, slide_ms, watermark_at(timed, t), keyed)
-            return rdds[0].mapPartitionsWithIndex(run)
-
-        tagged = TransformedNode(graph, [timed], tag, label)
-        tagged.persist(StorageLevel.MEMORY_ONLY)
-        kept = TransformedNode(graph, [tagged], lambda rdds, t: rdds[0].mapPartitions(good, True), label)
-        routed = TransformedNode(graph, [tagged], lambda rdds, t: rdds[0].mapPartitions(dead, True), "deadLetters")
-        graph.dead_letter_nodes.append(routed)
-        out = TimedDStream(kept, self._event, self._ssc)
-        out._dead_letters = DStream(routed, self._ssc)
-        return out
+        timed = self._timed
+        return self._routing_timed(label, lambda name, t: fold_event_partition(
+            func, name, t.ms, window_ms, slide_ms, watermark_at(timed, t), keyed), False)
 
     def _windows_of(self, timed: DStreamNode, func: Callable[[Any, Any], Any],
                     invFunc: Callable[[Any, Any], Any] | None, w: Duration, s: Duration, emit: str, part: Any,
