@@ -161,8 +161,9 @@ from .chaos_proxy import FaultProxy, free_port
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 APP = Path(__file__).resolve().parent / "chaos_app.py"
-#: The Ceph gateway (``--rgw``; the tests' ``DSTREAMS_TEST_RGW_ENDPOINT`` when set).
-DEFAULT_RGW = os.environ.get("DSTREAMS_TEST_RGW_ENDPOINT", "http://127.0.0.1:7480")
+#: The Ceph gateway (``--rgw``; the tests' ``DSTREAMS_TEST_RGW_ENDPOINT`` or ``DSTREAMS_TEST_RGW_PORT`` when set).
+DEFAULT_RGW = (os.environ.get("DSTREAMS_TEST_RGW_ENDPOINT")
+               or f"http://127.0.0.1:{os.environ.get('DSTREAMS_TEST_RGW_PORT') or 7480}")
 ACCESS_KEY, SECRET_KEY, REGION = "AKTEST", "SKTEST", "us-east-1"
 REDIS_PORTS = (6391, 6420)  # the project's range for servers a run owns (6390 is the shared test server)
 POSTGRES_PORTS = (5441, 5461)  # the same for PostgreSQL (5440 is the shared test server)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Local services for the tests: a real Ceph RADOS Gateway on 127.0.0.1:7480 (user AKTEST/SKTEST, data
-# under .ceph/cluster, kept across restarts), a moto server on 127.0.0.1:5055 (in memory) and a Redis
+# Local services for the tests: a real Ceph RADOS Gateway on 127.0.0.1:7480 (DSTREAMS_TEST_RGW_PORT; its monitor on
+# 3300/6789, DSTREAMS_TEST_CEPH_MON_PORT and +1 when set; user AKTEST/SKTEST, data under .ceph/cluster, kept across
+# restarts), a moto server on 127.0.0.1:5055 (DSTREAMS_TEST_MOTO_PORT; in memory) and a Redis
 # server (Debian's redis-server) on 127.0.0.1:6390 (DSTREAMS_TEST_REDIS_PORT), the project's own process
 # with its own configuration and data under .redis/ (append-only file on, kept across restarts).
 # A PostgreSQL server (Debian's postgresql) on 127.0.0.1:5440 (DSTREAMS_TEST_POSTGRES_PORT): the project's own
@@ -32,9 +33,17 @@ BASE="$ROOT/.ceph"
 D="$BASE/cluster"
 C="$D/ceph.conf"
 RGW_HOST=127.0.0.1
-RGW_PORT=7480
+RGW_PORT="${DSTREAMS_TEST_RGW_PORT:-7480}"
+# The monitor's msgr2 and msgr1 ports: 3300 and 6789 by default, DSTREAMS_TEST_CEPH_MON_PORT and the next port
+# when set (two checkouts' clusters side by side need distinct ones); written into the cluster when it is made.
+if [ -n "${DSTREAMS_TEST_CEPH_MON_PORT:-}" ]; then
+  MON_V2_PORT="$DSTREAMS_TEST_CEPH_MON_PORT"; MON_V1_PORT=$((DSTREAMS_TEST_CEPH_MON_PORT + 1))
+else
+  MON_V2_PORT=3300; MON_V1_PORT=6789
+fi
+MON_ADDRS="[v2:127.0.0.1:$MON_V2_PORT,v1:127.0.0.1:$MON_V1_PORT]"
 RGW_URL="http://$RGW_HOST:$RGW_PORT"
-MOTO_PORT=5055
+MOTO_PORT="${DSTREAMS_TEST_MOTO_PORT:-5055}"
 MOTO_URL="http://127.0.0.1:$MOTO_PORT"
 MOTO_PID="$BASE/moto.pid"
 MOTO_LOG="$BASE/moto.log"
@@ -208,7 +217,7 @@ write_ceph_conf() {
   cat >"$C" <<EOF
 [global]
 fsid = $fsid
-mon host = [v2:127.0.0.1:3300,v1:127.0.0.1:6789]
+mon host = $MON_ADDRS
 public network = 127.0.0.0/8
 auth cluster required = none
 auth service required = none
@@ -263,7 +272,7 @@ ceph_daemons() {
     fsid=$(uuidgen)
     write_ceph_conf "$fsid"
     ceph-authtool --create-keyring "$D/keyring" --gen-key -n mon. --cap mon 'allow *' >/dev/null || return 1
-    monmaptool --create --addv a '[v2:127.0.0.1:3300,v1:127.0.0.1:6789]' --fsid "$fsid" "$D/monmap" \
+    monmaptool --create --addv a "$MON_ADDRS" --fsid "$fsid" "$D/monmap" \
       >/dev/null || return 1
     timeout 60 ceph-mon -c "$C" --mkfs -i a --monmap "$D/monmap" >"$D/log/mon-mkfs.out" 2>&1 || return 1
   fi
@@ -331,7 +340,8 @@ start_ceph() {
   fi
   local mode=init t
   t=$(date +%s%N)
-  [ -f "$D/.initialised" ] && [ -f "$C" ] && mode=start
+  # A cluster made with other monitor ports (DSTREAMS_TEST_CEPH_MON_PORT changed) is made again.
+  [ -f "$D/.initialised" ] && [ -f "$C" ] && grep -qxF "mon host = $MON_ADDRS" "$C" && mode=start
   log "ceph: $mode in $D"
   if ! ceph_daemons "$mode"; then
     stop_ceph

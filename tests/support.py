@@ -25,8 +25,15 @@ REQUIRE_ENV = "DSTREAMS_REQUIRE_SERVICES"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
-MOTO_ENDPOINT = os.environ.get("DSTREAMS_TEST_MOTO_ENDPOINT", "http://127.0.0.1:5055")
-RGW_ENDPOINT = os.environ.get("DSTREAMS_TEST_RGW_ENDPOINT", "http://127.0.0.1:7480")
+# The project's moto server and Ceph RADOS Gateway (scripts/services.sh starts them on these ports,
+# DSTREAMS_TEST_MOTO_PORT / DSTREAMS_TEST_RGW_PORT), or external ones named by DSTREAMS_TEST_MOTO_ENDPOINT /
+# DSTREAMS_TEST_RGW_ENDPOINT (then never started, stopped or restarted by the tests).
+MOTO_PORT = int(os.environ.get("DSTREAMS_TEST_MOTO_PORT") or 5055)
+DEFAULT_MOTO_ENDPOINT = f"http://127.0.0.1:{MOTO_PORT}"
+MOTO_ENDPOINT = (os.environ.get("DSTREAMS_TEST_MOTO_ENDPOINT") or DEFAULT_MOTO_ENDPOINT).rstrip("/")
+RGW_PORT = int(os.environ.get("DSTREAMS_TEST_RGW_PORT") or 7480)
+DEFAULT_RGW_ENDPOINT = f"http://127.0.0.1:{RGW_PORT}"
+RGW_ENDPOINT = (os.environ.get("DSTREAMS_TEST_RGW_ENDPOINT") or DEFAULT_RGW_ENDPOINT).rstrip("/")
 
 # The project's Redis server (scripts/services.sh starts it on this port, data in .redis/data), or an
 # external one named by DSTREAMS_TEST_REDIS_URL (then never started, stopped or restarted by the tests).

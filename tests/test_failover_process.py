@@ -22,11 +22,11 @@ import uuid
 import pytest
 
 from .recovery_app import build, read_outputs
-from .support import run_through, service_unavailable, state_keys
+from .support import RGW_ENDPOINT, run_through, service_unavailable, state_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.s3]
 
-RGW = os.environ.get("DSTREAMS_TEST_RGW_ENDPOINT", "http://127.0.0.1:7480")
+RGW = RGW_ENDPOINT
 APP = os.path.join(os.path.dirname(__file__), "recovery_app.py")
 
 @pytest.fixture(scope="module")

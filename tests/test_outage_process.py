@@ -42,14 +42,14 @@ from .process_support import (
     tail,
     wait_for_driver,
 )
-from .support import RGW_ENDPOINT, service_unavailable
+from .support import DEFAULT_RGW_ENDPOINT, RGW_ENDPOINT, service_unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.s3]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVICES = os.path.join(ROOT, "scripts", "services.sh")
 RGW_PID_FILE = os.path.join(ROOT, ".ceph", "cluster", "run", "client.rgw.a.pid")
-DEFAULT_RGW = "http://127.0.0.1:7480"
+DEFAULT_RGW = DEFAULT_RGW_ENDPOINT
 
 # The batch interval (BATCH_S, tests/process_support.py): 1 s (issue 12); DSTREAMS_OUTAGE_TEST_BATCH_S overrides it
 # (experiments on a slow machine).

@@ -13,9 +13,9 @@ from dstreams.nodes.files import split_lines
 from dstreams.recovery.store import open_store
 
 from .recovery_app import read_outputs
-from .support import collector, service_unavailable
+from .support import MOTO_ENDPOINT, collector, service_unavailable
 
-MOTO = os.environ.get("DSTREAMS_TEST_MOTO_ENDPOINT", "http://127.0.0.1:5055")
+MOTO = MOTO_ENDPOINT
 MOTO_OPTS = {"endpoint_url": MOTO, "access_key": "testing", "secret_key": "testing", "region": "us-east-1"}
 
 

@@ -15,9 +15,9 @@ from dstreams import ManualClock, StreamingContext
 from dstreams.recovery.sinks import SUCCESS, save_text_exactly_once
 from dstreams.recovery.store import open_store
 
-from .support import run_batches, service_unavailable
+from .support import MOTO_ENDPOINT, RGW_ENDPOINT, run_batches, service_unavailable
 
-MOTO = os.environ.get("DSTREAMS_TEST_MOTO_ENDPOINT", "http://127.0.0.1:5055")
+MOTO = MOTO_ENDPOINT
 MOTO_OPTS = {"endpoint_url": MOTO, "access_key": "testing", "secret_key": "testing", "region": "us-east-1"}
 
 
@@ -201,7 +201,7 @@ def test_batch_infos_carry_the_records_each_output_wrote(sc, tmp_path):
 # overwrite the output the new owner wrote, whether the owner's write is in progress or committed.
 # ---------------------------------------------------------------------------------------------------
 
-RGW = os.environ.get("DSTREAMS_TEST_RGW_ENDPOINT", "http://127.0.0.1:7480")
+RGW = RGW_ENDPOINT
 RGW_OPTS = {"endpoint_url": RGW, "access_key": "AKTEST", "secret_key": "SKTEST", "region": "us-east-1"}
 
 
