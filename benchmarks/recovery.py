@@ -5,6 +5,7 @@ Run from the repository root::
     python -m benchmarks.recovery            # full run (a few minutes)
     python -m benchmarks.recovery --quick    # short run (about 2-3 minutes on 2 cores)
     python -m benchmarks.recovery --skip-straggler --intervals 2,10
+    python -m benchmarks.recovery --hosts 3  # a whole host lost (3 repeats of 4 runs: about an hour, loaded)
 
 1. **Executor loss** (``local-cluster[2,1,1024]``, one application): for each checkpoint interval of
    ``--intervals`` (default 2 s, 10 s, 30 s) a fresh StreamingContext runs a stateful windowed pipeline
@@ -18,6 +19,21 @@ Run from the repository root::
    started by ``tests/standalone_cluster.py``): the driver of ``tests/straggler_app.py`` runs a stateful
    windowed pipeline without a straggler, with one (every task of the slowed stage on executor 0 sleeps
    ``--slow-seconds``) and speculation on (dstreams' default), and with one and ``spark.speculation=false``.
+
+3. **Host loss** (``--hosts N``, instead of 1 and 2): a standalone cluster of N hosts (``tests/standalone_cluster.py``,
+   each worker on its own loopback address with its own disk folder), started once for the run. For each repeat,
+   checkpoint interval of ``--intervals`` (default 10 s, 30 s) and state of ``--stores`` (the RDD state, the
+   executor state store), one driver of ``tests/host_fault_app.py`` runs ``updateStateByKey`` with an
+   ``initialRDD`` and an invertible 5 s window in that state, 1 s batches on a ManualClock one at a time; after
+   batch ``interval + interval // 2`` (half an interval of lineage since the last checkpoint) host 1 is SIGKILLed
+   (worker, executor, Python workers) and its disk folder removed; ``--host-after`` batches later its worker starts
+   again with an empty disk and ``--host-after-join`` batches run once its executor registered. Per run: the usual
+   batch (median of the batches before the loss but the first), the batch that met the loss and its extra time,
+   how many batches were slower than 1.5x the usual + 0.5 s before one was not
+   (``tests.host_fault_app.recovery_figures``), and the executor stores' catch-ups after the replacement joined.
+   The summary gives medians over the repeats against the paper's figures (at most 1 s extra with 10 s
+   checkpoints, 3.5 s with 30 s), reported, not asserted. Writes ``benchmarks/results/recovery_hosts.json``
+   (after every run, so an interrupted run keeps what it measured).
 
 Every processing time is the engine's own metric (``BatchInfo.processing_delay_ms``). Prints a short
 table, writes everything to ``benchmarks/results/recovery.json`` and, when matplotlib is installed, the
@@ -217,6 +233,175 @@ def straggler(args: argparse.Namespace, work: str) -> dict[str, Any]:
     }
 
 
+# -------------------------------------------------------------------------------------------- host loss
+#: The paper's figures for the extra time of the batch that meets a node loss, by checkpoint interval (seconds).
+PAPER_TARGET_MS = {10: 1000, 30: 3500}
+HOST_TARGET = 1  # the host (0-based) killed in every run
+
+
+def _host_loss_run(args: argparse.Namespace, cluster_dir: Path, master_url: str, store: str, interval: int,
+                   repeat: int, work: str) -> dict[str, Any]:
+    """One driver of ``tests/host_fault_app.py`` on the running cluster: ``store`` state, checkpoints every
+    ``interval`` s, host :data:`HOST_TARGET` killed with its disk in the middle of a checkpoint interval (after batch
+    ``interval + interval // 2``), ``--host-after`` batches, then the host started again and ``--host-after-join``
+    batches once its executor registered. Returns its per-batch metrics and :func:`recovery_figures`."""
+    from tests.host_fault_app import recovery_figures
+
+    kill_after = interval + interval // 2
+    out = os.path.join(work, f"hosts-{store}-{interval}s-{repeat}")
+    os.makedirs(out, exist_ok=True)
+    cmd = [sys.executable, str(ROOT / "tests" / "host_fault_app.py"), out, "--master", master_url,
+           "--cluster-dir", str(cluster_dir), "--stores", store, "--checkpoint-interval", str(interval),
+           "--fault", "kill", "--host", str(HOST_TARGET), "--fault-after", str(kill_after),
+           "--after", str(args.host_after), "--replace", "--after-join", str(args.host_after_join),
+           "--timeout", str(args.timeout)]
+    if args.checkpoint_url:
+        cmd += ["--checkpoint", f"{args.checkpoint_url.rstrip('/')}/{store}-{interval}s-{repeat}-{os.getpid()}"]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("DSTREAMS_FAULT_") and k not in ("DSTREAMS_STATE_LOCAL_DIR", "DSTREAMS_STATE_STORE")}
+    env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    batches = kill_after + args.host_after + args.host_after_join
+    run: dict[str, Any] = {"state": store, "checkpoint_interval_s": interval, "repeat": repeat,
+                           "kill_after_batch": kill_after, "lineage_batches_at_kill": kill_after % interval,
+                           "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+    log_path = os.path.join(out, "driver.log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, env=env, cwd=out, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=args.timeout * 3 + batches * args.timeout / 4)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            rc = proc.wait(timeout=30)
+    try:
+        with open(os.path.join(out, "status.json")) as f:
+            status = json.load(f)
+    except (OSError, ValueError):
+        status = {}
+    if rc != 0 or not status.get("ok"):
+        with open(log_path, errors="replace") as f:
+            run["error"] = f"driver exit {rc}: " + f.read()[-3000:]
+        return run
+    figures = recovery_figures(status["batches"], kill_after)
+    joined = [b for b in status["batches"] if b["phase"] == "joined"]
+    at_join = next((b["caught_up"] for b in reversed(status["batches"]) if b["phase"] != "joined"), {})
+    run.update(
+        batches=[{k: b[k] for k in ("t", "processing_ms", "attempts", "phase", "caught_up")}
+                 for b in status["batches"]],
+        usual_ms=figures["usual_ms"], met_ms=figures["met_ms"], extra_ms=figures["extra_ms"],
+        batches_to_usual=figures["batches_to_usual"],
+        median_joined_ms=_median([b["processing_ms"] for b in joined]),
+        catch_ups_after_join=(sum(joined[-1]["caught_up"][k] - at_join.get(k, 0) for k in joined[-1]["caught_up"])
+                              if joined else None),
+        executor_dropped_after_s=status.get("executor_dropped_after_s"),
+        replacement_join_s=status.get("replacement_join_s"),
+        replacement_tasks=status.get("executor_tasks", {}).get(status.get("replacement_executor", ""), 0),
+        load_average_at_end=[round(x, 2) for x in os.getloadavg()],
+    )
+    return run
+
+
+def _host_loss_summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (checkpoint interval, state): medians over the repeats that completed, against the paper's target."""
+    rows = []
+    for interval in sorted({r["checkpoint_interval_s"] for r in runs}):
+        for store in ("rdd", "executor"):
+            done = [r for r in runs if r["checkpoint_interval_s"] == interval and r["state"] == store
+                    and "error" not in r]
+            failed = sum(1 for r in runs if r["checkpoint_interval_s"] == interval and r["state"] == store
+                         and "error" in r)
+            if not done and not failed:
+                continue
+            back = [r["batches_to_usual"] for r in done]
+            extra = _median([r["extra_ms"] for r in done])
+            target = PAPER_TARGET_MS.get(interval)
+            rows.append({
+                "checkpoint_interval_s": interval, "state": store, "runs": len(done), "failed_runs": failed,
+                "lineage_batches_at_kill": done[0]["lineage_batches_at_kill"] if done else None,
+                "median_usual_ms": _median([r["usual_ms"] for r in done]),
+                "median_met_ms": _median([r["met_ms"] for r in done]),
+                "median_extra_ms": extra, "extra_ms": [r["extra_ms"] for r in done],
+                "batches_to_usual": back,
+                "median_batches_to_usual": (_median([float(b) for b in back]) if back and None not in back
+                                            else None),
+                "median_joined_ms": _median([r["median_joined_ms"] for r in done if r["median_joined_ms"] is not None]),
+                "catch_ups_after_join": [r["catch_ups_after_join"] for r in done],
+                "paper_target_ms": target,
+                "within_paper_target": (extra <= target) if extra is not None and target is not None else None,
+            })
+    return rows
+
+
+def host_loss(args: argparse.Namespace, work: str, doc: dict[str, Any]) -> None:
+    """Every (repeat, checkpoint interval, state) on one standalone cluster of ``--hosts`` hosts started for the run;
+    fills ``doc["host_loss"]`` and writes the JSON after every run (an interrupted run keeps what it measured)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.standalone_cluster import (
+        ClusterStartError,
+        ClusterUnavailableError,
+        StandaloneCluster,
+        hosts,
+        stop_from_dir,
+    )
+
+    base = Path(tempfile.mkdtemp(prefix="dsb-"))  # short: the executors' Unix sockets live under it
+    cluster = StandaloneCluster(base, hosts(args.hosts))
+    section: dict[str, Any] = {"hosts": args.hosts, "runs": [], "summary": []}
+    doc["host_loss"] = section
+    try:
+        cluster.start(args.timeout)
+    except (ClusterUnavailableError, ClusterStartError) as e:
+        section["error"] = f"the standalone cluster did not start: {e}"
+        print(section["error"])
+        return
+    print(f"host loss: {args.hosts} hosts, master {cluster.master_url}, disks under {base}", flush=True)
+    try:
+        for repeat in range(args.repeats):
+            for interval in args.intervals:
+                for store in args.stores:
+                    attached = StandaloneCluster.attach(base)  # the last driver may have started a worker again
+                    if not attached.host_pids(HOST_TARGET):
+                        attached.restart_host(HOST_TARGET, args.timeout)
+                    print(f"  repeat {repeat + 1}/{args.repeats}: {store} state, {interval} s checkpoints", flush=True)
+                    run = _host_loss_run(args, base, cluster.master_url, store, interval, repeat, work)
+                    section["runs"].append(run)
+                    if "error" in run:
+                        print(f"    failed: {run['error'][-500:]}", flush=True)
+                    else:
+                        print(f"    usual {run['usual_ms']:.0f} ms, batch that met the loss {run['met_ms']} ms "
+                              f"(+{run['extra_ms'] / 1000:.1f} s), slow batches {run['batches_to_usual']}, "
+                              f"catch-ups after the replacement joined {run['catch_ups_after_join']}", flush=True)
+                    section["summary"] = _host_loss_summary(section["runs"])
+                    _write(doc, args.output)
+    finally:
+        stop_from_dir(base, grace_s=5)
+        cluster.stop(grace_s=5)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _print_host_table(section: dict[str, Any]) -> None:
+    print()
+    print(f"host loss on {section['hosts']} hosts (one killed with its disk mid-interval); ms, medians over runs")
+    print(f"{'checkpoint':>10} {'state':>8} {'runs':>4} {'lineage':>7} {'usual':>7} {'met':>7} {'extra':>7} "
+          f"{'target':>7} {'slow batches':>12} {'joined':>7} {'catch-ups':>9}")
+    for row in section["summary"]:
+        target = row["paper_target_ms"]
+        verdict = "" if row["within_paper_target"] is None else (" ok" if row["within_paper_target"] else " over")
+        print(f"{row['checkpoint_interval_s']:>9}s {row['state']:>8} {row['runs']:>4} "
+              f"{_fmt(row['lineage_batches_at_kill']):>7} {_fmt(row['median_usual_ms']):>7} "
+              f"{_fmt(row['median_met_ms']):>7} {_fmt(row['median_extra_ms']):>7} "
+              f"{_fmt(target):>7}{verdict:<5} {str(row['batches_to_usual']):>12} {_fmt(row['median_joined_ms']):>7} "
+              f"{str(row['catch_ups_after_join']):>9}")
+    if section.get("error"):
+        print(section["error"])
+
+
+def _write(doc: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
 # ------------------------------------------------------------------------------------------------ output
 def _plot(doc: dict[str, Any], path: Path) -> bool:
     try:
@@ -288,10 +473,55 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def _stores(text: str) -> list[str]:
+    stores = [x.strip() for x in text.split(",") if x.strip()]
+    if not stores or any(x not in ("rdd", "executor") for x in stores):
+        raise argparse.ArgumentTypeError(f"rdd, executor or both, comma-separated, not {text!r}")
+    return stores
+
+
+def _host_main(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """``--hosts N``: the host-loss case only (see the module doc)."""
+    import pyspark
+
+    args.intervals = args.intervals or [10, 30]
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.output = args.output or RESULTS / "recovery_hosts.json"
+    started = time.monotonic()
+    work = tempfile.mkdtemp(prefix="dstreams-recovery-hosts-")
+    doc: dict[str, Any] = {
+        "benchmark": "recovery --hosts",
+        "command": " ".join(["python -m benchmarks.recovery", *(sys.argv[1:] if argv is None else argv)]),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "python": platform.python_version(),
+        "pyspark": pyspark.__version__,
+        "cpus": os.cpu_count(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "params": {"hosts": args.hosts, "intervals_s": args.intervals, "states": args.stores,
+                   "repeats": args.repeats, "batches_after_loss": args.host_after,
+                   "batches_after_join": args.host_after_join, "batch_interval_s": 1, "partitions": 3,
+                   "pipeline": "tests/host_fault_app.py: updateStateByKey with an initialRDD and an invertible 5 s "
+                               "reduceByKeyAndWindow over 8 words x 3 partitions a batch",
+                   "kill": "after batch interval + interval // 2, host 1, its disk folder removed",
+                   "checkpoint": args.checkpoint_url or "a local folder shared by the hosts of this machine",
+                   "paper_target_ms": PAPER_TARGET_MS},
+    }
+    try:
+        host_loss(args, work, doc)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    doc["elapsed_s"] = round(time.monotonic() - started, 1)
+    _print_host_table(doc["host_loss"])
+    _write(doc, args.output)
+    print(f"wrote {args.output}")
+    print(f"elapsed {doc['elapsed_s']} s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="short run: fewer batches and records")
-    p.add_argument("--intervals", type=_ints, default=[2, 10, 30], help="checkpoint intervals, seconds")
+    p.add_argument("--quick", action="store_true", help="short run: fewer batches and records (--hosts: 1 repeat)")
+    p.add_argument("--intervals", type=_ints, help="checkpoint intervals, seconds (default 2,10,30; --hosts: 10,30)")
     p.add_argument("--batches", type=int, help="batches per executor-loss run (default 40, quick 18)")
     p.add_argument("--kill-after", type=int, help="kill an executor after this batch (default 29, quick 13)")
     p.add_argument("--records", type=int, help="generator lines per partition per batch (default 3000, quick 1000)")
@@ -299,9 +529,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slow-seconds", type=float, default=2.0, help="sleep of each straggler task")
     p.add_argument("--skip-straggler", action="store_true")
     p.add_argument("--skip-loss", action="store_true")
-    p.add_argument("--timeout", type=float, default=90.0, help="bound of every wait, seconds")
-    p.add_argument("--output", type=Path, default=RESULTS / "recovery.json")
+    p.add_argument("--hosts", type=int, default=0,
+                   help="run the host-loss case instead, on a standalone cluster of this many hosts (3)")
+    p.add_argument("--stores", type=_stores, default=["rdd", "executor"],
+                   help="--hosts: the state backends, comma-separated (default rdd,executor)")
+    p.add_argument("--repeats", type=int, help="--hosts: runs of each (interval, state) (default 3, quick 1)")
+    p.add_argument("--host-after", type=int, default=5, help="--hosts: batches after the loss (default 5)")
+    p.add_argument("--host-after-join", type=int, default=2,
+                   help="--hosts: batches once the replacement host's executor registered (default 2)")
+    p.add_argument("--checkpoint-url", help="--hosts: checkpoint under this s3://bucket/prefix (the AWS_* variables "
+                   "give the endpoint and credentials) instead of a local folder")
+    p.add_argument("--timeout", type=float, help="bound of every wait, seconds (default 90; --hosts: 180)")
+    p.add_argument("--output", type=Path,
+                   help="the JSON written (default results/recovery.json; --hosts: results/recovery_hosts.json)")
     args = p.parse_args(argv)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    args.timeout = args.timeout or (180.0 if args.hosts else 90.0)
+    if args.hosts:
+        if args.hosts < 2:
+            raise SystemExit("--hosts needs at least 2 hosts (one is killed)")
+        return _host_main(args, argv)
+    args.intervals = args.intervals or [2, 10, 30]
+    args.output = args.output or RESULTS / "recovery.json"
     defaults = (18, 13, 1000, 5) if args.quick else (40, 29, 3000, 10)
     args.batches = args.batches or defaults[0]
     args.kill_after = args.kill_after or defaults[1]
@@ -309,7 +558,6 @@ def main(argv: list[str] | None = None) -> int:
     args.straggler_batches = args.straggler_batches or defaults[3]
     if not 0 < args.kill_after < args.batches:
         raise SystemExit("--kill-after must be between 1 and --batches - 1")
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
     import pyspark
 
@@ -338,10 +586,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     doc["elapsed_s"] = round(time.monotonic() - started, 1)
     _print_table(doc)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.output.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, args.output)
+    _write(doc, args.output)
     print(f"wrote {args.output}")
     if doc["executor_loss"] or (doc["straggler"] or {}).get("series"):
         png = args.output.with_suffix(".png")

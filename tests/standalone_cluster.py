@@ -42,7 +42,7 @@ As a script (``scripts/cluster.sh`` calls it)::
     python -m tests.standalone_cluster start --dir DIR [--hosts 3]   # prints MASTER spark://127.0.0.1:PORT
     python -m tests.standalone_cluster stop --dir DIR
     python -m tests.standalone_cluster status --dir DIR
-    python -m tests.standalone_cluster kill-host|freeze-host|thaw-host I --dir DIR
+    python -m tests.standalone_cluster kill-host|freeze-host|thaw-host|restart-host I --dir DIR
 """
 
 from __future__ import annotations
@@ -407,7 +407,9 @@ class StandaloneCluster:
 
     def restart_host(self, i: int, timeout: float = 60.0) -> None:
         """Start host ``i``'s worker again (after :meth:`kill_host`), with a fresh disk folder where it was
-        removed; returns once it registered with the master."""
+        removed; returns once it registered with the master (else :class:`ClusterStartError` after ``timeout``).
+        Raises ``RuntimeError`` when the host is running. From a handle of :meth:`attach` too: the new worker's
+        process group goes into ``base_dir``'s state, so :func:`stop_from_dir` stops it."""
         if self._name(i) in self._pgids:
             raise RuntimeError(f"host {i} is running")
         before = self._registrations(i)
@@ -479,8 +481,10 @@ def _status(base_dir: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Start/stop a Spark standalone cluster on loopback addresses.")
-    p.add_argument("command", choices=["start", "stop", "status", "kill-host", "freeze-host", "thaw-host"])
-    p.add_argument("host", nargs="?", type=int, help="the host's index (0-based) for kill-host/freeze-host/thaw-host")
+    p.add_argument("command", choices=["start", "stop", "status", "kill-host", "freeze-host", "thaw-host",
+                                       "restart-host"])
+    p.add_argument("host", nargs="?", type=int,
+                   help="the host's index (0-based) for kill-host/freeze-host/thaw-host/restart-host")
     p.add_argument("--dir", default=".standalone", help="state, logs and scratch space (default: .standalone)")
     p.add_argument("--hosts", type=int, default=3, help="number of worker hosts, 127.0.0.2 .. (default: 3)")
     p.add_argument("--workers", help="worker addresses, comma-separated (instead of --hosts)")
@@ -507,6 +511,13 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         if args.command == "kill-host":
             pids = cluster.kill_host(args.host, remove_disk=not args.keep_disk)
+        elif args.command == "restart-host":
+            try:
+                cluster.restart_host(args.host, args.timeout)
+            except (RuntimeError, IndexError) as e:
+                print(f"ERROR: {e}", file=sys.stderr)
+                return 1
+            pids = cluster.host_pids(args.host)
         else:
             pids = (cluster.freeze_host if args.command == "freeze-host" else cluster.thaw_host)(args.host)
         print(f"{args.command} {args.host}: {len(pids)} processes {pids}")
