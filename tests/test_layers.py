@@ -23,7 +23,8 @@
 Why this rule and not "the model imports nothing of Spark": the operators compute RDDs, so the model needs
 Spark's data path (partitioners, shuffles, the one-round-trip JVM builds); what it must not know is how Spark
 is configured, started and served (conf, JVM archives and classes, workers, executors). ``dstreams/examples/``
-(``examples/``) holds applications: they may import any layer.
+(``examples/``) holds applications, and ``dstreams.testing`` is the harness users test their applications with:
+they may import any layer, and nothing of the library imports them.
 
 Imports under ``if TYPE_CHECKING:`` are type annotations only and do not count.
 """
@@ -42,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {"dstreams": "dstreams", "api": "dstreams.api", "recovery": "dstreams.recovery",
            "examples": "dstreams.examples"}
 #: Applications of the library (the demo: the README's first command), not part of it.
-APPLICATIONS = "dstreams.examples"
+APPLICATIONS = ("dstreams.examples", "dstreams.testing")
 #: The Spark plumbing's package and the modules of it the streaming model and recovery may import.
 SPARK = "dstreams.spark"
 SPARK_INTERFACE = {SPARK, f"{SPARK}.partitioned", f"{SPARK}.jvm"}
@@ -115,8 +116,9 @@ def _imports(module: str, path: Path, top_level_only: bool, known_only: bool = T
     return {m for m in found if m in modules}
 
 
-def _in(module: str, package: str) -> bool:
-    return module == package or module.startswith(package + ".")
+def _in(module: str, package: str | tuple[str, ...]) -> bool:
+    packages = (package,) if isinstance(package, str) else package
+    return any(module == p or module.startswith(p + ".") for p in packages)
 
 
 def _layer(module: str) -> str:
@@ -136,6 +138,8 @@ def test_layers_import_only_downwards():
             continue
         layer = _layer(module)
         for imported in _imports(module, path, top_level_only=False):
+            if _in(imported, APPLICATIONS):
+                violations.append(f"{module} imports {imported} (an application: nothing of the library may)")
             target = _layer(imported)
             if layer == "engine" and target in ("api", "recovery"):
                 violations.append(f"{module} (engine) imports {imported} ({target})")
