@@ -475,20 +475,28 @@ class PartitionStore:
             remove_store_files(scratch)
         return keys
 
-    def ensure_base(self, version: int, run: str, records: Callable[[], Iterable[tuple[bytes, bytes]]]) -> str:
+    def ensure_base(self, version: int, run: str, records: Callable[[], Iterable[tuple[bytes, bytes]]],
+                    reuse_other_runs: bool = True, loaded: Callable[[], None] | None = None) -> str:
         """Bring the store to ``version`` of ``run`` (see the module docstring); returns what it did
-        ("kept", "rolled back", "reloaded")."""
+        ("kept", "rolled back", "reloaded"). ``reuse_other_runs=False``: an earlier run's store is reloaded rather
+        than rolled back (the state at ``version`` is this run's own, an initial state, not a checkpoint's).
+        ``loaded()`` runs inside the transaction after a roll-back or a reload (its failure undoes them)."""
         with self.transaction():
             current = self.version
             if current is not None and self.run == run and current >= version:
                 return "kept"
             floor = self.log_floor
-            if current is not None and current >= version and floor is not None and floor <= version:
+            if (reuse_other_runs and current is not None and current >= version and floor is not None
+                    and floor <= version):
                 self.rollback(version)
                 self._set_meta("run", run)
-                return "rolled back"
-            self.reload(version, run, records())
-            return "reloaded"
+                done = "rolled back"
+            else:
+                self.reload(version, run, records())
+                done = "reloaded"
+            if loaded is not None:
+                loaded()
+            return done
 
 
 def file_rows(path: str) -> Iterator[tuple[bytes, bytes]]:

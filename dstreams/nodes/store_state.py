@@ -82,8 +82,8 @@ SegmentsUpdater = Callable[[PartitionStore, list[list[Any]]], tuple[dict[bytes, 
 #: Per partition: (version, keys, bytes on disk) as the newest task that touched its store reported them.
 PartitionStats = dict[int, tuple[int, int, int]]
 #: How a task brings a store that is not where its batch builds on up to date from the changelog: (the checkpoint
-#: time it starts from, whether that start is the empty state at the zero time instead, the versions this run
-#: applied after it, oldest first).
+#: time it starts from, whether that start is the empty state at that time instead, the versions this run wrote to
+#: the changelog from it on, oldest first: with an empty start, the start itself when a state was loaded there).
 CatchUp = tuple[int, bool, tuple[int, ...]]
 
 
@@ -109,11 +109,14 @@ def _report(stats: Accumulator | None, partition: int, store: PartitionStore) ->
 def catch_up(store: PartitionStore, changelog: StateChangelog, run: str, partition: int, target: int,
              plan: CatchUp) -> bool:
     """Inside a transaction: bring ``store`` to version ``target`` of ``run`` from the changelog (False: ``plan`` does
-    not reach ``target``). A store of this run at a version of the plan before ``target`` applies the versions after
-    its own; any other is reloaded from the plan's checkpoint (or emptied) and applies every version up to ``target``.
-    Raises :class:`StateStoreError` when the changelog or the checkpoint cannot be read."""
+    not reach ``target``). A store of this run at a version of the plan before ``target`` (its start included) applies
+    the versions after its own; any other is reloaded from the plan's checkpoint (or emptied) and applies every version
+    of the plan up to ``target``. With an empty start, the plan's versions may begin with the start itself: the state
+    loaded at that version (an ``initialRDD``, a state that moved into the store), which its loading task wrote to the
+    changelog; it is applied as the base, not logged. Raises :class:`StateStoreError` when the changelog or the
+    checkpoint cannot be read."""
     start, empty, applied = plan
-    versions = [v for v in applied if v <= target]
+    versions = [v for v in applied if v <= target and (v > start or (v == start and empty))]
     if target != (versions[-1] if versions else start):
         return False
     current = store.version
@@ -125,7 +128,7 @@ def catch_up(store: PartitionStore, changelog: StateChangelog, run: str, partiti
             todo = versions
         for v in todo:
             writes: dict[bytes, bytes | None] = dict(changelog.read(run, v, partition))
-            store.write_many(v, writes, store.get_many(writes))
+            store.write_many(v, writes, store.get_many(writes), log=v != start)
             store.set_version(v, run)
     except StateStoreError:
         raise
@@ -292,13 +295,20 @@ class StoreStateNode(OneParentNode):
         changelog, start = self.state_changelog(), self._catchup_from
         if changelog is None or start is None or not self.catchup_valid(start[0]):
             return None
-        return changelog, (start[0], start[1], tuple(v for v in self._applied if start[0] < v <= upto_ms))
+        begin, empty = start
+        return changelog, (begin, empty, tuple(v for v in self._applied
+                                               if (v > begin or (empty and v == begin)) and v <= upto_ms))
 
-    def _catchup_starts(self, time_ms: int, empty: bool = False) -> None:
-        """Stores can be brought up to date from the state at ``time_ms`` (a checkpoint read back or adopted; the
-        empty state at the zero time) and this run's changelog after it."""
+    def _catchup_starts(self, time_ms: int, empty: bool = False, logged: bool = False) -> None:
+        """Stores can be brought up to date from the state at ``time_ms`` (a checkpoint read back or adopted; with
+        ``empty``, the empty state) and this run's changelog after it; ``logged``: the state loaded at ``time_ms``
+        itself is in the changelog (an ``initialRDD``, a state that moved into the store: see
+        :meth:`_loaded_handle`), applied on the empty state. A start older than the one set is ignored (an RDD
+        rebuilt after a newer checkpoint was adopted): this run's changelog is kept only from the newest start on."""
+        if self._catchup_from is not None and time_ms < self._catchup_from[0]:
+            return
         self._catchup_from = (time_ms, empty)
-        self._applied = [v for v in self._applied if v > time_ms]
+        self._applied = ([time_ms] if empty and logged else []) + [v for v in self._applied if v > time_ms]
 
     # ------------------------------------------------------------------ RDDs
     def _initial_handle(self) -> RDD:
@@ -307,8 +317,6 @@ class StoreStateNode(OneParentNode):
         self._check_initial()
         handle = self._loaded_handle(self.zero_time.ms, self.initial)  # streamed into the store
         self._zero_handle = handle
-        if self.initial is None:
-            self._catchup_starts(self.zero_time.ms, empty=True)
         checkpointer = self.graph.checkpointer
         if self.initial is not None and checkpointer is not None:
             # a snapshot at the zero time: what a restart before the next one needs
@@ -317,20 +325,34 @@ class StoreStateNode(OneParentNode):
         return handle
 
     def _loaded_handle(self, version: int, state: RDD | None) -> RDD:
-        """A handle at ``version``: each partition's store brought to it (:meth:`PartitionStore.ensure_base`),
-        loaded with that partition of ``state``'s (key, value) pairs (None: empty) where it is not there yet."""
+        """A handle at ``version``: each partition's store brought to it (:meth:`PartitionStore.ensure_base`, never
+        from another run's store: the state loaded is this run's), loaded with that partition of ``state``'s
+        (key, value) pairs (None: empty) where it is not there yet.
+
+        From here on stores can catch up (:func:`catch_up`): from the empty state at ``version``, and, when the
+        stream writes a changelog and ``state`` is given, from the state loaded, which each partition's loading task
+        writes to the changelog as version ``version`` inside the store's transaction (as a batch writes its changes):
+        a task on a host without the partition's store rebuilds it from the changelog alone, before the zero time's
+        checkpoint (or any later one) is written (issue 42)."""
         run, local_dir, store_id = self._run, self.local_dir, self.store_id()
         stats, indexer = self._stats_accumulator(), self.indexer()
+        changelog = self.state_changelog() if state is not None else None
 
         def load(i: int, records: Iterable[Any]) -> list[int]:
             store = PartitionStore.open(local_dir, store_id, i, indexer)
             try:
-                store.ensure_base(version, run, lambda: ((key_bytes(k), value_bytes(v)) for k, v in records))
+                def logged() -> None:  # inside the store's transaction: a loaded store is in the changelog
+                    assert changelog is not None
+                    changelog.write(run, version, i, list(store.items()))
+
+                store.ensure_base(version, run, lambda: ((key_bytes(k), value_bytes(v)) for k, v in records),
+                                  reuse_other_runs=False, loaded=logged if changelog is not None else None)
                 _report(stats, i, store)
             finally:
                 store.close()
             return [version]
 
+        self._catchup_starts(version, empty=True, logged=changelog is not None)
         if state is None:
             return partition_aligned_rdd(self.graph.sc, self.partitioner.numPartitions, lambda i: load(i, ()))
         handle = state.mapPartitionsWithIndex(load, preservesPartitioning=True)
@@ -458,11 +480,11 @@ class StoreStateNode(OneParentNode):
         self._exported[time_ms] = chain
         base = chain[-1] if chain else None
         local_dir, store_id, run, catchup = self.local_dir, self.store_id(), self._run, self._catchup_plan(time_ms)
-        caught_up = self._caught_up_accumulator()
+        caught_up, indexer = self._caught_up_accumulator(), self.indexer()
 
         def export(i: int, it: Iterable[Any]) -> Iterable[Any]:
             (version,) = list(it)
-            store = PartitionStore.open(local_dir, store_id, i)
+            store = PartitionStore.open(local_dir, store_id, i, indexer)  # a catch-up here keeps the deadline index
             try:
                 _at_version(store, version, run, catchup, i, caught_up)
                 with store.reading():
@@ -533,11 +555,11 @@ class StoreStateNode(OneParentNode):
         if handle is None:
             return None
         local_dir, store_id, run, catchup = self.local_dir, self.store_id(), self._run, self._catchup_plan(time.ms)
-        caught_up = self._caught_up_accumulator()
+        caught_up, indexer = self._caught_up_accumulator(), self.indexer()
 
         def read(i: int, it: Iterable[Any]) -> Iterable[Any]:
             (version,) = list(it)
-            store = PartitionStore.open(local_dir, store_id, i)
+            store = PartitionStore.open(local_dir, store_id, i, indexer)  # a catch-up here keeps the deadline index
             try:
                 _at_version(store, version, run, catchup, i, caught_up)
                 with store.reading():
@@ -557,12 +579,13 @@ class StoreStateNode(OneParentNode):
             return None
         t, local_dir, store_id = time.ms, self.local_dir, self.store_id()
         run, catchup, caught_up = self._run, self._catchup_plan(time.ms), self._caught_up_accumulator()
+        indexer = self.indexer()
 
         def read(i: int, it: Iterable[Any]) -> Iterable[Any]:
             (version,) = list(it)
             if version != t:
                 return  # an empty batch: the handle before it stands for it
-            store = PartitionStore.open(local_dir, store_id, i)
+            store = PartitionStore.open(local_dir, store_id, i, indexer)  # a catch-up here keeps the deadline index
             try:
                 _at_version(store, version, run, catchup, i, caught_up)
                 with store.reading():

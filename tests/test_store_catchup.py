@@ -1,0 +1,206 @@
+"""The executor store's changelog catch-up from the first batch on, and the cleanup of stale store copies (issue 42).
+
+A task whose partition's store is missing on its host, or left behind there, brings it up to date inside the task from
+the changelog (``spark.dstreams.state.changelog=on``): from the newest adopted checkpoint, or, before any, from the
+state loaded at the zero time (empty, or the ``initialRDD``, whose load writes itself to the changelog). These tests
+remove or replace the store folder *inside* a batch (an output operation between two reads of the same state), so
+that a task of the same batch and the zero time's checkpoint meet a folder as another host would show it, before the
+zero time's checkpoint is adopted, and again between it and the first regular checkpoint. The outputs must equal the
+RDD state's, and no batch may fail.
+
+Stale copies: a copy of a partition on a host whose version is below the stream's cleanup horizon (the newest
+adopted checkpoint and the oldest version a kept RDD may read) is deleted by the stream's next task on that host,
+unless a task holds it open (:func:`dstreams.statestore.sweep_stale`).
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import pickle
+import shutil
+
+import pytest
+
+from dstreams import ManualClock, StreamingContext
+from dstreams.nodes.store_state import StoreStateNode
+from dstreams.statestore import PartitionStore, key_bytes, store_path
+
+from .recovery_app import read_outputs
+from .support import drive_batches
+
+LAST_MS = 5000
+
+
+def _words(seed: int, t: int, partition: int, n: int) -> list[str]:
+    """11 keys, and ``x1``, ``x2``, ``x3`` once each (in batches 1-3): ``track`` times them out two batches later in
+    batches without their events, which only its deadline index finds."""
+    sec = t // 1000
+    once = [f"x{sec}"] if partition == 0 and sec <= 3 else []
+    return once + [f"w{(sec * 5 + partition * 3 + i * (sec % 3 + 1)) % 11}" for i in range(n) if (sec + i) % 4]
+
+
+def _sum_or_drop(values, state):
+    total = (state or 0) + sum(values)
+    return None if total > 15 else total
+
+
+def _count_init(key, _value):
+    return 1
+
+
+def _count_update(key, state, _value):
+    return None if state >= 5 else state + 1
+
+
+class _Folder:
+    """What happens to the executors' store folder inside a batch (an output operation between two reads of each
+    state): ``remove`` at these batch times (a host that never held the stores), ``keep`` a copy at this time and
+    ``restore`` it at a later one (a host that ran the partitions before)."""
+
+    def __init__(self, local_dir: str, remove: tuple[int, ...] = (), keep: int | None = None,
+                 restore: int | None = None) -> None:
+        self.local_dir, self.remove, self.keep, self.restore = local_dir, remove, keep, restore
+
+    def __call__(self, time, rdd) -> None:
+        t = round(time.timestamp() * 1000)
+        copy = self.local_dir + "-kept"
+        if t == self.keep and os.path.isdir(self.local_dir):
+            shutil.copytree(self.local_dir, copy)
+        if (t in self.remove or t == self.restore) and os.path.isdir(self.local_dir):
+            shutil.rmtree(self.local_dir)
+        if t == self.restore and os.path.isdir(copy):
+            shutil.copytree(copy, self.local_dir)
+
+
+def _app(sc, ckpt: str, out: str, clock, folder: _Folder) -> StreamingContext:
+    """``updateStateByKey`` with an ``initialRDD``, ``runningReduce``, ``track`` (timeouts: its deadline index) and
+    the incremental window, checkpointed every 10 s (no regular checkpoint in the run): each state read once, then
+    ``folder`` acts, then each read again."""
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.checkpoint(ckpt)
+    words = ssc.generatorStream(6, 2, seed=1, recordFunc=_words)
+    pairs = words.map(lambda w: (w, 1))
+    initial = sc.parallelize([(f"w{i}", 10 + i) for i in range(0, 11, 2)] + [("init", 1)], 2)
+    states = {
+        "update": pairs.updateStateByKey(_sum_or_drop, 2, initialRDD=initial, updateIdleKeys=False),
+        "running": pairs.runningReduce(operator.add, 2),
+        "track": pairs.track(_count_init, _count_update, "2s", 2),
+        "window": pairs.reduceByKeyAndWindow(operator.add, operator.sub, "5s", "1s", 2, lambda kv: kv[1] > 0),
+    }
+    for name, stream in states.items():
+        stream.checkpoint("10s").saveAsTextFiles(os.path.join(out, name))
+    words.foreachRDD(folder)
+    states["update"].changes().saveAsTextFiles(os.path.join(out, "update-changes"))
+    states["track"].map(lambda kv: kv).saveAsTextFiles(os.path.join(out, "track-again"))
+    return ssc
+
+
+def _run(sc, tmp_path, monkeypatch, store: str, **folder) -> tuple[dict[str, list[str]], dict[int, int], int]:
+    """The app through :data:`LAST_MS` on ``store``: its outputs, each batch's tries and the catch-ups counted."""
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", store)
+    monkeypatch.setenv("DSTREAMS_STATE_CHANGELOG", "on")
+    local_dir = str(tmp_path / f"{store}-local")
+    monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", local_dir)
+    ckpt, out = str(tmp_path / f"{store}-ckpt"), str(tmp_path / f"{store}-out")
+    clock = ManualClock()
+    ssc = _app(sc, ckpt, out, clock, _Folder(local_dir, **folder))
+    try:
+        ssc.start()
+        drive_batches(ssc, clock, LAST_MS)
+        attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
+        caught_up = sum((n.store_metrics() or {}).get("caught_up", 0) for n in ssc._graph.nodes
+                        if isinstance(n, StoreStateNode))
+    finally:
+        ssc.stop(stopSparkContext=False)
+    return read_outputs(out), attempts, caught_up
+
+
+@pytest.fixture(scope="module")
+def reference(sc, tmp_path_factory) -> dict[str, list[str]]:
+    """The app's outputs on the RDD state (no store, nothing removed), computed once."""
+    mp = pytest.MonkeyPatch()
+    try:
+        outputs, _, _ = _run(sc, tmp_path_factory.mktemp("catchup-ref"), mp, "rdd")
+    finally:
+        mp.undo()
+    names = {"update", "running", "track", "window", "update-changes", "track-again"}
+    assert sorted(outputs) == sorted(f"{n}-{t}" for n in names for t in range(1000, LAST_MS + 1, 1000))
+    # The workload exercises what the catch-up must get right: the initial state, keys dropped, timeouts.
+    assert "('init', 1)" in outputs["update-1000"] and "('init', 1)" in outputs["update-3000"]
+    assert any("None" in line for t in range(2000, LAST_MS + 1, 1000) for line in outputs[f"update-changes-{t}"])
+    assert any(line.startswith("('x2'") for line in outputs["track-3000"])
+    assert not any(line.startswith("('x2'") for line in outputs["track-4000"])  # timed out through the index
+    assert any(line.startswith("('x3'") for line in outputs["track-4000"])
+    assert not any(line.startswith("('x3'") for line in outputs["track-5000"])
+    return outputs
+
+
+def _same(got: dict[str, list[str]], expected: dict[str, list[str]]) -> None:
+    assert sorted(got) == sorted(expected)
+    for name in sorted(expected):
+        assert got[name] == expected[name], name
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+@pytest.mark.timeout(600)  # the reference run is computed inside the first test's time
+@pytest.mark.parametrize("fault", ["removed", "behind"])
+def test_the_catch_up_works_from_the_first_batch_on_with_and_without_an_initial_state(
+        sc, tmp_path, monkeypatch, reference, fault):
+    """``removed``: the stores vanish inside batch 1 (before the zero time's checkpoint of the ``initialRDD`` is
+    written: that checkpoint's export and the batch's second reads catch up) and inside batch 3 (after it was adopted,
+    before the first regular checkpoint). ``behind``: inside batch 4 the folder is replaced by its copy of batch 2.
+    No batch fails, stores are caught up, and the outputs equal the RDD state's."""
+    folder = {"remove": (1000, 3000)} if fault == "removed" else {"keep": 2000, "restore": 4000}
+    got, attempts, caught_up = _run(sc, tmp_path, monkeypatch, "executor", **folder)
+    assert set(attempts.values()) == {1}, attempts
+    assert caught_up >= 4, caught_up  # each of the four state streams caught up at least once
+    _same(got, reference)
+
+
+# ---------------------------------------------------------------------------------------------- stale copies
+def _store_at(local_dir: str, partition: int, version: int, run: str = "run") -> str:
+    store = PartitionStore.open(local_dir, "s", partition)
+    try:
+        with store.transaction():
+            writes = {key_bytes(f"k{partition}"): pickle.dumps(version)}
+            store.write_many(version, writes, store.get_many(writes))
+            store.set_version(version, run)
+    finally:
+        store.close()
+    return store_path(local_dir, "s", partition)
+
+
+def test_a_stale_copy_is_deleted_and_a_current_or_open_one_is_kept(tmp_path):
+    """:func:`sweep_stale` over a host's folder of one stream: copies below the horizon go (this run's or another's),
+    with SQLite's files beside them and their lock; a copy at or above it stays; a stale copy a task holds open stays
+    (the sweep never waits for it), and is deleted by a later sweep once closed; a store opened after a deletion is
+    a new, empty one."""
+    from dstreams.statestore import sweep_stale
+
+    local = str(tmp_path / "host")
+    stale = _store_at(local, 0, 3000)
+    other_run = _store_at(local, 1, 2000, run="older")
+    current = _store_at(local, 2, 8000)
+    at_horizon = _store_at(local, 3, 6000)
+    held = _store_at(local, 4, 3000)
+    task = PartitionStore.open(local, "s", 4)  # a running task of partition 4 on this host
+    try:
+        removed = sweep_stale(os.path.dirname(stale), 6000)
+        assert sorted(removed) == [0, 1]
+        names = set(os.listdir(os.path.dirname(stale)))
+        for path in (stale, other_run):
+            assert not any(n.startswith(os.path.basename(path)) for n in names), names
+            assert not any(n.startswith(os.path.basename(path).split(".")[0] + ".") for n in names), names
+        for path in (current, at_horizon, held):
+            assert os.path.basename(path) in names
+        assert task.version == 3000
+    finally:
+        task.close()
+    assert sweep_stale(os.path.dirname(stale), 6000) == [4]
+    fresh = PartitionStore.open(local, "s", 0)
+    try:
+        assert fresh.version is None and fresh.count() == 0
+    finally:
+        fresh.close()
