@@ -192,6 +192,12 @@ class NoFence:
 def no_fault(point: str) -> None:
     """The production fault hook: does nothing."""
 
-#: The graph fingerprint's format: 2 added the parameters of the sources that change which records a batch
-#: holds (a folder source's directory and record length, the generator's partitions, records and seed).
-FINGERPRINT_FORMAT = 2
+
+#: The one format number of everything a checkpoint location holds: the metadata log's head
+#: (``meta/head.json``), the stored graph (``meta/graph.pkl``), the data checkpoints' manifests and parts, the
+#: state changelog and the write-ahead log (each part's header byte, :mod:`dstreams.recovery.codec`), and the
+#: graph fingerprint the head records. A location written in another format is refused at start with
+#: :class:`~dstreams.recovery.checkpoint_format.CheckpointFormatError`; nothing reads an older layout (no release
+#: has to stay readable). Change it with any change to what a checkpoint holds or how it is laid out (the
+#: executor state store's file is copied into state checkpoints as a snapshot part, so its layout counts too).
+CHECKPOINT_FORMAT = 2

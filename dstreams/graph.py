@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .contracts import FINGERPRINT_FORMAT, Checkpointer, WriteAheadLog
+from .contracts import Checkpointer, WriteAheadLog
 from .errors import DStreamsError
 from .time import BatchTime, Duration
 
@@ -135,13 +135,14 @@ class DStreamGraph:
             self.nodes.append(node)
             return f"{len(self.nodes) - 1:03d}-{type(node).__name__}"
 
-    def fingerprint(self, fmt: int = FINGERPRINT_FORMAT) -> list[str]:
-        """A description of the topology that a restarted driver must reproduce exactly, in fingerprint format
-        ``fmt`` (:data:`~dstreams.contracts.FINGERPRINT_FORMAT`; older ones to compare with older checkpoints)."""
+    def fingerprint(self) -> list[str]:
+        """A description of the topology that a restarted driver must reproduce exactly: per node, its key, its
+        parameters (:meth:`~dstreams.node.DStreamNode.describe`) and its dependencies' keys. The metadata log keeps
+        it in the checkpoint's head and refuses a restart whose graph describes itself otherwise."""
         out = []
         for n in self.nodes:
             deps = ",".join(d.key for d in n.dependencies)
-            out.append(f"{n.key}[{n.describe(fmt)}]<-({deps})")
+            out.append(f"{n.key}[{n.describe()}]<-({deps})")
         return out
 
     # ------------------------------------------------------------------ building

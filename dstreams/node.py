@@ -14,9 +14,8 @@ driver and executor memory flat.
 
 A node also owns its **recovery contract**; the recovery layer calls only these members:
 
-* ``describe_params()`` (and ``later_params()``, those added in a later fingerprint format) – the
-  parameters that define the topology and change results, for the graph fingerprint that a restarted
-  driver must reproduce (each subclass names its own);
+* ``describe_params()`` – the parameters that define the topology and change results, for the graph
+  fingerprint that a restarted driver must reproduce (each subclass names its own);
 * ``must_checkpoint`` and ``checkpoint_partitioner`` – whether the node's RDDs form a state chain that
   is checkpointed, and the partitioner a checkpoint reader must keep (None: not hash-partitioned);
 * ``restore_from_checkpoint(time, reader)`` – a restarted driver installs the RDD reading the node's
@@ -42,7 +41,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pyspark import RDD, StorageLevel
 from pyspark.core.rdd import Partitioner
 
-from .contracts import FINGERPRINT_FORMAT
 from .spark import jvm
 from .time import BatchTime, Duration
 
@@ -111,11 +109,10 @@ class DStreamNode:
     def name(self) -> str:
         return f"{type(self).__name__}#{self.id}"
 
-    def describe(self, fmt: int = FINGERPRINT_FORMAT) -> str:
-        """The node's parameters that define the topology and its results, as fingerprint format ``fmt`` names
-        them (a restarted driver compares its graph with a checkpoint's in the format the checkpoint was
-        written with: :data:`FINGERPRINT_FORMAT`)."""
-        later = [p for f, params in sorted(self.later_params().items()) if f <= fmt for p in params]
+    def describe(self) -> str:
+        """The node's parameters that define the topology and its results, for the graph fingerprint: the slide,
+        then :meth:`describe_params` (and what a subclass still lists in :meth:`later_params`)."""
+        later = [p for _, params in sorted(self.later_params().items()) for p in params]
         return " ".join([f"slide={self.slide_duration.ms}", *self.describe_params(), *later])
 
     def describe_params(self) -> list[str]:
@@ -123,8 +120,9 @@ class DStreamNode:
         return []
 
     def later_params(self) -> dict[int, list[str]]:
-        """Parameters that change results and joined the fingerprint after format 1, by the format that added
-        them (a checkpoint of an older format is compared without them)."""
+        """More topology parameters, described after :meth:`describe_params` (keyed by when they joined the
+        fingerprint; every one is described: there is one fingerprint format). Kept only until the two sources
+        that override it (``dstreams/nodes/files.py``, ``generator.py``) list theirs in :meth:`describe_params`."""
         return {}
 
     # ----------------------------------------------------------------- the persistence contract

@@ -2,12 +2,15 @@
 checkpointer's reader RDDs and the state changelog's tasks call).
 
 * ``checkpoints/<node key>/<time, 15 digits>/MANIFEST.json`` commits a checkpoint: it names its parts
-  (``part-NNNNN``, :mod:`.codec`) and their checksums; nothing reads a part that no manifest names.
+  (``part-NNNNN``, :mod:`.codec`) and their checksums; nothing reads a part that no manifest names. A manifest
+  carries the checkpoint format (:data:`~dstreams.contracts.CHECKPOINT_FORMAT`); one of another format raises
+  :class:`~.checkpoint_format.CheckpointFormatError`.
 * A store-backed state stream's checkpoint (:mod:`dstreams.nodes.store_state`) is a snapshot or a delta on the
   chain of checkpoints its manifest names (``state.chain``): :func:`state_layers` and :func:`read_state_partition`
-  rebuild one partition from the newest snapshot on the chain and the deltas after it. A snapshot part written by
-  this version is the partition's store file (:data:`~dstreams.statestore.FILE_SNAPSHOT`), read from a temporary
-  copy on the reading executor; older parts hold one record per key.
+  rebuild one partition from the newest snapshot on the chain and the deltas after it. A snapshot part is the
+  partition's store file (:data:`~dstreams.statestore.FILE_SNAPSHOT`), read from a temporary copy on the reading
+  executor, or, for a state of ``spark.dstreams.state.store=auto`` checkpointed before it moved to the store, its
+  pairs as the RDD state held them (:data:`~dstreams.statestore.PAIRS_SNAPSHOT`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from typing import Any
 from dstreams.statestore import (
     FILE_SNAPSHOT,
     PAIRS_SNAPSHOT,
-    SNAPSHOT,
     file_rows,
     key_bytes,
     process_alive,
@@ -31,6 +33,7 @@ from dstreams.statestore import (
 )
 from dstreams.statestore import PART_HEADER as STATE_PART_HEADER
 
+from .checkpoint_format import check_format
 from .codec import CorruptCheckpointError, decode_partition
 from .storespec import StoreSpec
 
@@ -61,14 +64,18 @@ def read_part(spec: StoreSpec, prefix: str, part: dict[str, Any]) -> list[Any]:
 
 
 def load_manifest(store: Any, node_key: str, time_ms: int) -> dict[str, Any]:
+    """The manifest of ``node_key``'s checkpoint at ``time_ms``. Raises :class:`CorruptCheckpointError` when it is
+    not a manifest of that node and :class:`~.checkpoint_format.CheckpointFormatError` when it is of another
+    checkpoint format."""
     prefix = checkpoint_prefix(node_key, time_ms)
     raw = store.get(f"{prefix}/{MANIFEST}")
     try:
         manifest = json.loads(raw)
     except ValueError:
         raise CorruptCheckpointError(f"{prefix}/{MANIFEST} is not valid JSON") from None
-    if manifest.get("format") not in (1, 2) or manifest.get("node") != node_key:
-        raise CorruptCheckpointError(f"{prefix}/{MANIFEST} is not a format-1 manifest of {node_key}")
+    if not isinstance(manifest, dict) or "format" not in manifest or manifest.get("node") != node_key:
+        raise CorruptCheckpointError(f"{prefix}/{MANIFEST} is not a checkpoint manifest of {node_key}")
+    check_format(manifest["format"], f"the checkpoint manifest {prefix}/{MANIFEST}")
     return manifest
 
 
@@ -126,8 +133,8 @@ class StatePartition:
     * Iterating it yields the state as (key bytes, value bytes) (a pairs snapshot, written before a state picked by
       size moved, encoded as the store encodes); from a store-file snapshot, streamed (memory: the deltas).
     * :meth:`file_snapshot` gives a store-file snapshot's bytes and the changes after it, which
-      :meth:`dstreams.statestore.PartitionStore.reload` copies in SQL instead of inserting key by key; None for an
-      older snapshot part (then the records are read by iterating).
+      :meth:`dstreams.statestore.PartitionStore.reload` copies in SQL instead of inserting key by key; None for a
+      pairs snapshot (then the records are read by iterating).
     """
 
     def __init__(self, spec: StoreSpec, layers: StateLayers, i: int) -> None:
@@ -146,7 +153,7 @@ class StatePartition:
                 raise CorruptCheckpointError(f"checkpoint part {prefix}/{p['key']} is not a part of a store-backed "
                                              "state")
             parts.append(records)
-            if records[0][1] in (SNAPSHOT, PAIRS_SNAPSHOT, FILE_SNAPSHOT):
+            if records[0][1] in (PAIRS_SNAPSHOT, FILE_SNAPSHOT):
                 break
         else:
             raise CorruptCheckpointError(f"no snapshot of partition {self.partition} on the chain "
@@ -156,7 +163,7 @@ class StatePartition:
 
     def file_snapshot(self, path: str) -> dict[bytes, bytes | None] | None:
         """With a store-file snapshot: the file written at ``path`` and the changes after it (None: the newest
-        snapshot is of an older kind, read the records)."""
+        snapshot is a pairs snapshot, read the records)."""
         parts = self._read()
         if parts[-1][0][1] != FILE_SNAPSHOT:
             return None
@@ -183,11 +190,10 @@ def _changes_after(parts: list[list[Any]]) -> dict[bytes, bytes | None]:
 
 
 def _records_state(parts: list[list[Any]]) -> Iterator[tuple[bytes, bytes]]:
-    state: dict[bytes, bytes] = {}
-    for records in reversed(parts):
-        if records[0][1] == PAIRS_SNAPSHOT:  # plain (key, value) pairs: a state picked by size, not yet moved
-            state = {key_bytes(k): value_bytes(v) for k, v in records[1:]}
-            continue
+    """A partition from a pairs snapshot (``parts[-1]``: plain (key, value) pairs of a state picked by size, not yet
+    moved) and the deltas after it (newest first), as (key bytes, value bytes)."""
+    state = {key_bytes(k): value_bytes(v) for k, v in parts[-1][1:]}
+    for records in reversed(parts[:-1]):
         for k, v in records[1:]:
             if v is None:
                 state.pop(k, None)

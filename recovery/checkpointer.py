@@ -6,8 +6,9 @@ Contract (the engine's ``dstreams.contracts.Checkpointer``):
 * After batch ``t`` completes, a single background writer thread runs one Spark job that writes
   every partition of the (cached) RDD from the executors, in parallel, to
   ``checkpoints/<node key>/<t>/part-NNNNN`` (versioned, checksummed: :mod:`.codec`), then the driver
-  writes ``MANIFEST.json`` naming the parts and their checksums: the commit point. Nothing reads a
-  part that no manifest names. The batch that triggered the checkpoint does not wait for it.
+  writes ``MANIFEST.json`` naming the parts and their checksums (and the checkpoint format): the commit
+  point. Nothing reads a part that no manifest names. The batch that triggered the checkpoint does not wait
+  for it.
 * The writer thread only writes. On commit it posts :class:`~dstreams.events.CheckpointCommitted`
   to the scheduler's event loop, which replaces the node's RDD at ``t`` by one that reads the
   checkpoint (same partitioner, partition ``i`` from part ``i``; ``node.adopt_checkpoint``) and
@@ -60,7 +61,16 @@ from typing import TYPE_CHECKING, Any
 from pyspark import RDD, SparkContext
 from pyspark.core.rdd import Partitioner
 
-from dstreams.contracts import CommitEvents, FaultHook, Fence, NoFence, NoOutageRetry, OutagePolicy, no_fault
+from dstreams.contracts import (
+    CHECKPOINT_FORMAT,
+    CommitEvents,
+    FaultHook,
+    Fence,
+    NoFence,
+    NoOutageRetry,
+    OutagePolicy,
+    no_fault,
+)
 from dstreams.events import CheckpointCommitted
 from dstreams.records import consume
 from dstreams.spark.partitioned import partition_aligned_rdd
@@ -388,7 +398,7 @@ class StoreCheckpointer:
             self._job_group = None
         partitioner = node.checkpoint_partitioner
         manifest = {
-            "format": 2 if extra else 1,
+            "format": CHECKPOINT_FORMAT,
             "node": node.key,
             "time_ms": t,
             "num_partitions": len(parts),

@@ -1,9 +1,10 @@
 """Encoding of one checkpointed partition: versioned, checksummed pickle.
 
-Layout: ``b"DSCK"`` magic, 1-byte format version, 4-byte big-endian record count, 32-byte SHA-256
-of the payload, then the payload (a pickled list of records). :func:`decode_partition` raises
-:class:`CorruptCheckpointError` for anything that does not check out (truncated object, bad magic,
-unknown version, checksum mismatch), never returns wrong data.
+Layout: ``b"DSCK"`` magic, 1-byte format (:data:`~dstreams.contracts.CHECKPOINT_FORMAT`), 4-byte big-endian
+record count, 32-byte SHA-256 of the payload, then the payload (a pickled list of records).
+:func:`decode_partition` raises :class:`CorruptCheckpointError` for anything that does not check out (truncated
+object, bad magic, checksum mismatch) and :class:`~.checkpoint_format.CheckpointFormatError` for an object of
+another checkpoint format; it never returns wrong data.
 """
 
 from __future__ import annotations
@@ -14,16 +15,18 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
+from dstreams.contracts import CHECKPOINT_FORMAT
 from dstreams.errors import DStreamsError
 from dstreams.pickling import dumps
 
+from .checkpoint_format import CheckpointFormatError, format_message
+
 MAGIC = b"DSCK"
-VERSION = 1
 _HEADER = struct.Struct(">4sBI32s")
 
 
 class CorruptCheckpointError(DStreamsError, ValueError):
-    """A checkpoint object is truncated, corrupt or of an unknown format."""
+    """A checkpoint object is truncated or corrupt (not a dstreams object, a checksum that does not match)."""
 
 
 def encode_partition(records: Iterable[Any]) -> tuple[bytes, str, int]:
@@ -31,7 +34,7 @@ def encode_partition(records: Iterable[Any]) -> tuple[bytes, str, int]:
     items = list(records)
     payload = dumps(items)  # cloudpickle for what pickle cannot: a class of the user's script (dstreams.pickling)
     digest = hashlib.sha256(payload).digest()
-    return _HEADER.pack(MAGIC, VERSION, len(items), digest) + payload, digest.hex(), len(items)
+    return _HEADER.pack(MAGIC, CHECKPOINT_FORMAT, len(items), digest) + payload, digest.hex(), len(items)
 
 
 def decode_partition(data: bytes, expected_sha256: str | None = None, what: str = "checkpoint") -> list[Any]:
@@ -40,8 +43,8 @@ def decode_partition(data: bytes, expected_sha256: str | None = None, what: str 
     magic, version, count, digest = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise CorruptCheckpointError(f"{what}: not a dstreams checkpoint object (bad magic {magic!r})")
-    if version != VERSION:
-        raise CorruptCheckpointError(f"{what}: format version {version} is not supported (expected {VERSION})")
+    if version != CHECKPOINT_FORMAT:
+        raise CheckpointFormatError(format_message(what, version))
     payload = data[_HEADER.size:]
     actual = hashlib.sha256(payload).digest()
     if actual != digest or (expected_sha256 is not None and actual.hex() != expected_sha256):

@@ -2,9 +2,10 @@
 
 Contract (pyspark's ``getOrCreate``): when a context with a checkpoint location starts, its graph (every
 node and the user's functions, serialized with cloudpickle as PySpark serializes closures) is written to
-``meta/graph.pkl``: a versioned, checksummed object with a JSON header (format, sha256, Python, PySpark and
-dstreams versions, the batch duration, the SparkConf to recreate a SparkContext from). ``getOrCreate``
-loads it instead of calling ``setupFunc``; the resumed run then restores state and replays as usual.
+``meta/graph.pkl``: a checksummed object with a JSON header (the checkpoint format,
+:data:`~dstreams.contracts.CHECKPOINT_FORMAT`; sha256, Python, PySpark and dstreams versions, the batch
+duration, the SparkConf to recreate a SparkContext from). ``getOrCreate`` loads it instead of calling
+``setupFunc``; the resumed run then restores state and replays as usual.
 
 * A graph that cannot be serialized because of a **user function** (it captures a SparkContext, a lock, an
   open file...) fails ``start()`` at once with :class:`GraphNotSerializableError`, naming the stream and the
@@ -12,7 +13,8 @@ loads it instead of calling ``setupFunc``; the resumed run then restores state a
 * A graph with a source that cannot be checkpointed (``queueStream``: its RDDs live in the driver) is
   not written; a warning says that ``getOrCreate`` will call ``setupFunc`` to rebuild it.
 * A stored graph that cannot be loaded (a module gone, a corrupt object, another Python) raises
-  :class:`GraphLoadError` saying what failed and the two ways out.
+  :class:`GraphLoadError` saying what failed and the two ways out; one of another checkpoint format raises
+  :class:`~.checkpoint_format.CheckpointFormatError`.
 
 The StreamingContext a user function captured is written as a reference and resolved to the restored
 context (``contexts`` of :func:`serialize_graph` / :func:`load_graph`).
@@ -31,17 +33,17 @@ from typing import Any
 
 from pyspark import SparkConf
 
-from dstreams.contracts import SourceNotCheckpointableError
+from dstreams.contracts import CHECKPOINT_FORMAT, SourceNotCheckpointableError
 from dstreams.errors import DStreamsError
 from dstreams.graph import DStreamGraph
 
+from .checkpoint_format import check_format
 from .store import Store
 
 log = logging.getLogger(__name__)
 
 GRAPH_KEY = "meta/graph.pkl"
 MAGIC = b"DSTREAMS-GRAPH\n"
-FORMAT = 1
 
 #: Spark settings that belong to one run, not to the application: never carried over to a recreated
 #: SparkContext (as Spark's own checkpoint reloads these from the new run).
@@ -179,7 +181,7 @@ def serialize_graph(graph: DStreamGraph, conf: SparkConf, contexts: dict[int, st
             f"SparkContext, locks or open connections in them; create such objects inside the function. ({e})"
         ) from e
     header = {
-        "format": FORMAT,
+        "format": CHECKPOINT_FORMAT,
         "sha256": hashlib.sha256(payload).hexdigest(),
         "batch_ms": graph.batch_duration.ms,
         "spark_conf": _conf_pairs(conf),
@@ -194,7 +196,8 @@ def write_graph(store: Store, data: bytes) -> None:
 
 
 def read_graph(store: Store) -> StoredGraph | None:
-    """The stored graph, or None when the location holds none. Raises GraphLoadError when it is corrupt."""
+    """The stored graph, or None when the location holds none. Raises GraphLoadError when it is corrupt and
+    :class:`~.checkpoint_format.CheckpointFormatError` when it was written in another checkpoint format."""
     try:
         raw = store.get(GRAPH_KEY)
     except FileNotFoundError:
@@ -206,9 +209,10 @@ def read_graph(store: Store) -> StoredGraph | None:
         header = json.loads(head) if sep else None
     except ValueError:
         header = None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise GraphLoadError(f"{GRAPH_KEY} in the checkpoint has an unknown format (this dstreams reads format "
-                             f"{FORMAT})")
+    if not isinstance(header, dict) or "format" not in header:
+        raise GraphLoadError(f"{GRAPH_KEY} in the checkpoint is corrupt (its header is not a JSON object with a "
+                             "format): start from a new checkpoint location")
+    check_format(header["format"], f"the stream graph stored in the checkpoint ({GRAPH_KEY})")
     if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
         raise GraphLoadError(f"{GRAPH_KEY} in the checkpoint is corrupt (checksum mismatch)")
     return StoredGraph(header, payload)

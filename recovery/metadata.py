@@ -28,16 +28,16 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-from dstreams.contracts import FINGERPRINT_FORMAT, FaultHook, no_fault
+from dstreams.contracts import CHECKPOINT_FORMAT, FaultHook, no_fault
 from dstreams.errors import DStreamsError
 
+from .checkpoint_format import check_format
 from .store import PreconditionFailed, Store
 
 HEAD = "meta/head.json"
-FORMAT = 1
 
 
 class FencedError(DStreamsError, RuntimeError):
@@ -49,7 +49,9 @@ class GraphChangedError(DStreamsError, ValueError):
 
 
 class ForeignCheckpointError(DStreamsError, ValueError):
-    """The checkpoint location holds another application's (or an unknown format's) data."""
+    """The checkpoint location holds another application's data, or something that is not a dstreams metadata log
+    (a location written by dstreams in another checkpoint format raises
+    :class:`~.checkpoint_format.CheckpointFormatError` instead)."""
 
 
 def describe_graph_change(old: list[str], new: list[str]) -> str:
@@ -89,18 +91,15 @@ def state_store_hint(old: list[str], new: list[str]) -> str | None:
 class MetadataLog:
     """The head object plus per-batch records; see the module docstring."""
 
-    def __init__(self, store: Store, app_name: str, fingerprint: list[str], batch_ms: int,
-                 older_fingerprints: Mapping[int, list[str]] | None = None, *,
+    def __init__(self, store: Store, app_name: str, fingerprint: list[str], batch_ms: int, *,
                  fault_hook: FaultHook = no_fault) -> None:
-        """``fingerprint``: the graph's, in :data:`~dstreams.contracts.FINGERPRINT_FORMAT`;
-        ``older_fingerprints``: the same graph in older formats (by format), to compare with a checkpoint
-        written by an older dstreams (missing: compared with ``fingerprint``); ``fault_hook``: called at the
-        fault point ``after-metadata-commit`` (tests; the runtime passes :func:`recovery.faults.reached`)."""
+        """``fingerprint``: the graph's (:meth:`dstreams.graph.DStreamGraph.fingerprint`), compared with the one a
+        checkpoint's head holds; ``fault_hook``: called at the fault point ``after-metadata-commit`` (tests; the
+        runtime passes :func:`recovery.faults.reached`)."""
         self.fault_hook = fault_hook
         self.store = store
         self.app_name = app_name
         self.fingerprint = fingerprint
-        self.older_fingerprints = dict(older_fingerprints or {})
         self.batch_ms = batch_ms
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.head: dict[str, Any] = {}
@@ -111,7 +110,11 @@ class MetadataLog:
     # ------------------------------------------------------------------ reading
     @staticmethod
     def read(store: Store) -> dict[str, Any] | None:
-        """The head of the log at ``store``, or None when there is none."""
+        """The head of the log at ``store``, or None when there is none.
+
+        Raises :class:`ForeignCheckpointError` when the object is not a dstreams metadata log and
+        :class:`~.checkpoint_format.CheckpointFormatError` when it is one of another checkpoint format (every start
+        with a checkpoint location reads the head first, so such a location is refused before anything else)."""
         try:
             raw = store.get(HEAD)
         except FileNotFoundError:
@@ -123,15 +126,19 @@ class MetadataLog:
                 f"{store.url}/{HEAD} is not a dstreams metadata log (not JSON): point the checkpoint at an "
                 "empty location or at one written by this application"
             ) from None
-        if not isinstance(head, dict) or head.get("format") != FORMAT:
-            raise ForeignCheckpointError(f"{store.url}/{HEAD} has an unknown format: {str(head)[:200]}")
+        if not isinstance(head, dict) or "format" not in head or "app" not in head:
+            raise ForeignCheckpointError(
+                f"{store.url}/{HEAD} is not a dstreams metadata log (no format or application): point the checkpoint "
+                f"at an empty location or at one written by this application ({str(head)[:200]})")
+        check_format(head["format"], f"the checkpoint location {store.url} ({HEAD})")
         return head
 
     # ------------------------------------------------------------------ taking over
     def take_over(self, zero_ms: int) -> dict[str, Any] | None:
         """Become the owning driver. Returns the previous head (None for a fresh location).
 
-        Raises :class:`ForeignCheckpointError` for another application's log and
+        Raises :class:`ForeignCheckpointError` for another application's log,
+        :class:`~.checkpoint_format.CheckpointFormatError` for a log of another checkpoint format and
         :class:`GraphChangedError` when the topology differs.
         """
         with self._lock:
@@ -139,10 +146,9 @@ class MetadataLog:
                 raw, etag = self.store.get_with_etag(HEAD)
             except FileNotFoundError:
                 self.head = {
-                    "format": FORMAT,
+                    "format": CHECKPOINT_FORMAT,
                     "app": self.app_name,
                     "fingerprint": self.fingerprint,
-                    "fingerprint_format": FINGERPRINT_FORMAT,
                     "batch_ms": self.batch_ms,
                     "zero_ms": zero_ms,
                     "epoch": 1,
@@ -171,33 +177,18 @@ class MetadataLog:
                     f"the checkpoint was written with a batch duration of {previous.get('batch_ms')} ms; "
                     f"this context uses {self.batch_ms} ms"
                 )
-            mine = self._fingerprint_as(int(previous.get("fingerprint_format", 1)))
-            if previous.get("fingerprint") != mine:
+            if previous.get("fingerprint") != self.fingerprint:
                 raise GraphChangedError(
                     "the stream graph built by setupFunc differs from the one in the checkpoint at "
-                    f"{self.store.url}:\n" + describe_graph_change(previous.get("fingerprint", []), mine)
+                    f"{self.store.url}:\n" + describe_graph_change(previous.get("fingerprint", []), self.fingerprint)
                     + "\nrestore the original graph, or start from an empty checkpoint location"
                 )
-            # A checkpoint of an older fingerprint format that matches is upgraded: later restarts compare all.
-            self.head = dict(previous, epoch=int(previous["epoch"]) + 1, owner=self.owner,
-                             fingerprint=self.fingerprint, fingerprint_format=FINGERPRINT_FORMAT)
+            self.head = dict(previous, epoch=int(previous["epoch"]) + 1, owner=self.owner)
             try:
                 self._etag = self.store.put_if_match(HEAD, self._encode(), etag)
             except PreconditionFailed:
                 raise FencedError("another driver took over this checkpoint location at the same moment") from None
             return previous
-
-    def _fingerprint_as(self, fmt: int) -> list[str]:
-        """This graph's fingerprint in the format a checkpoint was written with (the compatibility rule: a
-        checkpoint written before a parameter joined the fingerprint is compared without it)."""
-        if fmt > FINGERPRINT_FORMAT:
-            raise GraphChangedError(
-                f"the checkpoint at {self.store.url} was written by a newer dstreams (graph fingerprint format "
-                f"{fmt}; this one knows {FINGERPRINT_FORMAT}): run that version, or start from an empty "
-                "checkpoint location")
-        if fmt == FINGERPRINT_FORMAT:
-            return self.fingerprint
-        return self.older_fingerprints.get(fmt, self.fingerprint)
 
     # ------------------------------------------------------------------ committing
     def _encode(self) -> bytes:

@@ -2,7 +2,8 @@
 
 Contract of :func:`plan_resume`: given the previous head of the log, it picks for every stateful
 stream the newest checkpoint that reads back intact (a corrupt or truncated one is skipped with a
-warning, falling back to the one before), and returns the zero time of the original run, the first
+warning, falling back to the one before; a manifest of another checkpoint format raises
+:class:`~.checkpoint_format.CheckpointFormatError`), and returns the zero time of the original run, the first
 batch to generate (the oldest restored checkpoint + one batch, so every later state is recomputed
 from its checkpoint and replayed input). A stream whose newest checkpoint is later than that (the driver
 died between two streams' checkpoints of one time; streams checkpointed at different intervals) also gets
@@ -32,6 +33,7 @@ from dstreams.contracts import Checkpointer
 from dstreams.time import BatchTime
 
 from .checkpoint_files import checkpoint_prefix, list_checkpoints, load_manifest, state_chain, verify_state_chain
+from .checkpoint_format import CheckpointFormatError
 from .checkpointer import reader_rdd
 from .storespec import StoreSpec
 
@@ -71,6 +73,8 @@ def _restore_node(sc: SparkContext, spec: StoreSpec, node: DStreamNode, candidat
                 reader.persist(node.storage_level)
             reader.count()  # reads and verifies every part now, so a bad one is skipped here
             return t, reader, manifest
+        except CheckpointFormatError:
+            raise  # not a damaged checkpoint to fall back from: the location is of another format
         except Exception as e:
             log.warning("checkpoint of %s at %d is unreadable (%s): falling back to the previous one",
                         node.name, t, str(e).splitlines()[0][:300] if str(e) else type(e).__name__)

@@ -40,7 +40,7 @@ from pyspark import SparkContext
 
 from dstreams import config
 from dstreams.clock import Clock
-from dstreams.contracts import FINGERPRINT_FORMAT, Fence, NoFence
+from dstreams.contracts import Fence, NoFence
 from dstreams.errors import DStreamsError
 from dstreams.events import EventLoop
 from dstreams.graph import DStreamGraph
@@ -132,9 +132,7 @@ class DriverRuntime:
                     "run: resume it with StreamingContext.getOrCreate(path, setupFunc), or use an empty location"
                 )
             assert sc.appName is not None, "a running SparkContext has an application name (Spark requires one)"
-            metadata = MetadataLog(store, sc.appName, graph.fingerprint(), batch.ms,
-                                   {f: graph.fingerprint(f) for f in range(1, FINGERPRINT_FORMAT)},
-                                   fault_hook=faults.reached)
+            metadata = MetadataLog(store, sc.appName, graph.fingerprint(), batch.ms, fault_hook=faults.reached)
             previous = metadata.take_over(zero_ms=first.ms - batch.ms)
             if stored_graph is not None:
                 write_graph(store, stored_graph)

@@ -23,6 +23,7 @@ import urllib.request
 import pytest
 
 from dstreams import ManualClock, StreamingContext
+from dstreams.contracts import CHECKPOINT_FORMAT
 from dstreams.nodes.store_state import StoreStateNode
 from dstreams.recovery.checkpointer import list_checkpoints, load_manifest
 from dstreams.recovery.store import open_store
@@ -451,7 +452,7 @@ def test_store_backed_state_gives_the_rdd_states_outputs_batch_by_batch(sc, tmp_
     times = sorted(list_checkpoints(store, key))
     manifests = {t: load_manifest(store, key, t) for t in times}
     for t, m in manifests.items():
-        assert m["format"] == 2 and set(m["state"]["chain"]) <= set(times), (t, m["state"])
+        assert m["format"] == CHECKPOINT_FORMAT and set(m["state"]["chain"]) <= set(times), (t, m["state"])
     assert any(m["state"]["chain"] for m in manifests.values())
 
 
