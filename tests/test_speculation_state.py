@@ -36,6 +36,7 @@ import contextlib
 import operator
 import os
 import pickle
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -471,3 +472,44 @@ def test_the_harness_sees_a_store_that_disagrees_with_the_model(stream):
     stream.node._changelog = None  # no changelog: nothing to catch up from
     with pytest.raises(StateStoreError, match="cannot be applied"):
         stream.task(2000, "d")(0)
+
+
+# ---------------------------------------------------------------------------------------------- real speculation
+SPECULATION_HOSTS = ("127.0.0.5", "127.0.0.6", "127.0.0.7")
+SLOW_PARTITION, SLOW_BATCHES, SPECULATION_BATCHES = 1, (3000, 5000), 7
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="loopback hosts and /proc")
+def test_speculative_copies_of_state_tasks_on_other_hosts_keep_one_history(sc, tmp_path):
+    """Real speculation on a standalone cluster of three hosts (127.0.0.5-.7, each with its own store folder): in
+    batches 3 and 5 the first attempt of state partition 1's task sleeps 4 s inside the store's transaction (the update
+    function, keyed on ``TaskContext`` partition and attempt), Spark runs a copy on another host, which catches up
+    from the changelog and wins; the original is not killed before it wakes (``spark.python.task.killTimeout``), so it
+    writes the changelog and commits its store after the winner. The outputs equal a failure-free run, every store on
+    every host holds the reference state of its version, the newest checkpoint restores the reference state, and every
+    changelog object is this run's and exactly its batch's change (:func:`tests.elastic_support.assert_one_history`)."""
+    from .elastic_support import assert_one_history, run_on_cluster
+
+    run = run_on_cluster(sc, tmp_path, SPECULATION_HOSTS,
+                         ["--mode", "speculation", "--slow-partition", str(SLOW_PARTITION), "--slow-seconds", "4",
+                          "--slow-batches", ",".join(map(str, SLOW_BATCHES))], SPECULATION_BATCHES)
+    status = run.status
+    assert status["conf"]["spark.speculation"] == "true", status["conf"]
+    raced = {}
+    for t in SLOW_BATCHES:
+        tries = [a for a in run.attempts if a["t"] == t and a["partition"] == SLOW_PARTITION]
+        raced[t] = sorted((a["attempt"], a["host"], a["slept"]) for a in tries)
+    report = (f"speculation: task attempts {status['task_attempts']}; slowed partition's attempts per batch "
+              f"(attempt, host, slept s) {raced}; batches (ms) {[b['processing_ms'] for b in status['batches']]}; "
+              f"catch-ups {[b['caught_up'] for b in status['batches']]}; stores "
+              f"{sorted((s.host, s.partition, s.version) for s in run.stores)}")
+    print(report)
+    assert status["task_attempts"]["speculative"] > 0, report
+    # In at least one slowed batch the original slept through on one host and a copy applied on another: two
+    # attempts of one partition and batch, both past their update function, on two stores.
+    assert any(len({h for _, h, _ in tries}) >= 2 and any(s > 0 for _, _, s in tries)
+               for tries in raced.values()), report
+    assert all(b["attempts"] == 1 for b in status["batches"]), report  # no batch failed and was retried
+    assert_one_history(run)
