@@ -14,6 +14,7 @@ import pytest
 
 from dstreams import ManualClock, StreamingContext
 from dstreams.recovery.metadata import GraphChangedError
+from dstreams.testing import collect, manual_context, run_batches
 from dstreams.time import from_user_time
 
 from .recovery_app import read_outputs
@@ -25,37 +26,21 @@ def _add(client, key: str, n: int, start: int = 0) -> list[str]:
     return [client.xadd(key, {"n": str(start + i), "k": key}) for i in range(n)]
 
 
-def _run(ssc: StreamingContext, clock: ManualClock, batches: int, first: int = 1) -> None:
-    for i in range(first, first + batches):
-        clock.advance(1000)
-        ssc.awaitBatch(i * 1000, 60)
-
-
 def _eval_calls(client) -> int:
     """How many EVAL commands the server ran (its command statistics)."""
     return int(client.info("commandstats").get("cmdstat_eval", {}).get("calls", 0))
 
 
-def _collect(stream, into: dict[int, list]) -> None:
-    stream.foreachRDD(lambda t, rdd: into.__setitem__(from_user_time(t).ms, sorted(rdd.collect())))
-
-
 def test_each_batch_reads_the_entries_added_since_the_last_one(sc, redis_url, redis_client, redis_prefix):
     keys = [f"{redis_prefix}a", f"{redis_prefix}b"]
     ids = {k: _add(redis_client, k, 5) for k in keys}
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    seen: dict[int, list] = {}
-    stream = ssc.redisStream(keys, url=redis_url)
-    _collect(stream, seen)
-    ssc.start()
-    try:
-        _run(ssc, clock, 1)
+    with manual_context(1, sc=sc) as ssc:
+        seen = collect(ssc.redisStream(keys, url=redis_url), sort=True)
+        ssc.start()
+        run_batches(ssc, 1)
         _add(redis_client, keys[1], 3, start=5)
-        _run(ssc, clock, 2, first=2)
+        run_batches(ssc, 2)
         infos = {i.batchTime().milliseconds(): i for i in ssc.batchInfos()}
-    finally:
-        ssc.stop(stopSparkContext=False)
     assert seen[1000] == sorted((k, i, {"n": str(j), "k": k}) for k in keys for j, i in enumerate(ids[k]))
     assert [r[2]["n"] for r in seen[2000]] == ["5", "6", "7"] and seen[3000] == []
     assert infos[1000].numRecords() == 10 and infos[2000].numRecords() == 3 and infos[3000].numRecords() == 0
@@ -65,18 +50,14 @@ def test_start_positions_latest_and_explicit_ids(sc, redis_url, redis_client, re
     a, b = f"{redis_prefix}a", f"{redis_prefix}b"
     ids_a = _add(redis_client, a, 4)
     _add(redis_client, b, 2)
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    latest: dict[int, list] = {}
-    explicit: dict[int, list] = {}
-    _collect(ssc.redisStream([a, b], url=redis_url, startFrom="latest").map(lambda r: r[2]["n"]), latest)
-    _collect(ssc.redisStream([a], url=redis_url, startFrom={a: ids_a[1]}).map(lambda r: r[2]["n"]), explicit)
-    ssc.start()
-    try:
+    with manual_context(1, sc=sc) as ssc:
+        latest = collect(ssc.redisStream([a, b], url=redis_url, startFrom="latest").map(lambda r: r[2]["n"]),
+                         sort=True)
+        explicit = collect(ssc.redisStream([a], url=redis_url, startFrom={a: ids_a[1]}).map(lambda r: r[2]["n"]),
+                           sort=True)
+        ssc.start()
         _add(redis_client, b, 1, start=2)
-        _run(ssc, clock, 1)
-    finally:
-        ssc.stop(stopSparkContext=False)
+        run_batches(ssc, 1)
     assert latest[1000] == ["2"]
     assert explicit[1000] == ["2", "3"]
 
@@ -85,19 +66,13 @@ def test_max_rate_per_partition_drains_a_backlog_in_bounded_batches(sc, redis_ur
     keys = [f"{redis_prefix}{i}" for i in range(2)]
     for k in keys:
         _add(redis_client, k, 25)
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    counts: dict[int, list] = {}
-    stream = ssc.redisStream(keys, url=redis_url, maxRatePerPartition=10)
-    _collect(stream.map(lambda r: (r[0], 1)).reduceByKey(operator.add), counts)
-    everything: dict[int, list] = {}
-    _collect(stream.map(lambda r: (r[0], int(r[2]["n"]))), everything)
-    evals_before = _eval_calls(redis_client)
-    ssc.start()
-    try:
-        _run(ssc, clock, 4)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        stream = ssc.redisStream(keys, url=redis_url, maxRatePerPartition=10)
+        counts = collect(stream.map(lambda r: (r[0], 1)).reduceByKey(operator.add), sort=True)
+        everything = collect(stream.map(lambda r: (r[0], int(r[2]["n"]))), sort=True)
+        evals_before = _eval_calls(redis_client)
+        ssc.start()
+        run_batches(ssc, 4)
     assert [counts[t] for t in (1000, 2000, 3000, 4000)] == [
         [(k, n) for k in keys] for n in (10, 10, 5)] + [[]]
     # The limit script walks the entries only where the backlog exceeds the limit (batches 1 and 2); the
@@ -111,38 +86,27 @@ def test_a_decoder_error_names_the_key_and_entry(sc, redis_url, redis_client, re
     key = f"{redis_prefix}bad"
     good = redis_client.xadd(key, {"v": "1"})
     bad = redis_client.xadd(key, {"v": "not a number"})
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    ssc.redisStream(key, url=redis_url, decoder=lambda k, i, f: int(f["v"])).foreachRDD(lambda rdd: rdd.count())
-    ssc.start()
-    try:
-        clock.advance(1000)
+    with manual_context(1, sc=sc) as ssc:
+        ssc.redisStream(key, url=redis_url, decoder=lambda k, i, f: int(f["v"])).foreachRDD(lambda rdd: rdd.count())
+        ssc.start()
         with pytest.raises(Exception) as err:
-            ssc.awaitBatch(1000, 60)
+            run_batches(ssc, 1, check=False)
             ssc.awaitTerminationOrTimeout(5)
-    finally:
-        ssc.stop(stopSparkContext=False)
     assert key in str(err.value) and bad in str(err.value) and good not in str(err.value)
 
 
 def test_missing_keys_fail_at_start_or_are_waited_for(sc, redis_url, redis_client, redis_prefix):
     key = f"{redis_prefix}later"
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
-    ssc.redisStream(key, url=redis_url).foreachRDD(lambda rdd: None)
-    with pytest.raises(ValueError, match="do not exist.*missingKeys='wait'"):
+    with manual_context(1, sc=sc) as ssc:
+        ssc.redisStream(key, url=redis_url).foreachRDD(lambda rdd: None)
+        with pytest.raises(ValueError, match="do not exist.*missingKeys='wait'"):
+            ssc.start()
+    with manual_context(1, sc=sc) as ssc:
+        seen = collect(ssc.redisStream(key, url=redis_url, missingKeys="wait").map(lambda r: r[2]["n"]), sort=True)
         ssc.start()
-    ssc.stop(stopSparkContext=False)
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    seen: dict[int, list] = {}
-    _collect(ssc.redisStream(key, url=redis_url, missingKeys="wait").map(lambda r: r[2]["n"]), seen)
-    ssc.start()
-    try:
-        _run(ssc, clock, 1)
+        run_batches(ssc, 1)
         _add(redis_client, key, 2)
-        _run(ssc, clock, 1, first=2)
-    finally:
-        ssc.stop(stopSparkContext=False)
+        run_batches(ssc, 1)
     assert seen[1000] == [] and seen[2000] == ["0", "1"]
 
 
@@ -158,36 +122,35 @@ def test_a_server_down_at_start_is_waited_for_within_the_outage_bound(sc, redis_
     upstream = urlsplit(redis_url)
     proxy = FaultProxy("redis", upstream.hostname or "127.0.0.1", upstream.port or 6379)
     proxy.down()
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    seen: dict[int, list] = {}
-    _collect(ssc.redisStream(key, url=f"redis://127.0.0.1:{proxy.port}{upstream.path}").map(lambda r: r[2]["n"]),
-             seen)
-    waits_before = OUTAGE_WAITS.total()
-    errors: list[BaseException] = []
-
-    def start() -> None:
-        try:
-            ssc.start()
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    starter = threading.Thread(target=start, name="test-start")
-    starter.start()
     try:
-        deadline = time.monotonic() + 60
-        while OUTAGE_WAITS.total() == waits_before and starter.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not errors, errors
-        assert starter.is_alive() and OUTAGE_WAITS.total() > waits_before, "start() did not wait for the source"
-        proxy.up()
-        starter.join(60)
-        assert not starter.is_alive() and not errors, errors
-        _run(ssc, clock, 1)
+        with manual_context(1, sc=sc) as ssc:
+            seen = collect(ssc.redisStream(key, url=f"redis://127.0.0.1:{proxy.port}{upstream.path}").map(
+                lambda r: r[2]["n"]), sort=True)
+            waits_before = OUTAGE_WAITS.total()
+            errors: list[BaseException] = []
+
+            def start() -> None:
+                try:
+                    ssc.start()
+                except BaseException as e:  # noqa: BLE001 - reported below
+                    errors.append(e)
+
+            starter = threading.Thread(target=start, name="test-start")
+            starter.start()
+            try:
+                deadline = time.monotonic() + 60
+                while OUTAGE_WAITS.total() == waits_before and starter.is_alive() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert not errors, errors
+                assert starter.is_alive() and OUTAGE_WAITS.total() > waits_before, "start() did not wait for the source"
+                proxy.up()
+                starter.join(60)
+                assert not starter.is_alive() and not errors, errors
+                run_batches(ssc, 1)
+            finally:
+                proxy.up()
+                starter.join(60)
     finally:
-        proxy.up()
-        starter.join(60)
-        ssc.stop(stopSparkContext=False)
         proxy.close()
     assert seen[1000] == ["0", "1", "2"]
 
@@ -196,25 +159,16 @@ def test_trimmed_entries_fail_clearly_or_are_skipped_on_request(sc, redis_url, r
     key = f"{redis_prefix}trim"
     _add(redis_client, key, 10)
     redis_client.xtrim(key, maxlen=4, approximate=False)  # entries 0..5 are gone before anything read them
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    ssc.redisStream(key, url=redis_url).foreachRDD(lambda rdd: None)
-    ssc.start()
-    try:
-        clock.advance(1000)
+    with manual_context(1, sc=sc) as ssc:
+        ssc.redisStream(key, url=redis_url).foreachRDD(lambda rdd: None)
+        ssc.start()
+        ssc.clock.advance(1000)
         with pytest.raises(Exception, match=f"{key}.*trimmed.*onTrimmed='skip'"):
             ssc.awaitTerminationOrTimeout(30)
-    finally:
-        ssc.stop(stopSparkContext=False)
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    seen: dict[int, list] = {}
-    _collect(ssc.redisStream(key, url=redis_url, onTrimmed="skip").map(lambda r: int(r[2]["n"])), seen)
-    ssc.start()
-    try:
-        _run(ssc, clock, 1)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        seen = collect(ssc.redisStream(key, url=redis_url, onTrimmed="skip").map(lambda r: int(r[2]["n"])), sort=True)
+        ssc.start()
+        run_batches(ssc, 1)
     assert seen[1000] == [6, 7, 8, 9]
 
 
@@ -235,10 +189,10 @@ def test_a_restarted_driver_reads_every_entry_exactly_once(sc, redis_url, redis_
     first = StreamingContext.getOrCreate(ckpt, lambda: build(clock))
     first.start()
     try:
-        _run(first, clock, 2)
+        run_batches(first, 2)
         for k in keys:
             _add(redis_client, k, 2, start=3)
-        _run(first, clock, 1, first=3)
+        run_batches(first, 1)
     finally:
         first.stop(stopSparkContext=False)  # the driver "dies" after batch 3
     for k in keys:
@@ -293,7 +247,7 @@ def test_entries_trimmed_under_a_recorded_batch_are_skipped_after_the_restart_th
     first = StreamingContext.getOrCreate(ckpt, lambda: build(clock, keys))
     first.start()
     try:
-        _run(first, clock, 1)
+        run_batches(first, 1)
         for k in keys:
             _add(redis_client, k, 3, start=3)
         open(hold, "w").close()
@@ -347,18 +301,13 @@ def test_a_backlog_of_a_million_entries_drains_in_bounded_batches(sc, redis_url,
             for i in range(start, start + 10_000):
                 pipe.xadd(k, {"n": i})
             pipe.execute()
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    stream = ssc.redisStream(keys, url=redis_url, maxRatePerPartition=rate)
-    per_batch: dict[int, list] = {}
-    _collect(stream.map(lambda r: (r[0], (1, int(r[2]["n"]), int(r[2]["n"])))).reduceByKey(
-        lambda a, b: (a[0] + b[0], min(a[1], b[1]), max(a[2], b[2]))), per_batch)
-    ssc.start()
-    try:
-        _run(ssc, clock, 6)
+    with manual_context(1, sc=sc) as ssc:
+        stream = ssc.redisStream(keys, url=redis_url, maxRatePerPartition=rate)
+        per_batch = collect(stream.map(lambda r: (r[0], (1, int(r[2]["n"]), int(r[2]["n"])))).reduceByKey(
+            lambda a, b: (a[0] + b[0], min(a[1], b[1]), max(a[2], b[2]))), sort=True)
+        ssc.start()
+        run_batches(ssc, 6)
         infos = {i.batchTime().milliseconds(): i for i in ssc.batchInfos()}
-    finally:
-        ssc.stop(stopSparkContext=False)
     for k in keys:
         ranges = [dict(per_batch[t]).get(k) for t in sorted(per_batch)]
         assert [r[0] if r else 0 for r in ranges] == [rate] * 4 + [per_key - 4 * rate, 0]
@@ -371,23 +320,18 @@ def test_commit_to_group_moves_a_consumer_group_for_monitoring_tools(sc, redis_u
     keys = [f"{redis_prefix}g{i}" for i in range(2)]
     ids = {k: _add(redis_client, k, 3) for k in keys}
     redis_client.xgroup_create(keys[0], "watch", "0-0")  # an existing group is moved; a missing one is created
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    got: dict[int, list] = {}
-    stream = ssc.redisStream(keys, url=redis_url, commitToGroup="watch")
-    _collect(stream.map(lambda r: r[1]), got)
-    with pytest.raises(ValueError, match="commitToGroup must be a consumer group name"):
-        ssc.redisStream(keys, url=redis_url, commitToGroup="")
-    ssc.start()
-    try:
-        _run(ssc, clock, 1)
+    with manual_context(1, sc=sc) as ssc:
+        stream = ssc.redisStream(keys, url=redis_url, commitToGroup="watch")
+        got = collect(stream.map(lambda r: r[1]), sort=True)
+        with pytest.raises(ValueError, match="commitToGroup must be a consumer group name"):
+            ssc.redisStream(keys, url=redis_url, commitToGroup="")
+        ssc.start()
+        run_batches(ssc, 1)
         assert stream._node.wait_group_positions(30)  # the groups move on the source's own thread
         positions = {k: redis_client.xinfo_groups(k)[0]["last-delivered-id"] for k in keys}
         assert positions == {k: ids[k][-1] for k in keys}
         more = {k: _add(redis_client, k, 2, start=3) for k in keys}
-        _run(ssc, clock, 2, first=2)
-    finally:
-        ssc.stop(stopSparkContext=False)
+        run_batches(ssc, 2)
     assert {k: redis_client.xinfo_groups(k)[0]["last-delivered-id"] for k in keys} == {k: more[k][-1] for k in keys}
     assert all(len(redis_client.xinfo_groups(k)) == 1 for k in keys)
     assert redis_client.xpending(keys[0], "watch")["pending"] == 0  # nothing delivered through the group
@@ -400,43 +344,39 @@ def test_a_slow_consumer_group_update_does_not_delay_batch_generation(sc, redis_
     later batches are generated and run, and the positions they reach coalesce into one update per key."""
     keys = [f"{redis_prefix}slow{i}" for i in range(2)]
     ends = {1: {k: _add(redis_client, k, 2)[-1] for k in keys}}
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    stream = ssc.redisStream(keys, url=redis_url, commitToGroup="watch")
-    stream.foreachRDD(lambda rdd: rdd.count())
-    node = stream._node
-    real = node._client()
     entered, release = threading.Event(), threading.Event()
     calls: list[tuple[str, str]] = []
+    with manual_context(1, sc=sc) as ssc:
+        stream = ssc.redisStream(keys, url=redis_url, commitToGroup="watch")
+        stream.foreachRDD(lambda rdd: rdd.count())
+        node = stream._node
+        real = node._client()
 
-    class SlowGroupClient:
-        """The real client, but an XGROUP SETID hangs until the test releases it (a Redis that stalls)."""
+        class SlowGroupClient:
+            """The real client, but an XGROUP SETID hangs until the test releases it (a Redis that stalls)."""
 
-        def xgroup_setid(self, key: str, group: str, entry_id: str):
-            calls.append((key, entry_id))
-            entered.set()
-            release.wait(120)
-            return real.xgroup_setid(key, group, entry_id)
+            def xgroup_setid(self, key: str, group: str, entry_id: str):
+                calls.append((key, entry_id))
+                entered.set()
+                release.wait(120)
+                return real.xgroup_setid(key, group, entry_id)
 
-        def __getattr__(self, name: str):
-            return getattr(real, name)
+            def __getattr__(self, name: str):
+                return getattr(real, name)
 
-    monkeypatch.setattr(node, "_client", lambda: SlowGroupClient())
-    ssc.start()
-    try:
-        clock.advance(1000)
-        ssc.awaitBatch(1000, 60)
-        assert entered.wait(30), "batch 1's group update never started"
-        for b in (2, 3):  # generated and run while batch 1's update hangs
-            ends[b] = {k: _add(redis_client, k, 2, start=2 * b)[-1] for k in keys}
-            clock.advance(1000)
-            ssc.awaitBatch(b * 1000, 30)
-        assert calls == [(keys[0], ends[1][keys[0]])]
-        release.set()
-        assert node.wait_group_positions(30)
-    finally:
-        release.set()
-        ssc.stop(stopSparkContext=False)
+        monkeypatch.setattr(node, "_client", lambda: SlowGroupClient())
+        ssc.start()
+        try:
+            run_batches(ssc, 1)
+            assert entered.wait(30), "batch 1's group update never started"
+            for b in (2, 3):  # generated and run while batch 1's update hangs
+                ends[b] = {k: _add(redis_client, k, 2, start=2 * b)[-1] for k in keys}
+                run_batches(ssc, 1, timeout=30)
+            assert calls == [(keys[0], ends[1][keys[0]])]
+            release.set()
+            assert node.wait_group_positions(30)
+        finally:
+            release.set()
     assert {k: redis_client.xinfo_groups(k)[0]["last-delivered-id"] for k in keys} == ends[3]
     # batch 2's positions were overtaken by batch 3's while they waited: one update per key, never backwards
     assert calls == [(k, ends[1][k]) for k in keys] + [(k, ends[3][k]) for k in keys]
@@ -476,24 +416,17 @@ def _id_seconds(record) -> float:
 def _event_time_run(sc, redis_url, keys, mode, feed) -> tuple[dict[int, list], dict[int, list], dict[int, list]]:
     """Batches of ``redisStream(keys, eventTimeFromIds=mode)`` with event time = entry id; ``feed(i)`` adds the
     entries of batch i before it runs. Returns (watermarks, kept ids, late ids) per batch time."""
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    timed = ssc.redisStream(keys, url=redis_url, eventTimeFromIds=mode).withEventTime(_id_seconds, "0s")
-    marks: dict[int, list] = {}
-    kept: dict[int, list] = {}
-    late: dict[int, list] = {}
-    _collect(timed.watermarks(), marks)
-    _collect(timed.map(lambda r: r[1]), kept)
-    _collect(timed.lateRecords().map(lambda r: r[1]), late)
-    feed(1)  # the keys exist before the stream starts
-    ssc.start()
-    try:
+    with manual_context(1, sc=sc) as ssc:
+        timed = ssc.redisStream(keys, url=redis_url, eventTimeFromIds=mode).withEventTime(_id_seconds, "0s")
+        marks = collect(timed.watermarks(), sort=True)
+        kept = collect(timed.map(lambda r: r[1]), sort=True)
+        late = collect(timed.lateRecords().map(lambda r: r[1]), sort=True)
+        feed(1)  # the keys exist before the stream starts
+        ssc.start()
         for i in range(1, 4):
             if i > 1:
                 feed(i)
-            _run(ssc, clock, 1, first=i)
-    finally:
-        ssc.stop(stopSparkContext=False)
+            run_batches(ssc, 1)
     return marks, kept, late
 
 
@@ -541,6 +474,5 @@ def test_auto_ids_an_idle_key_does_not_hold_the_watermark(sc, redis_url, redis_c
 
 
 def test_event_time_from_ids_is_checked(sc, redis_url, redis_prefix):
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
-    with pytest.raises(ValueError, match="eventTimeFromIds must be None, 'auto'"):
+    with manual_context(1, sc=sc) as ssc, pytest.raises(ValueError, match="eventTimeFromIds must be None, 'auto'"):
         ssc.redisStream(f"{redis_prefix}a", url=redis_url, eventTimeFromIds="ids")
