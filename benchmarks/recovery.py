@@ -25,7 +25,8 @@ Run from the repository root::
    checkpoint interval of ``--intervals`` (default 10 s, 30 s) and state of ``--stores`` (the RDD state, the
    executor state store), one driver of ``tests/host_fault_app.py`` runs ``updateStateByKey`` with an
    ``initialRDD`` and an invertible 5 s window in that state, 1 s batches on a ManualClock one at a time; after
-   batch ``interval + interval // 2`` (half an interval of lineage since the last checkpoint) host 1 is SIGKILLed
+   batch ``interval // 2 + 1`` (half an interval of lineage since the initial state; ``--after-first-checkpoint``:
+   since the first regular checkpoint, an interval of batches more) host 1 is SIGKILLed
    (worker, executor, Python workers) and its disk folder removed; ``--host-after`` batches later its worker starts
    again with an empty disk and ``--host-after-join`` batches run once its executor registered. Per run: the usual
    batch (median of the batches before the loss but the first), the batch that met the loss and its extra time,
@@ -49,6 +50,7 @@ import operator
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -239,15 +241,23 @@ PAPER_TARGET_MS = {10: 1000, 30: 3500}
 HOST_TARGET = 1  # the host (0-based) killed in every run
 
 
+def _kill_after(interval: int, after_first_checkpoint: bool) -> int:
+    """The batch after which the host dies: half an interval of lineage (``interval // 2 + 1`` batches) since the
+    initial state (the executor store checkpoints it at the zero time; the RDD state recomputes it from the
+    ``initialRDD``), or with ``after_first_checkpoint`` since the first regular checkpoint (``interval`` batches
+    more to run)."""
+    return interval // 2 + 1 + (interval if after_first_checkpoint else 0)
+
+
 def _host_loss_run(args: argparse.Namespace, cluster_dir: Path, master_url: str, store: str, interval: int,
                    repeat: int, work: str) -> dict[str, Any]:
     """One driver of ``tests/host_fault_app.py`` on the running cluster: ``store`` state, checkpoints every
-    ``interval`` s, host :data:`HOST_TARGET` killed with its disk in the middle of a checkpoint interval (after batch
-    ``interval + interval // 2``), ``--host-after`` batches, then the host started again and ``--host-after-join``
-    batches once its executor registered. Returns its per-batch metrics and :func:`recovery_figures`."""
+    ``interval`` s, host :data:`HOST_TARGET` killed with its disk half a checkpoint interval after a checkpoint
+    (:func:`_kill_after`), ``--host-after`` batches, then the host started again and ``--host-after-join`` batches
+    once its executor registered. Returns its per-batch metrics and :func:`recovery_figures`."""
     from tests.host_fault_app import recovery_figures
 
-    kill_after = interval + interval // 2
+    kill_after = _kill_after(interval, args.after_first_checkpoint)
     out = os.path.join(work, f"hosts-{store}-{interval}s-{repeat}")
     os.makedirs(out, exist_ok=True)
     cmd = [sys.executable, str(ROOT / "tests" / "host_fault_app.py"), out, "--master", master_url,
@@ -270,8 +280,11 @@ def _host_loss_run(args: argparse.Namespace, cluster_dir: Path, master_url: str,
         try:
             rc = proc.wait(timeout=args.timeout * 3 + batches * args.timeout / 4)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            rc = proc.wait(timeout=30)
+            rc = -9
+        finally:  # timed out, or this process is stopping: the driver and its JVM go too
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
     try:
         with open(os.path.join(out, "status.json")) as f:
             status = json.load(f)
@@ -343,6 +356,8 @@ def host_loss(args: argparse.Namespace, work: str, doc: dict[str, Any]) -> None:
         stop_from_dir,
     )
 
+    # SIGTERM (a timeout, a stop) ends the run through the finally below, which stops the cluster.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     base = Path(tempfile.mkdtemp(prefix="dsb-"))  # short: the executors' Unix sockets live under it
     cluster = StandaloneCluster(base, hosts(args.hosts))
     section: dict[str, Any] = {"hosts": args.hosts, "runs": [], "summary": []}
@@ -502,7 +517,8 @@ def _host_main(args: argparse.Namespace, argv: list[str] | None) -> int:
                    "batches_after_join": args.host_after_join, "batch_interval_s": 1, "partitions": 3,
                    "pipeline": "tests/host_fault_app.py: updateStateByKey with an initialRDD and an invertible 5 s "
                                "reduceByKeyAndWindow over 8 words x 3 partitions a batch",
-                   "kill": "after batch interval + interval // 2, host 1, its disk folder removed",
+                   "kill": ("host 1, its disk folder removed, after batch "
+                            + ("interval + interval // 2 + 1" if args.after_first_checkpoint else "interval // 2 + 1")),
                    "checkpoint": args.checkpoint_url or "a local folder shared by the hosts of this machine",
                    "paper_target_ms": PAPER_TARGET_MS},
     }
@@ -534,9 +550,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stores", type=_stores, default=["rdd", "executor"],
                    help="--hosts: the state backends, comma-separated (default rdd,executor)")
     p.add_argument("--repeats", type=int, help="--hosts: runs of each (interval, state) (default 3, quick 1)")
-    p.add_argument("--host-after", type=int, default=5, help="--hosts: batches after the loss (default 5)")
-    p.add_argument("--host-after-join", type=int, default=2,
-                   help="--hosts: batches once the replacement host's executor registered (default 2)")
+    p.add_argument("--host-after", type=int, default=4, help="--hosts: batches after the loss (default 4)")
+    p.add_argument("--host-after-join", type=int, default=1,
+                   help="--hosts: batches once the replacement host's executor registered (default 1)")
+    p.add_argument("--after-first-checkpoint", action="store_true",
+                   help="--hosts: kill half an interval after the first regular checkpoint, not half an interval "
+                        "after the start (an interval more of batches to run)")
     p.add_argument("--checkpoint-url", help="--hosts: checkpoint under this s3://bucket/prefix (the AWS_* variables "
                    "give the endpoint and credentials) instead of a local folder")
     p.add_argument("--timeout", type=float, help="bound of every wait, seconds (default 90; --hosts: 180)")
