@@ -1,0 +1,192 @@
+"""Elastic executors (issue 42, item 5): executors added and removed while a stateful stream runs.
+
+A standalone cluster of four hosts (127.0.0.5-.8, :mod:`tests.standalone_cluster`, each with its own disk folder and
+state stores); host 3 is killed before the application starts, so the stream starts on three executors. The driver
+(:mod:`tests.elastic_app`, ``--mode elastic``: ``updateStateByKey`` in the executor state store, changelog on,
+checkpoints every 4 s, 1 s batches on a ManualClock) runs 3 batches; host 3's worker starts (a machine added to the
+cluster) and its executor joins; 3 more batches; then one executor JVM of host 0 (not the host: its worker and disk
+stay) is SIGKILLed and the worker starts a replacement; 3 more batches. The outputs equal a failure-free run, every
+store on every host holds the reference state of its version (:func:`tests.elastic_support.assert_one_history`), the
+joined host takes tasks, the replacement executor serves host 0's stores where they are, and the catch-ups (a store
+brought up to date from the newest checkpoint and the changelog) are counted per phase and bounded.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from .elastic_support import assert_one_history, run_on_cluster
+
+HOSTS = ("127.0.0.5", "127.0.0.6", "127.0.0.7", "127.0.0.8")
+JOIN_AFTER, KILL_AFTER, BATCHES, PARTITIONS = 3, 6, 9, 3
+JOIN_HOST, KILL_HOST = 3, 0
+
+
+def _phase_catch_ups(batches: list[dict]) -> dict[str, int]:
+    """Catch-ups per phase (before the join, between the join and the kill, after the kill)."""
+    at = {b["t"]: b["caught_up"] for b in batches}
+    return {"start": at[JOIN_AFTER * 1000], "joined": at[KILL_AFTER * 1000] - at[JOIN_AFTER * 1000],
+            "replaced": at[BATCHES * 1000] - at[KILL_AFTER * 1000]}
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="loopback hosts and /proc")
+def test_executors_joining_and_lost_mid_stream_keep_outputs_exact_and_state_in_place(sc, tmp_path):
+    run = run_on_cluster(sc, tmp_path, HOSTS,
+                         ["--mode", "elastic", "--join-after", str(JOIN_AFTER), "--join-host", str(JOIN_HOST),
+                          "--kill-after", str(KILL_AFTER), "--kill-host", str(KILL_HOST)], BATCHES,
+                         before_driver=lambda cluster: cluster.kill_host(JOIN_HOST), driver_waits_for_cluster=True)
+    status = run.status
+    phases = _phase_catch_ups(status["batches"])
+    hosts_by_phase = {name: sorted({a["host"] for a in run.attempts if lo < a["t"] <= hi})
+                      for name, lo, hi in (("start", 0, JOIN_AFTER * 1000),
+                                           ("joined", JOIN_AFTER * 1000, KILL_AFTER * 1000),
+                                           ("replaced", KILL_AFTER * 1000, BATCHES * 1000))}
+    report = (f"elastic: executor joined after {status['join_s']} s ({status['joined_executors']}), executor "
+              f"{status['killed_executor']} killed, replaced after {status['replacement_s']} s "
+              f"({status['executors_after_kill']}); catch-ups per phase {phases}; hosts that applied batches per phase "
+              f"{hosts_by_phase}; batches (ms) {[b['processing_ms'] for b in status['batches']]}; tries "
+              f"{[b['attempts'] for b in status['batches']]}; stores "
+              f"{sorted((s.host, s.partition, s.version) for s in run.stores)}")
+    print(report)
+    assert all(b["attempts"] == 1 for b in status["batches"]), report  # no batch failed
+    assert len(status["joined_executors"]) == 4, report
+    assert status["killed_executor"] not in status["executors_after_kill"], report
+    assert len(status["executors_after_kill"]) == 4, report
+    assert HOSTS[JOIN_HOST] in hosts_by_phase["joined"] + hosts_by_phase["replaced"], report  # the new host works
+    assert_one_history(run)
+    # Host 0's stores outlived its executor: the replacement found them on the host's disk (state stays placed).
+    assert any(s.host == KILL_HOST for s in run.stores), report
+    # No reload storm: each phase moves each partition a bounded number of times (a storm is every partition every
+    # batch: PARTITIONS x 3 per phase).
+    assert phases["joined"] <= 2 * PARTITIONS and phases["replaced"] <= 2 * PARTITIONS, report
+
+
+# ---------------------------------------------------------------------------------------------- batch-ratio policy
+class _Cluster:
+    """An :class:`~dstreams.spark.elastic.ExecutorControl` in memory: what the policy asked, and its answers."""
+
+    def __init__(self, executors: list[str], accept: bool = True) -> None:
+        self.executors, self.accept, self.calls = list(executors), accept, []
+
+    def executor_ids(self) -> list[str]:
+        return list(self.executors)
+
+    def request(self, count: int) -> bool:
+        self.calls.append(("request", count))
+        if self.accept:
+            top = max((int(e) for e in self.executors), default=-1)
+            self.executors += [str(top + 1 + i) for i in range(count)]
+        return self.accept
+
+    def kill(self, executor_id: str) -> bool:
+        self.calls.append(("kill", executor_id))
+        if self.accept:
+            self.executors.remove(executor_id)
+        return self.accept
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _policy(cluster: _Cluster, clock: _Clock, **settings):
+    from dstreams.spark.elastic import BatchRatioPolicy
+
+    return BatchRatioPolicy(cluster, 1000, interval_s=10, clock=clock, **settings)
+
+
+def _window(policy, clock: _Clock, times_ms: list[int | None]):
+    """Batches completing one second apart; returns the decision the last one made (None: none)."""
+    decision = None
+    for ms in times_ms:
+        clock.now += 1
+        decision = policy.batch_completed(ms)
+    return decision
+
+
+def test_the_batch_ratio_policy_asks_for_executors_near_the_interval_and_gives_the_newest_back_far_below():
+    cluster, clock = _Cluster(["0", "1", "10", "2"]), _Clock()
+    policy = _policy(cluster, clock, min_executors=2, max_executors=6)
+    assert _window(policy, clock, [950] * 9) is None  # the interval (10 s) has not passed: no decision yet
+    up = _window(policy, clock, [950])
+    assert (up.action, up.count, up.batches, round(up.ratio, 2), up.accepted) == ("request", 1, 10, 0.95, True)
+    up = _window(policy, clock, [2600] * 10)  # batches take 2.6 intervals: round(2.6) = 3 more, capped at 6 in all
+    assert (up.action, up.count) == ("request", 1) and len(cluster.executors) == 6
+    assert _window(policy, clock, [2600] * 10).reason.startswith("at max_executors")
+    assert _window(policy, clock, [500] * 10).action == "none"  # between the ratios: nothing
+    down = _window(policy, clock, [200, None, 250, 200, 150, 200, 200, 250, 300, 250])  # a dropped batch: not counted
+    assert (down.action, down.executor_id, down.batches, round(down.ratio, 3)) == ("kill", "12", 9, 0.222)
+    for _ in range(3):
+        _window(policy, clock, [100] * 10)
+    assert len(cluster.executors) == 2 and _window(policy, clock, [100] * 10).reason.startswith("at min_executors")
+    assert cluster.calls == [("request", 1), ("request", 1), ("kill", "12"), ("kill", "11"), ("kill", "10"),
+                             ("kill", "2")]
+    assert [d.action for d in policy.decisions][:3] == ["request", "request", "none"]
+
+
+def test_the_batch_ratio_policy_records_a_refused_or_failing_request_and_never_raises():
+    cluster, clock = _Cluster(["0"], accept=False), _Clock()
+    policy = _policy(cluster, clock)
+    refused = _window(policy, clock, [1500] * 10)
+    assert (refused.action, refused.count, refused.accepted) == ("request", 2, False)
+    assert "refused" in refused.reason
+
+    def broken(count: int) -> bool:
+        raise RuntimeError("py4j: the context is stopping")
+
+    cluster.request = broken  # type: ignore[method-assign]
+    failed = _window(policy, clock, [1500] * 10)
+    assert failed.accepted is False and "the context is stopping" in failed.reason
+    assert _window(policy, clock, [None] * 10) is None  # no batch with a known time: no decision
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"scale_up_ratio": 0.5, "scale_down_ratio": 0.6}, "must be at least 0 and below scale_up_ratio"),
+    ({"min_executors": 3, "max_executors": 2}, "executor bounds"),
+    ({"interval_s": 0}, "decision interval must be positive"),
+])
+def test_the_batch_ratio_policy_refuses_settings_that_cannot_work(settings, message):
+    from dstreams.spark.elastic import BatchRatioPolicy
+
+    with pytest.raises(ValueError, match=message):
+        BatchRatioPolicy(_Cluster([]), 1000, **settings)
+
+
+def test_the_batch_ratio_policy_reaches_the_jvm_and_a_local_master_refuses_more_executors(sc):
+    """Through Py4J on the session's ``local[2]`` context: no executors to list, and a request Spark refuses (a
+    local master cannot add executors), recorded, not raised; as a listener of a running context it decides on the
+    batches' own processing times."""
+    from dstreams import ManualClock, StreamingContext
+    from dstreams.spark.elastic import BatchRatioPolicy, JvmExecutorControl
+
+    control = JvmExecutorControl(sc)
+    assert control.executor_ids() == [] and control.request(1) is False
+    clock = _Clock()
+    manual = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=manual)
+    ssc.queueStream([[1, 2], [3]]).count().foreachRDD(lambda rdd: None)
+    policy = BatchRatioPolicy.for_context(ssc, interval_s=1, scale_up_ratio=0.001, scale_down_ratio=0.0, clock=clock)
+    try:
+        ssc.start()
+        manual.set_time(1000)
+        ssc.awaitBatch(1000, 60)
+        clock.now = 5.0
+        manual.set_time(2000)
+        ssc.awaitBatch(2000, 60)
+        deadline = time.monotonic() + 60  # listener events are delivered on the bus's thread
+        while not policy.decisions and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        ssc.stop(stopSparkContext=False)
+    (decision,) = policy.decisions
+    assert (decision.action, decision.accepted, decision.executors_before) == ("request", False, 0), decision
