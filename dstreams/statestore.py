@@ -28,11 +28,15 @@ Contract of :class:`PartitionStore`:
   initial state).
 * Two tasks of one partition (speculation, a retry) serialise on the database's write lock
   (``BEGIN IMMEDIATE``, a 10-minute busy timeout).
+* A store opened with :meth:`PartitionStore.open` holds a shared lock on ``<store file>.lock`` (``flock``) until
+  it is closed: :func:`sweep_stale` deletes a host's copy of a partition only under the exclusive lock, so never the
+  copy a task of that partition is using on that host.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import operator
 import os
@@ -146,16 +150,30 @@ class PartitionStore:
             self.db.execute(stmt)
         #: Store files attached for a reload (:meth:`_load_file`), detached when its transaction ends.
         self._attached: list[str] = []
+        #: The descriptor of the lock file held while open (:meth:`open`), or None.
+        self._held: int | None = None
 
     @classmethod
     def open(cls, local_dir: str | None, store_id: str, partition: int,
              indexer: Indexer | None = None) -> PartitionStore:
+        """The store of ``partition`` in ``local_dir``, held (a shared lock, see the module docstring) until
+        :meth:`close`."""
         path = store_path(local_dir, store_id, partition)
-        sweep(path)
-        return cls(path, indexer)
+        held = _hold(path)
+        try:
+            sweep(path)
+            store = cls(path, indexer)
+        except BaseException:
+            os.close(held)
+            raise
+        store._held = held
+        return store
 
     def close(self) -> None:
         self.db.close()
+        held, self._held = self._held, None
+        if held is not None:
+            os.close(held)  # releases the lock
 
     # ------------------------------------------------------------------ metadata
     def _meta(self, name: str) -> Any:
@@ -552,6 +570,153 @@ def sweep(path: str) -> None:
         if doomed:
             with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                 os.remove(os.path.join(folder, n))
+
+
+#: Beside a store file: the lock a task holds while the store is open (:meth:`PartitionStore.open`).
+LOCK_SUFFIX = ".lock"
+#: In a stream's store folder: the cleanup horizon last swept on this host (:func:`sweep_stale_once`).
+SWEPT_MARKER = "swept"
+_STORE_NAME = re.compile(r"p-(\d{5})\.f(\d+)\.sqlite(-wal|-shm|-journal|\.lock)?")
+
+
+def _hold(path: str) -> int:
+    """Take the shared lock on the store at ``path`` (waiting only while a sweep deletes that copy: milliseconds) and
+    return its descriptor: the lock file then is the one at its path (a sweep that deleted the copy removed the lock
+    file too, and a new one is made)."""
+    lock = path + LOCK_SUFFIX
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if _same_file(fd, lock):
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # deleted while we waited: take the new one
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether the open descriptor ``fd`` is the file now at ``path``."""
+    try:
+        at = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (mine.st_dev, mine.st_ino) == (at.st_dev, at.st_ino)
+
+
+def _stored_version(path: str) -> int | None:
+    """The version of the store file at ``path`` (None: none, or not a store that can be read). Called under the
+    copy's exclusive lock: no task has it open."""
+    db = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        row = db.execute("SELECT value FROM meta WHERE name = 'version'").fetchone()
+    except sqlite3.OperationalError as e:
+        if "locked" in str(e) or "busy" in str(e):
+            raise  # written by a process that does not take the lock: not ours to delete
+        return None  # no meta table: an empty or foreign file
+    finally:
+        db.close()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def sweep_stale(folder: str, horizon: int, unused_since: float | None = None) -> list[int]:
+    """Delete the stale copies in ``folder`` (one stream's stores on this host); returns their partitions, sorted.
+
+    A copy of partition ``p`` is stale when its version is below ``horizon`` (or it holds no version it can tell),
+    whatever run wrote it: the driver passes the stream's newest adopted checkpoint or the oldest version a kept RDD
+    may still read, whichever is older, so a copy below it is never read again on any path (a task catching up
+    starts from that checkpoint or later, a read-back reloads a store behind the checkpoint it restores). It is
+    deleted with SQLite's files beside it and its lock file, under its exclusive lock taken without waiting: a copy a
+    task of that partition holds open on this host is skipped (the next sweep looks again). ``unused_since``: only
+    copies whose files were not modified since that time (``time.time()``) are opened to read their version (a copy
+    in use is written every batch); None: every copy. Files of an older store layout are deleted too (never opened
+    again)."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    copies: dict[int, list[str]] = {}
+    for name in names:
+        m = _STORE_NAME.fullmatch(name)
+        if m is None:
+            continue
+        if int(m.group(2)) != STORE_FORMAT:
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                os.remove(os.path.join(folder, name))
+            continue
+        copies.setdefault(int(m.group(1)), []).append(name)
+    removed = []
+    for partition in sorted(copies):
+        path = os.path.join(folder, f"p-{partition:05d}.f{STORE_FORMAT}.sqlite")
+        if unused_since is not None and _last_modified(path) >= unused_since:
+            continue
+        if _delete_if_stale(path, horizon):
+            removed.append(partition)
+    return removed
+
+
+def _last_modified(path: str) -> float:
+    """The newest modification time of the store at ``path`` and SQLite's files beside it (0: none)."""
+    newest = 0.0
+    for suffix in ("", "-wal"):
+        with contextlib.suppress(FileNotFoundError):
+            newest = max(newest, os.stat(path + suffix).st_mtime)
+    return newest
+
+
+def _delete_if_stale(path: str, horizon: int) -> bool:
+    """Under the copy's exclusive lock (not waited for): delete the store at ``path`` if its version is below
+    ``horizon``; whether it did."""
+    lock = path + LOCK_SUFFIX
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # a task of this partition has it open on this host
+        if not _same_file(fd, lock):
+            return False  # deleted meanwhile by another sweep
+        if os.path.exists(path):
+            try:
+                version = _stored_version(path)
+            except sqlite3.Error:
+                return False
+            if version is not None and version >= horizon:
+                return False
+        remove_store_files(path)
+        os.remove(lock)  # a task waiting on it then takes a new lock file (:func:`_hold`)
+        return True
+    finally:
+        os.close(fd)
+
+
+def sweep_stale_once(folder: str, horizon: int) -> list[int] | None:
+    """:func:`sweep_stale` of ``folder`` by the first task on this host that brings a horizon above the one last
+    swept here (the ``swept`` marker; a task that finds another sweeping skips it): one sweep per host, stream and
+    horizon, not one per task. Copies modified since the previous sweep here are in use and not opened. Returns the
+    partitions removed, or None: not this task's to sweep."""
+    marker = os.path.join(folder, SWEPT_MARKER)
+    try:
+        fd = os.open(marker, os.O_RDWR | os.O_CREAT, 0o644)
+    except FileNotFoundError:
+        return None  # the folder is gone: nothing to sweep
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        if text.isdigit() and int(text) >= horizon:
+            return None
+        previous = os.fstat(fd).st_mtime if text.isdigit() else None
+        removed = sweep_stale(folder, horizon, previous)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(horizon).encode(), 0)
+        return removed
+    finally:
+        os.close(fd)
 
 
 def process_alive(pid: int) -> bool:

@@ -204,3 +204,72 @@ def test_a_stale_copy_is_deleted_and_a_current_or_open_one_is_kept(tmp_path):
         assert fresh.version is None and fresh.count() == 0
     finally:
         fresh.close()
+
+
+def _counts_through(last_ms: int) -> list[str]:
+    """The running counts of :func:`_words` (two input partitions of 6 records) through batch ``last_ms``, as
+    ``saveAsTextFiles`` writes them."""
+    counts: dict[str, int] = {}
+    for t in range(1000, last_ms + 1, 1000):
+        for p in range(2):
+            for w in _words(1, t, p, 6):
+                counts[w] = counts.get(w, 0) + 1
+    return sorted(str(kv) for kv in counts.items())
+
+
+def _versions(folder: str) -> dict[int, int | None]:
+    """Per partition: the version of its copy in one stream's store folder on a 'host'."""
+    found = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".sqlite"):
+            store = PartitionStore(os.path.join(folder, name))
+            try:
+                found[int(name[2:7])] = store.version
+            finally:
+                store.close()
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+@pytest.mark.timeout(600)  # 180 s measured with the machine's two cores shared by about 20 busy processes
+def test_a_hosts_stale_copies_are_deleted_by_its_next_task_and_its_current_ones_kept(sc, tmp_path, monkeypatch):
+    """'Host' A (a store folder) runs the four partitions of a ``runningReduce`` through batch 2, host B takes them
+    from batch 3 (caught up from the checkpoint of 2 and the changelog) and checkpoints 4 and 6 are adopted; when A
+    runs the stream again at batch 8 its copies (version 2000) are below the cleanup horizon (3000 there: the log
+    floor, older than the checkpoint of 6): the first task that finishes on A deletes those no task holds (at least
+    two: two task slots), and their tasks rebuild them from the checkpoint and the changelog. The later sweeps on A
+    (horizons 4000 and 5000) keep its current copies. No batch fails; the outputs are the exact running counts."""
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", "executor")
+    monkeypatch.setenv("DSTREAMS_STATE_CHANGELOG", "on")
+    host_a, host_b = str(tmp_path / "host-a"), str(tmp_path / "host-b")
+    monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", host_a)
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    clock = ManualClock()
+    ssc = StreamingContext(sc, 1, clock=clock)
+    ssc.checkpoint(ckpt)
+    pairs = ssc.generatorStream(6, 2, seed=1, recordFunc=_words).map(lambda w: (w, 1))
+    pairs.runningReduce(operator.add, 4).checkpoint("2s").saveAsTextFiles(os.path.join(out, "running"))
+    (node,) = [n for n in ssc._graph.nodes if isinstance(n, StoreStateNode)]
+    try:
+        ssc.start()
+        drive_batches(ssc, clock, 2000)
+        folder_a = os.path.join(host_a, node.store_id())
+        node.local_dir = host_b  # the batches from 3 on run on host B
+        drive_batches(ssc, clock, 7000)
+        assert _versions(folder_a) == {p: 2000 for p in range(4)}  # A's copies, stale once A sweeps
+        node.local_dir = host_a
+        drive_batches(ssc, clock, 10_000)
+        attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
+        metrics = node.store_metrics()
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert set(attempts.values()) == {1}, attempts
+    assert metrics is not None and 2 <= metrics["stale_removed"] <= 4, metrics
+    assert metrics["caught_up"] >= 4 + metrics["stale_removed"], metrics  # B took all four, A rebuilt the removed
+    assert _versions(folder_a) == {p: 10_000 for p in range(4)}  # A's current copies kept by the later sweeps
+    with open(os.path.join(folder_a, "swept")) as f:
+        assert int(f.read()) == 5000  # swept at batches 8, 9 and 10 (horizons 3000, 4000, 5000)
+    got = read_outputs(out)
+    for t in range(1000, 10_001, 1000):
+        assert got[f"running-{t}"] == _counts_through(t), t

@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import logging
 import os
 import pickle
+import sqlite3
 import uuid
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -65,6 +67,7 @@ from ..statestore import (
     StateStoreError,
     key_bytes,
     remove_store_files,
+    sweep_stale_once,
     value_bytes,
 )
 from ..task_faults import task_reached
@@ -78,6 +81,8 @@ if TYPE_CHECKING:
 Updater = Callable[[PartitionStore, list[Any]], tuple[dict[bytes, bytes | None], dict[bytes, bytes]]]
 #: The same over a batch plan's segments (one list of records per RDD of :meth:`StoreStateNode.batch_plan`).
 SegmentsUpdater = Callable[[PartitionStore, list[list[Any]]], tuple[dict[bytes, bytes | None], dict[bytes, bytes]]]
+
+log = logging.getLogger(__name__)
 
 #: Per partition: (version, keys, bytes on disk) as the newest task that touched its store reported them.
 PartitionStats = dict[int, tuple[int, int, int]]
@@ -151,6 +156,20 @@ def _at_version(store: PartitionStore, version: int, run: str, catchup: tuple[St
             caught_up.add(1)
 
 
+def _sweep_host(folder: str, horizon: int, swept: Accumulator) -> None:
+    """After a task applied its batch: delete the stale copies of this stream's other partitions on this host
+    (:func:`~dstreams.statestore.sweep_stale_once`: once per host and horizon). A failure to sweep never fails the
+    task: it is logged, and the next horizon sweeps again."""
+    try:
+        removed = sweep_stale_once(folder, horizon)
+    except (OSError, sqlite3.Error) as e:
+        log.warning("stale state store copies in %s were not swept (the next checkpoint tries again): %s: %s",
+                    folder, type(e).__name__, e)
+        return
+    if removed:
+        swept.add(len(removed))
+
+
 class StoreStateNode(OneParentNode):
     """Base of the store-backed state operators (see the module docstring). Subclasses give ``prepare``
     (the batch in the state's partitioner) and ``updater(time)`` (what a batch does to a partition's store),
@@ -183,6 +202,10 @@ class StoreStateNode(OneParentNode):
         self._stats: Accumulator | None = None
         #: How many times a task brought a store up to date from the changelog (created with the first RDD).
         self._caught_up: Accumulator | None = None
+        #: How many stale store copies tasks deleted (:func:`~dstreams.statestore.sweep_stale`; with the first RDD).
+        self._swept: Accumulator | None = None
+        #: The newest checkpoint of this stream adopted or read back in this run (None: none yet).
+        self._newest_checkpoint: int | None = None
         #: The handle at the zero time (the initial state loaded), once built.
         self._zero_handle: RDD | None = None
         self._reset_changelog()
@@ -211,7 +234,7 @@ class StoreStateNode(OneParentNode):
         state["_had_initial"] = self.initial is not None or self._had_initial
         state["initial"] = None
         state.update(_chain=[], _exported={}, _marked=set(), _stats=None, _caught_up=None, _zero_handle=None,
-                     _changelog=False, _catchup_from=None, _applied=[])
+                     _changelog=False, _catchup_from=None, _applied=[], _swept=None, _newest_checkpoint=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -236,6 +259,27 @@ class StoreStateNode(OneParentNode):
             self._caught_up = self.graph.sc.accumulator(0)
         return self._caught_up
 
+    def _swept_accumulator(self) -> Accumulator:
+        if self._swept is None:
+            self._swept = self.graph.sc.accumulator(0)
+        return self._swept
+
+    def _checkpoint_seen(self, time_ms: int) -> None:
+        """A checkpoint of this stream at ``time_ms`` was adopted or read back in this run."""
+        if self._newest_checkpoint is None or time_ms > self._newest_checkpoint:
+            self._newest_checkpoint = time_ms
+
+    def cleanup_horizon(self, time_ms: int) -> int | None:
+        """Below this version a store copy on any host is stale when batch ``time_ms`` is applied (None: no copy is
+        yet): the newest checkpoint adopted or read back in this run, or the oldest version a kept RDD, a checkpoint
+        still to write or a delta's base may read (:meth:`_log_floor`), whichever is older. A copy below it is read
+        again on no path: a catch-up starts from that checkpoint or a later one (a copy of this run at or after it may
+        serve, so it is kept), a read-back reloads a store behind the checkpoint it restores, and no job reads a
+        version below the log floor."""
+        if self._newest_checkpoint is None:
+            return None
+        return min(self._newest_checkpoint, self._log_floor(time_ms))
+
     def store_metrics(self) -> dict[str, Any] | None:
         """Keys and bytes on disk of this stream's stores, summed over the partitions reported so far (each as of
         the newest version a task of it applied or restored), or None before any report."""
@@ -245,7 +289,8 @@ class StoreStateNode(OneParentNode):
         return {"keys": sum(s[1] for s in stats.values()), "disk_bytes": sum(s[2] for s in stats.values()),
                 "partitions_reported": len(stats), "partitions": self.partitioner.numPartitions,
                 "as_of_ms": min(s[0] for s in stats.values()), "changelog": self.state_changelog() is not None,
-                "caught_up": self._caught_up.value if self._caught_up is not None else 0}
+                "caught_up": self._caught_up.value if self._caught_up is not None else 0,
+                "stale_removed": self._swept.value if self._swept is not None else 0}
 
     # ------------------------------------------------------------------ per operator
     def prepare(self, batch: RDD) -> RDD:
@@ -426,6 +471,7 @@ class StoreStateNode(OneParentNode):
         stats, indexer = self._stats_accumulator(), self.indexer()
         catchup, caught_up = self._catchup_plan(t - 1), self._caught_up_accumulator()
         changelog = self.state_changelog()
+        horizon, swept = self.cleanup_horizon(t), self._swept_accumulator()
         # The batch's input was dropped after the store applied it (spark.dstreams.batch.onFailure=dropInput): a
         # store at exactly this version of this run, not yet applied again, goes back to the version before and
         # applies the batch as it is now (without the dropped records).
@@ -467,6 +513,8 @@ class StoreStateNode(OneParentNode):
                 _report(stats, i, store)
             finally:
                 store.close()
+            if horizon is not None:
+                _sweep_host(os.path.dirname(store.path), horizon, swept)
             return [t]
 
         groups = [[previous], *([b] for b in batches)]
@@ -514,6 +562,7 @@ class StoreStateNode(OneParentNode):
             # installs nothing; stores can be brought up to date from this checkpoint and the changelog from now on
             # (before, a store missing on a task's host before the first regular checkpoint failed the batch).
             self._catchup_starts(time.ms)
+            self._checkpoint_seen(time.ms)
         chain = self._exported.pop(time.ms, None)
         if chain is not None:
             self._chain = [*chain, time.ms]
@@ -541,6 +590,7 @@ class StoreStateNode(OneParentNode):
         handle = reader.mapPartitionsWithIndex(restore, preservesPartitioning=True)
         super().restore_from_checkpoint(time, handle)
         self._catchup_starts(time.ms)
+        self._checkpoint_seen(time.ms)
         if not self._chain or self._chain[-1] != time.ms:
             self._chain = []
 
