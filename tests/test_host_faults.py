@@ -61,8 +61,11 @@ FAULT_AFTER, AFTER, AFTER_JOIN = 4, 3, 2
 LAST_MS = (FAULT_AFTER + AFTER + AFTER_JOIN) * 1000
 NAMES = names()
 HOST = 1
-CLUSTER_TIMEOUT_S = 90
-DRIVER_TIMEOUT_S = 240
+#: Bounds that catch a hang, not timing targets. Measured at a load average of 30-45 (other suites beside): the
+#: master and workers up after more than 90 s, a first batch of 73 s, the others 10-20 s, the replacement's
+#: executor registered 90 s after its worker started.
+CLUSTER_TIMEOUT_S = 180
+DRIVER_TIMEOUT_S = 420
 #: The batch that meets a frozen host ends within this many seconds more than the usual batch: the executor is
 #: declared lost 30-35 s after its last heartbeat (FROZEN_HOST_DEFAULTS), a fetch from it gives up after 32 s,
 #: then the lost partitions are recomputed; slack for a loaded machine.
