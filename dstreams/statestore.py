@@ -28,9 +28,10 @@ Contract of :class:`PartitionStore`:
   initial state).
 * Two tasks of one partition (speculation, a retry) serialise on the database's write lock
   (``BEGIN IMMEDIATE``, a 10-minute busy timeout).
-* A store opened with :meth:`PartitionStore.open` holds a shared lock on ``<store file>.lock`` (``flock``) until
-  it is closed: :func:`sweep_stale` deletes a host's copy of a partition only under the exclusive lock, so never the
-  copy a task of that partition is using on that host.
+* A store opened with :meth:`PartitionStore.open` holds a shared ``flock`` on its database file until it is closed
+  (independent of SQLite's own POSIX record locks on Linux; the folder is a local disk): :func:`sweep_stale` deletes a
+  host's copy of a partition only under the exclusive one, so never the copy a task of that partition is using on
+  that host.
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ class PartitionStore:
             self.db.execute(stmt)
         #: Store files attached for a reload (:meth:`_load_file`), detached when its transaction ends.
         self._attached: list[str] = []
-        #: The descriptor of the lock file held while open (:meth:`open`), or None.
+        #: The descriptor holding the shared lock on the database file while open (:meth:`open`), or None.
         self._held: int | None = None
 
     @classmethod
@@ -170,7 +171,7 @@ class PartitionStore:
         return store
 
     def close(self) -> None:
-        self.db.close()
+        self.db.close()  # first: closing another descriptor of the file must not drop SQLite's locks of a connection
         held, self._held = self._held, None
         if held is not None:
             os.close(held)  # releases the lock
@@ -572,28 +573,25 @@ def sweep(path: str) -> None:
                 os.remove(os.path.join(folder, n))
 
 
-#: Beside a store file: the lock a task holds while the store is open (:meth:`PartitionStore.open`).
-LOCK_SUFFIX = ".lock"
 #: In a stream's store folder: the cleanup horizon last swept on this host (:func:`sweep_stale_once`).
 SWEPT_MARKER = "swept"
-_STORE_NAME = re.compile(r"p-(\d{5})\.f(\d+)\.sqlite(-wal|-shm|-journal|\.lock)?")
+_STORE_NAME = re.compile(r"p-(\d{5})\.f(\d+)\.sqlite(-wal|-shm|-journal)?")
 
 
 def _hold(path: str) -> int:
-    """Take the shared lock on the store at ``path`` (waiting only while a sweep deletes that copy: milliseconds) and
-    return its descriptor: the lock file then is the one at its path (a sweep that deleted the copy removed the lock
-    file too, and a new one is made)."""
-    lock = path + LOCK_SUFFIX
+    """Take the shared lock on the store file at ``path`` (created empty if missing: SQLite takes an empty file for
+    a new database), waiting only while a sweep deletes that copy (milliseconds), and return its descriptor: the file
+    locked then is the one at its path (a copy deleted while we waited is replaced by a new, empty one)."""
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
-            if _same_file(fd, lock):
+            if _same_file(fd, path):
                 return fd
         except BaseException:
             os.close(fd)
             raise
-        os.close(fd)  # deleted while we waited: take the new one
+        os.close(fd)  # deleted while we waited
 
 
 def _same_file(fd: int, path: str) -> bool:
@@ -628,8 +626,8 @@ def sweep_stale(folder: str, horizon: int, unused_since: float | None = None) ->
     whatever run wrote it: the driver passes the stream's newest adopted checkpoint or the oldest version a kept RDD
     may still read, whichever is older, so a copy below it is never read again on any path (a task catching up
     starts from that checkpoint or later, a read-back reloads a store behind the checkpoint it restores). It is
-    deleted with SQLite's files beside it and its lock file, under its exclusive lock taken without waiting: a copy a
-    task of that partition holds open on this host is skipped (the next sweep looks again). ``unused_since``: only
+    deleted with SQLite's files beside it, under its exclusive lock taken without waiting: a copy a task of that
+    partition holds open on this host is skipped (the next sweep looks again). ``unused_since``: only
     copies whose files were not modified since that time (``time.time()``) are opened to read their version (a copy
     in use is written every batch); None: every copy. Files of an older store layout are deleted too (never opened
     again)."""
@@ -669,27 +667,27 @@ def _last_modified(path: str) -> float:
 def _delete_if_stale(path: str, horizon: int) -> bool:
     """Under the copy's exclusive lock (not waited for): delete the store at ``path`` if its version is below
     ``horizon``; whether it did."""
-    lock = path + LOCK_SUFFIX
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return False
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False  # a task of this partition has it open on this host
-        if not _same_file(fd, lock):
+        if not _same_file(fd, path):
             return False  # deleted meanwhile by another sweep
-        if os.path.exists(path):
-            try:
-                version = _stored_version(path)
-            except sqlite3.Error:
-                return False
-            if version is not None and version >= horizon:
-                return False
-        remove_store_files(path)
-        os.remove(lock)  # a task waiting on it then takes a new lock file (:func:`_hold`)
+        try:
+            version = _stored_version(path)
+        except sqlite3.Error:
+            return False
+        if version is not None and version >= horizon:
+            return False
+        remove_store_files(path)  # a task waiting for the lock then makes a new file (:func:`_hold`)
         return True
     finally:
-        os.close(fd)
+        os.close(fd)  # after the version's connection closed: SQLite's locks are not dropped under it
 
 
 def sweep_stale_once(folder: str, horizon: int) -> list[int] | None:
