@@ -270,3 +270,18 @@ def test_a_frozen_host_is_declared_lost_within_the_bound_and_every_batch_matches
     dropped = status["executor_dropped_after_s"]
     assert dropped is not None and dropped <= 45, f"the frozen host's executor was dropped after {dropped} s"
     assert extra_s <= FROZEN_BOUND_S, f"the batch that met the frozen host took {extra_s:.0f} s more"
+
+
+def test_recovery_figures_measure_the_batch_that_met_the_fault_and_the_slow_batches_after_it():
+    def run(*ms: int) -> list[dict[str, Any]]:
+        return [{"processing_ms": x} for x in ms]
+
+    f = recovery_figures(run(9000, 1000, 1200, 1100, 5000, 2500, 1100, 1000), 4)
+    assert (f["usual_ms"], f["met_ms"], f["extra_ms"]) == (1100, 5000, 3900)  # the first batch is left out
+    assert f["batches_to_usual"] == 2  # 5000 and 2500 are above 1.5 x 1100 + 500 = 2150; 1100 is not
+    assert recovery_figures(run(9000, 1000, 1900, 1000), 2)["batches_to_usual"] == 0  # within the noise
+    assert recovery_figures(run(9000, 1000, 4000, 3000), 2)["batches_to_usual"] is None  # never back
+    assert recovery_figures(run(3000, 5000), 1)["usual_ms"] == 3000  # one batch before: that one
+    for fault_after in (0, 2):
+        with pytest.raises(ValueError, match="not inside"):
+            recovery_figures(run(1000, 1000), fault_after)
