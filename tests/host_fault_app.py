@@ -17,11 +17,12 @@ changelog and the checkpoints' parts there.
 
 Writes ``OUT_DIR/batches.jsonl`` (one ``{"t", "name", "rows"}`` line per output per batch) and
 ``OUT_DIR/status.json``: per batch its processing time, tries, phase (``before``/``after``/``joined``) and the
-executor stores' catch-ups so far (``caught_up``: loads of a partition's store from the changelog and the newest
-checkpoint, per stream), the executors' timeline, when the driver dropped the faulty host's executor, the
-replacement's executor and how many tasks each executor ran, the Spark settings in force; ``"ok": true`` once every
-batch completed without a failed output operation. It does not wait for its SparkContext to stop cleanly when a
-host is frozen (the stop asks the frozen executor): ``status.json`` is complete before the stop starts.
+executor stores' catch-ups so far (``caught_up``, per stream: how many times a task brought a partition's store up
+to date from the changelog, reloading it from the newest checkpoint where it was missing), the executors' timeline,
+when the driver dropped the faulty host's executor, the replacement's executor and how many tasks each executor ran,
+the Spark settings in force; ``"ok": true`` once every batch completed without a failed output operation. It does
+not wait for its SparkContext to stop cleanly when a host is frozen (the stop asks the frozen executor):
+``status.json`` is complete before the stop starts.
 
     python tests/host_fault_app.py OUT --master spark://127.0.0.1:PORT --cluster-dir DIR --fault kill --replace
 """
