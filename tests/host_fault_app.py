@@ -1,16 +1,16 @@
 """A driver on a standalone cluster of hosts (:mod:`tests.standalone_cluster`) that loses or freezes one host.
 
-Runs :func:`build` on a ManualClock, one 1 s batch at a time: a generator source of words over 3 partitions, and
-for each state backend of ``--stores`` (default ``rdd,executor``: the RDD state and the executor state store side
-by side in one driver) the word counts since the start (``updateStateByKey`` with an ``initialRDD``) and over the
-last 5 s (``reduceByKeyAndWindow`` with an inverse function), checkpointed every ``--checkpoint-interval`` seconds
-(3), so each batch has a shuffle into each state. After batch ``--fault-after`` it applies ``--fault`` to host
-``--host`` of the cluster in ``--cluster-dir``: ``kill`` SIGKILLs its worker, executors and Python workers and
-removes its disk folder; ``freeze`` SIGSTOPs them (never resumed here). Then it runs ``--after`` more batches.
-With ``--replace`` (after ``kill``) it starts the host's worker again after batch ``--replace-at`` (default: the
-last of those; :meth:`StandaloneCluster.restart_host`: the same address, an empty disk folder; the batches go on
-meanwhile), waits after the last of the ``--after`` batches until its executor registered with the driver and
-runs ``--after-join`` more batches. The executor stores are the executors' own (the driver's environment must not name
+Runs :func:`build` on a ManualClock, one 1 s batch at a time: a generator source of words over 3 partitions, and for
+each state backend of ``--stores`` (default ``rdd,executor``: the RDD state and the executor state store side by
+side in one driver) the word counts since the start (``updateStateByKey`` with an ``initialRDD``) and over the last
+5 s (``reduceByKeyAndWindow`` with an inverse function), checkpointed every ``--checkpoint-interval`` seconds (3),
+so each batch has a shuffle into each state. After batch ``--fault-after`` it applies ``--fault`` to host ``--host``
+of the cluster in ``--cluster-dir``: ``kill`` SIGKILLs its worker, executors and Python workers and removes its disk
+folder; ``freeze`` SIGSTOPs them (never resumed here). Then it runs ``--after`` more batches. With ``--replace``
+(after ``kill``) it starts the host's worker again after batch ``--replace-at`` (default: the last of those;
+:meth:`StandaloneCluster.restart_host`: the same address, an empty disk folder; the batches go on meanwhile), waits
+after the last of the ``--after`` batches until its executor registered with the driver and runs ``--after-join``
+more batches. The executor stores are the executors' own (the driver's environment must not name
 ``DSTREAMS_STATE_LOCAL_DIR``: each host's executors then use their host's folder). With an ``s3://`` checkpoint
 location the driver passes its ``AWS_*`` variables to the executors (``spark.executorEnv.*``), which write the
 changelog and the checkpoints' parts there.
