@@ -9,39 +9,28 @@ import pytest
 
 from dstreams import ManualClock, StreamingContext, StreamingContextStateError, StreamingListener
 from dstreams.graph import GraphFrozenError
+from dstreams.testing import manual_context, run_batches
 
 from .support import run_manual
 
 
-def _ssc(sc, batch=1):
-    return StreamingContext(sc, batch, clock=ManualClock())
-
-
-def _advance(ssc, clock, n, batch_ms=1000, timeout=120):
-    start = ssc.startTime.ms
-    for i in range(n):
-        clock.advance(batch_ms)
-        ssc.awaitBatch(start + i * batch_ms, timeout)
-
-
 def test_stopped_context_cannot_restart(sc):
-    ssc = _ssc(sc)
-    ssc.queueStream([[1]]).pprint()
-    ssc.start()
-    assert StreamingContext.getActive() is ssc
-    ssc.stop(stopSparkContext=False)
-    assert StreamingContext.getActive() is None
-    assert ssc.getState() == "STOPPED"
-    with pytest.raises(StreamingContextStateError, match="cannot be restarted"):
+    with manual_context(1, sc=sc) as ssc:
+        ssc.queueStream([[1]]).pprint()
         ssc.start()
+        assert StreamingContext.getActive() is ssc
+        ssc.stop(stopSparkContext=False)
+        assert StreamingContext.getActive() is None
+        assert ssc.getState() == "STOPPED"
+        with pytest.raises(StreamingContextStateError, match="cannot be restarted"):
+            ssc.start()
 
 
 def test_adding_streams_after_start_is_refused(sc):
-    ssc = _ssc(sc)
-    s = ssc.queueStream([[1]])
-    s.pprint()
-    ssc.start()
-    try:
+    with manual_context(1, sc=sc) as ssc:
+        s = ssc.queueStream([[1]])
+        s.pprint()
+        ssc.start()
         with pytest.raises(StreamingContextStateError, match="before ssc.start"):
             s.map(lambda x: x)
         with pytest.raises(StreamingContextStateError, match="before ssc.start"):
@@ -51,8 +40,6 @@ def test_adding_streams_after_start_is_refused(sc):
         # The graph refuses in the same words (one message for both checks).
         with pytest.raises(GraphFrozenError, match="cannot add an output operation after .* before ssc.start"):
             ssc._graph.add_output(s._node)
-    finally:
-        ssc.stop(stopSparkContext=False)
 
 
 def test_an_input_without_a_batch_duration_is_refused_as_start_is(sc):
@@ -64,46 +51,43 @@ def test_an_input_without_a_batch_duration_is_refused_as_start_is(sc):
 
 
 def test_start_without_outputs_is_a_clear_error(sc):
-    ssc = _ssc(sc)
-    ssc.queueStream([[1]]).map(lambda x: x)
-    with pytest.raises(ValueError, match="no output operations"):
-        ssc.start()
+    with manual_context(1, sc=sc) as ssc:
+        ssc.queueStream([[1]]).map(lambda x: x)
+        with pytest.raises(ValueError, match="no output operations"):
+            ssc.start()
 
 
 def test_second_active_context_is_refused(sc):
-    a, b = _ssc(sc), _ssc(sc)
-    a.queueStream([[1]]).pprint()
-    b.queueStream([[1]]).pprint()
-    a.start()
-    try:
+    with manual_context(1, sc=sc) as a, manual_context(1, sc=sc) as b:
+        a.queueStream([[1]]).pprint()
+        b.queueStream([[1]]).pprint()
+        a.start()
         with pytest.raises(StreamingContextStateError, match="only one StreamingContext"):
             b.start()
-    finally:
-        a.stop(stopSparkContext=False)
 
 
 def test_malformed_durations(sc):
     with pytest.raises(ValueError, match="malformed batchDuration"):
         StreamingContext(sc, "1 parsec")
-    ssc = _ssc(sc)
-    s = ssc.queueStream([[1]])
-    with pytest.raises(ValueError, match="malformed windowDuration"):
-        s.window("thirty seconds")
-    with pytest.raises(ValueError, match="positive"):
-        s.window(0)
+    with manual_context(1, sc=sc) as ssc:
+        s = ssc.queueStream([[1]])
+        with pytest.raises(ValueError, match="malformed windowDuration"):
+            s.window("thirty seconds")
+        with pytest.raises(ValueError, match="positive"):
+            s.window(0)
 
 
 def test_window_not_a_multiple_of_the_slide(sc):
-    ssc = _ssc(sc)
-    s = ssc.queueStream([[("a", 1)]])
-    with pytest.raises(ValueError, match="window duration .* multiple of the parent"):
-        s.window("1500ms")
-    with pytest.raises(ValueError, match="slide duration .* multiple"):
-        s.window("4s", "1500ms")
-    with pytest.raises(ValueError, match="multiple"):
-        s.reduceByKeyAndWindow(operator.add, operator.sub, "2500ms", "1s")
-    with pytest.raises(ValueError, match="multiple"):
-        s.window("4s", "2s").window("3s", "2s")
+    with manual_context(1, sc=sc) as ssc:
+        s = ssc.queueStream([[("a", 1)]])
+        with pytest.raises(ValueError, match="window duration .* multiple of the parent"):
+            s.window("1500ms")
+        with pytest.raises(ValueError, match="slide duration .* multiple"):
+            s.window("4s", "1500ms")
+        with pytest.raises(ValueError, match="multiple"):
+            s.reduceByKeyAndWindow(operator.add, operator.sub, "2500ms", "1s")
+        with pytest.raises(ValueError, match="multiple"):
+            s.window("4s", "2s").window("3s", "2s")
 
 
 def _inverting(ssc):
@@ -121,13 +105,11 @@ def _inverting(ssc):
 def test_function_raising_in_a_batch_reaches_await_termination_and_stops_the_context(sc, monkeypatch):
     monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "2")
     monkeypatch.setenv("DSTREAMS_BATCH_ON_FAILURE", "stop")  # the default only with a checkpoint location
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    seen = _inverting(ssc)
-    ssc.start()
-    try:
-        _advance(ssc, clock, 1)
-        clock.advance(2000)  # batch 2 fails (twice), batch 3 is never run
+    with manual_context(1, sc=sc) as ssc:
+        seen = _inverting(ssc)
+        ssc.start()
+        run_batches(ssc, 1, timeout=120)
+        ssc.clock.advance(2000)  # batch 2 fails (twice), batch 3 is never run
         with pytest.raises(Exception) as excinfo:
             ssc.awaitTermination(timeout=60)
         text = str(excinfo.value)
@@ -142,20 +124,16 @@ def test_function_raising_in_a_batch_reaches_await_termination_and_stops_the_con
         assert "ZeroDivisionError" in infos[1].outputOperationInfos()[0].failureReason()
         with pytest.raises(RuntimeError, match="will not complete"):  # waiting for batch 3 ends at once
             ssc.awaitBatch(ssc.startTime.ms + 2000, 60)
-    finally:
-        ssc.stop(stopSparkContext=False)
 
 
 def test_without_a_checkpoint_location_a_failed_batch_is_reported_and_later_batches_run(sc, monkeypatch):
     """PySpark's behaviour (its test_failed_func_with_reseting_failure): nothing could run the batch again, so
     ``onFailure=auto`` drops it and goes on; awaitTermination raises the error."""
     monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "1")
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    seen = _inverting(ssc)
-    ssc.start()
-    try:
-        _advance(ssc, clock, 3)
+    with manual_context(1, sc=sc) as ssc:
+        seen = _inverting(ssc)
+        ssc.start()
+        run_batches(ssc, 3, timeout=120, check=False)  # batch 2 fails
         with pytest.raises(Exception, match="ZeroDivisionError"):
             ssc.awaitTermination(timeout=10)
         assert seen == [[5, 10], [2]]  # batch 2 failed and was dropped, batch 3 still ran
@@ -163,56 +141,45 @@ def test_without_a_checkpoint_location_a_failed_batch_is_reported_and_later_batc
         assert [i.failed for i in infos] == [False, True, False]
         assert [i.dropped for i in infos] == [False, True, False]
         assert ssc.getState() == "ACTIVE"
-    finally:
-        ssc.stop(stopSparkContext=False)
 
 
 def test_driver_side_error_in_foreach_is_raised_as_is(sc):
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-
     class BoomError(Exception):
         pass
 
     def fail(rdd):
         raise BoomError("from my foreachRDD")
 
-    ssc.queueStream([[1]]).foreachRDD(fail)
-    ssc.start()
-    try:
-        clock.advance(1000)  # the batch fails for good: the context stops, awaitTermination raises
+    with manual_context(1, sc=sc) as ssc:
+        ssc.queueStream([[1]]).foreachRDD(fail)
+        ssc.start()
+        ssc.clock.advance(1000)  # the batch fails for good: the context stops, awaitTermination raises
         with pytest.raises(BoomError, match="from my foreachRDD"):
             ssc.awaitTermination(timeout=60)
-    finally:
-        ssc.stop(stopSparkContext=False)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("op", ["runningReduce", "reduceByKey", "window", "updateStateByKey", "join"])
 def test_non_pair_stream_to_pair_operator(sc, op, monkeypatch):
     monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "1")  # the same error on every try: no retries to wait for
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    s = ssc.queueStream([["not-a-pair", "not-a-pair-either"]])
-    if op == "runningReduce":
-        out = s.runningReduce(operator.add)
-    elif op == "reduceByKey":
-        out = s.reduceByKey(operator.add)
-    elif op == "window":
-        out = s.reduceByKeyAndWindow(operator.add, operator.sub, 5, 1)
-    elif op == "updateStateByKey":
-        out = s.updateStateByKey(lambda vs, st: 1)
-    else:
-        out = s.join(s)
-    out.foreachRDD(lambda rdd: rdd.collect())
-    ssc.start()
-    try:
-        clock.advance(1000)
+    with manual_context(1, sc=sc) as ssc:
+        s = ssc.queueStream([["not-a-pair", "not-a-pair-either"]])
+        if op == "runningReduce":
+            out = s.runningReduce(operator.add)
+        elif op == "reduceByKey":
+            out = s.reduceByKey(operator.add)
+        elif op == "window":
+            out = s.reduceByKeyAndWindow(operator.add, operator.sub, 5, 1)
+        elif op == "updateStateByKey":
+            out = s.updateStateByKey(lambda vs, st: 1)
+        else:
+            out = s.join(s)
+        out.foreachRDD(lambda rdd: rdd.collect())
+        ssc.start()
+        ssc.clock.advance(1000)
         with pytest.raises(Exception, match=r"\(key, value\) pairs") as excinfo:
             ssc.awaitTermination(timeout=60)
         assert "not-a-pair" in str(excinfo.value)
-    finally:
-        ssc.stop(stopSparkContext=False)
 
 
 def test_foreach_rdd_arity_detection(sc):
@@ -237,8 +204,7 @@ def test_foreach_rdd_arity_detection(sc):
 
 
 def test_foreach_rdd_rejects_wrong_arity(sc):
-    ssc = _ssc(sc)
-    with pytest.raises(TypeError, match="must take"):
+    with manual_context(1, sc=sc) as ssc, pytest.raises(TypeError, match="must take"):
         ssc.queueStream([[1]]).foreachRDD(lambda a, b, c: None)
 
 
@@ -267,16 +233,12 @@ def test_listeners_get_pyspark_compatible_events(sc):
         def onBatchCompleted(self, e):
             raise RuntimeError("listener bug")
 
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    ssc.addStreamingListener(Broken())
-    ssc.addStreamingListener(Recorder())
-    ssc.generatorStream(3, 2).count().foreachRDD(lambda rdd: rdd.collect())
-    ssc.start()
-    try:
-        _advance(ssc, clock, 2)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        ssc.addStreamingListener(Broken())
+        ssc.addStreamingListener(Recorder())
+        ssc.generatorStream(3, 2).count().foreachRDD(lambda rdd: rdd.collect())
+        ssc.start()
+        run_batches(ssc, 2, timeout=120)
     kinds = [k for k, _ in events]
     assert kinds[0] == "started"
     assert kinds[1:] == ["submitted", "batchStarted", "opDone", "completed"] * 2
@@ -306,16 +268,15 @@ def test_get_or_create_and_get_active_or_create(sc, tmp_path):
 
 
 def test_graceful_stop_runs_queued_batches(sc):
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
     seen = []
-    ssc.queueStream([[1], [2], [3]]).foreachRDD(lambda rdd: seen.extend(rdd.collect()))
-    ssc.start()
-    clock.advance(3000)  # three batches due at once
-    ssc.awaitBatch(ssc.startTime.ms, 60)
-    ssc.stop(stopSparkContext=False, stopGraceFully=True)
-    assert sorted(seen) == [1, 2, 3]
-    assert ssc.awaitTerminationOrTimeout(1) is True
+    with manual_context(1, sc=sc) as ssc:
+        ssc.queueStream([[1], [2], [3]]).foreachRDD(lambda rdd: seen.extend(rdd.collect()))
+        ssc.start()
+        ssc.clock.advance(3000)  # three batches due at once
+        ssc.awaitBatch(ssc.startTime.ms, 60)
+        ssc.stop(stopSparkContext=False, stopGraceFully=True)
+        assert sorted(seen) == [1, 2, 3]
+        assert ssc.awaitTerminationOrTimeout(1) is True
 
 
 def _cached_rdd_names(sc) -> list[str]:
@@ -326,20 +287,14 @@ def _cached_rdd_names(sc) -> list[str]:
 @pytest.mark.slow
 def test_stop_unpersists_the_streams_cached_rdds_when_the_spark_context_lives_on(sc):
     before = _cached_rdd_names(sc)
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1.0, clock=clock)
-    pairs = ssc.queueStream([sc.parallelize([("a", 1), ("b", 2)], 2) for _ in range(6)])
-    pairs.runningReduce(operator.add).foreachRDD(lambda rdd: rdd.collect())
-    pairs.reduceByKeyAndWindow(operator.add, operator.sub, 3, 1).foreachRDD(lambda rdd: rdd.collect())
-    pairs.window(3, 1).count().foreachRDD(lambda rdd: rdd.collect())
-    ssc.start()
-    try:
-        for i in range(1, 6):
-            clock.advance(1000)
-            ssc.awaitBatch(i * 1000, 60)
+    with manual_context(1.0, sc=sc) as ssc:
+        pairs = ssc.queueStream([sc.parallelize([("a", 1), ("b", 2)], 2) for _ in range(6)])
+        pairs.runningReduce(operator.add).foreachRDD(lambda rdd: rdd.collect())
+        pairs.reduceByKeyAndWindow(operator.add, operator.sub, 3, 1).foreachRDD(lambda rdd: rdd.collect())
+        pairs.window(3, 1).count().foreachRDD(lambda rdd: rdd.collect())
+        ssc.start()
+        run_batches(ssc, 5)
         assert len(_cached_rdd_names(sc)) > len(before) + 5  # state, window and input RDDs are cached
-    finally:
-        ssc.stop(stopSparkContext=False)
     # Unpersisting is asynchronous on the executors, but the driver's registry drops them at once.
     # The only one allowed to stay is the engine's shared marker RDD (one per partition count, reused).
     left = [n for n in _cached_rdd_names(sc) if not n.startswith("dstreams-segment-markers")]
@@ -370,20 +325,19 @@ def test_a_start_that_fails_half_way_leaves_nothing_running(sc, monkeypatch):
     server.bind(("127.0.0.1", 0))
     server.listen(1)
     try:
-        ssc = _ssc(sc)
-        ssc.socketTextStream("127.0.0.1", server.getsockname()[1]).pprint()
-        with pytest.raises(RuntimeError, match="restoring the state failed"):
-            ssc.start()
-        deadline = time.monotonic() + 30
-        while running() - before and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert running() - before == set(), "threads left running after a failed start()"
-        assert StreamingContext.getActive() is None and ssc.uiWebUrl is None
-        assert ssc.getState() == "STOPPED"  # as Spark marks a context whose start() failed
+        with manual_context(1, sc=sc) as ssc:  # its stop() at the end comes after the checks of the failed start
+            ssc.socketTextStream("127.0.0.1", server.getsockname()[1]).pprint()
+            with pytest.raises(RuntimeError, match="restoring the state failed"):
+                ssc.start()
+            deadline = time.monotonic() + 30
+            while running() - before and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert running() - before == set(), "threads left running after a failed start()"
+            assert StreamingContext.getActive() is None and ssc.uiWebUrl is None
+            assert ssc.getState() == "STOPPED"  # as Spark marks a context whose start() failed
     finally:
         server.close()
     monkeypatch.setattr(JobScheduler, "start", original)
-    again = _ssc(sc)
-    again.queueStream([[1]]).pprint()
-    again.start()
-    again.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as again:
+        again.queueStream([[1]]).pprint()
+        again.start()
