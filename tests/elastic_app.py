@@ -6,17 +6,21 @@ under a cluster master), checkpointed every 4 s; each batch's whole state goes t
 ``(partition, word, count)`` rows (the view's partition is the store partition), so a comparison with a local run
 also checks where every key lives. Run on a ManualClock, one 1 s batch at a time.
 
-``--mode speculation``: the *first* attempt of state partition ``--slow-partition``'s task in the batches of
-``--slow-batches`` sleeps ``--slow-seconds`` inside the update function (so inside the store's transaction, before its
-changelog write and commit; :func:`count_slowly`, keyed on ``TaskContext`` partition and attempt number), so that
-Spark's speculation runs a copy on another host, which catches up from the changelog and wins. With
-``spark.python.task.killTimeout`` above the sleep the losing original is not killed before it wakes up: it writes the
-changelog and commits its store too, after the winner (the zombie case).
+Faults, each off unless asked for:
 
-``--mode elastic``: after batch ``--join-after`` the cluster's host ``--join-host`` (killed by the test before the
-application started) starts again and its executor joins; after batch ``--kill-after`` one executor JVM (not its
-host) of host ``--kill-host`` is SIGKILLed and its worker starts a replacement; each waits (bounded) for the
-executors to register.
+* ``--slow-batches``: the *first* attempt of state partition ``--slow-partition``'s task in those batches sleeps
+  ``--slow-seconds`` inside the update function (so inside the store's transaction, before its changelog write and
+  commit; :func:`count_slowly`, keyed on ``TaskContext`` partition and attempt number), so that Spark's speculation
+  runs a copy on another host, which catches up from the changelog and wins. With ``spark.python.task.killTimeout``
+  above the sleep the losing original is not killed before it wakes up: it writes the changelog and commits its
+  store too, after the winner (the zombie case).
+* ``--join-after N --join-address A``: after batch N a worker on the new address A starts (a host added to the
+  cluster: :meth:`StandaloneCluster.restart_host` of a host appended to the handle's ``worker_hosts``, saved in the
+  cluster's folder so that the test stops it) and its executor joins.
+* ``--kill-after N --kill-host I``: after batch N the application's executor JVM on host I (not its host: the worker
+  and its disk stay) is SIGKILLed and its worker starts a replacement.
+
+Each fault waits (bounded) for the executors it changes.
 
 Every task attempt that applies a batch to a state partition appends one JSON line to ``--attempts-file``
 (``t``, ``partition``, ``attempt``, ``host``, ``slept``). Writes ``OUT_DIR/batches.jsonl`` (one ``{"t", "name",
@@ -24,7 +28,7 @@ Every task attempt that applies a batch to a state partition appends one JSON li
 catch-up count so far; the state stream's node key, store id and run token; task attempts); ``"ok": true`` once every
 batch completed without a failed output operation.
 
-    python tests/elastic_app.py OUT --master spark://127.0.0.1:PORT --cluster-dir DIR --mode speculation
+    python tests/elastic_app.py OUT --master spark://127.0.0.1:PORT --cluster-dir DIR --slow-batches 3000
 """
 
 from __future__ import annotations
@@ -127,17 +131,21 @@ def state_node(ssc: StreamingContext) -> Any:
     return node
 
 
-def _join(sc: Any, cluster: Any, host: int, timeout: float, status: dict[str, Any]) -> None:
-    """Start host ``host``'s worker again and wait (bounded) until the application has one more executor."""
+def _join(sc: Any, cluster: Any, address: str, timeout: float, status: dict[str, Any]) -> None:
+    """Start a worker on ``address`` (a new host of the cluster) and wait (bounded) until the application has one
+    more executor."""
     from tests.executor_loss_app import _executor_ids, _poll
 
     before = len(_executor_ids(sc))
     t0 = time.monotonic()
+    cluster.worker_hosts = (*cluster.worker_hosts, address)
+    host = len(cluster.worker_hosts) - 1
     cluster.restart_host(host, timeout=timeout)
     _poll(lambda: len(_executor_ids(sc)) > before, timeout, "the joining host's executor")
     status["join_s"] = round(time.monotonic() - t0, 2)
     status["joined_executors"] = _executor_ids(sc)
-    print(f"JOINED host {host}: {status['joined_executors']}", flush=True)
+    status["joined_host"] = host
+    print(f"JOINED host {host} ({address}): {status['joined_executors']}", flush=True)
 
 
 def _kill_executor(sc: Any, cluster: Any, host: int, timeout: float, status: dict[str, Any]) -> None:
@@ -177,16 +185,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out_dir")
     p.add_argument("--master", required=True)
     p.add_argument("--cluster-dir", required=True, help="the cluster's base_dir (its cluster.json)")
-    p.add_argument("--mode", choices=["speculation", "elastic"], required=True)
     p.add_argument("--executors", type=int, default=3, help="executors to wait for before the first batch")
     p.add_argument("--batches", type=int, default=8)
     p.add_argument("--attempts-file", required=True)
     p.add_argument("--slow-partition", type=int, default=1)
     p.add_argument("--slow-seconds", type=float, default=4.0)
-    p.add_argument("--slow-batches", default="3000,5000")
-    p.add_argument("--join-after", type=int, default=3)
-    p.add_argument("--join-host", type=int, default=3)
-    p.add_argument("--kill-after", type=int, default=6)
+    p.add_argument("--slow-batches", default="", help="batch times (ms), comma-separated; empty: none")
+    p.add_argument("--join-after", type=int, default=0, help="0: no host joins")
+    p.add_argument("--join-address", default="127.0.0.8")
+    p.add_argument("--kill-after", type=int, default=0, help="0: no executor is killed")
     p.add_argument("--kill-host", type=int, default=0)
     p.add_argument("--timeout", type=float, default=120.0, help="bound of every wait, seconds")
     args = p.parse_args(argv)
@@ -197,10 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(local_dir, exist_ok=True)
     conf = dict(CONF, **{"spark.local.dir": local_dir, "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={local_dir}",
                          f"spark.executorEnv.{ATTEMPTS_ENV}": os.path.abspath(args.attempts_file)})
-    if args.mode == "speculation":
+    if args.slow_batches:
         conf[f"spark.executorEnv.{SLOW_ENV}"] = f"{args.slow_partition}:{args.slow_seconds}:{args.slow_batches}"
     cluster = StandaloneCluster.attach(args.cluster_dir)
-    status: dict[str, Any] = {"ok": False, "mode": args.mode, "batches": []}
+    status: dict[str, Any] = {"ok": False, "batches": []}
     status_path = os.path.join(out, "status.json")
 
     def save_status() -> None:
@@ -209,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         os.replace(status_path + ".tmp", status_path)
 
     t_start = time.monotonic()
-    sc = create_spark_context(args.master, f"dstreams-elastic-{args.mode}", conf)
+    sc = create_spark_context(args.master, "dstreams-elastic", conf)
     status["app_id"] = sc.applicationId
     status["conf"] = {k: sc.getConf().get(k, None) for k in ("spark.speculation", "spark.speculation.multiplier",
                                                               "spark.speculation.quantile", "spark.locality.wait",
@@ -252,9 +259,9 @@ def main(argv: list[str] | None = None) -> int:
                   f" executors={_executor_ids(sc)}", flush=True)
             if failures:
                 raise RuntimeError(f"batch {t} had failed output operations: {failures}")
-            if args.mode == "elastic" and i == args.join_after:
-                _join(sc, cluster, args.join_host, args.timeout, status)
-            if args.mode == "elastic" and i == args.kill_after:
+            if i == args.join_after:
+                _join(sc, cluster, args.join_address, args.timeout, status)
+            if i == args.kill_after:
                 _kill_executor(sc, cluster, args.kill_host, args.timeout, status)
         status["node_key"], status["store_id"], status["run"] = node.key, node.store_id(), node._run
         status["store_metrics"] = node.store_metrics()

@@ -19,7 +19,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from .support import service_unavailable
 
 APP = os.path.join(os.path.dirname(__file__), "elastic_app.py")
 CLUSTER_TIMEOUT_S = 180  # a master and 3-4 workers: 60-80 s at a load average of 15-30
-DRIVER_TIMEOUT_S = 300
+DRIVER_TIMEOUT_S = 600  # at a load average of 55-78 the driver was still on batch 6 after 300 s
 #: Variables of the test's environment that must not reach the driver (its executors get the hosts' folders).
 _DRIVER_ENV_DROP = ("DSTREAMS_STATE_LOCAL_DIR", "SPARK_LOCAL_DIRS", "DSTREAMS_STATE_STORE", "DSTREAMS_STATE_CHANGELOG",
                     "DSTREAMS_FAULT_SLOW_EXECUTOR", "DSTREAMS_FAULT_KILL")
@@ -130,13 +129,15 @@ def _read_json(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _host_stores(cluster: StandaloneCluster, store_id: str) -> list[HostStore]:
+def _host_stores(base: Path, store_id: str) -> list[HostStore]:
+    """Every state store file on every host folder (``workerN``: host N-1) of the cluster in ``base``, also of a host
+    the driver added."""
     from dstreams.statestore import PartitionStore
 
     found = []
-    for i in range(len(cluster.worker_hosts)):
-        folder = cluster.host_dir(i) / "state" / store_id
-        if not folder.is_dir():
+    for worker in sorted(base.glob("worker*")):
+        folder = worker / "state" / store_id
+        if not worker.name[6:].isdigit() or not folder.is_dir():
             continue
         for name in sorted(os.listdir(folder)):
             if not (name.startswith("p-") and name.endswith(".sqlite")):
@@ -144,7 +145,7 @@ def _host_stores(cluster: StandaloneCluster, store_id: str) -> list[HostStore]:
             store = PartitionStore(str(folder / name))
             try:
                 state = {pickle.loads(k): pickle.loads(v) for k, v in store.items()}
-                found.append(HostStore(i, int(name[2:7]), store.version, store.run, state))
+                found.append(HostStore(int(worker.name[6:]) - 1, int(name[2:7]), store.version, store.run, state))
             finally:
                 store.close()
     return found
@@ -176,12 +177,11 @@ def _read_checkpoint_and_changelog(run: ClusterRun, checkpoint: Path) -> None:
             token, {pickle.loads(k): None if v is None else pickle.loads(v) for k, v in entries})
 
 
-def run_on_cluster(sc: Any, tmp_path: Path, worker_hosts: tuple[str, ...], args: list[str], batches: int,
-                   before_driver: Callable[[StandaloneCluster], None] | None = None,
-                   driver_waits_for_cluster: bool = False) -> ClusterRun:
-    """Start a cluster on ``worker_hosts``, run :mod:`tests.elastic_app` with ``args`` for ``batches`` batches, read
-    what it left (module doc) and stop everything. ``before_driver(cluster)`` runs once every worker registered;
-    the driver starts then (``driver_waits_for_cluster``) or as soon as the master listens."""
+def run_on_cluster(sc: Any, tmp_path: Path, worker_hosts: tuple[str, ...], args: list[str],
+                   batches: int) -> ClusterRun:
+    """Start a cluster on ``worker_hosts``, run :mod:`tests.elastic_app` with ``args`` for ``batches`` batches (the
+    driver starts as soon as the master listens), read what it left (module doc) and stop everything, also a worker
+    the driver started."""
     base = Path(tempfile.mkdtemp(prefix="dse-"))  # short: PySpark's Unix socket paths live in the hosts' tmp
     cluster = StandaloneCluster(base, worker_hosts, master_port=free_port(MASTER_HOST))
     errors: list[BaseException] = []
@@ -190,8 +190,6 @@ def run_on_cluster(sc: Any, tmp_path: Path, worker_hosts: tuple[str, ...], args:
     def start() -> None:
         try:
             cluster.start(CLUSTER_TIMEOUT_S)
-            if before_driver is not None:
-                before_driver(cluster)
         except BaseException as e:  # noqa: BLE001 - re-raised below
             errors.append(e)
         finally:
@@ -222,16 +220,11 @@ def run_on_cluster(sc: Any, tmp_path: Path, worker_hosts: tuple[str, ...], args:
                 return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path),
                                         start_new_session=True)
 
-        if not driver_waits_for_cluster:
-            proc = start_driver()
-        expected = reference(sc, tmp_path, batches)  # while the cluster (and the driver) start
+        proc = start_driver()
+        expected = reference(sc, tmp_path, batches)  # while the cluster and the driver start
         assert ready.wait(CLUSTER_TIMEOUT_S + 30), "cluster start did not return"
-        if errors and isinstance(errors[0], ClusterUnavailableError):
-            service_unavailable(f"no standalone Spark cluster here: {errors[0]}")
         if errors:
             raise errors[0]
-        if proc is None:
-            proc = start_driver()
         try:
             rc = proc.wait(timeout=DRIVER_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -242,7 +235,7 @@ def run_on_cluster(sc: Any, tmp_path: Path, worker_hosts: tuple[str, ...], args:
         attempts = [json.loads(line) for line in attempts_path.read_text().splitlines() if line] \
             if attempts_path.exists() else []
         run = ClusterRun(status, states_of([(b["t"], b["rows"]) for b in batches_got]), expected, attempts)
-        run.stores = _host_stores(cluster, status["store_id"])
+        run.stores = _host_stores(base, status["store_id"])
         _read_checkpoint_and_changelog(run, out / "checkpoint")
         return run
     finally:
