@@ -42,7 +42,8 @@ the DAG scheduler, the RPC dispatchers, which in ``local`` mode also launch the 
 listener bus and the Py4J gateway threads; read from ``/proc``, Linux only; the executor threads of ``local`` mode
 and the JVM's GC threads are left out), both also per task, and ``objects_per_batch`` split into metadata log,
 checkpoint data and state changelog, on average over whole checkpoint cycles (a checkpoint's files are written
-after its batch completes).
+after its batch completes). Over the configurations, the driver's CPU per batch is fitted as a fixed part plus a
+part per task (least squares), with the log-log slope against the tasks per batch as the linearity check.
 
 Then the PUT requests per second that the objects per batch make at 1 s batches and their cost per day on S3
 (``--put-price`` dollars per 1,000 PUTs, default S3 Standard's 0.005), measured for part B and, for every part A
@@ -273,7 +274,9 @@ def measure_run(sc: Any, partitions: int, streams: int, records: int, batches: i
     tasks = 2 * partitions * streams  # per stream: P shuffle-map tasks, P result tasks of the output's job
     totals = _split_sum([created[k] for k in window])
     jvm = [runs["jvm"][k] for k in plain if runs["jvm"][k] is not None]
-    row = {
+    cpu = _median([runs["cpu"][k] for k in plain])
+    jvm_cpu = _median(jvm) if jvm else None
+    row: dict[str, Any] = {
         "partitions": partitions,
         "streams": streams,
         "tasks_per_batch": tasks,
@@ -283,14 +286,14 @@ def measure_run(sc: Any, partitions: int, streams: int, records: int, batches: i
         "engine_ms_p50": _median([_engine_ms(infos[k]) - _outputs_ms(infos[k]) for k in plain]),
         "py4j_calls_p50": _median([float(runs["calls"][k]) for k in plain]),
         "processing_ms_p50": _median([float(infos[k].processing_delay_ms or 0) for k in plain]),
-        "driver_cpu_ms_p50": _median([runs["cpu"][k] for k in plain]),
-        "driver_jvm_cpu_ms_p50": _median(jvm) if jvm else None,
+        "driver_cpu_ms_p50": cpu,
+        "driver_jvm_cpu_ms_p50": jvm_cpu,
         "wall_s_p50": _median([runs["wall"][k] for k in plain]),
         "objects_per_batch": {kind: n / len(window) for kind, n in totals.items()},
     }
-    row["driver_cpu_ms_per_task"] = row["driver_cpu_ms_p50"] / tasks
-    if row["driver_jvm_cpu_ms_p50"] is not None:
-        row["driver_jvm_cpu_ms_per_task"] = row["driver_jvm_cpu_ms_p50"] / tasks
+    row["driver_cpu_ms_per_task"] = cpu / tasks
+    if jvm_cpu is not None:
+        row["driver_jvm_cpu_ms_per_task"] = jvm_cpu / tasks
     return row
 
 
@@ -321,6 +324,28 @@ def fit_slope(xs: list[float], ys: list[float]) -> float | None:
     my = sum(p[1] for p in pts) / len(pts)
     sxx = sum((p[0] - mx) ** 2 for p in pts)
     return sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx if sxx else None
+
+
+def linear_fit(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
+    """Least-squares ``y = a + b x``: ``(a, b)``; None with fewer than 2 distinct ``x``."""
+    if len(set(xs)) < 2:
+        return None
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+def per_task(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Part B: the driver's CPU per batch against the tasks per batch, as a fixed part plus a part per task
+    (:func:`linear_fit`), and the log-log slope (:func:`fit_slope`)."""
+    out: dict[str, Any] = {}
+    for key in ("driver_cpu_ms_p50", "driver_jvm_cpu_ms_p50"):
+        pts = [(float(r["tasks_per_batch"]), float(r[key])) for r in rows if r.get(key) is not None]
+        fit = linear_fit([p[0] for p in pts], [p[1] for p in pts])
+        slope = fit_slope([p[0] for p in pts], [p[1] for p in pts])
+        out[key] = {"ms_per_batch": fit[0] if fit else None, "ms_per_task": fit[1] if fit else None,
+                    "loglog_slope": slope, "faster_than_linear": slope is not None and slope > LINEAR_TOLERANCE}
+    return out
 
 
 def growth(rows: list[dict[str, Any]], key: str = "engine_ms_p50") -> list[dict[str, Any]]:
@@ -430,6 +455,12 @@ def main(argv: list[str] | None = None) -> int:
         worst = [g for rows in checks.values() for g in rows if g["faster_than_linear"]]
         print("no per-batch driver step grows faster than the partitions or streams it schedules"
               if not worst else f"{len(worst)} series grow faster than linearly (above)")
+    tasks_fit = per_task(run_rows) if run_rows else {}
+    for key, fit in tasks_fit.items():
+        if fit["ms_per_task"] is not None:
+            print(f"Part B, {key} against the tasks per batch: {fit['ms_per_batch']:.1f} ms per batch + "
+                  f"{fit['ms_per_task']:.2f} ms per task, log-log slope {fit['loglog_slope']:.2f}"
+                  f"{'  FASTER THAN LINEAR' if fit['faster_than_linear'] else ''}")
     modelled = []
     for row in driver_rows:
         objects = modelled_objects(row["partitions"], row["streams"], row["objects_per_batch"]["metadata"],
@@ -454,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
                         "load_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None},
             "interval_ms": INTERVAL_MS, "records_per_partition": args.records,
             "checkpoint_every": args.checkpoint_every, "put_price_per_1000": args.put_price,
-            "driver_only": driver_rows, "growth": checks, "runs": run_rows, "modelled_store_writes": modelled,
+            "driver_only": driver_rows, "growth": checks, "runs": run_rows, "runs_per_task": tasks_fit,
+            "modelled_store_writes": modelled,
         }, indent=2, sort_keys=True))
         print(f"wrote {out}")
     return 0
