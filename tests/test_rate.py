@@ -13,10 +13,10 @@ from dstreams.graph import DStreamGraph
 from dstreams.listener import BatchInfo
 from dstreams.nodes.input import InputNode
 from dstreams.rate import PIDGains, PIDRateEstimator, RateLimiter, RateSettings, rate_settings
+from dstreams.testing import collect, manual_context, run_batches
 from dstreams.time import BatchTime, Duration
 
 from .recovery_app import read_outputs
-from .support import collector
 
 RATE_VARIABLES = [s.env for s in config.SETTINGS if "backpressure" in s.key or "maxRate" in s.key
                   or "maxFiles" in s.key]
@@ -227,21 +227,17 @@ def test_backpressure_shrinks_the_limit_of_a_source_whose_batches_take_longer_th
     interval_ms, capacity = 500, 2000.0  # records/s the output operation processes
     monkeypatch.setenv("DSTREAMS_BACKPRESSURE_ENABLED", "true")
     monkeypatch.setenv("DSTREAMS_BACKPRESSURE_INITIAL_RATE", "3000")  # 1500 records per batch: 0.75 s each
-    clock = ManualClock()
-    ssc = StreamingContext(sc, interval_ms / 1000, clock=clock)
-    node = _Backlog(ssc._graph, partitions=2)
-    DStream(node, ssc).foreachRDD(lambda rdd: time.sleep(rdd.count() / capacity))
-    batches = 16
-    ssc.start()
-    try:
+    with manual_context(interval_ms / 1000, sc=sc) as ssc:
+        node = _Backlog(ssc._graph, partitions=2)
+        DStream(node, ssc).foreachRDD(lambda rdd: time.sleep(rdd.count() / capacity))
+        batches = 16
+        ssc.start()
         started = time.monotonic()
         for k in range(1, batches + 1):  # the manual clock moves at the pace of wall time
             time.sleep(max(0.0, started + k * interval_ms / 1000 - time.monotonic()))
-            clock.set_time(k * interval_ms)
+            ssc.clock.set_time(k * interval_ms)
         ssc.awaitBatch(batches * interval_ms, 120)
         infos = sorted(ssc.batchInfos(), key=lambda i: i.batch_time_ms)
-    finally:
-        ssc.stop(stopSparkContext=False)
     assert len(infos) == batches
     limits = [i.streamIdToInputInfo()[node.id].metadata()["maxRecordsPerPartition"] for i in infos]
     records = [i.streamIdToInputInfo()[node.id].numRecords() for i in infos]
@@ -276,23 +272,16 @@ def _backlog_files(folder, first: int, count: int) -> list[str]:
 def test_a_backlog_of_25_files_drains_10_per_batch_each_line_once(sc, tmp_path):
     folder = str(tmp_path / "in")
     os.makedirs(folder)
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    got: dict[str, list] = {}
-    stream = ssc.textFileStream(folder, maxFilesPerBatch=10)
-    stream.foreachRDD(collector(got, "lines"))
-    ssc.start()
-    try:
+    with manual_context(1, sc=sc) as ssc:
+        stream = ssc.textFileStream(folder, maxFilesPerBatch=10)
+        seen = collect(stream, sort=True)
+        ssc.start()
         lines = _backlog_files(folder, 0, 25)
-        infos = []
-        for t in (1000, 2000, 3000, 4000):
-            clock.set_time(t)
-            infos.append(ssc.awaitBatch(t, 120))
-    finally:
-        ssc.stop(stopSparkContext=False)
-    assert [len(b) for b in got["lines"]] == [20, 20, 10, 0]
-    assert got["lines"][0] == lines[:20] and got["lines"][2] == lines[40:]  # listing order
-    flat = [x for b in got["lines"] for x in b]
+        infos = run_batches(ssc, 4, timeout=120)
+    got = [seen[t] for t in (1000, 2000, 3000, 4000)]
+    assert [len(b) for b in got] == [20, 20, 10, 0]
+    assert got[0] == lines[:20] and got[2] == lines[40:]  # listing order
+    flat = [x for b in got for x in b]
     assert sorted(flat) == sorted(lines) and len(flat) == len(set(flat))  # every line exactly once
     metadata = [dict(i.streamIdToInputInfo()[stream._node.id].metadata()) for i in infos]
     assert metadata == [{"maxFilesPerBatch": 10, "files": 10, "filesWaiting": 15},
@@ -304,20 +293,14 @@ def test_a_backlog_of_25_files_drains_10_per_batch_each_line_once(sc, tmp_path):
 
 def test_max_files_per_batch_from_the_conf_for_binary_records(sc, tmp_path, monkeypatch):
     monkeypatch.setenv("DSTREAMS_FILES_MAX_FILES_PER_BATCH", "2")
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    got: dict[str, list] = {}
-    ssc.binaryRecordsStream(str(tmp_path), 2).foreachRDD(collector(got, "recs"))
-    ssc.start()
-    try:
+    with manual_context(1, sc=sc) as ssc:
+        got = collect(ssc.binaryRecordsStream(str(tmp_path), 2), sort=True)
+        ssc.start()
         for i in range(5):
             (tmp_path / f"r{i}.bin").write_bytes(f"{i}a{i}b".encode())
-        for t in (1000, 2000, 3000):
-            clock.set_time(t)
-            ssc.awaitBatch(t, 120)
-    finally:
-        ssc.stop(stopSparkContext=False)
-    assert got["recs"] == [[b"0a", b"0b", b"1a", b"1b"], [b"2a", b"2b", b"3a", b"3b"], [b"4a", b"4b"]]
+        run_batches(ssc, 3, timeout=120)
+    assert [got[t] for t in (1000, 2000, 3000)] == [
+        [b"0a", b"0b", b"1a", b"1b"], [b"2a", b"2b", b"3a", b"3b"], [b"4a", b"4b"]]
 
 
 @pytest.mark.slow
@@ -332,9 +315,6 @@ def test_backpressure_learns_a_file_source_rate_in_files_per_second(sc, tmp_path
     monkeypatch.setenv("DSTREAMS_BACKPRESSURE_INITIAL_RATE", "100000")  # records/s: not for a file source
     folder = str(tmp_path / "in")
     os.makedirs(folder)
-    clock = ManualClock()
-    ssc = StreamingContext(sc, interval_ms / 1000, clock=clock)
-    stream = ssc.textFileStream(folder, maxFilesPerBatch=30)
     seen: list[str] = []
 
     def work(rdd) -> None:
@@ -342,18 +322,15 @@ def test_backpressure_learns_a_file_source_rate_in_files_per_second(sc, tmp_path
         seen.extend(lines)
         time.sleep(len(lines) / capacity)
 
-    stream.foreachRDD(work)
-    ssc.start()
     written = [f"line-{i:04d}" for i in range(120)]
-    try:
+    with manual_context(interval_ms / 1000, sc=sc) as ssc:
+        stream = ssc.textFileStream(folder, maxFilesPerBatch=30)
+        stream.foreachRDD(work)
+        ssc.start()
         for i, line in enumerate(written):
             _put(folder, f"f{i:04d}.txt", line + "\n")
-        infos = []
-        for k in range(1, 9):  # each batch generated once the one before completed: no scheduling delay
-            clock.set_time(k * interval_ms)
-            infos.append(ssc.awaitBatch(k * interval_ms, 120))
-    finally:
-        ssc.stop(stopSparkContext=False)
+        # each batch generated once the one before completed: no scheduling delay
+        infos = run_batches(ssc, 8, timeout=120)
     metadata = [dict(i.streamIdToInputInfo()[stream._node.id].metadata()) for i in infos]
     limits = [m["maxFilesPerBatch"] for m in metadata]
     assert limits[0] == 30 and "rate" not in metadata[0], metadata  # no estimate yet; the initial rate is in records
@@ -363,12 +340,11 @@ def test_backpressure_learns_a_file_source_rate_in_files_per_second(sc, tmp_path
 
 
 def test_max_files_per_batch_is_checked(sc, tmp_path):
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
-    for bad in (0, -1, 2.5, True):
-        with pytest.raises(ValueError, match="maxFilesPerBatch must be a positive int"):
-            ssc.textFileStream(str(tmp_path), maxFilesPerBatch=bad)
-    assert ssc._graph.inputs == []  # a rejected source leaves nothing behind in the graph
-    ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        for bad in (0, -1, 2.5, True):
+            with pytest.raises(ValueError, match="maxFilesPerBatch must be a positive int"):
+                ssc.textFileStream(str(tmp_path), maxFilesPerBatch=bad)
+        assert ssc._graph.inputs == []  # a rejected source leaves nothing behind in the graph
 
 
 def _counting_setup(sc, inputd: str, out: str, clock: ManualClock):
@@ -392,8 +368,7 @@ def test_files_left_over_are_read_once_across_a_restart(sc, tmp_path):
     first.start()
     try:
         lines = _backlog_files(inputd, 0, 25)
-        first.clock.set_time(1000)
-        first.awaitBatch(1000, 120)  # 10 files; no checkpoint yet (every 2 s): batch 1 is replayed below
+        run_batches(first, 1, timeout=120)  # 10 files; no checkpoint yet (every 2 s): batch 1 is replayed below
     finally:
         first.stop(stopSparkContext=False)  # the driver "dies" with 15 files waiting
     lines += _backlog_files(inputd, 25, 2)  # arrived while the driver was down
@@ -402,9 +377,8 @@ def test_files_left_over_are_read_once_across_a_restart(sc, tmp_path):
     assert called == []  # the graph (and maxFilesPerBatch) came back from the checkpoint
     second.start()
     try:
-        for t in (1000, 2000, 3000, 4000):
-            second.clock.set_time(t)
-            second.awaitBatch(t, 120)
+        second.awaitBatch(1000, 120)  # due at the restart: its clock is at 1000
+        run_batches(second, 3, timeout=120)
         second._checkpointer.flush(60)  # no checkpoint write left running after the test
     finally:
         second.stop(stopSparkContext=False)
@@ -426,17 +400,14 @@ def test_state_after_a_restart_in_the_middle_of_a_drain_keeps_counting_once(sc, 
     first.start()
     try:
         lines = _backlog_files(inputd, 0, 25)
-        for t in (1000, 2000):
-            first.clock.set_time(t)
-            first.awaitBatch(t, 120)
+        run_batches(first, 2, timeout=120)
         first._checkpointer.flush(60)
     finally:
         first.stop(stopSparkContext=False)
     second = StreamingContext.getOrCreate(cpd, lambda: None, clock=ManualClock(2000))
     second.start()
     try:
-        second.clock.set_time(3000)
-        second.awaitBatch(3000, 120)
+        run_batches(second, 1, timeout=120)
     finally:
         second.stop(stopSparkContext=False)
     got = read_outputs(out)
@@ -451,23 +422,18 @@ def test_the_socket_takes_at_most_receiver_max_rate_lines_per_batch(sc, monkeypa
 
     monkeypatch.setenv("DSTREAMS_RECEIVER_MAX_RATE", "2")
     server = _LineServer()
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    got: dict[str, list] = {}
-    stream = ssc.socketTextStream("127.0.0.1", server.port)
-    stream.foreachRDD(collector(got, "lines", list))
-    ssc.start()
     try:
-        server.send(b"l1\nl2\nl3\nl4\nl5\n")
-        _wait_buffered(stream._node, 5)
-        infos = []
-        for t in (1000, 2000, 3000, 4000):
-            clock.set_time(t)
-            infos.append(ssc.awaitBatch(t, 120))
+        with manual_context(1, sc=sc) as ssc:
+            stream = ssc.socketTextStream("127.0.0.1", server.port)
+            got = collect(stream)
+            ssc.start()
+            server.send(b"l1\nl2\nl3\nl4\nl5\n")
+            _wait_buffered(stream._node, 5)
+            infos = run_batches(ssc, 4, timeout=120)
     finally:
-        ssc.stop(stopSparkContext=False)
         server.close()
-    assert got["lines"] == [["l1", "l2"], ["l3", "l4"], ["l5"], []]  # the rest stayed queued, in order
+    # the rest stayed queued, in order
+    assert [got[t] for t in (1000, 2000, 3000, 4000)] == [["l1", "l2"], ["l3", "l4"], ["l5"], []]
     assert [i.numRecords() for i in infos] == [2, 2, 1, 0]
     assert dict(infos[0].streamIdToInputInfo()[stream._node.id].metadata()) == {
         "maxRecordsPerPartition": 2, "partitions": 1, "maxRatePerPartition": 2.0}
@@ -482,21 +448,14 @@ def test_the_engine_limit_bounds_the_redis_source(sc, monkeypatch, redis_url, re
     for k in keys:
         for i in range(25):
             redis_client.xadd(k, {"n": str(i)})
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    got: dict[str, list] = {}
-    stream = ssc.redisStream(keys, url=redis_url)
-    stream.map(lambda r: (r[0], int(r[2]["n"]))).foreachRDD(collector(got, "entries"))
-    ssc.start()
-    try:
-        infos = []
-        for t in (1000, 2000, 3000, 4000):
-            clock.set_time(t)
-            infos.append(ssc.awaitBatch(t, 60))
-    finally:
-        ssc.stop(stopSparkContext=False)
-    assert [len(b) for b in got["entries"]] == [20, 20, 10, 0]
-    flat = [x for b in got["entries"] for x in b]
+    with manual_context(1, sc=sc) as ssc:
+        stream = ssc.redisStream(keys, url=redis_url)
+        seen = collect(stream.map(lambda r: (r[0], int(r[2]["n"]))), sort=True)
+        ssc.start()
+        infos = run_batches(ssc, 4)
+    got = [seen[t] for t in (1000, 2000, 3000, 4000)]
+    assert [len(b) for b in got] == [20, 20, 10, 0]
+    flat = [x for b in got for x in b]
     assert sorted(flat) == sorted((k, i) for k in keys for i in range(25))  # each entry exactly once
     metadata = infos[0].streamIdToInputInfo()[stream._node.id].metadata()
     assert metadata["maxRecordsPerPartition"] == 10 and metadata["partitions"] == 2
