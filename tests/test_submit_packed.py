@@ -76,8 +76,10 @@ APP = Path(__file__).resolve().parent / "submit_app.py"
 WORKER_HOSTS = ("127.0.0.8", "127.0.0.9")
 #: What the packed environment leaves out of the wheel's dependencies (module doc).
 NOT_PACKED = {"pyspark"}
+#: Bounds, not expectations: at load average 60 on 2 cores the cluster took 154 s to start and an application
+#: 427 s (module doc); the application itself gives up 120 s before spark-submit is killed.
 CLUSTER_TIMEOUT_S = 300.0
-SUBMIT_TIMEOUT_S = 600.0
+SUBMIT_TIMEOUT_S = 900.0
 BATCHES = 3
 ALL_DEPLOYS_ENV = "DSTREAMS_TEST_ALL_DEPLOYS"
 
@@ -287,7 +289,7 @@ def _check_task(d: Deployment, task: dict[str, str]) -> Path:
     return cwd
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(2400)
 def test_dependencies_packed_and_dstreams_as_py_files(deployment: Deployment, tmp_path: Path) -> None:
     """``--archives deps.tar.gz#environment --py-files dstreams.zip``: the module doc's checks."""
     d, p = deployment, deployment.packages
@@ -302,7 +304,7 @@ def test_dependencies_packed_and_dstreams_as_py_files(deployment: Deployment, tm
           + f", cluster start {d.cluster_start_s:.1f} (in parallel), application {elapsed:.1f}")
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(2400)
 @pytest.mark.skipif(os.environ.get(ALL_DEPLOYS_ENV) != "1",
                     reason=f"a second application run (minutes on a loaded machine); set {ALL_DEPLOYS_ENV}=1")
 def test_dstreams_installed_in_the_packed_environment(deployment: Deployment, tmp_path: Path) -> None:
