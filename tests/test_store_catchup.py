@@ -97,7 +97,8 @@ def _app(sc, ckpt: str, out: str, clock, folder: _Folder) -> StreamingContext:
 
 
 def _run(sc, tmp_path, monkeypatch, store: str, **folder) -> tuple[dict[str, list[str]], dict[int, int], int]:
-    """The app through :data:`LAST_MS` on ``store``: its outputs, each batch's tries and the catch-ups counted."""
+    """The app through :data:`LAST_MS` on ``store``: its outputs, each batch's tries and the catch-ups counted; every
+    checkpoint write succeeded (the zero time's export of the ``initialRDD`` included)."""
     monkeypatch.setenv("DSTREAMS_STATE_STORE", store)
     monkeypatch.setenv("DSTREAMS_STATE_CHANGELOG", "on")
     local_dir = str(tmp_path / f"{store}-local")
@@ -111,8 +112,13 @@ def _run(sc, tmp_path, monkeypatch, store: str, **folder) -> tuple[dict[str, lis
         attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
         caught_up = sum((n.store_metrics() or {}).get("caught_up", 0) for n in ssc._graph.nodes
                         if isinstance(n, StoreStateNode))
+        errors = [str(e) for e in ssc._checkpointer.errors]
+        written = {(w.node_key.split("-")[1], w.time_ms) for w in ssc._checkpointer.recent_writes if w.committed}
     finally:
         ssc.stop(stopSparkContext=False)
+    assert not errors, errors
+    if store == "executor":
+        assert ("StoreUpdateStateNode", 0) in written, written  # the initial state's checkpoint at the zero time
     return read_outputs(out), attempts, caught_up
 
 
