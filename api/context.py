@@ -286,8 +286,8 @@ class StreamingContext:
         self.check_not_started("add an input stream")
         self._graph.require_batch_duration()
 
-    def queueStream(self, rdds: Iterable[RDD | Iterable[Any]], oneAtATime: bool = True,
-                    default: RDD | Iterable[Any] | None = None) -> DStream:
+    def queueStream(self, rdds: Iterable[RDD[T] | Iterable[T]], oneAtATime: bool = True,
+                    default: RDD[T] | Iterable[T] | None = None) -> DStream[T]:
         """A stream from a queue of RDDs (or lists), one per batch unless ``oneAtATime=False``.
 
         An exhausted queue yields ``default`` (an RDD or list) when given, else an empty batch.
@@ -301,7 +301,7 @@ class StreamingContext:
         return DStream(QueueInputNode(self._graph, converted, oneAtATime, default), self)
 
     def socketTextStream(self, hostname: str, port: int,
-                         storageLevel: StorageLevel = StorageLevel.MEMORY_AND_DISK_2) -> DStream:
+                         storageLevel: StorageLevel = StorageLevel.MEMORY_AND_DISK_2) -> DStream[str]:
         """Lines of text read from a TCP server at ``hostname:port`` (UTF-8, one record per line).
 
         ``storageLevel`` is accepted for compatibility; dstreams keeps received lines in the driver until
@@ -316,7 +316,7 @@ class StreamingContext:
         return DStream(SocketInputNode(self._graph, hostname, port), self)
 
     def textFileStream(self, directory: str, *, maxFilesPerBatch: int | None = None,
-                       **storeOptions: Any) -> DStream:
+                       **storeOptions: Any) -> DStream[str]:
         """Lines of the new text files that appear in ``directory`` (each file in exactly one batch).
 
         ``directory`` is a local folder or an ``s3://bucket/prefix/`` URL (new objects under the prefix;
@@ -330,7 +330,7 @@ class StreamingContext:
                                      maxFilesPerBatch), self)
 
     def binaryRecordsStream(self, directory: str, recordLength: int, *, maxFilesPerBatch: int | None = None,
-                            **storeOptions: Any) -> DStream:
+                            **storeOptions: Any) -> DStream[bytes]:
         """Fixed-length binary records (``bytes``) of the new files that appear in ``directory``
         (``maxFilesPerBatch`` as for :meth:`textFileStream`)."""
         self._check_can_add_input()
@@ -338,7 +338,7 @@ class StreamingContext:
                                      maxFilesPerBatch), self)
 
     def generatorStream(self, recordsPerPartition: int, numPartitions: int | None = None, seed: int = 0,
-                        recordFunc: RecordFunc | None = None) -> DStream:
+                        recordFunc: RecordFunc | None = None) -> DStream[Any]:
         """Deterministic records made inside the executors: ``recordsPerPartition`` per partition per batch.
 
         ``recordFunc(seed, batch_time_ms, partition, n) -> iterable`` makes the records (default:
@@ -352,7 +352,7 @@ class StreamingContext:
                     startFrom: str | dict[str, str] = "earliest", decoder: Callable[[str, str, dict[str, str]], Any]
                     | None = None, maxRatePerPartition: float | None = None, onTrimmed: str = "fail",
                     missingKeys: str = "fail", commitToGroup: str | None = None,
-                    eventTimeFromIds: str | None = None) -> DStream:
+                    eventTimeFromIds: str | None = None) -> DStream[Any]:
         """The entries of one or more Redis stream keys, each key a partition, read directly (no receiver).
 
         Each batch holds, per key, the entries added since the previous batch (at most
@@ -410,7 +410,7 @@ class StreamingContext:
                             maxRatePerPartition, failOnDataLoss, minPartitions, commitToGroup, onDecodeError)
 
     # ------------------------------------------------------------------ combinators
-    def union(self, *dstreams: DStream) -> DStream:
+    def union(self, *dstreams: DStream[T]) -> DStream[T]:
         """The union of several streams with the same slide duration."""
         if not dstreams:
             raise ValueError("should have at least one DStream to union")
@@ -422,7 +422,7 @@ class StreamingContext:
             return dstreams[0]
         return DStream(UnionNode(self._graph, [d._node for d in dstreams]), self)
 
-    def deadLetters(self) -> DStream:
+    def deadLetters(self) -> DStream[Any]:
         """Every dead letter of the context's operators, batch by batch: the union of ``stream.deadLetters()`` of
         each operator that routes them (``onError="deadLetter"``, ``spark.dstreams.onRecordError=deadLetter``,
         ``kafkaStream(..., onDecodeError="deadLetter")``), to save with any sink (exactly once, like any output).
@@ -440,14 +440,14 @@ class StreamingContext:
         self._graph.dead_letters_united = len(nodes)
         return DStream(nodes[0] if len(nodes) == 1 else UnionNode(self._graph, nodes), self)
 
-    def transform(self, dstreams: Sequence[DStream], transformFunc: Callable[..., RDD]) -> DStream:
+    def transform(self, dstreams: Sequence[DStream[Any]], transformFunc: Callable[..., RDD[Any]]) -> DStream[Any]:
         """A stream of ``transformFunc(rdds)`` or ``transformFunc(time, rdds)`` over several streams."""
         self.check_not_started("add a transformation")
         if not dstreams:
             raise ValueError("transform needs at least one DStream")
         n = positional_arity(transformFunc, (1, 2), "StreamingContext.transform")
 
-        def apply(rdds: list[RDD], t: BatchTime) -> RDD:
+        def apply(rdds: list[RDD[Any]], t: BatchTime) -> RDD[Any]:
             return transformFunc(rdds) if n == 1 else transformFunc(to_datetime(t), rdds)
 
         return DStream(TransformedNode(self._graph, [d._node for d in dstreams], apply, "transform"), self)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from dstreams.node import DStreamNode
 from dstreams.nodes.event_time import EventTimeNode, LateRecordsNode
@@ -23,7 +23,7 @@ from dstreams.nodes.transformed import TransformedNode
 from dstreams.nodes.union import UnionNode
 from dstreams.time import Duration, DurationLike, parse_duration
 
-from .stream import DStream
+from .stream import DStream, K, T, T_co, U, V
 
 if TYPE_CHECKING:
     from .owner import GraphOwner
@@ -33,11 +33,11 @@ def _values(_: int, it: Iterable[tuple[int, Any]]) -> Iterator[Any]:
     return (r[1] for r in it)
 
 
-class StateView(DStream):
+class StateView(DStream[T_co]):
     """The public stream of an event-time state operator (windows, sessions, timers): ``checkpoint(interval)``
     sets the checkpoint interval of the operator's state, which is what a checkpoint must cut."""
 
-    def __init__(self, state: DStreamNode, view: Callable[[Iterable[Any]], Iterator[Any]], label: str,
+    def __init__(self: StateView[Any], state: DStreamNode, view: Callable[[Iterable[Any]], Iterator[Any]], label: str,
                  ssc: GraphOwner, source: DStreamNode | None = None) -> None:
         """Records: ``view`` over each partition of ``source`` (default: ``state``)."""
         source = state if source is None else source
@@ -45,7 +45,7 @@ class StateView(DStream):
                          ssc)
         self._state = state
 
-    def checkpoint(self, interval: DurationLike) -> DStream:
+    def checkpoint(self, interval: DurationLike) -> Self:
         """Checkpoint the operator's state every ``interval`` (a multiple of the batch interval)."""
         self._check_open()
         self._state.checkpoint_interval = parse_duration(interval, "checkpoint interval")
@@ -53,16 +53,17 @@ class StateView(DStream):
         return self
 
 
-class EventWindowView(StateView):
+class EventWindowView(StateView[T_co]):
     """The stream of an event-time window or session operator, with :meth:`lateRecords`, what it dropped."""
 
-    def __init__(self, state: DStreamNode, view: Callable[[Iterable[Any]], Iterator[Any]], label: str,
-                 ssc: GraphOwner, late: Callable[[], DStreamNode], source: DStreamNode | None = None) -> None:
+    def __init__(self: EventWindowView[Any], state: DStreamNode, view: Callable[[Iterable[Any]], Iterator[Any]],
+                 label: str, ssc: GraphOwner, late: Callable[[], DStreamNode], source: DStreamNode | None = None,
+                 ) -> None:
         super().__init__(state, view, label, ssc, source)
         self._late = late
         self._all_sessions: DStreamNode | None = None  # a guarded session operator's every emitted session
 
-    def lateRecords(self) -> DStream:
+    def lateRecords(self) -> DStream[tuple[Any, float, list[tuple[float, float]]]]:
         """Per batch, the records this operator dropped from at least one of their windows because that window
         had closed (its end at or below the batch's watermark): ``(record, eventTime, missedWindows)`` with
         ``record`` the operator's input record (``(key, value)``; the value for ``reduceByEventWindow``),
@@ -75,7 +76,7 @@ class EventWindowView(StateView):
         return DStream(self._late(), self._ssc)
 
 
-class TimedDStream(DStream):
+class TimedDStream(DStream[T_co]):
     """A stream whose records carry an event time (see the module docstring).
 
     ``_timed`` is the engine node whose records are ``(event_ms, value)``; the ``DStream`` view
@@ -83,7 +84,7 @@ class TimedDStream(DStream):
     (None after a union of several).
     """
 
-    def __init__(self, timed: DStreamNode, event: EventTimeNode | None, ssc: GraphOwner) -> None:
+    def __init__(self: TimedDStream[Any], timed: DStreamNode, event: EventTimeNode | None, ssc: GraphOwner) -> None:
         plain = TransformedNode(timed.graph, [timed],
                                 lambda rdds, t: rdds[0].mapPartitionsWithIndex(_values, True), "eventTimeValues")
         super().__init__(plain, ssc)
@@ -91,14 +92,14 @@ class TimedDStream(DStream):
         self._event = event
 
     def _timed_op(self, label: str, func: Callable[[int, Iterable[tuple[int, Any]]], Iterator[Any]],
-                  preserves: bool = False) -> TimedDStream:
+                  preserves: bool = False) -> TimedDStream[Any]:
         self._check_open()
         node = TransformedNode(self._timed.graph, [self._timed],
                                lambda rdds, t: rdds[0].mapPartitionsWithIndex(func, preserves), label)
         return TimedDStream(node, self._event, self._ssc)
 
     def _timed_dead_letters(self, kind: str, f: Callable[[Any], Any], preserves: bool,
-                            onError: str | None) -> TimedDStream | None:
+                            onError: str | None) -> TimedDStream[Any] | None:
         """``kind`` with its function guarded (``onError``, else ``spark.dstreams.onRecordError``; None when it does
         not route): a timed stream of the good outputs, each with its record's event time, whose ``deadLetters()``
         holds the records ``f`` raised on (the values, as the user's function saw them); one persisted tagged RDD."""
@@ -119,7 +120,7 @@ class TimedDStream(DStream):
         return self._routing_timed(kind, tagger, preserves)
 
     def _routing_timed(self, label: str, tagger: Callable[[str, Any], Callable[[int, Iterable[Any]], Iterator[Any]]],
-                       preserves: bool) -> TimedDStream:
+                       preserves: bool) -> TimedDStream[Any]:
         """A timed stream of the GOOD outputs of ``tagger(operator name, batch time)`` over this stream's timed
         records (each output ``(event_ms, value)``), whose ``deadLetters()`` are the DEAD ones; one persisted tagged
         RDD (:mod:`dstreams.dead_letters`)."""
@@ -144,32 +145,34 @@ class TimedDStream(DStream):
         return out
 
     # ------------------------------------------------------------------ per-record operators keeping event time
-    def map(self, f: Callable[[Any], Any], preservesPartitioning: bool = False, *,
-            onError: str | None = None) -> TimedDStream:
+    def map(self: TimedDStream[T], f: Callable[[T], U], preservesPartitioning: bool = False, *,
+            onError: str | None = None) -> TimedDStream[U]:
         """``f(value)`` for every record, keeping its event time; ``onError`` as for :meth:`DStream.map`."""
         return self._timed_dead_letters("map", f, preservesPartitioning, onError) or self._timed_op(
             "map", lambda _, it: ((r[0], f(r[1])) for r in it), preservesPartitioning)
 
-    def flatMap(self, f: Callable[[Any], Iterable[Any]], preservesPartitioning: bool = False, *,
-                onError: str | None = None) -> TimedDStream:
+    def flatMap(self: TimedDStream[T], f: Callable[[T], Iterable[U]], preservesPartitioning: bool = False, *,
+                onError: str | None = None) -> TimedDStream[U]:
         return self._timed_dead_letters("flatMap", f, preservesPartitioning, onError) or self._timed_op(
             "flatMap", lambda _, it: chain.from_iterable(((r[0], y) for y in f(r[1])) for r in it),
             preservesPartitioning)
 
-    def filter(self, f: Callable[[Any], bool], *, onError: str | None = None) -> TimedDStream:
+    def filter(self: TimedDStream[T], f: Callable[[T], bool], *, onError: str | None = None) -> TimedDStream[T]:
         return self._timed_dead_letters("filter", f, True, onError) or self._timed_op(
             "filter", lambda _, it: (r for r in it if f(r[1])), True)
 
-    def mapValues(self, f: Callable[[Any], Any], *, onError: str | None = None) -> TimedDStream:
+    def mapValues(self: TimedDStream[tuple[K, V]], f: Callable[[V], U], *,
+                  onError: str | None = None) -> TimedDStream[tuple[K, U]]:
         return self._timed_dead_letters("mapValues", f, True, onError) or self._timed_op(
             "mapValues", lambda _, it: ((r[0], (r[1][0], f(r[1][1]))) for r in it), True)
 
-    def flatMapValues(self, f: Callable[[Any], Iterable[Any]], *, onError: str | None = None) -> TimedDStream:
+    def flatMapValues(self: TimedDStream[tuple[K, V]], f: Callable[[V], Iterable[U]], *,
+                      onError: str | None = None) -> TimedDStream[tuple[K, U]]:
         return self._timed_dead_letters("flatMapValues", f, True, onError) or self._timed_op(
             "flatMapValues",
             lambda _, it: chain.from_iterable(((r[0], (r[1][0], y)) for y in f(r[1][1])) for r in it), True)
 
-    def union(self, other: DStream) -> DStream:
+    def union(self: TimedDStream[T], other: DStream[U]) -> DStream[T | U]:
         """With another timed stream: a timed stream (watermark: the minimum of the two); else a plain union."""
         if not isinstance(other, TimedDStream):
             return super().union(other)
@@ -178,10 +181,11 @@ class TimedDStream(DStream):
         return TimedDStream(node, self._event if self._event is other._event else None, self._ssc)
 
     # ------------------------------------------------------------------ event-time windows
-    def reduceByKeyAndEventWindow(self, func: Callable[[Any, Any], Any], windowDuration: DurationLike,
-                                  slideDuration: DurationLike | None = None,
-                                  invFunc: Callable[[Any, Any], Any] | None = None, emit: str = "final",
-                                  numPartitions: int | None = None, *, onError: str | None = None) -> DStream:
+    def reduceByKeyAndEventWindow(self: TimedDStream[tuple[K, V]], func: Callable[[V, V], V],
+                                  windowDuration: DurationLike, slideDuration: DurationLike | None = None,
+                                  invFunc: Callable[[V, V], V] | None = None, emit: str = "final",
+                                  numPartitions: int | None = None, *, onError: str | None = None,
+                                  ) -> EventWindowView[tuple[tuple[K, tuple[float, float]], V]]:
         """Per key, the reduce with ``func`` of the values whose event time falls in each window.
 
         Records are ``(key, value)`` pairs. Windows are ``[start, start + windowDuration)`` with ``start`` a
@@ -209,7 +213,8 @@ class TimedDStream(DStream):
 
     def _event_window(self, func: Callable[[Any, Any], Any], windowDuration: DurationLike,
                       slideDuration: DurationLike | None, invFunc: Callable[[Any, Any], Any] | None, emit: str,
-                      numPartitions: int | None, keyed: bool, label: str, onError: str | None) -> DStream:
+                      numPartitions: int | None, keyed: bool, label: str, onError: str | None,
+                      ) -> EventWindowView[Any]:
         self._check_open()
         from dstreams.nodes.event_window import WindowLateRecordsNode
         from dstreams.spark.partitioned import hash_partitioner
@@ -227,7 +232,7 @@ class TimedDStream(DStream):
         return self._windows_of(timed, func, invFunc, w, s, emit, part, keyed, late)
 
     def _folded_for_event_window(self, label: str, func: Callable[[Any, Any], Any], window_ms: int, slide_ms: int,
-                                 keyed: bool) -> TimedDStream:
+                                 keyed: bool) -> TimedDStream[Any]:
         """This stream's records folded by key and pane inside a guard (``fold_event_partition``), as a timed
         stream whose ``deadLetters()`` has the records routed; one persisted tagged RDD."""
         from dstreams.dead_letters import fold_event_partition
@@ -239,7 +244,7 @@ class TimedDStream(DStream):
 
     def _windows_of(self, timed: DStreamNode, func: Callable[[Any, Any], Any],
                     invFunc: Callable[[Any, Any], Any] | None, w: Duration, s: Duration, emit: str, part: Any,
-                    keyed: bool, late: Callable[[], DStreamNode]) -> EventWindowView:
+                    keyed: bool, late: Callable[[], DStreamNode]) -> EventWindowView[Any]:
         """The event-window operator over ``timed`` on the state backend in force."""
         from dstreams.nodes.event_window import EventWindowNode, emitted_windows
 
@@ -260,10 +265,11 @@ class TimedDStream(DStream):
         node = EventWindowNode(timed.graph, timed, func, invFunc, w, s, emit, part)
         return EventWindowView(node, emitted_windows(w.ms, s.ms, keyed=keyed), "eventWindows", self._ssc, late)
 
-    def reduceByEventWindow(self, reduceFunc: Callable[[Any, Any], Any], windowDuration: DurationLike,
+    def reduceByEventWindow(self: TimedDStream[T], reduceFunc: Callable[[T, T], T], windowDuration: DurationLike,
                             slideDuration: DurationLike | None = None,
-                            invReduceFunc: Callable[[Any, Any], Any] | None = None,
-                            emit: str = "final", *, onError: str | None = None) -> DStream:
+                            invReduceFunc: Callable[[T, T], T] | None = None,
+                            emit: str = "final", *,
+                            onError: str | None = None) -> EventWindowView[tuple[tuple[float, float], T]]:
         """The reduce of all records whose event time falls in each window (one state partition): records
         ``((start, end), value)``; otherwise (``onError`` too) as :meth:`reduceByKeyAndEventWindow`."""
         keyed = self.map(lambda x: (None, x), onError="fail")
@@ -271,8 +277,9 @@ class TimedDStream(DStream):
         return keyed._event_window(reduceFunc, windowDuration, slideDuration, invReduceFunc, emit, 1, keyed=False,
                                    label="reduceByEventWindow", onError=onError)
 
-    def sessionWindow(self, gap: DurationLike, aggregate: Callable[[list[Any]], Any] | None = None,
-                      numPartitions: int | None = None, *, onError: str | None = None) -> DStream:
+    def sessionWindow(self: TimedDStream[tuple[K, V]], gap: DurationLike,
+                      aggregate: Callable[[list[V]], Any] | None = None, numPartitions: int | None = None, *,
+                      onError: str | None = None) -> EventWindowView[tuple[tuple[K, tuple[float, float]], Any]]:
         """Per key, sessions of activity separated by at least ``gap`` of event time without a record.
 
         Records are ``(key, value)`` pairs. A session runs from its first record's event time to its last
@@ -315,7 +322,7 @@ class TimedDStream(DStream):
         return view
 
     def _sessions_of(self, g: Duration, aggregate: Callable[[list[Any]], Any], part: Any,
-                     late: Callable[[Iterable[Any]], Iterator[Any]], guarded: bool) -> EventWindowView:
+                     late: Callable[[Iterable[Any]], Iterator[Any]], guarded: bool) -> EventWindowView[Any]:
         """The session operator on the state backend in force; ``guarded``: its aggregate is a
         ``GuardedAggregate``, whose failed sessions the view leaves out (``_all_sessions`` is the node of every
         emitted session, failed ones included)."""
@@ -357,7 +364,7 @@ class TimedDStream(DStream):
         return out
 
     # ------------------------------------------------------------------ late records
-    def lateRecords(self) -> DStream:
+    def lateRecords(self: TimedDStream[T]) -> DStream[T]:
         """The records behind the watermark of their batch (event time below it), as they were before
         ``withEventTime``; counted in the batch metrics (``BatchInfo.event_time``'s ``lateRecords``). By default
         they stay in this stream and the event-time windows and sessions count them in the windows still open
@@ -370,7 +377,7 @@ class TimedDStream(DStream):
         return DStream(LateRecordsNode(self._timed.graph, self._event), self._ssc)
 
 
-class TrackedDStream(StateView):
+class TrackedDStream(StateView[tuple[Any, Any]]):
     """What ``track(..., timers=on_timer)`` or ``track(..., emit="updated")`` returns (and every ``track`` on the
     executor state store): ``(key, state)`` of the live keys each batch (only those with events or fired timers
     in it with ``emit="updated"``), and :meth:`emitted`, the records the functions emitted
@@ -393,7 +400,7 @@ class TrackedDStream(StateView):
         else:
             super().__init__(node, live_states, "trackStates", ssc)
 
-    def emitted(self) -> DStream:
+    def emitted(self) -> DStream[Any]:
         """The records ``init``/``update``/``on_timer`` emitted with ``TrackUpdate(..., emit=[...])``, per batch."""
         self._check_open()
         if self._dead_letters is not None:  # made with onError="deadLetter": the failures are not the user's
@@ -402,7 +409,7 @@ class TrackedDStream(StateView):
             return self._all_emitted().mapPartitions(emitted_without_failures, preservesPartitioning=True)
         return self._all_emitted()
 
-    def _routing_failures(self) -> TrackedDStream:
+    def _routing_failures(self) -> Self:
         """This stream, made with guarded functions (``dstreams.dead_letters.guarded_track``), with the failures its
         functions emitted as :meth:`deadLetters` (stamped with their batch's time)."""
         from dstreams.dead_letters import track_failures
@@ -418,7 +425,7 @@ class TrackedDStream(StateView):
         self._dead_letters = dead
         return self
 
-    def _all_emitted(self) -> DStream:
+    def _all_emitted(self) -> DStream[Any]:
         if self._changes is not None:
             from dstreams.nodes.store_track import emitted_entries
 

@@ -12,8 +12,9 @@ partition is recomputed from lineage and must come out the same).
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, cast, overload
 
 from pyspark import RDD, StorageLevel
 from pyspark.resultiterable import ResultIterable
@@ -64,7 +65,18 @@ from .functions import positional_arity
 
 if TYPE_CHECKING:
     from .context import StreamingContext
+    from .event_time import TimedDStream
     from .owner import GraphOwner
+
+#: The type of a stream's records (covariant: a ``DStream[bool]`` is a ``DStream[int]``), as ``pyspark.streaming``'s.
+T_co = TypeVar("T_co", covariant=True)
+T = TypeVar("T")
+U = TypeVar("U")
+W = TypeVar("W")
+#: Keys of pair streams must be hashable (they are hash-partitioned), as in ``pyspark.streaming``.
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+S = TypeVar("S")
 
 
 def rdd_to_file_name(prefix: str, suffix: str | None, time_ms: int) -> str:
@@ -99,21 +111,27 @@ def _failures_of(operator: str, batch_ms: int) -> Callable[[Iterable[tuple[Any, 
     return run
 
 
-class DStream:
+class DStream(Generic[T_co]):
     """A discretized stream: one RDD per batch interval (see the module docstring).
+
+    Generic in the type of its records, as ``pyspark.streaming.DStream`` is: ``ssc.queueStream([[1, 2]]).map(str)``
+    is a ``DStream[str]``; the pair operators (``reduceByKey``, ``join``, ``updateStateByKey``...) are defined on a
+    ``DStream[tuple[K, V]]``. The types are for the type checker only: nothing is checked at run time.
 
     It uses its context (``ssc``, a ``StreamingContext``) only through :class:`~dstreams.api.owner.GraphOwner`.
     """
 
-    def __init__(self, node: DStreamNode, ssc: GraphOwner) -> None:
+    def __init__(self: DStream[Any], node: DStreamNode, ssc: GraphOwner) -> None:
+        """A stream of ``node``'s RDDs in ``ssc``'s graph (of records of any type: the operators that make a stream
+        give it its record type)."""
         self._node = node
         self._ssc = ssc
         self._sc = ssc.sparkContext
         self.is_cached = False
         self.is_checkpointed = False
-        self._dead_letters: DStream | None = None
+        self._dead_letters: DStream[Any] | None = None
         #: A state stream made with dead letters: the stream of the raw state, whose values may be FailedUpdates.
-        self._state_source: DStream | None = None
+        self._state_source: DStream[Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """A stream captured by a user function is stored with the checkpointed graph without its SparkContext."""
@@ -124,7 +142,7 @@ class DStream:
         self._sc = self._ssc.sparkContext
 
     # ------------------------------------------------------------------ plumbing
-    def _derive(self, node: DStreamNode) -> DStream:
+    def _derive(self, node: DStreamNode) -> DStream[Any]:
         return DStream(node, self._ssc)
 
     def _check_open(self) -> None:
@@ -156,7 +174,13 @@ class DStream:
         return f"DStream({self._node.name})"
 
     # ------------------------------------------------------------------ transform family
-    def transform(self, func: Callable[..., RDD]) -> DStream:
+    @overload
+    def transform(self: DStream[T], func: Callable[[RDD[T]], RDD[U]]) -> DStream[U]: ...
+
+    @overload
+    def transform(self: DStream[T], func: Callable[[datetime, RDD[T]], RDD[U]]) -> DStream[U]: ...
+
+    def transform(self, func: Callable[..., RDD[Any]]) -> DStream[Any]:
         """A stream whose RDD of each batch is ``func(rdd)`` or ``func(time, rdd)``."""
         self._check_open()
         n = positional_arity(func, (1, 2), "transform")
@@ -166,7 +190,16 @@ class DStream:
 
         return self._derive(TransformedNode(self._node.graph, [self._node], apply, "transform"))
 
-    def transformWith(self, func: Callable[..., RDD], other: DStream, keepSerializer: bool = False) -> DStream:
+    @overload
+    def transformWith(self: DStream[T], func: Callable[[RDD[T], RDD[U]], RDD[W]], other: DStream[U],
+                      keepSerializer: bool = False) -> DStream[W]: ...
+
+    @overload
+    def transformWith(self: DStream[T], func: Callable[[datetime, RDD[T], RDD[U]], RDD[W]], other: DStream[U],
+                      keepSerializer: bool = False) -> DStream[W]: ...
+
+    def transformWith(self, func: Callable[..., RDD[Any]], other: DStream[Any],
+                      keepSerializer: bool = False) -> DStream[Any]:
         """A stream of ``func(rdd_a, rdd_b)`` or ``func(time, rdd_a, rdd_b)`` per batch."""
         self._check_open()
         n = positional_arity(func, (2, 3), "transformWith")
@@ -176,12 +209,12 @@ class DStream:
 
         return self._derive(TransformedNode(self._node.graph, [self._node, other._node], apply, "transformWith"))
 
-    def _rdd_op(self, label: str, op: Callable[[RDD], RDD]) -> DStream:
+    def _rdd_op(self, label: str, op: Callable[[RDD[Any]], RDD[Any]]) -> DStream[Any]:
         self._check_open()
         return self._derive(TransformedNode(self._node.graph, [self._node], lambda rdds, t: op(rdds[0]), label))
 
     def _per_record(self, label: str, func: PartitionFunc, preservesPartitioning: bool, f: Callable[[Any], Any],
-                    onError: str | None) -> DStream:
+                    onError: str | None) -> DStream[Any]:
         """A per-record operator: one Python call of the user's function per record (``dstreams.records``); with
         dead letters (``onError``, else ``spark.dstreams.onRecordError``) the records it raises on are routed."""
         if self._routes_dead_letters(onError, label):
@@ -197,7 +230,7 @@ class DStream:
         return mode == "deadLetter"
 
     def _routing_dead_letters(self, label: str, tagger: Callable[[str, int], PartitionFunc],
-                              preservesPartitioning: bool) -> DStream:
+                              preservesPartitioning: bool) -> DStream[Any]:
         """``label`` with its function guarded (``dstreams.dead_letters``): ``tagger(operator name, batch ms)`` is the
         partition function that tags each output GOOD or DEAD. Returns the stream of the good outputs, whose
         ``deadLetters()`` is the stream of the dead letters; both read one persisted tagged RDD."""
@@ -216,18 +249,18 @@ class DStream:
         return good
 
     def _folded_for_reduce(self, label: str, func: Callable[[Any, Any], Any], key: Any = None,
-                           pairs: bool = True) -> DStream:
+                           pairs: bool = True) -> DStream[Any]:
         """A reduce's input with dead letters: the records of each partition folded by key with ``func`` inside a
         guard (:func:`~dstreams.dead_letters.fold_partition`; ``pairs=False``: the records are values, all of
         ``key``), as ``(key, folded)`` pairs; ``deadLetters()`` has the records routed."""
         return self._routing_dead_letters(label, lambda name, ms: fold_partition(func, name, ms, key, pairs), True)
 
-    def _with_dead_letters_of(self, source: DStream) -> DStream:
+    def _with_dead_letters_of(self, source: DStream[Any]) -> Self:
         """This stream, whose ``deadLetters()`` is ``source``'s."""
         self._dead_letters = source._dead_letters
         return self
 
-    def _state_with_dead_letters(self, label: str) -> DStream:
+    def _state_with_dead_letters(self: DStream[Any], label: str) -> DStream[Any]:
         """The user's view of a state stream made with a :class:`~dstreams.dead_letters.GuardedUpdate` (this
         stream): the states as they are (a failed key's state as before its failure), with the failures of each
         batch as ``deadLetters()`` (``(key, newValues)`` records, read from the keys the batch changed)."""
@@ -245,7 +278,7 @@ class DStream:
         view._state_source = self
         return view
 
-    def deadLetters(self) -> DStream:
+    def deadLetters(self) -> DStream[DeadLetter]:
         """The records this operator's function raised on, one :class:`~dstreams.dead_letters.DeadLetter`
         (``record, operator, error, batchTime``) each, batch by batch: a stream like any other, which any sink
         saves exactly once. Only for an operator made with ``onError="deadLetter"`` (or under
@@ -258,17 +291,17 @@ class DStream:
                              "or set spark.dstreams.onRecordError=deadLetter before defining it")
         return self._dead_letters
 
-    def mapPartitionsWithIndex(self, f: Callable[[int, Iterable[Any]], Iterable[Any]],
-                               preservesPartitioning: bool = False) -> DStream:
+    def mapPartitionsWithIndex(self: DStream[T], f: Callable[[int, Iterable[T]], Iterable[U]],
+                               preservesPartitioning: bool = False) -> DStream[U]:
         return self._rdd_op("mapPartitionsWithIndex",
                             lambda rdd: rdd.mapPartitionsWithIndex(f, preservesPartitioning))
 
-    def mapPartitions(self, f: Callable[[Iterable[Any]], Iterable[Any]],
-                      preservesPartitioning: bool = False) -> DStream:
+    def mapPartitions(self: DStream[T], f: Callable[[Iterable[T]], Iterable[U]],
+                      preservesPartitioning: bool = False) -> DStream[U]:
         return self._rdd_op("mapPartitions", lambda rdd: rdd.mapPartitions(f, preservesPartitioning))
 
     def mapArrowBatches(self, f: Callable[[Any], Any], batchSize: int = DEFAULT_ARROW_BATCH_SIZE,
-                        preservesPartitioning: bool = False) -> DStream:
+                        preservesPartitioning: bool = False) -> DStream[Any]:
         """Vectorized map: ``f`` receives each partition as ``pyarrow.RecordBatch`` chunks (column ``value``).
 
         ``f`` returns a RecordBatch/Table (its rows become the records: the values of a single column,
@@ -278,29 +311,30 @@ class DStream:
         func = arrow_batches_func(f, batchSize)
         return self._rdd_op("mapArrowBatches", lambda rdd: rdd.mapPartitions(func, preservesPartitioning))
 
-    def map(self, f: Callable[[Any], Any], preservesPartitioning: bool = False, *,
-            onError: str | None = None) -> DStream:
+    def map(self: DStream[T], f: Callable[[T], U], preservesPartitioning: bool = False, *,
+            onError: str | None = None) -> DStream[U]:
         """``f(x)`` for every record; ``onError="deadLetter"`` routes the records ``f`` raises on to
         :meth:`deadLetters` (default: ``spark.dstreams.onRecordError``, ``"fail"``)."""
         return self._per_record("map", map_records(f), preservesPartitioning, f, onError)
 
-    def flatMap(self, f: Callable[[Any], Iterable[Any]], preservesPartitioning: bool = False, *,
-                onError: str | None = None) -> DStream:
+    def flatMap(self: DStream[T], f: Callable[[T], Iterable[U]], preservesPartitioning: bool = False, *,
+                onError: str | None = None) -> DStream[U]:
         """The elements of ``f(x)`` for every record (``onError`` as for :meth:`map`)."""
         return self._per_record("flatMap", flat_map_records(f), preservesPartitioning, f, onError)
 
-    def filter(self, f: Callable[[Any], bool], *, onError: str | None = None) -> DStream:
+    def filter(self: DStream[T], f: Callable[[T], bool], *, onError: str | None = None) -> DStream[T]:
         """The records for which ``f`` is true (``onError`` as for :meth:`map`)."""
         return self._per_record("filter", filter_records(f), True, f, onError)
 
-    def glom(self) -> DStream:
+    def glom(self: DStream[T]) -> DStream[list[T]]:
         return self._rdd_op("glom", lambda rdd: rdd.glom())
 
-    def repartition(self, numPartitions: int) -> DStream:
+    def repartition(self: DStream[T], numPartitions: int) -> DStream[T]:
         n = self._default_partitions(numPartitions)
         return self._rdd_op("repartition", lambda rdd: rdd.repartition(n))
 
-    def partitionBy(self, numPartitions: int, partitionFunc: Callable[[Any], int] | None = None) -> DStream:
+    def partitionBy(self: DStream[tuple[K, V]], numPartitions: int,
+                    partitionFunc: Callable[[K], int] | None = None) -> DStream[tuple[K, V]]:
         from pyspark.core.rdd import portable_hash
 
         n = self._default_partitions(numPartitions)
@@ -308,20 +342,22 @@ class DStream:
         check = checked_pairs("partitionBy")
         return self._rdd_op("partitionBy", lambda rdd: rdd.mapPartitions(check).partitionBy(n, pf))
 
-    def mapValues(self, f: Callable[[Any], Any], *, onError: str | None = None) -> DStream:
+    def mapValues(self: DStream[tuple[K, V]], f: Callable[[V], U], *,
+                  onError: str | None = None) -> DStream[tuple[K, U]]:
         """``(k, f(v))`` for every pair (``onError`` as for :meth:`map`)."""
         return self._per_record("mapValues", map_values(f), True, f, onError)
 
-    def flatMapValues(self, f: Callable[[Any], Iterable[Any]], *, onError: str | None = None) -> DStream:
+    def flatMapValues(self: DStream[tuple[K, V]], f: Callable[[V], Iterable[U]], *,
+                      onError: str | None = None) -> DStream[tuple[K, U]]:
         """``(k, y)`` for every ``y`` of ``f(v)`` (``onError`` as for :meth:`map`)."""
         return self._per_record("flatMapValues", flat_map_values(f), True, f, onError)
 
     # ------------------------------------------------------------------ aggregations per batch
-    def count(self) -> DStream:
+    def count(self) -> DStream[int]:
         """A stream with one element per batch: the number of records (as in PySpark)."""
         return self.mapPartitions(lambda it: [sum(1 for _ in it)]).reduce(operator.add, onError="fail")
 
-    def reduce(self, func: Callable[[Any, Any], Any], *, onError: str | None = None) -> DStream:
+    def reduce(self: DStream[T], func: Callable[[T, T], T], *, onError: str | None = None) -> DStream[T]:
         """A stream with the reduce of each batch (nothing for a batch with no partitions).
 
         ``onError="deadLetter"`` (default: ``spark.dstreams.onRecordError``) routes the records ``func`` raises on
@@ -333,15 +369,16 @@ class DStream:
         reduced = keyed.reduceByKey(func, 1, onError="fail").map(lambda kv: kv[1], onError="fail")
         return reduced._with_dead_letters_of(keyed)
 
-    def countByValue(self) -> DStream:
+    def countByValue(self: DStream[K]) -> DStream[tuple[K, int]]:
         """``(record, count)`` per distinct record of each batch: ``map(lambda x: (x, 1)).reduceByKey(add)``'s
         answer, counted on the map side by CPython's C counting loop (:func:`count_values`)."""
         part = hash_partitioner(self._default_partitions(None))
         return self._rdd_op("countByValue",
                             lambda rdd: pre_reduce(rdd, operator.add, part, "countByValue", count_values))
 
-    def combineByKey(self, createCombiner: Callable[[Any], Any], mergeValue: Callable[[Any, Any], Any],
-                     mergeCombiners: Callable[[Any, Any], Any], numPartitions: int | None = None) -> DStream:
+    def combineByKey(self: DStream[tuple[K, V]], createCombiner: Callable[[V], U], mergeValue: Callable[[U, V], U],
+                     mergeCombiners: Callable[[U, U], U],
+                     numPartitions: int | None = None) -> DStream[tuple[K, U]]:
         n = self._default_partitions(numPartitions)
         check = checked_pairs("combineByKey")
         return self._rdd_op(
@@ -349,8 +386,8 @@ class DStream:
             lambda rdd: rdd.mapPartitions(check).combineByKey(createCombiner, mergeValue, mergeCombiners, n),
         )
 
-    def reduceByKey(self, func: Callable[[Any, Any], Any], numPartitions: int | None = None, *,
-                    onError: str | None = None) -> DStream:
+    def reduceByKey(self: DStream[tuple[K, V]], func: Callable[[V, V], V], numPartitions: int | None = None, *,
+                    onError: str | None = None) -> DStream[tuple[K, V]]:
         """Per key, the reduce of the batch's values with ``func`` (associative and commutative), in
         ``numPartitions`` hash partitions: a map-side combine, one shuffle, a merge (:func:`pre_reduce`;
         ``operator.add``, ``max`` and ``min`` run inlined, :func:`dstreams.spark.partitioned.fold`). The pairs of a
@@ -364,58 +401,66 @@ class DStream:
         part = hash_partitioner(self._default_partitions(numPartitions))
         return self._rdd_op("reduceByKey", lambda rdd: pre_reduce(rdd, func, part, "reduceByKey"))
 
-    def groupByKey(self, numPartitions: int | None = None) -> DStream:
+    def groupByKey(self: DStream[tuple[K, V]],
+                   numPartitions: int | None = None) -> DStream[tuple[K, ResultIterable[V]]]:
         n = self._default_partitions(numPartitions)
         check = checked_pairs("groupByKey")
         return self._rdd_op("groupByKey", lambda rdd: rdd.mapPartitions(check).groupByKey(n))
 
     # ------------------------------------------------------------------ two streams
-    def union(self, other: DStream) -> DStream:
+    def union(self: DStream[T], other: DStream[U]) -> DStream[T | U]:
         require_same_slide([self._node, other._node], "union", "the two DStreams should have the same slide duration")
         self._check_open()
         return self._derive(UnionNode(self._node.graph, [self._node, other._node]))
 
-    def _pair_op(self, label: str, other: DStream, op: Callable[[RDD, RDD], RDD]) -> DStream:
+    def _pair_op(self, label: str, other: DStream[Any], op: Callable[[RDD[Any], RDD[Any]], RDD[Any]]) -> DStream[Any]:
         check_a, check_b = checked_pairs(label), checked_pairs(label)
 
-        def apply(a: RDD, b: RDD) -> RDD:
+        def apply(a: RDD[Any], b: RDD[Any]) -> RDD[Any]:
             return op(a.mapPartitions(check_a, True), b.mapPartitions(check_b, True))
 
         return self.transformWith(apply, other)
 
-    def cogroup(self, other: DStream, numPartitions: int | None = None) -> DStream:
+    def cogroup(self: DStream[tuple[K, V]], other: DStream[tuple[K, W]], numPartitions: int | None = None,
+                ) -> DStream[tuple[K, tuple[ResultIterable[V], ResultIterable[W]]]]:
         n = self._default_partitions(numPartitions)
         return self._pair_op("cogroup", other, lambda a, b: a.cogroup(b, n))
 
-    def join(self, other: DStream, numPartitions: int | None = None) -> DStream:
+    def join(self: DStream[tuple[K, V]], other: DStream[tuple[K, W]],
+             numPartitions: int | None = None) -> DStream[tuple[K, tuple[V, W]]]:
         n = self._default_partitions(numPartitions)
         return self._pair_op("join", other, lambda a, b: a.join(b, n))
 
-    def leftOuterJoin(self, other: DStream, numPartitions: int | None = None) -> DStream:
+    def leftOuterJoin(self: DStream[tuple[K, V]], other: DStream[tuple[K, W]],
+                      numPartitions: int | None = None) -> DStream[tuple[K, tuple[V, W | None]]]:
         n = self._default_partitions(numPartitions)
         return self._pair_op("leftOuterJoin", other, lambda a, b: a.leftOuterJoin(b, n))
 
-    def rightOuterJoin(self, other: DStream, numPartitions: int | None = None) -> DStream:
+    def rightOuterJoin(self: DStream[tuple[K, V]], other: DStream[tuple[K, W]],
+                       numPartitions: int | None = None) -> DStream[tuple[K, tuple[V | None, W]]]:
         n = self._default_partitions(numPartitions)
         return self._pair_op("rightOuterJoin", other, lambda a, b: a.rightOuterJoin(b, n))
 
-    def fullOuterJoin(self, other: DStream, numPartitions: int | None = None) -> DStream:
+    def fullOuterJoin(self: DStream[tuple[K, V]], other: DStream[tuple[K, W]],
+                      numPartitions: int | None = None) -> DStream[tuple[K, tuple[V | None, W | None]]]:
         n = self._default_partitions(numPartitions)
         return self._pair_op("fullOuterJoin", other, lambda a, b: a.fullOuterJoin(b, n))
 
     # ------------------------------------------------------------------ windows
-    def window(self, windowDuration: DurationLike, slideDuration: DurationLike | None = None) -> DStream:
+    def window(self: DStream[T], windowDuration: DurationLike,
+               slideDuration: DurationLike | None = None) -> DStream[T]:
         """All records of the last ``windowDuration``, every ``slideDuration`` (default: this slide)."""
         self._check_open()
         w = parse_duration(windowDuration, "windowDuration")
         s = self._duration(slideDuration, "slideDuration") or self._node.slide_duration
         return self._derive(WindowedNode(self._node.graph, self._node, w, s))
 
-    def reduceByKeyAndWindow(self, func: Callable[[Any, Any], Any], invFunc: Callable[[Any, Any], Any] | None,
+    def reduceByKeyAndWindow(self: DStream[tuple[K, V]], func: Callable[[V, V], V],
+                             invFunc: Callable[[V, V], V] | None,
                              windowDuration: DurationLike, slideDuration: DurationLike | None = None,
                              numPartitions: int | None = None,
-                             filterFunc: Callable[[tuple[Any, Any]], bool] | None = None, *,
-                             onError: str | None = None) -> DStream:
+                             filterFunc: Callable[[tuple[K, V]], bool] | None = None, *,
+                             onError: str | None = None) -> DStream[tuple[K, V]]:
         """Per key, the reduce of the values in the window; incremental when ``invFunc`` is given.
 
         With ``invFunc`` the window is updated as previous window - batches that left + batches that
@@ -439,7 +484,7 @@ class DStream:
                                   windowDuration: DurationLike, slideDuration: DurationLike | None,
                                   numPartitions: int | None, filterFunc: Callable[[tuple[Any, Any]], bool] | None,
                                   label: str, combine: Callable[[Iterable[Any]], Iterable[tuple[Any, Any]]] | None,
-                                  ) -> DStream:
+                                  ) -> DStream[Any]:
         """:meth:`reduceByKeyAndWindow` with the map-side ``combine`` of :func:`pre_combine` (None: the
         fold of ``func``), named ``label`` in errors."""
         self._check_open()
@@ -467,9 +512,9 @@ class DStream:
                                                                         filterFunc, local_dir, every, keys)))
         return self._derive(ReducedWindowNode(graph, combined, func, invFunc, w, s, part, filterFunc))
 
-    def reduceByWindow(self, reduceFunc: Callable[[Any, Any], Any], invReduceFunc: Callable[[Any, Any], Any] | None,
+    def reduceByWindow(self: DStream[T], reduceFunc: Callable[[T, T], T], invReduceFunc: Callable[[T, T], T] | None,
                        windowDuration: DurationLike, slideDuration: DurationLike | None = None, *,
-                       onError: str | None = None) -> DStream:
+                       onError: str | None = None) -> DStream[T]:
         """The reduce of every record in the window (one element per slide); ``onError`` as for
         :meth:`reduceByKeyAndWindow`."""
         if self._routes_dead_letters(onError, "reduceByWindow"):
@@ -480,12 +525,13 @@ class DStream:
                                              onError="fail")
         return reduced.map(lambda kv: kv[1], onError="fail")._with_dead_letters_of(keyed)
 
-    def countByWindow(self, windowDuration: DurationLike, slideDuration: DurationLike | None = None) -> DStream:
+    def countByWindow(self: DStream[Any], windowDuration: DurationLike,
+                      slideDuration: DurationLike | None = None) -> DStream[int]:
         return self.map(lambda x: 1, onError="fail").reduceByWindow(operator.add, operator.sub, windowDuration,
                                                                     slideDuration, onError="fail")
 
-    def countByValueAndWindow(self, windowDuration: DurationLike, slideDuration: DurationLike | None = None,
-                              numPartitions: int | None = None) -> DStream:
+    def countByValueAndWindow(self: DStream[K], windowDuration: DurationLike, slideDuration: DurationLike | None = None,
+                              numPartitions: int | None = None) -> DStream[tuple[K, int]]:
         """``(record, count)`` over the window for every record counted more than zero times: the answer of
         ``map(lambda x: (x, 1)).reduceByKeyAndWindow(add, sub, ...)`` filtered, with the map side counted by
         CPython's C counting loop (:func:`count_values`)."""
@@ -493,17 +539,23 @@ class DStream:
                                                  numPartitions, None, "countByValueAndWindow", count_values)
         return counted.filter(lambda kv: kv[1] > 0, onError="fail")
 
-    def groupByKeyAndWindow(self, windowDuration: DurationLike, slideDuration: DurationLike | None = None,
-                            numPartitions: int | None = None) -> DStream:
+    def groupByKeyAndWindow(self: DStream[tuple[K, V]], windowDuration: DurationLike,
+                            slideDuration: DurationLike | None = None,
+                            numPartitions: int | None = None) -> DStream[tuple[K, ResultIterable[V]]]:
+        def extend(a: list[V], b: list[V]) -> list[V]:
+            a.extend(b)
+            return a
+
         ls = self.mapValues(lambda x: [x], onError="fail")
-        grouped = ls.reduceByKeyAndWindow(lambda a, b: a.extend(b) or a, lambda a, b: a[len(b):],
+        grouped = ls.reduceByKeyAndWindow(extend, lambda a, b: a[len(b):],
                                           windowDuration, slideDuration, numPartitions, onError="fail")
         return grouped.mapValues(ResultIterable, onError="fail")
 
     # ------------------------------------------------------------------ state
-    def updateStateByKey(self, updateFunc: Callable[[list[Any], Any], Any], numPartitions: int | None = None,
-                         initialRDD: RDD | Iterable[tuple[Any, Any]] | None = None,
-                         updateIdleKeys: bool = True, *, onError: str | None = None) -> DStream:
+    def updateStateByKey(self: DStream[tuple[K, V]], updateFunc: Callable[[list[V], S | None], S | None],
+                         numPartitions: int | None = None,
+                         initialRDD: RDD[tuple[K, S]] | Iterable[tuple[K, S]] | None = None,
+                         updateIdleKeys: bool = True, *, onError: str | None = None) -> DStream[tuple[K, S]]:
         """Per key state: ``updateFunc(newValues, lastState) -> newState`` (None drops the key).
 
         As in PySpark, ``updateFunc`` runs every batch for every key of the state (``newValues`` is ``[]`` for a
@@ -542,8 +594,8 @@ class DStream:
             state = self._derive(UpdateStateNode(graph, self._node, updateFunc, part, initialRDD))
         return state._state_with_dead_letters("updateStateByKey") if guarded else state
 
-    def runningReduce(self, func: Callable[[Any, Any], Any], numPartitions: int | None = None, *,
-                      onError: str | None = None) -> DStream:
+    def runningReduce(self: DStream[tuple[K, V]], func: Callable[[V, V], V], numPartitions: int | None = None, *,
+                      onError: str | None = None) -> DStream[tuple[K, V]]:
         """Per key, the running reduce of every value so far (the paper's ``runningReduce``).
 
         Emits every key's current value each batch. With the RDD state (the default) the state stays
@@ -573,7 +625,7 @@ class DStream:
                                                                           every, keys)))
         return self._derive(RunningReduceNode(graph, self._node, func, part))
 
-    def changes(self) -> DStream:
+    def changes(self: DStream[tuple[K, V]]) -> DStream[tuple[K, V | None]]:
         """On a stream made by ``runningReduce`` or ``updateStateByKey`` (dstreams only): per batch, the
         ``(key, state)`` pairs that batch changed, ``(key, None)`` for a key it removed.
 
@@ -604,10 +656,10 @@ class DStream:
         return (config.get(config.STATE_LOCAL_DIR, conf), config.get(config.STATE_SNAPSHOT_EVERY, conf),
                 config.get(config.STATE_AUTO_KEYS, conf))
 
-    def track(self, init: Callable[[Any, Any], Any], update: Callable[[Any, Any, Any], Any],
+    def track(self: DStream[tuple[K, V]], init: Callable[[K, V], Any], update: Callable[[K, Any, V], Any],
               timeout: DurationLike, numPartitions: int | None = None,
-              timers: Callable[[Any, Any, Any], Any] | None = None, emit: str = "all", *,
-              onError: str | None = None) -> DStream:
+              timers: Callable[[K, Any, Any], Any] | None = None, emit: str = "all", *,
+              onError: str | None = None) -> DStream[tuple[K, Any]]:
         """The paper's state tracking over a stream of ``(key, event)``.
 
         A key's state is created by ``init(key, event)``, updated by ``update(key, state, event)``
@@ -680,8 +732,8 @@ class DStream:
         return self._derive(node).mapValues(lambda entry: entry[0], onError="fail")
 
     # ------------------------------------------------------------------ event time
-    def withEventTime(self, extract: Callable[[Any], Any], allowedLateness: DurationLike = 0,
-                      dropLate: bool = False, *, onError: str | None = None) -> DStream:
+    def withEventTime(self: DStream[T], extract: Callable[[T], Any], allowedLateness: DurationLike = 0,
+                      dropLate: bool = False, *, onError: str | None = None) -> TimedDStream[T]:
         """This stream with an event time per record and a low watermark (docs/guide/event-time.md).
 
         ``extract(record)`` returns the record's event time: seconds since the epoch (int or float, as
@@ -719,7 +771,7 @@ class DStream:
         node = EventTimeNode(self._node.graph, self._node, extract, lateness, bool(dropLate))
         return TimedDStream(node, node, self._ssc)
 
-    def watermarks(self) -> DStream:
+    def watermarks(self) -> DStream[float | None]:
         """One record per batch: the low watermark in force for it (seconds since the epoch; None before
         the first record). A stream built from several event-time streams (a union, a join) has the
         minimum of their watermarks. Fails for a stream with no ``withEventTime`` upstream."""
@@ -729,15 +781,15 @@ class DStream:
         return self._derive(WatermarkNode(self._node.graph, self._node))
 
     # ------------------------------------------------------------------ persistence
-    def cache(self) -> DStream:
+    def cache(self) -> Self:
         return self.persist(StorageLevel.MEMORY_ONLY)
 
-    def persist(self, storageLevel: StorageLevel) -> DStream:
+    def persist(self, storageLevel: StorageLevel) -> Self:
         self._node.persist(storageLevel)
         self.is_cached = True
         return self
 
-    def checkpoint(self, interval: DurationLike) -> DStream:
+    def checkpoint(self, interval: DurationLike) -> Self:
         """Checkpoint this stream's RDDs every ``interval`` (a multiple of its slide)."""
         self._check_open()
         if self._state_source is not None:  # a state made with dead letters: the state is what is checkpointed
@@ -749,7 +801,13 @@ class DStream:
         return self
 
     # ------------------------------------------------------------------ outputs
-    def foreachRDD(self, func: Callable[..., Any]) -> None:
+    @overload
+    def foreachRDD(self: DStream[T], func: Callable[[RDD[T]], object]) -> None: ...
+
+    @overload
+    def foreachRDD(self: DStream[T], func: Callable[[datetime, RDD[T]], object]) -> None: ...
+
+    def foreachRDD(self, func: Callable[..., object]) -> None:
         """Run ``func(rdd)`` or ``func(time, rdd)`` for every batch (on the driver).
 
         ``func`` runs again for a batch that is re-run after a failure: make its effects
@@ -764,7 +822,7 @@ class DStream:
         self._ssc.check_not_started("add an output operation")
         n = positional_arity(func, (1, 2), "foreachRDD")
 
-        def run(rdd: RDD, t: BatchTime) -> None:
+        def run(rdd: RDD[Any], t: BatchTime) -> None:
             if n == 1:
                 func(rdd)
             else:
@@ -775,7 +833,7 @@ class DStream:
     def pprint(self, num: int = 10) -> None:
         """Print the first ``num`` elements of each batch (PySpark's format)."""
 
-        def take_and_print(time: Any, rdd: RDD) -> None:
+        def take_and_print(time: Any, rdd: RDD[Any]) -> None:
             taken = rdd.take(num + 1)
             print("-------------------------------------------")
             print(f"Time: {time.replace(tzinfo=None)}")
@@ -799,7 +857,7 @@ class DStream:
         """
         ssc = self._ssc
 
-        def save(time: Any, rdd: RDD) -> None:
+        def save(time: Any, rdd: RDD[Any]) -> None:
             ms = round(time.timestamp() * 1000)
             env = ssc.output_environment()
             path = rdd_to_file_name(prefix, suffix, ms)
@@ -834,7 +892,7 @@ class DStream:
             raise ValueError("saveToStore needs an s3:// URL or a local folder the executors can write "
                              f"(memory:// stores live in one process), got {location!r}")
 
-        def save(time: Any, rdd: RDD) -> None:
+        def save(time: Any, rdd: RDD[Any]) -> None:
             ms = round(time.timestamp() * 1000)
             env = ssc.output_environment()
             options = sink_store_options(str(location), storeOptions, env.checkpoint_dir, env.store_options)
@@ -893,7 +951,7 @@ class DStream:
                              f"concurrentBatches is {ssc.concurrent_batches} (set it, or "
                              "spark.streaming.concurrentJobs, to 1)")
 
-        def save(time: Any, rdd: RDD) -> None:
+        def save(time: Any, rdd: RDD[Any]) -> None:
             ms = round(time.timestamp() * 1000)
             save_to_redis_stream(rdd, ms, url, key, fields, ssc.output_environment().check_owner, int(chunkSize),
                                  max_entry_bytes=max_bytes, dead_letter_key=dead_key)
@@ -942,7 +1000,7 @@ class DStream:
             if env.epoch is not None:
                 claim_at_start(lambda: resolved_target(env), env.epoch, dsn)
 
-        def save(time: Any, rdd: RDD) -> None:
+        def save(time: Any, rdd: RDD[Any]) -> None:
             env = ssc.output_environment()
             save_to_postgres(rdd, round(time.timestamp() * 1000), resolved_target(env), env.check_owner, env.epoch)
 
@@ -988,7 +1046,7 @@ class DStream:
                              f"a time: concurrentBatches is {ssc.concurrent_batches} (set it, or "
                              "spark.streaming.concurrentJobs, to 1; or use guarantee='at-least-once')")
 
-        def save(time: Any, rdd: RDD) -> None:
+        def save(time: Any, rdd: RDD[Any]) -> None:
             ms = round(time.timestamp() * 1000)
             env = ssc.output_environment()
             name = outputName or (f"{topic}@{env.checkpoint_dir}" if env.checkpoint_dir else topic)
@@ -998,7 +1056,7 @@ class DStream:
         self._output(save, f"saveToKafka({topic!r})")
 
     # ------------------------------------------------------------------ inspection
-    def slice(self, begin: Any, end: Any) -> list[RDD]:
+    def slice(self: DStream[T], begin: Any, end: Any) -> list[RDD[T]]:
         """The RDDs of the batches between ``begin`` and ``end`` (datetimes or unix seconds)."""
         b, e = from_user_time(begin), from_user_time(end)
         return self._ssc.on_graph_thread(lambda: self._node.slice(b, e))
