@@ -1,18 +1,16 @@
-"""``python -m benchmarks``: the paper's workloads side by side with the peers, the per-batch floor, the table.
+"""``python -m benchmarks``: the benchmarks a user runs, listed and run by name.
 
-Commands (run from the repository root)::
+Run from the repository root::
 
-    python -m benchmarks run --quick          # a few minutes: 1 s target, short trials, few rates
-    python -m benchmarks run                  # full method: 1 s and 2 s targets, 20 measured batches
-    python -m benchmarks run --quick --user-context   # dstreams and pyspark.streaming on SparkContexts built
-                                              # as a pyspark.streaming script builds them
-    python -m benchmarks floor                # per-batch floor and driver overhead (dstreams vs pyspark.streaming)
-    python -m benchmarks table                # regenerate the table in benchmarks/README.md from the JSON
-    python -m benchmarks catchup [--quick]    # time to steady state after a store outage and a driver kill
-    python -m benchmarks redis [--quick]      # Grep and WordCount from Redis Streams next to the generator source
-    python -m benchmarks chaos --seed N --minutes M   # randomized fault schedule, checked batch by batch
-    python -m benchmarks state [--quick]      # updateStateByKey against the keys of state (issue 23)
-    python -m benchmarks kafka                # Kafka -> Grep / WordCount -> Kafka, next to Structured Streaming, Quix
+    python -m benchmarks                      # the list below, by group, with what each writes
+    python -m benchmarks <name> --help        # a benchmark's options
+    python -m benchmarks <name> [options]     # run it; results under benchmarks/results/
+
+The list (:data:`BENCHMARKS`) holds the paper's workloads (Grep, WordCount, TopK) side by side with
+``pyspark.streaming`` and Structured Streaming, the other comparisons with peers (the per-batch floor, event
+time, Kafka), state at scale, recovery, and the connectors. One-off studies (cost breakdowns of one step, A/B runs
+against an older checkout) are not in it: those still cited by the documentation or used by a test stay runnable
+as modules (``python -m benchmarks.record_cost``), listed in ``benchmarks/README.md`` ("Studies").
 
 ``run`` starts one subprocess per (engine, workload) (each with its own SparkContext, the same tuned
 conf for every engine; with ``--user-context`` each engine runs as its variant of
@@ -24,11 +22,14 @@ samples), PNG plots when matplotlib is installed, and regenerates ``benchmarks/R
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .engines import ENGINES, USER_CONTEXT_VARIANTS
@@ -145,34 +146,78 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    raw = sys.argv[1:] if argv is None else argv
-    if raw and raw[0] == "--child":
-        engine, workload, mode, *targets = raw[1:]
-        return child_main(engine, workload, [float(t) for t in targets], mode)
-    if raw and raw[0] == "catchup":  # its own options: python -m benchmarks catchup --help
-        from .catchup import main as catchup_main
+@dataclass(frozen=True)
+class Benchmark:
+    """One benchmark of the CLI: ``python -m benchmarks <name> [options]`` runs ``main(options)`` of
+    ``benchmarks.<module>`` (None: a command of this module), which writes ``writes`` under ``benchmarks/results/``."""
 
-        return catchup_main(raw[1:])
-    if raw and raw[0] == "chaos":  # its own options: python -m benchmarks chaos --help
-        from .chaos import main as chaos_main
+    name: str
+    group: str
+    summary: str
+    module: str | None
+    writes: str
 
-        return chaos_main(raw[1:])
-    if raw and raw[0] == "state":  # its own options: python -m benchmarks state --help
-        from .state import main as state_main
 
-        return state_main(raw[1:])
-    if raw and raw[0] == "kafka":  # its own options: python -m benchmarks kafka --help
-        from .kafka import main as kafka_main
+PEERS, STATE, RECOVERY, CONNECTORS, REPORT = (
+    "The paper's workloads and the peers", "State", "Recovery", "Connectors", "Report")
 
-        return kafka_main(raw[1:])
-    if raw and raw[0] == "redis":  # its own options: python -m benchmarks redis --help
-        from .redis_source import main as redis_main
+#: Every benchmark ``python -m benchmarks`` lists and runs, by group (order kept in the listing).
+BENCHMARKS: tuple[Benchmark, ...] = (
+    Benchmark("run", PEERS, "Grep, WordCount and TopK (the paper's workloads): the highest rate each engine sustains "
+              "under a latency target, dstreams next to pyspark.streaming and Structured Streaming", None,
+              "grep.json, wordcount.json, topk.json (+ PNG plots); the README's table"),
+    Benchmark("floor", PEERS, "the smallest batch interval that keeps up and the driver's overhead per batch, next "
+              "to pyspark.streaming", None, "floor.json"),
+    Benchmark("event-time", PEERS, "event-time windows next to Structured Streaming's withWatermark + window",
+              "event_time", "event_time.json"),
+    Benchmark("kafka", PEERS, "Kafka -> Grep / windowed WordCount -> Kafka, exactly-once and at-least-once, next to "
+              "Structured Streaming and Quix Streams (needs the Kafka broker)", "kafka", "kafka.json"),
+    Benchmark("state", STATE, "updateStateByKey at 10K-30M keys of state: the RDD state, the executor state store "
+              "and auto, next to pyspark.streaming and Structured Streaming", "state", "state.json"),
+    Benchmark("track-state", STATE, "track with timers at 100K-3M keys: the RDD state next to the executor state "
+              "store", "track_state", "track_state.json"),
+    Benchmark("state-restart", STATE, "a driver restart with millions of keys in the executor state store: the time "
+              "back to steady state", "state_restart", "state_restart.json"),
+    Benchmark("recovery", RECOVERY, "per-batch processing time around an executor loss, with a straggler, and "
+              "around a host loss (a cluster on this machine)", "recovery", "recovery.json, recovery.png"),
+    Benchmark("catchup", RECOVERY, "time to steady state after a store outage and after a driver kill", "catchup",
+              "catchup.json"),
+    Benchmark("chaos", RECOVERY, "a seeded schedule of driver kills, stops, store and Redis outages, executor kills "
+              "and failing functions; every output checked against a fault-free run", "chaos",
+              "chaos-<seed>-<minutes>m.json"),
+    Benchmark("scaling", RECOVERY, "what one batch costs the driver and the checkpoint store as partitions and "
+              "streams grow", "scaling", "scaling.json"),
+    Benchmark("redis", CONNECTORS, "Grep and windowed WordCount read from Redis Streams, next to the generator "
+              "source (needs Redis)", "redis_source", "redis_source.json"),
+    Benchmark("redis-sink", CONNECTORS, "rows per second into a Redis stream: saveToRedisStream next to a "
+              "hand-written foreachRDD (needs Redis)", "redis_sink", "redis_sink.json"),
+    Benchmark("postgres-sink", CONNECTORS, "rows per second into a PostgreSQL table: saveToPostgres next to INSERT "
+              "and a hand-written foreachRDD (needs PostgreSQL)", "postgres_sink", "postgres_sink.json"),
+    Benchmark("table", REPORT, "regenerate benchmarks/README.md's results from benchmarks/results/*.json", None,
+              "benchmarks/README.md"),
+)
+BY_NAME = {b.name: b for b in BENCHMARKS}
 
-        return redis_main(raw[1:])
+
+def listing() -> str:
+    """The text ``python -m benchmarks`` prints: every benchmark by group, with what it writes."""
+    width = max(len(b.name) for b in BENCHMARKS)
+    indent = " " * (width + 4)
+    lines = ["python -m benchmarks <name> [options]   (run from the repository root; <name> --help: its options)"]
+    for group in dict.fromkeys(b.group for b in BENCHMARKS):
+        lines += ["", f"{group}:"]
+        for b in (b for b in BENCHMARKS if b.group == group):
+            lines += textwrap.wrap(b.summary, 110, initial_indent=f"  {b.name:<{width}}  ", subsequent_indent=indent)
+            lines.append(f"{indent}-> {b.writes}")
+    lines += ["", "Results go to benchmarks/results/; benchmarks/README.md has the method and the current figures."]
+    return "\n".join(lines)
+
+
+def _own_commands(raw: list[str]) -> int:
+    """``run``, ``floor`` and ``table``: the commands this module implements."""
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="rate search for each workload and engine")
+    r = sub.add_parser("run", help=BY_NAME["run"].summary)
     r.add_argument("--quick", action="store_true", help="short trials, 1 s target only (a few minutes)")
     r.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     r.add_argument("--engines", nargs="+", choices=list(ENGINES), help="default: every engine")
@@ -184,21 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--timeout", type=float, default=1800.0, help="seconds per (engine, workload) subprocess")
     r.add_argument("--merge", action="store_true",
                    help="keep the existing results for the latency targets this run does not measure")
-    f = sub.add_parser("floor", help="per-batch floor and driver-side overhead")
+    f = sub.add_parser("floor", help=BY_NAME["floor"].summary)
     f.add_argument("--quick", action="store_true")
-    sub.add_parser("table", help="regenerate benchmarks/README.md's table from benchmarks/results/*.json")
-    sub.add_parser("catchup", help="time to steady state after a store outage and a driver kill "
-                                   "(python -m benchmarks catchup --help)")
-    sub.add_parser("chaos", help="a seeded schedule of driver kills, stops, store and Redis outages, executor "
-                                 "kills and failing user functions; outputs checked against a fault-free run "
-                                 "(python -m benchmarks chaos --help)")
-    sub.add_parser("state", help="updateStateByKey at 10K-30M keys of state, next to pyspark.streaming and "
-                                 "Structured Streaming (python -m benchmarks state --help)")
-    sub.add_parser("redis", help="Grep and windowed WordCount read from Redis Streams, next to the generator "
-                                 "source (python -m benchmarks redis --help)")
-    sub.add_parser("kafka", help="Kafka -> Grep / windowed WordCount -> Kafka: dstreams' exactly-once and "
-                                 "at-least-once sinks next to Structured Streaming and Quix Streams "
-                                 "(python -m benchmarks kafka --help)")
+    sub.add_parser("table", help=BY_NAME["table"].summary)
     args = p.parse_args(raw)
     args.argv = raw
     if args.cmd == "run":
@@ -211,6 +244,28 @@ def main(argv: list[str] | None = None) -> int:
 
     report.write_readme()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """List the benchmarks (no arguments, ``list``, ``-h``/``--help``) or run the one named first with the rest of
+    ``argv`` as its options. An unknown name exits 2 with the list."""
+    raw = sys.argv[1:] if argv is None else argv
+    if raw and raw[0] == "--child":  # one (engine, workload) of ``run``, in its own process
+        engine, workload, mode, *targets = raw[1:]
+        return child_main(engine, workload, [float(t) for t in targets], mode)
+    if not raw or raw[0] in ("list", "-h", "--help"):
+        print(listing())
+        return 0
+    bench = BY_NAME.get(raw[0])
+    if bench is None:
+        print(f"python -m benchmarks: no benchmark named {raw[0]!r}: choose one of the list below "
+              "(a one-off study runs as its module, e.g. python -m benchmarks.record_cost)\n", file=sys.stderr)
+        print(listing(), file=sys.stderr)
+        return 2
+    if bench.module is None:
+        return _own_commands(raw)
+    module = importlib.import_module(f"{__package__ or 'benchmarks'}.{bench.module}")
+    return int(module.main(raw[1:]) or 0)
 
 
 if __name__ == "__main__":
