@@ -100,6 +100,7 @@ def _step(ssc: StreamingContext, inputd: str, t_ms: int, text: str) -> None:
     ssc.awaitBatch(t_ms, 120)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_location_of_another_format_is_refused_at_start_and_resumes_with_its_own(sc, tmp_path):
     """A real run's location: its head, its stored graph and its manifests carry the format; with any of them
     changed, getOrCreate (or start) refuses the location with what to do; set back, the restart resumes the state."""
