@@ -705,10 +705,13 @@ def sweep_stale_once(folder: str, horizon: int) -> list[int] | None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return None
-        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-        if text.isdigit() and int(text) >= horizon:
+        try:
+            done: int | None = int(os.pread(fd, 32, 0).decode(errors="replace").strip())
+        except ValueError:
+            done = None  # never swept here (or a torn marker: sweep)
+        if done is not None and done >= horizon:
             return None
-        previous = os.fstat(fd).st_mtime if text.isdigit() else None
+        previous = os.fstat(fd).st_mtime if done is not None else None
         removed = sweep_stale(folder, horizon, previous)
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(horizon).encode(), 0)
