@@ -12,11 +12,9 @@ import pytest
 
 from dstreams import ManualClock, StreamingContext
 from dstreams.dead_letters import DeadLetter
-from dstreams.testing import collect
-from dstreams.testing import run_batches as run_next
+from dstreams.testing import collect, manual_context, run_batches
 
 from .recovery_app import read_outputs
-from .support import run_batches
 
 TIMEOUT_S = 120.0
 
@@ -27,34 +25,22 @@ def _parse(x):  # noqa: ANN001, ANN202 - a user function that refuses some recor
     return int(x)
 
 
-def _collector(into: dict):  # noqa: ANN001, ANN202
-    def save(t, rdd) -> None:  # noqa: ANN001
-        into.setdefault(round(t.timestamp() * 1000), []).extend(rdd.collect())
-    return save
-
-
 @pytest.mark.slow
 def test_each_per_record_operator_routes_what_its_function_raises_on(sc):
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
-    batches = [["1", "poison", "2"], ["3"], ["poison", "poison"]]
-    lines = ssc.queueStream([sc.parallelize(b, 2) for b in batches])
-    numbers = lines.map(_parse, onError="deadLetter")
-    evens = numbers.filter(lambda n: 10 // (n - 3) != 0 and n % 2 == 0, onError="deadLetter")  # 3: ZeroDivision
-    spread = numbers.flatMap(lambda n: [n] * n if n != 2 else [n, n / 0], onError="deadLetter")  # 2: none of it
-    pairs = numbers.map(lambda n: (n % 2, n))
-    halves = pairs.mapValues(lambda v: 1 / (v - 1), onError="deadLetter")
-    listed = pairs.flatMapValues(lambda v: range(v) if v != 3 else None, onError="deadLetter")
-    got: dict[str, dict] = {name: {} for name in ("numbers", "evens", "spread", "halves", "listed")}
-    dead: dict[str, dict] = {name: {} for name in got}
-    for name, stream in (("numbers", numbers), ("evens", evens), ("spread", spread), ("halves", halves),
-                         ("listed", listed)):
-        stream.foreachRDD(_collector(got[name]))
-        stream.deadLetters().foreachRDD(_collector(dead[name]))
-    ssc.start()
-    try:
-        run_batches(ssc, ssc.clock, 3, TIMEOUT_S)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        batches = [["1", "poison", "2"], ["3"], ["poison", "poison"]]
+        lines = ssc.queueStream([sc.parallelize(b, 2) for b in batches])
+        numbers = lines.map(_parse, onError="deadLetter")
+        evens = numbers.filter(lambda n: 10 // (n - 3) != 0 and n % 2 == 0, onError="deadLetter")  # 3: ZeroDivision
+        spread = numbers.flatMap(lambda n: [n] * n if n != 2 else [n, n / 0], onError="deadLetter")  # 2: none of it
+        pairs = numbers.map(lambda n: (n % 2, n))
+        halves = pairs.mapValues(lambda v: 1 / (v - 1), onError="deadLetter")
+        listed = pairs.flatMapValues(lambda v: range(v) if v != 3 else None, onError="deadLetter")
+        streams = {"numbers": numbers, "evens": evens, "spread": spread, "halves": halves, "listed": listed}
+        got = {name: collect(stream) for name, stream in streams.items()}
+        dead = {name: collect(stream.deadLetters()) for name, stream in streams.items()}
+        ssc.start()
+        run_batches(ssc, 3, timeout=TIMEOUT_S)
     assert got["numbers"] == {1000: [1, 2], 2000: [3], 3000: []}
     assert [(d.record, d.operator, d.batchTime) for d in dead["numbers"][1000]] == [("poison", "map#1", 1000)]
     assert dead["numbers"][1000][0].error == "ValueError: cannot parse 'poison'"
@@ -79,39 +65,35 @@ def test_the_setting_routes_every_operator_once_per_record_and_the_context_unite
         calls.add(1)
         return _parse(x)
 
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
-    lines = ssc.queueStream([sc.parallelize(["1", "poison", "x2"], 2)])
-    numbers = lines.filter(lambda s: not s.startswith("x")).map(parse)
-    strict = lines.map(_parse, onError="fail")  # the operator's own choice wins
-    with pytest.raises(ValueError, match="routes no dead letters"):
-        strict.deadLetters()
-    got: dict = {}
-    every: dict = {}
-    numbers.foreachRDD(_collector(got))
-    numbers.map(lambda n: n).foreachRDD(_collector(got))  # a second output: the function still runs once
-    ssc.deadLetters().foreachRDD(_collector(every))
-    ssc.start()
-    try:
-        run_batches(ssc, ssc.clock, 1, TIMEOUT_S)
-    finally:
-        ssc.stop(stopSparkContext=False)
-    assert got == {1000: [1, 1]}
+    with manual_context(1, sc=sc) as ssc:
+        lines = ssc.queueStream([sc.parallelize(["1", "poison", "x2"], 2)])
+        numbers = lines.filter(lambda s: not s.startswith("x")).map(parse)
+        strict = lines.map(_parse, onError="fail")  # the operator's own choice wins
+        with pytest.raises(ValueError, match="routes no dead letters"):
+            strict.deadLetters()
+        got = collect(numbers)
+        again = collect(numbers.map(lambda n: n))  # a second output: the function still runs once
+        every = collect(ssc.deadLetters())
+        ssc.start()
+        run_batches(ssc, 1, timeout=TIMEOUT_S)
+    assert got == {1000: [1]} and again == {1000: [1]}
     assert [(d.record, d.operator) for d in every[1000]] == [("poison", "map#2")]
     assert calls.value == 2, "the guarded function ran more than once per record"
 
 
 def test_dead_letters_defined_after_the_context_united_them_are_refused_at_start(sc):
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
-    lines = ssc.queueStream([sc.parallelize(["1"])])
-    with pytest.raises(ValueError, match="no operator of this context routes dead letters"):
-        ssc.deadLetters()
-    lines.map(_parse, onError="deadLetter").pprint()
-    ssc.deadLetters().pprint()
-    lines.filter(bool, onError="deadLetter").pprint()
-    with pytest.raises(ValueError, match=r"1 more were defined after it: call ssc.deadLetters\(\) after"):
-        ssc.start()
-    with pytest.raises(ValueError, match="onError must be one of 'fail', 'deadLetter'"):
-        StreamingContext(sc, 1, clock=ManualClock()).queueStream([]).map(_parse, onError="skip")
+    with manual_context(1, sc=sc) as ssc:
+        lines = ssc.queueStream([sc.parallelize(["1"])])
+        with pytest.raises(ValueError, match="no operator of this context routes dead letters"):
+            ssc.deadLetters()
+        lines.map(_parse, onError="deadLetter").pprint()
+        ssc.deadLetters().pprint()
+        lines.filter(bool, onError="deadLetter").pprint()
+        with pytest.raises(ValueError, match=r"1 more were defined after it: call ssc.deadLetters\(\) after"):
+            ssc.start()
+    with manual_context(1, sc=sc) as other:
+        with pytest.raises(ValueError, match="onError must be one of 'fail', 'deadLetter'"):
+            other.queueStream([]).map(_parse, onError="skip")
 
 
 class FailsOnce:
@@ -168,12 +150,12 @@ def _run(sc, tmp, monkeypatch, fail: bool) -> dict[str, list[str]]:  # noqa: ANN
     try:
         for t in (1000, 2000, 3000):
             _write(inputd, t, INPUT[t])
-            first.clock.set_time(t)
             if fail and t == 2000:
+                first.clock.set_time(t)
                 with pytest.raises(RuntimeError, match="the sink is down"):
                     first.awaitTermination(TIMEOUT_S)
                 break
-            first.awaitBatch(t, TIMEOUT_S)
+            run_batches(first, 1, timeout=TIMEOUT_S)
     finally:
         first.stop(stopSparkContext=False, stopGraceFully=not fail)
     if fail:
@@ -182,8 +164,7 @@ def _run(sc, tmp, monkeypatch, fail: bool) -> dict[str, list[str]]:  # noqa: ANN
         try:
             second.awaitBatch(2000, TIMEOUT_S)
             _write(inputd, 3000, INPUT[3000])
-            second.clock.set_time(3000)
-            second.awaitBatch(3000, TIMEOUT_S)
+            run_batches(second, 1, timeout=TIMEOUT_S)
         finally:
             second.stop(stopSparkContext=False, stopGraceFully=True)
     return {name: sorted(lines) for name, lines in read_outputs(out).items()}
@@ -216,24 +197,18 @@ def test_reduces_route_the_record_being_added_and_a_first_value_that_cannot_comb
     """Kafka Streams' rule for a reduce: the record being added is the dead letter; a ``None`` first value (it cannot
     be combined with itself, the next value can) is the dead letter itself. The results equal a reduce of the
     records that are not dead letters."""
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
-    batches = [[("a", 1), ("a", "x"), ("b", None), ("b", 2), ("a", 3), "not a pair"], [("a", 4), ("c", [1])]]
-    pairs = ssc.queueStream([sc.parallelize(b, 1) for b in batches])
-    by_key = pairs.reduceByKey(_add, 2, onError="deadLetter")
-    running = pairs.runningReduce(_add, 2, onError="deadLetter")
-    values = pairs.map(lambda kv: kv[1] if isinstance(kv, tuple) else kv, onError="fail")
-    total = values.reduce(_add, onError="deadLetter")
-    streams = {"by_key": by_key, "running": running, "total": total}
-    got: dict[str, dict] = {name: {} for name in streams}
-    dead: dict[str, dict] = {name: {} for name in streams}
-    for name, stream in streams.items():
-        stream.foreachRDD(_collector(got[name]))
-        stream.deadLetters().foreachRDD(_collector(dead[name]))
-    ssc.start()
-    try:
-        run_batches(ssc, ssc.clock, 2, TIMEOUT_S)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        batches = [[("a", 1), ("a", "x"), ("b", None), ("b", 2), ("a", 3), "not a pair"], [("a", 4), ("c", [1])]]
+        pairs = ssc.queueStream([sc.parallelize(b, 1) for b in batches])
+        by_key = pairs.reduceByKey(_add, 2, onError="deadLetter")
+        running = pairs.runningReduce(_add, 2, onError="deadLetter")
+        values = pairs.map(lambda kv: kv[1] if isinstance(kv, tuple) else kv, onError="fail")
+        total = values.reduce(_add, onError="deadLetter")
+        streams = {"by_key": by_key, "running": running, "total": total}
+        got = {name: collect(stream) for name, stream in streams.items()}
+        dead = {name: collect(stream.deadLetters()) for name, stream in streams.items()}
+        ssc.start()
+        run_batches(ssc, 2, timeout=TIMEOUT_S)
     assert sorted(got["by_key"][1000]) == [("a", 4), ("b", 2)]
     assert sorted(got["by_key"][2000]) == [("a", 4), ("c", [1])]
     assert [(d.record, d.operator, d.batchTime) for d in dead["by_key"][1000]] == [
@@ -251,21 +226,16 @@ def test_reduces_route_the_record_being_added_and_a_first_value_that_cannot_comb
 
 
 def test_windowed_reduces_route_each_batch_s_records_once_as_they_enter(sc):
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
-    batches = [[("a", 1), ("a", "x")], [("a", 2)], [("a", None), ("b", 5)]]
-    pairs = ssc.queueStream([sc.parallelize(b, 1) for b in batches])
-    windowed = pairs.reduceByKeyAndWindow(_add, lambda a, b: a - b, 2, 1, 1, onError="deadLetter")
-    totals = pairs.map(lambda kv: kv[1], onError="fail").reduceByWindow(_add, None, 2, 1, onError="deadLetter")
-    got: dict[str, dict] = {"windowed": {}, "totals": {}}
-    dead: dict[str, dict] = {"windowed": {}, "totals": {}}
-    for name, stream in (("windowed", windowed), ("totals", totals)):
-        stream.foreachRDD(_collector(got[name]))
-        stream.deadLetters().foreachRDD(_collector(dead[name]))
-    ssc.start()
-    try:
-        run_batches(ssc, ssc.clock, 3, TIMEOUT_S)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        batches = [[("a", 1), ("a", "x")], [("a", 2)], [("a", None), ("b", 5)]]
+        pairs = ssc.queueStream([sc.parallelize(b, 1) for b in batches])
+        windowed = pairs.reduceByKeyAndWindow(_add, lambda a, b: a - b, 2, 1, 1, onError="deadLetter")
+        totals = pairs.map(lambda kv: kv[1], onError="fail").reduceByWindow(_add, None, 2, 1, onError="deadLetter")
+        streams = {"windowed": windowed, "totals": totals}
+        got = {name: collect(stream) for name, stream in streams.items()}
+        dead = {name: collect(stream.deadLetters()) for name, stream in streams.items()}
+        ssc.start()
+        run_batches(ssc, 3, timeout=TIMEOUT_S)
     assert {t: sorted(v) for t, v in got["windowed"].items()} == {
         1000: [("a", 1)], 2000: [("a", 3)], 3000: [("a", 2), ("b", 5)]}
     assert {t: [d.record for d in ds] for t, ds in dead["windowed"].items()} == {
@@ -281,15 +251,6 @@ def _use_state_backend(monkeypatch, tmp_path, store: str) -> None:  # noqa: ANN0
     monkeypatch.setenv("DSTREAMS_STATE_AUTO_KEYS", "1")
 
 
-def _drive(ssc, batches: int) -> None:  # noqa: ANN001
-    """Start ``ssc``, run its next ``batches`` batches, stop it (the SparkContext stays)."""
-    ssc.start()
-    try:
-        run_next(ssc, batches, TIMEOUT_S)
-    finally:
-        ssc.stop(stopSparkContext=False)
-
-
 def _sum_or_refuse(values, state):  # noqa: ANN001, ANN202 - an update function that refuses a key's bad values
     if "poison" in values:
         raise ValueError("poison among the values")
@@ -303,13 +264,14 @@ def test_update_state_by_key_keeps_a_failed_key_s_state_and_routes_its_values(sc
     """A key whose update function raises keeps its state (a new key gets none), its values are the dead letter,
     other keys go on; the state stream, ``changes()`` and the dead letters agree on every state backend."""
     _use_state_backend(monkeypatch, tmp_path, store)
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
-    batches = [[("a", 1), ("b", 2)], [("a", "poison"), ("a", 5), ("c", "poison"), ("b", 1)], [("a", 2), ("c", 3)],
-               []]
-    pairs = ssc.queueStream([sc.parallelize(b, 2) for b in batches])
-    state = pairs.updateStateByKey(_sum_or_refuse, 2, updateIdleKeys=idle, onError="deadLetter")
-    got, changes, dead = collect(state), collect(state.changes()), collect(state.deadLetters())
-    _drive(ssc, 4)
+    with manual_context(1, sc=sc) as ssc:
+        batches = [[("a", 1), ("b", 2)], [("a", "poison"), ("a", 5), ("c", "poison"), ("b", 1)], [("a", 2), ("c", 3)],
+                   []]
+        pairs = ssc.queueStream([sc.parallelize(b, 2) for b in batches])
+        state = pairs.updateStateByKey(_sum_or_refuse, 2, updateIdleKeys=idle, onError="deadLetter")
+        got, changes, dead = collect(state), collect(state.changes()), collect(state.deadLetters())
+        ssc.start()
+        run_batches(ssc, 4, timeout=TIMEOUT_S)
     assert {t: sorted(v) for t, v in got.items()} == {
         1000: [("a", 1), ("b", 2)], 2000: [("a", 1), ("b", 3)], 3000: [("a", 3), ("b", 3), ("c", 3)],
         4000: [("a", 3), ("b", 3), ("c", 3)]}
@@ -342,12 +304,13 @@ def test_track_keeps_the_state_before_a_failed_event_and_routes_it(sc, tmp_path,
     event and ``(key, event)`` is the dead letter; the key's later events go on; ``emitted()`` holds only the
     user's records; on every state backend."""
     _use_state_backend(monkeypatch, tmp_path, store)
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
-    batches = [[("a", 5), ("b", -1), ("b", 2)], [("a", 0), ("a", 2), ("c", -3)], [("b", 1)]]
-    events = ssc.queueStream([sc.parallelize(b, 1) for b in batches])
-    tracked = events.track(_track_init, _track_update, 60, 2, onError="deadLetter")
-    got, emitted, dead = collect(tracked), collect(tracked.emitted()), collect(tracked.deadLetters())
-    _drive(ssc, 3)
+    with manual_context(1, sc=sc) as ssc:
+        batches = [[("a", 5), ("b", -1), ("b", 2)], [("a", 0), ("a", 2), ("c", -3)], [("b", 1)]]
+        events = ssc.queueStream([sc.parallelize(b, 1) for b in batches])
+        tracked = events.track(_track_init, _track_update, 60, 2, onError="deadLetter")
+        got, emitted, dead = collect(tracked), collect(tracked.emitted()), collect(tracked.deadLetters())
+        ssc.start()
+        run_batches(ssc, 3, timeout=TIMEOUT_S)
     # b: init(-1) raised (no state), then init(2); a: update(0) raised (state 5 kept), then update(2): 5 + 5
     assert {t: sorted(v) for t, v in got.items()} == {
         1000: [("a", 5), ("b", 2)], 2000: [("a", 10), ("b", 2)], 3000: [("a", 10), ("b", 12)]}
@@ -365,14 +328,15 @@ def test_event_time_per_record_operators_route_what_they_raise_on_and_keep_the_e
     window downstream counts them in their windows); the records the function raised on are dead letters."""
     import operator
 
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
-    raw = [[(1, "a", "1"), (2, "a", "x"), (11, "b", "2")], [(3, "a", "5")]]  # (event second, key, text)
-    timed = ssc.queueStream([sc.parallelize(b, 1) for b in raw]).withEventTime(lambda r: r[0], allowedLateness=30)
-    parsed = timed.map(lambda r: (r[1], int(r[2])), onError="deadLetter")
-    kept = parsed.filter(lambda kv: 10 // (kv[1] - 2) != 99, onError="deadLetter")  # 2: ZeroDivisionError
-    windows = kept.reduceByKeyAndEventWindow(operator.add, 10, emit="updates")
-    got, dead_parsed, dead_kept = collect(windows), collect(parsed.deadLetters()), collect(kept.deadLetters())
-    _drive(ssc, 2)
+    with manual_context(1, sc=sc) as ssc:
+        raw = [[(1, "a", "1"), (2, "a", "x"), (11, "b", "2")], [(3, "a", "5")]]  # (event second, key, text)
+        timed = ssc.queueStream([sc.parallelize(b, 1) for b in raw]).withEventTime(lambda r: r[0], allowedLateness=30)
+        parsed = timed.map(lambda r: (r[1], int(r[2])), onError="deadLetter")
+        kept = parsed.filter(lambda kv: 10 // (kv[1] - 2) != 99, onError="deadLetter")  # 2: ZeroDivisionError
+        windows = kept.reduceByKeyAndEventWindow(operator.add, 10, emit="updates")
+        got, dead_parsed, dead_kept = collect(windows), collect(parsed.deadLetters()), collect(kept.deadLetters())
+        ssc.start()
+        run_batches(ssc, 2, timeout=TIMEOUT_S)
     assert {t: sorted(v) for t, v in got.items()} == {1000: [(("a", (0, 10)), 1)], 2000: [(("a", (0, 10)), 6)]}
     assert {t: [(d.record, d.operator) for d in ds] for t, ds in dead_parsed.items()} == {
         1000: [((2, "a", "x"), "map#1")], 2000: []}
@@ -382,13 +346,14 @@ def test_event_time_per_record_operators_route_what_they_raise_on_and_keep_the_e
 def test_with_event_time_routes_the_records_whose_event_time_cannot_be_extracted(sc):
     """``withEventTime(extract, onError="deadLetter")``: a record whose ``extract`` raises or returns no event time is
     a dead letter and counts nowhere (not in the watermark); the others go on with their event time."""
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
-    raw = [[{"t": 1, "k": "a"}, {"k": "a"}, {"t": "soon", "k": "b"}, {"t": 5, "k": "b"}], [{"t": 2, "k": "a"}]]
-    timed = ssc.queueStream([sc.parallelize(b, 2) for b in raw]).withEventTime(lambda r: r["t"],
-                                                                               onError="deadLetter")
-    got, marks, dead = collect(timed), collect(timed.watermarks()), collect(timed.deadLetters())
-    everything = collect(ssc.deadLetters())
-    _drive(ssc, 2)
+    with manual_context(1, sc=sc) as ssc:
+        raw = [[{"t": 1, "k": "a"}, {"k": "a"}, {"t": "soon", "k": "b"}, {"t": 5, "k": "b"}], [{"t": 2, "k": "a"}]]
+        timed = ssc.queueStream([sc.parallelize(b, 2) for b in raw]).withEventTime(lambda r: r["t"],
+                                                                                   onError="deadLetter")
+        got, marks, dead = collect(timed), collect(timed.watermarks()), collect(timed.deadLetters())
+        everything = collect(ssc.deadLetters())
+        ssc.start()
+        run_batches(ssc, 2, timeout=TIMEOUT_S)
     assert got == {1000: [{"t": 1, "k": "a"}, {"t": 5, "k": "b"}], 2000: [{"t": 2, "k": "a"}]}
     assert marks == {1000: [None], 2000: [5]}  # "soon" is not an event time: it did not move the watermark
     assert {t: [(d.record, d.operator, d.error.split(":")[0]) for d in ds] for t, ds in dead.items()} == {
@@ -409,16 +374,17 @@ def test_event_window_reduces_route_what_func_raises_on_and_leave_late_records_l
     folded per key and pane in a guard first (the reduces' blame rule); the windows hold the other records; a
     record late for all its windows is not given to ``func`` (it stays a late record, not a dead letter)."""
     _use_state_backend(monkeypatch, tmp_path, store)
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
-    raw = [[(1, "a", 1), (2, "a", None), (11, "b", 2)],
-           [(3, "a", 5), (4, "a", None), (12, "b", None), (15, "b", 3)],
-           [(25, "c", 1)], []]  # (event second, key, value); W(2) = 11 closes [0, 10): batch 2's 3 and 4 are late
-    timed = ssc.queueStream([sc.parallelize(b, 1) for b in raw]).withEventTime(lambda r: r[0])
-    keyed = timed.map(lambda r: (r[1], r[2])).reduceByKeyAndEventWindow(_add_numbers, 10, onError="deadLetter")
-    total = timed.map(lambda r: r[2]).reduceByEventWindow(_add_numbers, 10, onError="deadLetter")
-    got, dead, late = collect(keyed), collect(keyed.deadLetters()), collect(keyed.lateRecords())
-    got_total, dead_total = collect(total), collect(total.deadLetters())
-    _drive(ssc, 4)
+    with manual_context(1, sc=sc) as ssc:
+        raw = [[(1, "a", 1), (2, "a", None), (11, "b", 2)],
+               [(3, "a", 5), (4, "a", None), (12, "b", None), (15, "b", 3)],
+               [(25, "c", 1)], []]  # (event second, key, value); W(2) = 11 closes [0, 10): batch 2's 3 and 4 are late
+        timed = ssc.queueStream([sc.parallelize(b, 1) for b in raw]).withEventTime(lambda r: r[0])
+        keyed = timed.map(lambda r: (r[1], r[2])).reduceByKeyAndEventWindow(_add_numbers, 10, onError="deadLetter")
+        total = timed.map(lambda r: r[2]).reduceByEventWindow(_add_numbers, 10, onError="deadLetter")
+        got, dead, late = collect(keyed), collect(keyed.deadLetters()), collect(keyed.lateRecords())
+        got_total, dead_total = collect(total), collect(total.deadLetters())
+        ssc.start()
+        run_batches(ssc, 4, timeout=TIMEOUT_S)
     assert got == {1000: [], 2000: [(("a", (0, 10)), 1)], 3000: [], 4000: [(("b", (10, 20)), 5)]}
     assert {t: [(d.record, d.operator, d.batchTime) for d in ds] for t, ds in dead.items()} == {
         1000: [(("a", None), "reduceByKeyAndEventWindow#1", 1000)],
@@ -440,12 +406,13 @@ def test_session_window_routes_a_session_whose_aggregate_raises(sc, tmp_path, mo
     """``sessionWindow(gap, aggregate, onError="deadLetter")``: a session whose aggregate raises is not emitted;
     ``((key, (start, end)), values)`` is the dead letter, in the batch that closed it; other sessions go on."""
     _use_state_backend(monkeypatch, tmp_path, store)
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
-    raw = [[(1, "a", 1), (2, "a", None), (11, "b", 2)], [(15, "b", 3)], [(25, "c", 1)], []]
-    timed = ssc.queueStream([sc.parallelize(b, 1) for b in raw]).withEventTime(lambda r: r[0])
-    sessions = timed.map(lambda r: (r[1], r[2])).sessionWindow(5, _sum_session, onError="deadLetter")
-    got, dead = collect(sessions), collect(sessions.deadLetters())
-    _drive(ssc, 4)
+    with manual_context(1, sc=sc) as ssc:
+        raw = [[(1, "a", 1), (2, "a", None), (11, "b", 2)], [(15, "b", 3)], [(25, "c", 1)], []]
+        timed = ssc.queueStream([sc.parallelize(b, 1) for b in raw]).withEventTime(lambda r: r[0])
+        sessions = timed.map(lambda r: (r[1], r[2])).sessionWindow(5, _sum_session, onError="deadLetter")
+        got, dead = collect(sessions), collect(sessions.deadLetters())
+        ssc.start()
+        run_batches(ssc, 4, timeout=TIMEOUT_S)
     assert got == {1000: [], 2000: [], 3000: [], 4000: [(("b", (11, 20)), 5)]}
     assert {t: [(d.record, d.operator, d.error.split(":")[0]) for d in ds] for t, ds in dead.items()} == {
         1000: [], 2000: [((("a", (1, 7)), [1, None]), "sessionWindow#1", "TypeError")], 3000: [], 4000: []}
