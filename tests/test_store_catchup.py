@@ -279,3 +279,24 @@ def test_a_hosts_stale_copies_are_deleted_by_its_next_task_and_its_current_ones_
     got = read_outputs(out)
     for t in range(1000, 10_001, 1000):
         assert got[f"running-{t}"] == _counts_through(t), t
+
+
+def test_a_host_is_swept_once_per_horizon_and_copies_written_since_its_last_sweep_are_not_opened(tmp_path):
+    """:func:`sweep_stale_once`: one sweep per horizon on a host (negative horizons too: a stream whose zero time is
+    0), the next one only for a higher horizon; a stale copy written since the host's previous sweep is left to the
+    sweep after (a copy in use is written every batch)."""
+    from dstreams.statestore import sweep_stale_once
+
+    local = str(tmp_path / "host")
+    first = _store_at(local, 0, 1000)
+    folder = os.path.dirname(first)
+    assert sweep_stale_once(folder, -2000) == []
+    assert sweep_stale_once(folder, -2000) is None and sweep_stale_once(folder, -3000) is None
+    os.utime(first, (1, 1))  # written long before the previous sweep
+    assert sweep_stale_once(folder, 2000) == [0]
+    second = _store_at(local, 1, 1500)  # written after the previous sweep: in use, not opened
+    os.utime(os.path.join(folder, "swept"), (1, 1))
+    assert sweep_stale_once(folder, 3000) == []
+    os.utime(second, (1, 1))
+    assert sweep_stale_once(folder, 4000) == [1]
+    assert sorted(os.listdir(folder)) == ["swept"]
