@@ -7,36 +7,26 @@ from __future__ import annotations
 import pytest
 
 from dstreams import ManualClock, StreamingContext
+from dstreams.testing import collect, manual_context, run_batches
 from tests.kafka_support import add_partitions, create_topic, produce, read_committed
 
 pytest.importorskip("confluent_kafka")
 
 
-def _run(sc, build, batches: int, before_batch=None, timeout_s: float = 60.0, conf_ssc=None):
-    """Start a context on a manual clock, run ``batches`` 1 s batches (``before_batch(i)`` runs before batch i is
-    generated) and return what ``build(ssc, out)`` collected."""
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1.0, clock=clock)
-    out: dict[str, list] = {}
-    build(ssc, out)
-    ssc.start()
-    try:
+def _run(sc, build, batches: int, before_batch=None, timeout_s: float = 60.0):
+    """Run ``batches`` 1 s batches of a manual context (``before_batch(i)`` runs before batch i is generated), each
+    without a failed output, and return what ``build(ssc, out)`` put in ``out``: an entry it set to
+    ``collect(stream)`` comes back as the stream's records per batch, in batch order."""
+    out: dict = {}
+    times = []
+    with manual_context(1.0, sc=sc) as ssc:
+        build(ssc, out)
+        ssc.start()
         for i in range(1, batches + 1):
             if before_batch is not None:
                 before_batch(i)
-            clock.advance(1000)
-            info = ssc.awaitBatch(i * 1000, timeout_s)
-            failed = {op.output_name: op.failure_reason for op in info.output_operations.values() if op.failure_reason}
-            assert not failed, f"batch {i} failed: {failed}"
-    finally:
-        ssc.stop(stopSparkContext=False)
-    return out
-
-
-def _collect(out, name):
-    def save(rdd):
-        out.setdefault(name, []).append(rdd.collect())
-    return save
+            times += [info.batch_time.ms for info in run_batches(ssc, 1, timeout=timeout_s)]
+    return {name: [got.get(t, []) for t in times] if isinstance(got, dict) else got for name, got in out.items()}
 
 
 def test_direct_stream_reads_each_record_once_with_offset_ranges(sc, kafka_bootstrap):
@@ -50,9 +40,9 @@ def test_direct_stream_reads_each_record_once_with_offset_ranges(sc, kafka_boots
         kvs = KafkaUtils.createDirectStream(ssc, [topic], {"metadata.broker.list": kafka_bootstrap,
                                                            "auto.offset.reset": "smallest"})
         kvs.foreachRDD(lambda rdd: ranges_seen.append(rdd.offsetRanges()))
-        kvs.transform(lambda rdd: rdd.context.parallelize([str(r) for r in rdd.offsetRanges()])).foreachRDD(
-            _collect(out, "transformed"))
-        kvs.foreachRDD(_collect(out, "records"))
+        out["transformed"] = collect(kvs.transform(lambda rdd: rdd.context.parallelize(
+            [str(r) for r in rdd.offsetRanges()])))
+        out["records"] = collect(kvs)
 
     def feed(i):
         if i == 2:
@@ -76,11 +66,11 @@ def test_default_start_is_latest_and_message_handler_gets_metadata(sc, kafka_boo
     def build(ssc, out):
         s = KafkaUtils.createDirectStream(ssc, [topic], {"bootstrap.servers": kafka_bootstrap},
                                           messageHandler=lambda m: (m.topic, m.partition, m.offset, m.key, m.message))
-        s.foreachRDD(_collect(out, "latest"))
+        out["latest"] = collect(s)
         s2 = KafkaUtils.createDirectStream(ssc, [topic], {"bootstrap.servers": kafka_bootstrap},
                                            fromOffsets={TopicAndPartition(topic, 0): 1},
                                            valueDecoder=lambda b: b.decode().upper())
-        s2.foreachRDD(_collect(out, "from"))
+        out["from"] = collect(s2)
 
     out = _run(sc, build, 2, lambda i: produce(kafka_bootstrap, topic, [("k", f"new{i}")], partition=0))
     assert out["latest"] == [[(topic, 0, 1, "k", "new1")], [(topic, 0, 2, "k", "new2")]]
@@ -102,8 +92,8 @@ def test_read_committed_skips_aborted_and_never_waits_for_an_open_transaction(sc
     p.flush(30)
 
     def build(ssc, out):
-        ssc.kafkaStream(topic, bootstrapServers=kafka_bootstrap, startingOffsets="earliest",
-                        decoder=lambda r: r.value.decode()).foreachRDD(_collect(out, "v"))
+        out["v"] = collect(ssc.kafkaStream(topic, bootstrapServers=kafka_bootstrap, startingOffsets="earliest",
+                                           decoder=lambda r: r.value.decode()))
 
     def feed(i):
         if i == 2:
@@ -125,7 +115,7 @@ def test_rate_limit_splits_a_backlog_over_batches_and_new_partitions_are_read(sc
         s = ssc.kafkaStream([topic], {"bootstrap.servers": kafka_bootstrap}, startingOffsets="earliest",
                             maxRatePerPartition=10, minPartitions=3,
                             decoder=lambda r: (r.partition, int(r.value)))
-        s.foreachRDD(_collect(out, "v"))
+        out["v"] = collect(s)
         s.foreachRDD(lambda rdd: out.setdefault("tasks", []).append(rdd.getNumPartitions()))
 
     def feed(i):
@@ -150,8 +140,8 @@ def test_pattern_subscription_reads_matching_topics_also_created_later(sc, kafka
     create_topic(kafka_bootstrap, f"other-{prefix}")
 
     def build(ssc, out):
-        ssc.kafkaStream(pattern=rf"{prefix}-.*", bootstrapServers=kafka_bootstrap, startingOffsets="earliest",
-                        decoder=lambda r: (r.topic, r.value.decode())).foreachRDD(_collect(out, "v"))
+        out["v"] = collect(ssc.kafkaStream(pattern=rf"{prefix}-.*", bootstrapServers=kafka_bootstrap,
+                                           startingOffsets="earliest", decoder=lambda r: (r.topic, r.value.decode())))
 
     def feed(i):
         if i == 2:
@@ -165,15 +155,14 @@ def test_pattern_subscription_reads_matching_topics_also_created_later(sc, kafka
 def test_missing_topic_and_bad_params_fail_clearly(sc, kafka_bootstrap):
     from dstreams.kafka import KafkaConfigError
 
-    ssc = StreamingContext(sc, 1.0, clock=ManualClock())
-    with pytest.raises(KafkaConfigError, match="bootstrap.servers"):
-        ssc.kafkaStream("x", {})
-    with pytest.raises(ValueError, match="startingOffsets"):
-        ssc.kafkaStream("x", bootstrapServers=kafka_bootstrap, startingOffsets="newest")
-    ssc.kafkaStream("no-such-topic-dstreams", bootstrapServers=kafka_bootstrap).foreachRDD(lambda r: None)
-    with pytest.raises(ValueError, match=r"do not exist.*create them first"):
-        ssc.start()
-    ssc.stop(stopSparkContext=False)
+    with manual_context(1.0, sc=sc) as ssc:
+        with pytest.raises(KafkaConfigError, match="bootstrap.servers"):
+            ssc.kafkaStream("x", {})
+        with pytest.raises(ValueError, match="startingOffsets"):
+            ssc.kafkaStream("x", bootstrapServers=kafka_bootstrap, startingOffsets="newest")
+        ssc.kafkaStream("no-such-topic-dstreams", bootstrapServers=kafka_bootstrap).foreachRDD(lambda r: None)
+        with pytest.raises(ValueError, match=r"do not exist.*create them first"):
+            ssc.start()
 
 
 def test_decode_error_names_topic_partition_offset_and_dead_letters_route_it(sc, kafka_bootstrap):
@@ -187,8 +176,8 @@ def test_decode_error_names_topic_partition_offset_and_dead_letters_route_it(sc,
     def build(ssc, out):
         s = ssc.kafkaStream(topic, bootstrapServers=kafka_bootstrap, startingOffsets="earliest",
                             decoder=lambda r: int(r.value), onDecodeError="deadLetter")
-        s.foreachRDD(_collect(out, "good"))
-        s.deadLetters().foreachRDD(_collect(out, "dead"))
+        out["good"] = collect(s)
+        out["dead"] = collect(s.deadLetters())
         s.deadLetters().saveToKafka(dlq, {"bootstrap.servers": kafka_bootstrap}, keyFunc=lambda d: d.key,
                                     valueFunc=lambda d: d.value, outputName=dlq)
 
@@ -200,16 +189,11 @@ def test_decode_error_names_topic_partition_offset_and_dead_letters_route_it(sc,
     assert (dead.topic, dead.partition, dead.offset, dead.value, dead.batchTime) == (topic, 0, 1, b"x", 1000)
     assert "ValueError" in dead.error
 
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1.0, clock=clock)
-    ssc.kafkaStream(topic, bootstrapServers=kafka_bootstrap, startingOffsets="earliest",
-                    decoder=lambda r: int(r.value)).foreachRDD(lambda rdd: rdd.collect())
-    ssc.start()
-    try:
-        clock.advance(1000)
-        info = ssc.awaitBatch(1000, 60)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1.0, sc=sc) as ssc:
+        ssc.kafkaStream(topic, bootstrapServers=kafka_bootstrap, startingOffsets="earliest",
+                        decoder=lambda r: int(r.value)).foreachRDD(lambda rdd: rdd.collect())
+        ssc.start()
+        [info] = run_batches(ssc, 1, check=False)  # the batch fails: its error is checked below
     reasons = [op.failure_reason or "" for op in info.output_operations.values()]
     assert any(f"topic '{topic}' partition 0 offset 1" in r for r in reasons), reasons
 
@@ -255,21 +239,16 @@ def test_offsets_gone_from_the_broker_fail_the_batch_or_are_skipped_and_counted(
 
     topic = create_topic(kafka_bootstrap, partitions=1)
     produce(kafka_bootstrap, topic, [(None, str(i)) for i in range(10)], partition=0)
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1.0, clock=clock)
-    out: list = []
-    s = ssc.kafkaStream(topic, bootstrapServers=kafka_bootstrap, startingOffsets="earliest", maxRatePerPartition=3,
-                        failOnDataLoss=fail, decoder=lambda r: int(r.value))
-    s.foreachRDD(lambda rdd: out.append(rdd.collect()))
-    ssc.start()
-    try:
-        clock.advance(1000)
-        ssc.awaitBatch(1000, 60)
+    with manual_context(1.0, sc=sc) as ssc:
+        s = ssc.kafkaStream(topic, bootstrapServers=kafka_bootstrap, startingOffsets="earliest",
+                            maxRatePerPartition=3, failOnDataLoss=fail, decoder=lambda r: int(r.value))
+        out = collect(s)
+        ssc.start()
+        run_batches(ssc, 1)
         _delete_records_before(kafka_bootstrap, topic, 0, 7)  # offsets 3..6 never read: lost
-        clock.advance(1000)
         if fail:
             with pytest.raises(Exception) as caught:
-                ssc.awaitBatch(2000, 60)
+                run_batches(ssc, 1, check=False)
                 ssc.awaitTermination(60)
             text = f"{caught.value}"
             cause = caught.value
@@ -278,13 +257,11 @@ def test_offsets_gone_from_the_broker_fail_the_batch_or_are_skipped_and_counted(
             assert isinstance(cause, KafkaDataLossError) or "KafkaDataLossError" in text, text
             assert f"topic '{topic}' partition 0" in text and "failOnDataLoss=False" in text, text
         else:
-            info = ssc.awaitBatch(2000, 60)
-            assert out == [[0, 1, 2], [7, 8, 9]]
+            [info] = run_batches(ssc, 1)
+            assert out == {1000: [0, 1, 2], 2000: [7, 8, 9]}
             [md] = [m for m in info.input_metadata.values()]
             assert md["recordsLost"] == 4
             _assert_lost_shown(ssc, 4)
-    finally:
-        ssc.stop(stopSparkContext=False)
 
 
 def _assert_lost_shown(ssc, lost: int) -> None:
@@ -353,21 +330,15 @@ def test_a_deleted_topic_fails_with_its_name(sc, kafka_bootstrap):
 
     topic = create_topic(kafka_bootstrap, partitions=1)
     produce(kafka_bootstrap, topic, [(None, "a")], partition=0)
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1.0, clock=clock)
-    ssc.kafkaStream(topic, bootstrapServers=kafka_bootstrap, startingOffsets="earliest").foreachRDD(
-        lambda rdd: rdd.count())
-    ssc.start()
-    try:
-        clock.advance(1000)
-        ssc.awaitBatch(1000, 60)
+    with manual_context(1.0, sc=sc) as ssc:
+        ssc.kafkaStream(topic, bootstrapServers=kafka_bootstrap, startingOffsets="earliest").foreachRDD(
+            lambda rdd: rdd.count())
+        ssc.start()
+        run_batches(ssc, 1)
         delete_topic(kafka_bootstrap, topic)
-        clock.advance(1000)
         with pytest.raises(Exception, match=rf"{topic}:0.*no longer exist"):
-            ssc.awaitBatch(2000, 60)
+            run_batches(ssc, 1, check=False)
             ssc.awaitTermination(60)
-    finally:
-        ssc.stop(stopSparkContext=False)
 
 
 def test_one_worker_reads_overlapping_ranges_of_a_partition_one_after_another(sc, kafka_bootstrap):
@@ -413,7 +384,7 @@ def test_kafka_timestamps_drive_event_time(sc, kafka_bootstrap):
     def build(ssc, out):
         s = ssc.kafkaStream(topic, bootstrapServers=kafka_bootstrap, startingOffsets="earliest")
         timed = s.withEventTime(lambda r: r.timestamp / 1000)
-        timed.watermarks().foreachRDD(_collect(out, "watermarks"))
+        out["watermarks"] = collect(timed.watermarks())
         s.foreachRDD(lambda rdd: out.setdefault("ts", []).append(
             [(r.timestamp, r.timestampType) for r in rdd.collect()]))
 
@@ -458,8 +429,7 @@ def test_offsets_gone_under_a_recorded_batch_are_skipped_after_the_restart_the_e
     first = StreamingContext.getOrCreate(ckpt, lambda: build(clock, [topic]))
     first.start()
     try:
-        clock.advance(1000)
-        first.awaitBatch(1000, 60)
+        run_batches(first, 1)
         open(hold, "w").close()
         clock.advance(1000)
         with pytest.raises(Exception, match="batch 2 held"):
