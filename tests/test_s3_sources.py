@@ -11,9 +11,10 @@ import pytest
 from dstreams import ManualClock, StreamingContext
 from dstreams.nodes.files import split_lines
 from dstreams.recovery.store import open_store
+from dstreams.testing import collect, manual_context, run_batches
 
 from .recovery_app import read_outputs
-from .support import MOTO_ENDPOINT, collector, service_unavailable
+from .support import MOTO_ENDPOINT, service_unavailable
 
 MOTO = MOTO_ENDPOINT
 MOTO_OPTS = {"endpoint_url": MOTO, "access_key": "testing", "secret_key": "testing", "region": "us-east-1"}
@@ -32,11 +33,6 @@ def bucket() -> str:
     return name
 
 
-def _step(ssc, clock, i, timeout=120):
-    clock.advance(1000)
-    ssc.awaitBatch(ssc.startTime.ms + i * 1000, timeout)
-
-
 def test_split_lines_reads_like_spark_text_file():
     assert split_lines(b"a\nb\r\nc\rd") == ["a", "b", "c", "d"]
     assert split_lines(b"a\n\nb\n") == ["a", "", "b"]
@@ -48,51 +44,39 @@ def test_split_lines_reads_like_spark_text_file():
 def test_s3_text_file_stream_each_new_object_in_exactly_one_batch(sc, bucket):
     incoming = open_store(f"s3://{bucket}/incoming", **MOTO_OPTS)
     incoming.put("old.txt", b"ignored\n")
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    got: dict[str, list] = {}
-    ssc.textFileStream(f"s3://{bucket}/incoming/", **MOTO_OPTS).foreachRDD(collector(got, "lines"))
-    ssc.start()
-    try:
+    with manual_context(1, sc=sc) as ssc:
+        got = collect(ssc.textFileStream(f"s3://{bucket}/incoming/", **MOTO_OPTS), sort=True)
+        ssc.start()
         incoming.put("a.txt", b"a1\r\na2\n")
-        _step(ssc, clock, 0)
-        _step(ssc, clock, 1)
+        run_batches(ssc, 2, timeout=120)
         incoming.put("b.txt", b"b1\n")
         incoming.put("sub/c.txt", b"c1\nc2")
         incoming.put("_temporary/x", b"skipped\n")
         incoming.put(".hidden", b"skipped\n")
-        _step(ssc, clock, 2)
+        run_batches(ssc, 1, timeout=120)
         incoming.delete("a.txt")  # forgotten by the source: its state is the folder's current listing
-        _step(ssc, clock, 3)
+        run_batches(ssc, 1, timeout=120)
         assert ssc._graph.inputs[0].seen == {"b.txt", "old.txt", "sub/c.txt"}
-    finally:
-        ssc.stop(stopSparkContext=False)
-    assert got["lines"] == [["a1", "a2"], [], ["b1", "c1", "c2"], []]
+    assert [got[t] for t in (1000, 2000, 3000, 4000)] == [["a1", "a2"], [], ["b1", "c1", "c2"], []]
 
 
 @pytest.mark.s3
 def test_s3_binary_records_stream_and_a_torn_object(sc, bucket):
     incoming = open_store(f"s3://{bucket}/bin", **MOTO_OPTS)
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    got: dict[str, list] = {}
-    ssc.binaryRecordsStream(f"s3://{bucket}/bin", 4, **MOTO_OPTS).foreachRDD(collector(got, "recs"))
-    ssc.start()
-    try:
+    with manual_context(1, sc=sc) as ssc:
+        got = collect(ssc.binaryRecordsStream(f"s3://{bucket}/bin", 4, **MOTO_OPTS), sort=True)
+        ssc.start()
         incoming.put("r1", b"abcdEFGH")
-        _step(ssc, clock, 0)
+        run_batches(ssc, 1, timeout=120)
         incoming.put("r2", b"xyz")  # not a multiple of the record length
-        clock.advance(1000)
+        ssc.clock.advance(1000)
         with pytest.raises(Exception, match="not a multiple of recordLength=4"):
             ssc.awaitTermination(120)
-    finally:
-        ssc.stop(stopSparkContext=False)
-    assert sorted(got["recs"][0]) == [b"EFGH", b"abcd"]
+    assert got[1000] == [b"EFGH", b"abcd"]
 
 
 def test_store_options_on_a_local_folder_are_refused(sc, tmp_path):
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
-    with pytest.raises(ValueError, match="s3:// locations only"):
+    with manual_context(1, sc=sc) as ssc, pytest.raises(ValueError, match="s3:// locations only"):
         ssc.textFileStream(str(tmp_path), endpoint_url="http://x")
 
 
@@ -114,17 +98,16 @@ def test_s3_file_stream_after_a_driver_restart_reads_every_object_once(sc, bucke
     first.start()
     try:
         incoming.put("1.txt", b"one\n")
-        _step(first, clock, 0)
+        run_batches(first, 1, timeout=120)
         incoming.put("2.txt", b"two\n")
-        _step(first, clock, 1)
+        run_batches(first, 1, timeout=120)
     finally:
         first.stop(stopSparkContext=False)  # the driver "dies" after batch 2
     incoming.put("3.txt", b"three\n")  # arrives while it is down
     second = build(ManualClock(2000))
     second.start()
     try:
-        second._clock.set_time(4000)
-        second.awaitBatch(4000, 120)
+        run_batches(second, 2, timeout=120, backlog=True)  # batches 3000 and 4000, generated together
     finally:
         second.stop(stopSparkContext=False)
     lines = [line for batch in read_outputs(out).values() for line in batch]
@@ -133,8 +116,7 @@ def test_s3_file_stream_after_a_driver_restart_reads_every_object_once(sc, bucke
 
 @pytest.mark.s3
 def test_s3_file_stream_on_a_missing_bucket_is_a_clear_error(sc):
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
-    ssc.textFileStream(f"s3://no-such-bucket-{uuid.uuid4().hex[:6]}/in", **MOTO_OPTS).pprint()
-    with pytest.raises(Exception, match="(?i)bucket"):
-        ssc.start()
-    ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        ssc.textFileStream(f"s3://no-such-bucket-{uuid.uuid4().hex[:6]}/in", **MOTO_OPTS).pprint()
+        with pytest.raises(Exception, match="(?i)bucket"):
+            ssc.start()
