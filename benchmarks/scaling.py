@@ -390,6 +390,20 @@ def _configs(text: str | None, default: list[tuple[int, int]]) -> list[tuple[int
     return out
 
 
+def _without_out(args: list[str]) -> list[str]:
+    """The command's arguments without ``--out FILE`` (a path of the machine it ran on)."""
+    out: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--out":
+            skip = True
+        elif not a.startswith("--out="):
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small grid for both parts")
@@ -480,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out) if args.out else RESULTS_RUNS if args.part == "run" else RESULTS
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({
-            "command": " ".join(["python -m benchmarks.scaling", *(argv if argv is not None else sys.argv[1:])]),
+            "command": " ".join(["python -m benchmarks.scaling", *_without_out(argv if argv is not None
+                                                                              else sys.argv[1:])]),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                         "load_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None},
             "interval_ms": INTERVAL_MS, "records_per_partition": args.records,
