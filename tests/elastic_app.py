@@ -124,6 +124,17 @@ def build(sc: Any, clock: Clock, sink: Any, checkpoint: str) -> StreamingContext
     return ssc
 
 
+def executor_tasks(sc: Any) -> dict[str, dict[str, Any]]:
+    """Per active executor: its host and port and how many tasks it ran (Spark's status store)."""
+    summaries = sc._jsc.sc().statusStore().executorList(True)
+    out = {}
+    for i in range(summaries.size()):
+        s = summaries.apply(i)
+        if s.id() != "driver":
+            out[str(s.id())] = {"host": str(s.hostPort()), "tasks": int(s.totalTasks())}
+    return out
+
+
 def state_node(ssc: StreamingContext) -> Any:
     from dstreams.nodes.store_state import StoreStateNode
 
@@ -136,7 +147,8 @@ def _join(sc: Any, cluster: Any, address: str, timeout: float, status: dict[str,
     more executor."""
     from tests.executor_loss_app import _executor_ids, _poll
 
-    before = len(_executor_ids(sc))
+    before_ids = _executor_ids(sc)
+    before = len(before_ids)
     t0 = time.monotonic()
     cluster.worker_hosts = (*cluster.worker_hosts, address)
     host = len(cluster.worker_hosts) - 1
@@ -144,6 +156,7 @@ def _join(sc: Any, cluster: Any, address: str, timeout: float, status: dict[str,
     _poll(lambda: len(_executor_ids(sc)) > before, timeout, "the joining host's executor")
     status["join_s"] = round(time.monotonic() - t0, 2)
     status["joined_executors"] = _executor_ids(sc)
+    status["joined_executor"] = max(set(status["joined_executors"]) - set(before_ids), key=int)
     status["joined_host"] = host
     print(f"JOINED host {host} ({address}): {status['joined_executors']}", flush=True)
 
@@ -170,6 +183,9 @@ def _kill_executor(sc: Any, cluster: Any, host: int, timeout: float, status: dic
     _poll(replaced, timeout, f"a replacement executor on host {host}")
     status["replacement_s"] = round(time.monotonic() - t0, 2)
     status["executors_after_kill"] = _executor_ids(sc)
+    on_host = set(cluster.host_pids(host))
+    status["replacement_executor"] = next(e for e, pid in faults.executor_pids(sc.applicationId).items()
+                                          if pid in on_host and e != victim)
     print(f"KILLED executor {victim}; now {status['executors_after_kill']}", flush=True)
 
 
@@ -266,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         status["node_key"], status["store_id"], status["run"] = node.key, node.store_id(), node._run
         status["store_metrics"] = node.store_metrics()
         status["task_attempts"] = task_attempts(sc, groups)
+        status["executor_tasks"] = executor_tasks(sc)
         status["ok"] = True
     finally:
         if monitor is not None:

@@ -436,12 +436,13 @@ _DROP_FIX = (
     "fork: a batch whose input was dropped (onFailure=dropInput) is applied again as the same (run, version), so a "
     "store on another host that applied it before the drop passes the next batch's base check (owner == run and "
     "version == base) and a zombie attempt from before the drop overwrites the redo's changelog object. Fix "
-    "(dstreams/nodes/store_state.py, recovery/changelog.py): give each applied version a token, the run's for a "
-    "batch applied once and a new one (run + '.' + uuid) for a batch applied again after a drop; the handle yields "
-    "(version, token), the store keeps the token of its version in meta 'run', every check that compares the "
-    "store's run with this run (apply's base and 'applied already' checks, _at_version, catch_up, ensure_base) "
-    "compares (version, token) with the handle's, the changelog key is <version>/<token>-p<partition>, and the "
-    "catch-up plan lists (version, token) pairs")
+    "(dstreams/nodes/store_state.py, dstreams/statestore.py, recovery/changelog.py): identify each applied version by "
+    "an id chained from its base, vid(t) = sha256(vid(base), t, a new nonce when t is applied again after a drop), "
+    "vid = run + ':' + t for the zero time or a checkpoint read back, so that a redone batch and every version built "
+    "on it get new ids; the handle yields (t, vid(t)); the store keeps the vid of its version and of each logged "
+    "version; apply's base and 'applied already' checks, _at_version, catch_up and ensure_base compare (version, vid) "
+    "instead of (version, run); the changelog object is <version>/<vid>-p<partition> and the catch-up plan lists "
+    "(version, vid) pairs, so what an attempt of a superseded version writes is never read")
 
 
 @pytest.mark.xfail(strict=True, reason=_DROP_FIX)
