@@ -467,8 +467,12 @@ def main(argv: list[str] | None = None) -> int:
                       f"x{ratio} for x{g['last_size_ratio']:.0f} {g['grows_with']}"
                       f"{'  FASTER THAN LINEAR' if g['faster_than_linear'] else ''}")
         worst = [g for rows in checks.values() for g in rows if g["faster_than_linear"]]
-        print("no per-batch driver step grows faster than the partitions or streams it schedules"
-              if not worst else f"{len(worst)} series grow faster than linearly (above)")
+        if not any(checks.values()):
+            print("  (not checked: no two configurations share a stream count or a partition count)")
+        elif worst:
+            print(f"{len(worst)} series grow faster than linearly (above)")
+        else:
+            print("no per-batch driver step grows faster than the partitions or streams it schedules")
     tasks_fit = per_task(run_rows) if run_rows else {}
     for key, fit in tasks_fit.items():
         if fit["ms_per_task"] is not None:
