@@ -218,7 +218,30 @@ def _run_batches(sc: Any, ssc: Any, clock: Any, root: Path, batches: int, settle
     finally:
         counter.close()
         ssc.stop(stopSparkContext=False)
+        _await_no_jobs(sc, 120.0)
     return out
+
+
+def _await_no_jobs(sc: Any, timeout: float) -> None:
+    """Wait (at most ``timeout`` s) until no Spark job runs."""
+    deadline = time.monotonic() + timeout
+    while sc.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def _remove_when_quiet(folder: Path, timeout: float = 60.0) -> None:
+    """Remove ``folder`` once nothing has been written in it for 2 s (at most ``timeout`` s): the tasks of a
+    checkpoint that the stop cancelled still write their part files, which would recreate a folder removed
+    before they finish."""
+    deadline = time.monotonic() + timeout
+    last = _files(folder) if folder.exists() else {}
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - quiet_since < 2.0:
+        time.sleep(0.5)
+        now = _files(folder) if folder.exists() else {}
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _engine_ms(info: Any) -> float:
@@ -236,7 +259,7 @@ def measure_driver(sc: Any, partitions: int, streams: int, records: int, warmup:
         ssc = _build(sc, clock, folder, partitions, streams, records, NO_CHECKPOINT_S, _no_job)
         runs = _run_batches(sc, ssc, clock, folder / "ckpt", warmup + batches, 0.0)
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        _remove_when_quiet(folder)
     infos = {i.batch_time_ms // INTERVAL_MS: i for i in ssc.batchInfos()}
     ks = [k for k in range(warmup + 1, warmup + batches + 1) if k in infos]
     kinds = _split_sum([runs["created"][k] for k in ks])
@@ -262,7 +285,7 @@ def measure_run(sc: Any, partitions: int, streams: int, records: int, batches: i
         ssc = _build(sc, clock, folder, partitions, streams, records, every * INTERVAL_MS / 1000.0, _count_changes)
         runs = _run_batches(sc, ssc, clock, folder / "ckpt", batches, 0.2)
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        _remove_when_quiet(folder)
     infos = {i.batch_time_ms // INTERVAL_MS: i for i in ssc.batchInfos()}
     created = runs["created"]
     # Whole checkpoint cycles after the first checkpoint (batch ``every``), shifted by one batch: a checkpoint's
