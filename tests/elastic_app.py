@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kill-after", type=int, default=0, help="0: no executor is killed")
     p.add_argument("--kill-host", type=int, default=0)
     p.add_argument("--timeout", type=float, default=120.0, help="bound of every wait, seconds")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra Spark settings (e.g. spark.dynamicAllocation.enabled=true)")
     args = p.parse_args(argv)
 
     out = os.path.abspath(args.out_dir)
@@ -220,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(local_dir, exist_ok=True)
     conf = dict(CONF, **{"spark.local.dir": local_dir, "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={local_dir}",
                          f"spark.executorEnv.{ATTEMPTS_ENV}": os.path.abspath(args.attempts_file)})
+    for kv in args.conf:
+        key, _, value = kv.partition("=")
+        conf[key] = value
     if args.slow_batches:
         conf[f"spark.executorEnv.{SLOW_ENV}"] = f"{args.slow_partition}:{args.slow_seconds}:{args.slow_batches}"
     cluster = StandaloneCluster.attach(args.cluster_dir)
