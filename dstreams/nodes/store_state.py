@@ -28,6 +28,13 @@ snapshot and the deltas after it, and the checkpointer deletes no checkpoint a k
 checkpoint read back (a restart, or the lineage cut of a running stream) brings each partition's store to
 that version: kept when this driver run's store is already there or past it, rolled back through the
 store's log when an earlier run's store is past it, else reloaded from the checkpoint.
+
+With the changelog (``spark.dstreams.state.changelog``) a task whose store is missing or behind on its host catches up
+inside the task (:func:`catch_up`) from the newest checkpoint adopted or read back, or, before any, from the state
+loaded at the zero time (empty, or the ``initialRDD``, which the loading tasks write to the changelog: see
+:meth:`StoreStateNode._loaded_handle`). Copies a host keeps of partitions that moved elsewhere are deleted once below
+the stream's cleanup horizon (:meth:`StoreStateNode.cleanup_horizon`) by the stream's next task on that host
+(:func:`~dstreams.statestore.sweep_stale_once`).
 """
 
 from __future__ import annotations
