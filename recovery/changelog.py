@@ -9,7 +9,9 @@ under their own run and the new owner never reads them.
 
 A task whose partition store is not at the version its batch builds on (another host, a store lost or left behind)
 reads the newest checkpoint the driver adopted (:meth:`StoreChangelog.checkpoint_state`) and the versions since
-(:meth:`StoreChangelog.read`): the state the batch builds on, without a Spark job.
+(:meth:`StoreChangelog.read`): the state the batch builds on, without a Spark job. Before the stream's first checkpoint
+is adopted it starts from the empty state at the zero time; a state loaded there (an ``initialRDD``) or when a stream
+moves into the store is itself an object of that version, written by the task that loaded the partition.
 
 Deletion (:func:`delete_changelogs_through`): when the checkpointer deletes a stream's checkpoint at ``t`` (no
 batch in flight, no RDD in the remember window and no restart reads it any more), the changelogs of versions at
