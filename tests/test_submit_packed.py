@@ -11,9 +11,9 @@ folders). It starts in a thread while the packages are built, once per module:
 * a virtualenv (``python -m venv --without-pip``) with the dependencies the wheel declares, installed from the
   package index or pip's cache, except ``pyspark`` (the cluster's Spark puts its own ``pyspark.zip`` and py4j on
   every Python worker's path, and on the driver's under ``spark-submit``), plus ``venv-pack``; packed with
-  ``venv-pack`` into ``deps.tar.gz`` (about 90 MB, 170 MB of the 234 unpacked being pyarrow, which dstreams'
-  start-up check of the executors requires: ``dstreams.spark.executors.PROBED_MODULES``). Built once per test
-  session.
+  ``venv-pack`` into ``deps.tar.gz`` (about 230 MB, not compressed: :func:`_pack`; 170 MB of it is pyarrow,
+  which dstreams' start-up check of the executors requires: ``dstreams.spark.executors.PROBED_MODULES``). Built
+  once per test session.
 
 The test submits ``tests/submit_app.py`` (a stateful stream: ``runningReduce`` with a checkpoint folder and a state
 checkpoint every 2 s, 1 s batches on the real clock, three queued batches) from a folder outside the checkout,
@@ -37,12 +37,13 @@ A second variant ships dstreams *installed* into the packed environment (``--arc
 ``--no-deps`` into the same virtualenv, packed again). It adds a second application run (several minutes on a
 loaded 2-core machine) for little the first does not show, so it runs only with ``DSTREAMS_TEST_ALL_DEPLOYS=1``.
 
-Cost, measured on a 2-core machine at load average 55-67 from other sessions (everything here waits for a CPU):
-building the wheel 200 s, the virtualenv 183 s and its archive (83 MB) 172 s, while the cluster started in 154 s;
-the application 427 s, of which 134 s for dstreams' start-up task (executors launched, the archive fetched and
-unpacked, the first Python worker). Not measured on an idle machine (it never was during this work); there
-test_wheel.py measured building the wheel at ~4 s and installing from pip's cache at ~20 s, and venv-pack took 15 s
-at a lower load.
+Cost, measured on a 2-core machine loaded by other sessions (everything here waits for a CPU): at load average
+35-50, 9.5 min for the module: building the wheel 69 s, the virtualenv 89 s and its archive 17 s (175 s of
+set-up, while the cluster started in 125 s), the application 351 s. At load 55-67, with the archive compressed at
+level 1 (83 MB, packed in 172 s), 17 min: the application took 427 s, 134 s of it dstreams' start-up task
+(executors launched, the archive fetched and unpacked, the first Python worker). Not measured on an idle machine
+(it never was during this work); there test_wheel.py measured building the wheel at ~4 s and installing from
+pip's cache at ~20 s.
 """
 
 from __future__ import annotations
@@ -140,8 +141,10 @@ class Packages:
 
 
 def _pack(venv: Path, out: Path) -> None:
-    """``venv-pack`` the virtualenv into ``out`` (compression level 1: the archive is made for one run)."""
-    _run([str(venv / "bin" / "venv-pack"), "-p", str(venv), "-o", str(out), "--compress-level", "1", "--quiet"],
+    """``venv-pack`` the virtualenv into ``out``, uncompressed inside the gzip container (``--compress-level 0``):
+    the archive is made for one run and travels over loopback, and at load 50 level 1 took 40 s of wall time and
+    7.4 s of CPU against 11 s and 1.4 s (91 MB against 236 MB)."""
+    _run([str(venv / "bin" / "venv-pack"), "-p", str(venv), "-o", str(out), "--compress-level", "0", "--quiet"],
          timeout=600)
 
 
