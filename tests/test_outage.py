@@ -9,13 +9,13 @@ import time as _time
 
 import pytest
 
-from dstreams import ManualClock, StreamingContext
 from dstreams.recovery.journal import Journal
 from dstreams.recovery.metadata import FencedError, MetadataLog
 from dstreams.recovery.outage import StoreOutagePolicy, is_store_outage, ride_out
 from dstreams.recovery.store import open_store
 from dstreams.recovery.store.errors import StoreUnavailableError, TransientStoreError
 from dstreams.recovery.store.faulty import FaultyStore
+from dstreams.testing import manual_context, run_batches
 from dstreams.time import BatchTime
 
 
@@ -55,21 +55,15 @@ def test_an_output_that_meets_an_outage_is_run_again_and_the_batch_completes(sc,
     monkeypatch.setenv("DSTREAMS_STORE_OUTAGE_SECONDS", "60")
     flaky = _FlakyStore(failures=2)
     seen: list[int] = []
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    ssc.checkpoint(str(tmp_path / "cp"))
 
     def save(rdd):
         flaky()
         seen.append(rdd.count())
 
-    ssc.generatorStream(3, 1).foreachRDD(save)
-    ssc.start()
-    try:
-        clock.set_time(1000)
-        info = ssc.awaitBatch(1000, 60)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc, checkpoint=str(tmp_path / "cp")) as ssc:
+        ssc.generatorStream(3, 1).foreachRDD(save)
+        ssc.start()
+        [info] = run_batches(ssc, 1)
     assert flaky.calls == 3 and seen == [3]
     assert ssc._scheduler.error is None
     assert all(op.failure_reason is None for op in info.output_operations.values())
@@ -79,21 +73,15 @@ def test_building_a_batch_rides_out_an_outage(sc, tmp_path, monkeypatch):
     monkeypatch.setenv("DSTREAMS_STORE_OUTAGE_SECONDS", "60")
     flaky = _FlakyStore(failures=1)
     out: list[int] = []
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    ssc.checkpoint(str(tmp_path / "cp"))
 
     def listing(rdd):  # stands for a source listing an s3:// prefix while the batch is built
         flaky()
         return rdd
 
-    ssc.generatorStream(2, 1).transform(listing).foreachRDD(lambda rdd: out.append(rdd.count()))
-    ssc.start()
-    try:
-        clock.set_time(1000)
-        ssc.awaitBatch(1000, 60)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc, checkpoint=str(tmp_path / "cp")) as ssc:
+        ssc.generatorStream(2, 1).transform(listing).foreachRDD(lambda rdd: out.append(rdd.count()))
+        ssc.start()
+        run_batches(ssc, 1)
     assert flaky.calls == 2 and out == [2]
 
 
@@ -101,10 +89,7 @@ def test_building_a_batch_rides_out_an_outage(sc, tmp_path, monkeypatch):
 def test_past_the_bound_the_driver_stops_and_the_batch_is_not_recorded_as_done(sc, tmp_path, monkeypatch):
     monkeypatch.setenv("DSTREAMS_STORE_OUTAGE_SECONDS", "1")
     flaky = _FlakyStore(failures=10_000)
-    clock = ManualClock()
     cp = str(tmp_path / "cp")
-    ssc = StreamingContext(sc, 1, clock=clock)
-    ssc.checkpoint(cp)
     ok: list[int] = []
 
     def save(rdd):
@@ -112,16 +97,13 @@ def test_past_the_bound_the_driver_stops_and_the_batch_is_not_recorded_as_done(s
             flaky()
         ok.append(rdd.count())
 
-    ssc.generatorStream(1, 1).foreachRDD(save)
-    ssc.start()
-    try:
-        clock.set_time(1000)
-        ssc.awaitBatch(1000, 60)
-        clock.set_time(2000)
+    with manual_context(1, sc=sc, checkpoint=cp) as ssc:
+        ssc.generatorStream(1, 1).foreachRDD(save)
+        ssc.start()
+        run_batches(ssc, 1)
+        ssc.clock.set_time(2000)
         with pytest.raises(StoreUnavailableError):
             ssc.awaitTermination(60)
-    finally:
-        ssc.stop(stopSparkContext=False)
     head = MetadataLog.read(open_store(cp))
     assert head["completed_through"] == 1000  # batch 2 will run again after a restart
 

@@ -11,11 +11,11 @@ from collections.abc import Callable
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dstreams import ManualClock, StreamingContext
 from dstreams.recovery.sinks import SUCCESS, save_text_exactly_once
 from dstreams.recovery.store import open_store
+from dstreams.testing import manual_context, run_batches
 
-from .support import MOTO_ENDPOINT, RGW_ENDPOINT, run_batches, service_unavailable
+from .support import MOTO_ENDPOINT, RGW_ENDPOINT, service_unavailable
 
 MOTO = MOTO_ENDPOINT
 MOTO_OPTS = {"endpoint_url": MOTO, "access_key": "testing", "secret_key": "testing", "region": "us-east-1"}
@@ -57,16 +57,11 @@ def test_s3_sink_through_save_as_text_files(sc, tmp_path):
         client.create_bucket(Bucket=bucket)
     except Exception as e:  # noqa: BLE001
         service_unavailable(f"moto server at {MOTO} is not reachable ({e}); run `bash scripts/services.sh start`")
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    ssc.queueStream([[("a", 1), ("b", 2)], [("a", 3)]]).saveAsTextFiles(f"s3://{bucket}/out/counts", **MOTO_OPTS)
-    ssc.start()
-    try:
-        for i in (1, 2):
-            clock.advance(1000)
-            ssc.awaitBatch(i * 1000, 120)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        ssc.queueStream([[("a", 1), ("b", 2)], [("a", 3)]]).saveAsTextFiles(f"s3://{bucket}/out/counts",
+                                                                            **MOTO_OPTS)
+        ssc.start()
+        run_batches(ssc, 2, timeout=120)
     store = open_store(f"s3://{bucket}/out", **MOTO_OPTS)
     keys = store.list("")
     assert "counts-1000/_SUCCESS" in keys and "counts-2000/_SUCCESS" in keys
@@ -91,16 +86,10 @@ def test_save_to_store_writes_each_batch_once_as_json_lines(sc):
     import json
 
     bucket = _moto_bucket("store-sink")
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    ssc.queueStream([[("a", 1), ("b", 2)], [("a", 3)]]).saveToStore(f"s3://{bucket}/out", "json", **MOTO_OPTS)
-    ssc.start()
-    try:
-        for i in (1, 2):
-            clock.advance(1000)
-            ssc.awaitBatch(i * 1000, 120)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        ssc.queueStream([[("a", 1), ("b", 2)], [("a", 3)]]).saveToStore(f"s3://{bucket}/out", "json", **MOTO_OPTS)
+        ssc.start()
+        run_batches(ssc, 2, timeout=120)
     store = open_store(f"s3://{bucket}/out", **MOTO_OPTS)
     keys = store.list("")
     assert "000000000001000/_SUCCESS" in keys and "000000000002000/_SUCCESS" in keys
@@ -130,12 +119,12 @@ def test_save_to_store_leaves_a_committed_batch_alone_and_rewrites_a_partial_one
 
 
 def test_save_to_store_refuses_an_unknown_format_and_memory_stores(sc):
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
-    stream = ssc.queueStream([[1]])
-    with pytest.raises(ValueError, match="unknown output format 'csv'"):
-        stream.saveToStore("s3://b/out", "csv")
-    with pytest.raises(ValueError, match="memory://"):
-        stream.saveToStore("memory://x/out")
+    with manual_context(1, sc=sc) as ssc:
+        stream = ssc.queueStream([[1]])
+        with pytest.raises(ValueError, match="unknown output format 'csv'"):
+            stream.saveToStore("s3://b/out", "csv")
+        with pytest.raises(ValueError, match="memory://"):
+            stream.saveToStore("memory://x/out")
 
 
 def test_store_specs_of_one_bucket_share_one_client_and_nothing_accumulates():
@@ -170,23 +159,16 @@ def test_sinks_report_the_records_they_commit_once(sc, tmp_path):
 
 
 def test_batch_infos_carry_the_records_each_output_wrote(sc, tmp_path):
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    batches = [list(range(5)), [], list(range(7))]
-    stream = ssc.queueStream([sc.parallelize(b, 2) for b in batches])
-    stream.saveAsTextFiles(str(tmp_path / "out"))
-    stream.map(str).saveToStore(str(tmp_path / "store"), format="json")
-    stream.foreachRDD(lambda rdd: rdd.count())  # the user's own output: unknown
-    ssc.start()
-    try:
-        infos = []
-        for i in range(1, 4):
-            clock.set_time(i * 1000)
-            infos.append(ssc.awaitBatch(i * 1000, 60))
+    with manual_context(1, sc=sc) as ssc:
+        batches = [list(range(5)), [], list(range(7))]
+        stream = ssc.queueStream([sc.parallelize(b, 2) for b in batches])
+        stream.saveAsTextFiles(str(tmp_path / "out"))
+        stream.map(str).saveToStore(str(tmp_path / "store"), format="json")
+        stream.foreachRDD(lambda rdd: rdd.count())  # the user's own output: unknown
+        ssc.start()
+        infos = run_batches(ssc, 3)
         with urllib.request.urlopen(ssc.uiWebUrl + "/metrics", timeout=10) as r:
             exposition = r.read().decode()
-    finally:
-        ssc.stop(stopSparkContext=False)
     ops = [op for _, op in sorted(infos[0].output_operations.items())]
     written = [[op.records_written for _, op in sorted(info.output_operations.items())] for info in infos]
     assert written == [[5, 5, None], [0, 0, None], [7, 7, None]]
@@ -353,15 +335,12 @@ def test_save_to_store_routes_a_record_its_format_refuses_once_or_fails_naming_t
 
     from dstreams.recovery.sinks import save_to_store_exactly_once
 
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
     records = [1, "bad", 3, 4]
-    ssc.queueStream([sc.parallelize(records, 2)]).map(_unpicklable).saveToStore(
-        str(tmp_path / "out"), "pickle", onError="deadLetter")
-    ssc.start()
-    try:
-        run_batches(ssc, ssc.clock, 1)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        ssc.queueStream([sc.parallelize(records, 2)]).map(_unpicklable).saveToStore(
+            str(tmp_path / "out"), "pickle", onError="deadLetter")
+        ssc.start()
+        run_batches(ssc, 1)
     folder = tmp_path / "out" / "000000000001000"
     assert sorted(os.listdir(folder)) == ["_SUCCESS", "_dead-letters-00000.jsonl", "part-00000.pickle",
                                           "part-00001.pickle"]
