@@ -383,7 +383,7 @@ def host_loss(args: argparse.Namespace, work: str, doc: dict[str, Any]) -> None:
                         print(f"    failed: {run['error'][-500:]}", flush=True)
                     else:
                         print(f"    usual {run['usual_ms']:.0f} ms, batch that met the loss {run['met_ms']} ms "
-                              f"(+{run['extra_ms'] / 1000:.1f} s), slow batches {run['batches_to_usual']}, "
+                              f"({run['extra_ms'] / 1000:+.1f} s), slow batches {run['batches_to_usual']}, "
                               f"catch-ups after the replacement joined {run['catch_ups_after_join']}", flush=True)
                     section["summary"] = _host_loss_summary(section["runs"])
                     _write(doc, args.output)
@@ -395,7 +395,8 @@ def host_loss(args: argparse.Namespace, work: str, doc: dict[str, Any]) -> None:
 
 def _print_host_table(section: dict[str, Any]) -> None:
     print()
-    print(f"host loss on {section['hosts']} hosts (one killed with its disk mid-interval); ms, medians over runs")
+    print(f"host loss on {section['hosts']} hosts (one killed with its disk, half a checkpoint interval of lineage); "
+          "ms, medians over runs")
     print(f"{'checkpoint':>10} {'state':>8} {'runs':>4} {'lineage':>7} {'usual':>7} {'met':>7} {'extra':>7} "
           f"{'target':>7} {'slow batches':>12} {'joined':>7} {'catch-ups':>9}")
     for row in section["summary"]:
