@@ -629,7 +629,7 @@ def _stored_graph(path: str, store_options: dict[str, Any]) -> StoredGraph | Non
         return None
     stored = read_graph(store)
     if stored is None:
-        log.info("the checkpoint at %s holds no stream graph (a queueStream, or written by an older dstreams): "
+        log.info("the checkpoint at %s holds no stream graph (a queueStream, or spark.dstreams.checkpoint.graph=off): "
                  "setupFunc rebuilds it", path)
     return stored
 
