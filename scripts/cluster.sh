@@ -24,4 +24,4 @@ case "$cmd" in
   *) echo "usage: $0 start|stop|status|kill-host I|freeze-host I|thaw-host I|restart-host I [options]" >&2; exit 2 ;;
 esac
 cd "$ROOT"
-exec "$PY" -m tests.standalone_cluster "$cmd" --dir "${DSTREAMS_CLUSTER_DIR:-$ROOT/.standalone}" "$@"
+exec "$PY" -m tests.standalone_cluster "$cmd" "$@" --dir "${DSTREAMS_CLUSTER_DIR:-$ROOT/.standalone}"  # a host index first
