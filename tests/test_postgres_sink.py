@@ -25,8 +25,7 @@ from dstreams.recovery.postgres_sink import (
     stage_partition,
 )
 from dstreams.recovery.retry import RetryPolicy
-
-from .support import run_batches
+from dstreams.testing import manual_context, run_batches
 
 pytestmark = pytest.mark.postgres
 
@@ -59,17 +58,13 @@ def _rows(dsn: str, sql: str) -> list[tuple]:
 
 def test_a_stream_appends_each_batch_once(sc, pg):
     dsn, schema = pg
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    batches = [[("a", 1, None), ("b", 2, "x")], [], [{"word": "c", "n": 3}]]
-    ssc.queueStream([sc.parallelize(b, 2) for b in batches]).saveToPostgres(dsn, f"{schema}.words")
-    ssc.start()
-    try:
-        infos = run_batches(ssc, clock, 3)
+    with manual_context(1, sc=sc) as ssc:
+        batches = [[("a", 1, None), ("b", 2, "x")], [], [{"word": "c", "n": 3}]]
+        ssc.queueStream([sc.parallelize(b, 2) for b in batches]).saveToPostgres(dsn, f"{schema}.words")
+        ssc.start()
+        infos = run_batches(ssc, 3)
         with urllib.request.urlopen(ssc.uiWebUrl + "/metrics", timeout=10) as r:
             exposition = r.read().decode()
-    finally:
-        ssc.stop(stopSparkContext=False)
     (family,) = [f for f in text_string_to_metric_families(exposition) if f.name == "dstreams_output_records"]
     assert [s.value for s in family.samples if s.name == "dstreams_output_records_total"] == [3]  # /metrics
     assert _rows(dsn, f"SELECT word, n, note FROM {schema}.words ORDER BY word") == [
@@ -212,16 +207,14 @@ def test_a_new_driver_claims_its_output_at_start_past_a_zombie_s_open_transactio
     claim_output(target, 2)  # a restart of the same driver's epoch: nothing to end, the fence as it is
     assert _rows(dsn, f"SELECT count(*) FROM {schema}.words") == [(0,)]
 
-    ssc = StreamingContext(sc, 1, clock=ManualClock())  # a context with a checkpoint claims at start()
-    ssc.checkpoint(str(tmp_path / "ckpt"))
     (tmp_path / "in").mkdir()
-    ssc.textFileStream(str(tmp_path / "in")).map(lambda w: (w, 1)).saveToPostgres(dsn, table, columns=["word", "n"])
-    ssc.start()
-    try:
+    # a context with a checkpoint claims at start()
+    with manual_context(1, sc=sc, checkpoint=str(tmp_path / "ckpt")) as ssc:
+        ssc.textFileStream(str(tmp_path / "in")).map(lambda w: (w, 1)).saveToPostgres(dsn, table,
+                                                                                    columns=["word", "n"])
+        ssc.start()
         (row,) = _rows(dsn, f"SELECT epoch FROM {schema}.dstreams_sink_fences WHERE output <> 'out'")
         assert row == (1,), "claimed before the first batch"
-    finally:
-        ssc.stop(stopSparkContext=False)
 
 
 def test_a_missing_table_or_column_is_named(pg):
@@ -331,7 +324,7 @@ def test_a_postgres_restart_between_batches_loses_and_repeats_nothing(sc, pg, mo
                                                                             columns=["word", "n"])
     ssc.start()
     try:
-        run_batches(ssc, clock, 1)
+        run_batches(ssc, 1, check=False)
         _services("stop", "postgres")
         try:
             clock.set_time(2000)  # batch 2 runs against no server
@@ -399,16 +392,12 @@ def test_records_copy_cannot_convert_go_to_the_dead_letters_with_the_batch(sc, p
 
 def test_a_stream_routes_refused_records_and_goes_on(sc, pg):
     dsn, schema = pg
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    batches = [[("a", 1, None), ("b", -2, None)], [("c", 3, None)]]
-    ssc.queueStream([sc.parallelize(b, 2) for b in batches]).saveToPostgres(dsn, f"{schema}.words",
-                                                                           onError="deadLetter")
-    ssc.start()
-    try:
-        infos = run_batches(ssc, clock, 2)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        batches = [[("a", 1, None), ("b", -2, None)], [("c", 3, None)]]
+        ssc.queueStream([sc.parallelize(b, 2) for b in batches]).saveToPostgres(dsn, f"{schema}.words",
+                                                                               onError="deadLetter")
+        ssc.start()
+        infos = run_batches(ssc, 2, check=False)  # what the outputs met is checked below
     assert not [op.failure_reason for i in infos for op in i.output_operations.values() if op.failure_reason]
     assert _rows(dsn, f"SELECT word, n FROM {schema}.words ORDER BY word") == [("a", 1), ("c", 3)]
     assert _rows(dsn, f"SELECT batch_ms, record FROM {schema}.dstreams_sink_dead_letters") == [

@@ -22,9 +22,7 @@ from dstreams.recovery.redis_sink import (
     write_chunk,
 )
 from dstreams.recovery.retry import RetryPolicy
-from dstreams.time import from_user_time
-
-from .support import run_batches
+from dstreams.testing import collect, manual_context, run_batches
 
 pytestmark = pytest.mark.redis
 
@@ -35,17 +33,13 @@ def _entries(client, key: str) -> list[tuple[str, dict[str, str]]]:
 
 def test_each_batch_is_added_with_ids_from_its_time_and_positions(sc, redis_url, redis_client, redis_prefix):
     key = f"{redis_prefix}out"
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    batches = [[{"n": i, "w": f"w{i}"} for i in range(5)], [], [{"n": 9, "w": "nine"}]]
-    ssc.queueStream([sc.parallelize(b, 2) for b in batches]).saveToRedisStream(redis_url, key)
-    ssc.start()
-    try:
-        infos = run_batches(ssc, clock, 3)
+    with manual_context(1, sc=sc) as ssc:
+        batches = [[{"n": i, "w": f"w{i}"} for i in range(5)], [], [{"n": 9, "w": "nine"}]]
+        ssc.queueStream([sc.parallelize(b, 2) for b in batches]).saveToRedisStream(redis_url, key)
+        ssc.start()
+        infos = run_batches(ssc, 3)
         with urllib.request.urlopen(ssc.uiWebUrl + "/metrics", timeout=10) as r:
             exposition = r.read().decode()
-    finally:
-        ssc.stop(stopSparkContext=False)
     written = [[op.records_written for op in info.output_operations.values()] for info in infos]
     assert written == [[5], [0], [1]]
     (family,) = [f for f in text_string_to_metric_families(exposition) if f.name == "dstreams_output_records"]
@@ -87,15 +81,12 @@ def test_refused_records_go_once_to_the_dead_letter_stream_through_a_cut_write_a
     from dstreams.nodes.redis_streams import client
 
     key, dead_key = f"{redis_prefix}dl", f"{redis_prefix}dl:dead-letters"
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
     records = [{"i": 0}, {"i": 1, "blob": "x" * 500}, {"i": 2}, {"i": [3]}, {"i": 4}]
-    ssc.queueStream([sc.parallelize(records, 2)]).saveToRedisStream(redis_url, key, onError="deadLetter",
-                                                                    maxEntryBytes=100)
-    ssc.start()
-    try:
-        run_batches(ssc, ssc.clock, 1)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        ssc.queueStream([sc.parallelize(records, 2)]).saveToRedisStream(redis_url, key, onError="deadLetter",
+                                                                        maxEntryBytes=100)
+        ssc.start()
+        run_batches(ssc, 1)
     assert [f["i"] for _, f in _entries(redis_client, key)] == ["0", "2", "4"]
     dead = _entries(redis_client, dead_key)
     assert [eid for eid, _ in dead] == ["1000-1", f"1000-{STRIDE + 1}"]  # the ids the records would have had
@@ -185,29 +176,20 @@ def test_one_job_reads_with_redis_stream_what_another_wrote(sc, redis_url, redis
     """Job 1 writes words to ``words``; job 2 reads them with ``redisStream``, counts them and writes the counts
     to ``counts`` with the sink: every word once, in batch order."""
     words, counts = f"{redis_prefix}words", f"{redis_prefix}counts"
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    lines = [["a b", "b"], ["c a"]]
-    ssc.queueStream([sc.parallelize(b, 2) for b in lines]).flatMap(str.split).map(
-        lambda w: {"word": w}).saveToRedisStream(redis_url, words)
-    ssc.start()
-    try:
-        run_batches(ssc, clock, 2)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        lines = [["a b", "b"], ["c a"]]
+        ssc.queueStream([sc.parallelize(b, 2) for b in lines]).flatMap(str.split).map(
+            lambda w: {"word": w}).saveToRedisStream(redis_url, words)
+        ssc.start()
+        run_batches(ssc, 2)
 
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    seen: dict[int, list] = {}
-    stream = ssc.redisStream(words, url=redis_url, decoder=lambda k, i, f: f["word"])
-    stream.foreachRDD(lambda t, rdd: seen.__setitem__(from_user_time(t).ms, sorted(rdd.collect())))
-    stream.map(lambda w: (w, 1)).reduceByKey(lambda a, b: a + b).saveToRedisStream(redis_url, counts,
-                                                                                   fields=["word", "n"])
-    ssc.start()
-    try:
-        infos = run_batches(ssc, clock, 1)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        stream = ssc.redisStream(words, url=redis_url, decoder=lambda k, i, f: f["word"])
+        seen = collect(stream, sort=True)
+        stream.map(lambda w: (w, 1)).reduceByKey(lambda a, b: a + b).saveToRedisStream(redis_url, counts,
+                                                                                       fields=["word", "n"])
+        ssc.start()
+        infos = run_batches(ssc, 1)
     assert seen[1000] == ["a", "a", "b", "b", "c"]
     assert sorted((f["word"], f["n"]) for _, f in _entries(redis_client, counts)) == [("a", "2"), ("b", "2"),
                                                                                      ("c", "1")]
