@@ -14,8 +14,13 @@ from typing import Any
 
 import pytest
 
-from dstreams import ManualClock, StreamingContext, Timer, TrackUpdate
-from dstreams.time import from_user_time
+from dstreams import Timer, TrackUpdate
+from dstreams.testing import collect, manual_context, run_batches
+
+
+def _by_second(got: dict[int, Any]) -> dict[int, Any]:
+    """A :func:`~dstreams.testing.collect` dict keyed by batch number (batch time in s) instead of ms."""
+    return {t // 1000: rows for t, rows in got.items()}
 
 
 def on_init(key: str, ts: int) -> TrackUpdate:
@@ -36,29 +41,16 @@ def on_timer(key: str, state: int, timer: Timer) -> TrackUpdate:
 @pytest.mark.slow
 def test_event_and_processing_time_timers_fire_once_and_emit(sc):
     batches = [[(1, "a"), (2, "b")], [(3, "a")], [(9, "b")], [(10, "c")], [], [(20, "d")], []]
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    timed = ssc.queueStream([sc.parallelize(b, 2) for b in batches]).withEventTime(lambda r: r[0])
-    tracked = timed.map(lambda r: (r[1], r[0])).track(on_init, on_update, "1min", numPartitions=2, timers=on_timer)
-    got: dict[str, dict[int, Any]] = {"states": {}, "emitted": {}}
-
-    def keep(name: str):
-        def run(time, rdd) -> None:
-            got[name][from_user_time(time).ms // 1000] = sorted(rdd.collect())
-        return run
-
-    got["updated"] = {}
-    updated = timed.map(lambda r: (r[1], r[0])).track(on_init, on_update, "1min", 2, on_timer, emit="updated")
-    tracked.foreachRDD(keep("states"))
-    tracked.emitted().foreachRDD(keep("emitted"))
-    updated.foreachRDD(keep("updated"))
-    ssc.start()
-    try:
-        for i in range(1, len(batches) + 1):
-            clock.set_time(i * 1000)
-            ssc.awaitBatch(i * 1000, 60)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        timed = ssc.queueStream([sc.parallelize(b, 2) for b in batches]).withEventTime(lambda r: r[0])
+        tracked = timed.map(lambda r: (r[1], r[0])).track(on_init, on_update, "1min", numPartitions=2,
+                                                          timers=on_timer)
+        updated = timed.map(lambda r: (r[1], r[0])).track(on_init, on_update, "1min", 2, on_timer, emit="updated")
+        seen = {"states": collect(tracked, sort=True), "emitted": collect(tracked.emitted(), sort=True),
+                "updated": collect(updated, sort=True)}
+        ssc.start()
+        run_batches(ssc, len(batches))
+    got = {name: _by_second(rows) for name, rows in seen.items()}
     # Watermarks: -, 2, 3, 9, 10, 10, 20. Batch 4: a's timer (8) fires and drops it (its tick at 4 s never
     # fires), b and c tick (c was created in batch 4 with a tick already due). Batch 7: b (14) and c (15) close.
     assert got["emitted"] == {
@@ -76,20 +68,12 @@ def test_event_and_processing_time_timers_fire_once_and_emit(sc):
 
 
 def test_track_without_timers_keeps_its_contract(sc):
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    pairs = ssc.queueStream([[("a", 1)], [("a", 2)], [], [], []])
-    got: dict[int, Any] = {}
-    pairs.track(lambda k, e: e, lambda k, s, e: s + e, "2s").foreachRDD(
-        lambda time, rdd: got.__setitem__(from_user_time(time).ms // 1000, sorted(rdd.collect())))
-    ssc.start()
-    try:
-        for i in range(1, 6):
-            clock.set_time(i * 1000)
-            ssc.awaitBatch(i * 1000, 60)
-    finally:
-        ssc.stop(stopSparkContext=False)
-    assert got == {1: [("a", 1)], 2: [("a", 3)], 3: [("a", 3)], 4: [], 5: []}
+    with manual_context(1, sc=sc) as ssc:
+        pairs = ssc.queueStream([[("a", 1)], [("a", 2)], [], [], []])
+        got = collect(pairs.track(lambda k, e: e, lambda k, s, e: s + e, "2s"), sort=True)
+        ssc.start()
+        run_batches(ssc, 5)
+    assert _by_second(got) == {1: [("a", 1)], 2: [("a", 3)], 3: [("a", 3)], 4: [], 5: []}
 
 
 # ---------------------------------------------------------------------- many timers per key (issue 24)
@@ -131,26 +115,13 @@ def test_many_timers_per_key_set_replaced_and_deleted_by_tag(sc):
         [("z", (4, {"eventTime": 4, "processingTime": 5}))],  # the default tags "event" and "processing"
         [], [("z", (7, None))], [], [],
     ]
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    timed = ssc.queueStream([sc.parallelize(b, 2) for b in batches]).withEventTime(lambda r: r[1][0])
-    tracked = timed.track(scripted_init, scripted_update, "1min", numPartitions=2, timers=scripted_on_timer)
-    got: dict[str, dict[int, Any]] = {"states": {}, "emitted": {}}
-
-    def keep(name: str):
-        def run(time, rdd) -> None:
-            got[name][from_user_time(time).ms // 1000] = sorted(rdd.collect())
-        return run
-
-    tracked.foreachRDD(keep("states"))
-    tracked.emitted().foreachRDD(keep("emitted"))
-    ssc.start()
-    try:
-        for i in range(1, len(batches) + 1):
-            clock.set_time(i * 1000)
-            ssc.awaitBatch(i * 1000, 60)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        timed = ssc.queueStream([sc.parallelize(b, 2) for b in batches]).withEventTime(lambda r: r[1][0])
+        tracked = timed.track(scripted_init, scripted_update, "1min", numPartitions=2, timers=scripted_on_timer)
+        seen = {"states": collect(tracked, sort=True), "emitted": collect(tracked.emitted(), sort=True)}
+        ssc.start()
+        run_batches(ssc, len(batches))
+    got = {name: _by_second(rows) for name, rows in seen.items()}
     # Watermarks: -, 1, 3, 4, 4, 7, 7; batch i runs at i s. x: "old" deleted and "close" moved to 5 by the
     # update of batch 2; "again" (set by early's callback in batch 3, already due) fires in batch 4, event-time
     # timers before processing-time ones; "close" drops x in batch 6, and its "late" (7 s) with it. y: a and b
