@@ -17,6 +17,7 @@ import pytest
 from dstreams import ManualClock, StreamingContext
 from dstreams.recovery.metadata import MetadataLog
 from dstreams.recovery.store import open_store
+from dstreams.testing import collect, manual_context, run_batches
 from dstreams.time import from_user_time
 
 from .test_event_time_timers import on_init, on_timer, on_update
@@ -24,27 +25,6 @@ from .test_event_time_timers import on_init, on_timer, on_update
 
 def ts_of(r: tuple[float, Any]) -> float:
     return r[0]
-
-
-def _run(ssc: StreamingContext, clock: ManualClock, batches: int, step: bool = True) -> list:
-    """Run ``batches`` batches; one at a time (``step``) or all generated at once (a backlog)."""
-    ssc.start()
-    infos = []
-    if not step:
-        clock.set_time(batches * 1000)
-    for i in range(1, batches + 1):
-        if step:
-            clock.set_time(i * 1000)
-        infos.append(ssc.awaitBatch(i * 1000, 60))
-    return infos
-
-
-def _collect(stream, into: dict[int, Any], sort: bool = True) -> None:
-    def keep(time, rdd) -> None:
-        rows = rdd.collect()
-        into[from_user_time(time).ms] = sorted(rows, key=repr) if sort else rows
-
-    stream.foreachRDD(keep)
 
 
 A = [[(10, "a1"), (12, "a2")], [(20, "a3")], [(15, "late?"), (8, "late")], [], [(40, "a4")], [(25, "late2")]]
@@ -56,20 +36,14 @@ B = [[(5, "b1")], [(6, "b2")], [(30, "b3")], [(31, "b4")], [], []]
 def test_watermark_is_monotone_from_earlier_batches_and_late_records_are_counted(sc, drop_late):
     """Records behind the watermark are counted and listed by lateRecords(); they stay in the timed stream (for
     the windows still open, tests/test_event_time_windows.py) unless withEventTime(..., dropLate=True)."""
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    timed = ssc.queueStream([sc.parallelize(b, 2) for b in A]).withEventTime(ts_of, allowedLateness="5s",
-                                                                            dropLate=drop_late)
-    marks: dict[int, Any] = {}
-    kept: dict[int, Any] = {}
-    late: dict[int, Any] = {}
-    _collect(timed.watermarks(), marks)
-    _collect(timed.map(lambda r: r[1]), kept)
-    _collect(timed.lateRecords(), late)
-    try:
-        infos = _run(ssc, clock, 6)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        timed = ssc.queueStream([sc.parallelize(b, 2) for b in A]).withEventTime(ts_of, allowedLateness="5s",
+                                                                                dropLate=drop_late)
+        marks = collect(timed.watermarks(), sort=True)
+        kept = collect(timed.map(lambda r: r[1]), sort=True)
+        late = collect(timed.lateRecords(), sort=True)
+        ssc.start()
+        infos = run_batches(ssc, 6)
     # max event time before batch i, minus 5 s: -, 7, 15, 15 (20 is the max), 15, 35
     assert [marks[i * 1000] for i in range(1, 7)] == [[None], [7], [15], [15], [15], [35]]
     assert late[3000] == [(8, "late")] and late[6000] == [(25, "late2")]
@@ -83,26 +57,19 @@ def test_watermark_is_monotone_from_earlier_batches_and_late_records_are_counted
 
 @pytest.mark.slow
 def test_watermark_of_a_union_and_a_join_is_the_minimum_and_a_backlog_gives_the_same(sc):
-    def build(clock):
-        ssc = StreamingContext(sc, 1, clock=clock)
+    def build(ssc) -> dict[str, dict[int, Any]]:
         a = ssc.queueStream([sc.parallelize(b, 2) for b in A]).withEventTime(ts_of, "5s")
         b = ssc.queueStream([sc.parallelize(x, 1) for x in B]).withEventTime(ts_of, "1s")
-        out: dict[str, dict[int, Any]] = {"a": {}, "b": {}, "union": {}, "join": {}}
-        _collect(a.watermarks(), out["a"])
-        _collect(b.watermarks(), out["b"])
-        _collect(a.union(b).watermarks(), out["union"])
         joined = a.map(lambda r: (1, r[1])).join(b.map(lambda r: (1, r[1])))
-        _collect(joined.watermarks(), out["join"])
-        return ssc, out
+        return {"a": collect(a.watermarks(), sort=True), "b": collect(b.watermarks(), sort=True),
+                "union": collect(a.union(b).watermarks(), sort=True), "join": collect(joined.watermarks(), sort=True)}
 
     results = []
-    for step in (True, False):
-        clock = ManualClock()
-        ssc, out = build(clock)
-        try:
-            _run(ssc, clock, 6, step=step)
-        finally:
-            ssc.stop(stopSparkContext=False)
+    for backlog in (False, True):
+        with manual_context(1, sc=sc) as ssc:
+            out = build(ssc)
+            ssc.start()
+            run_batches(ssc, 6, backlog=backlog)
         results.append(out)
     out = results[0]
     a = [out["a"][i * 1000][0] for i in range(1, 7)]
@@ -117,16 +84,12 @@ def test_watermark_of_a_union_and_a_join_is_the_minimum_and_a_backlog_gives_the_
 
 
 def test_a_source_declared_watermark_caps_the_stream_watermark(sc):
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    source = ssc.queueStream([sc.parallelize(b, 1) for b in A])
-    source._node.event_time_watermark = lambda time: 11_000 if time.ms < 5000 else None  # MillWheel's injector
-    marks: dict[int, Any] = {}
-    _collect(source.withEventTime(ts_of, "5s").watermarks(), marks)
-    try:
-        _run(ssc, clock, 6)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        source = ssc.queueStream([sc.parallelize(b, 1) for b in A])
+        source._node.event_time_watermark = lambda time: 11_000 if time.ms < 5000 else None  # MillWheel's injector
+        marks = collect(source.withEventTime(ts_of, "5s").watermarks(), sort=True)
+        ssc.start()
+        run_batches(ssc, 6)
     # Without the cap: None, 7, 15, 15, 15, 35; capped at 11 s before batch 5 (never going back).
     assert [marks[i * 1000] for i in range(1, 7)] == [[None], [7], [11], [11], [15], [35]]
 
@@ -190,7 +153,8 @@ def test_resumed_driver_replays_the_recorded_watermarks_and_continues_the_same(s
     clock = ManualClock()
     ssc = build_timed(sc, str(tmp_path / "ref"), clock, str(tmp_path / "ref-out"))
     try:
-        _run(ssc, clock, 10)
+        ssc.start()
+        run_batches(ssc, 10)
     finally:
         ssc.stop(stopSparkContext=False)
     ref = _read(str(tmp_path / "ref-out"))
@@ -204,7 +168,8 @@ def test_resumed_driver_replays_the_recorded_watermarks_and_continues_the_same(s
     clock = ManualClock()
     first = StreamingContext.getOrCreate(ckpt, lambda: build_timed(sc, ckpt, clock, out))
     try:
-        _run(first, clock, 5)
+        first.start()
+        run_batches(first, 5)
     finally:
         first.stop(stopSparkContext=False)  # the driver "dies" after batch 5
     head = MetadataLog.read(open_store(ckpt))
@@ -228,7 +193,8 @@ def test_a_replayed_batch_sees_exactly_the_watermark_recorded_for_it(sc, tmp_pat
     clock = ManualClock()
     first = StreamingContext.getOrCreate(ckpt, lambda: build_timed(sc, ckpt, clock, out))
     try:
-        _run(first, clock, 5)
+        first.start()
+        run_batches(first, 5)
     finally:
         first.stop(stopSparkContext=False)
     ref = _read(out)
