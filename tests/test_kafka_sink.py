@@ -35,6 +35,7 @@ from dstreams.kafka.sink import (
     write_partition,
 )
 from dstreams.task_faults import TASK_KILL_ENV
+from dstreams.testing import manual_context, run_batches
 
 from . import kafka_sink_app
 from .kafka_support import create_topic, read_committed, values
@@ -83,22 +84,17 @@ def _written(infos) -> list[list[int | None]]:
     return [[op.records_written for op in info.output_operations.values()] for info in infos]
 
 
-def _run(sc, batches: list[list[Record]], save, clock: ManualClock | None = None, between=None) -> list:
+def _run(sc, batches: list[list[Record]], save, between=None, check: bool = True) -> list:
     """Run ``batches`` through a context whose stream is written by ``save(stream)``; returns their BatchInfos.
-    ``between(i)`` runs before batch ``i`` (1-based)."""
-    clock = clock or ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    save(ssc.queueStream([sc.parallelize(b, 2) for b in batches]))
-    ssc.start()
+    ``between(i)`` runs before batch ``i`` (1-based); ``check``: no output failed (``dstreams.testing.run_batches``)."""
     infos = []
-    try:
+    with manual_context(1, sc=sc) as ssc:
+        save(ssc.queueStream([sc.parallelize(b, 2) for b in batches]))
+        ssc.start()
         for i in range(1, len(batches) + 1):
             if between is not None:
                 between(i)
-            clock.set_time(i * 1000)
-            infos.append(ssc.awaitBatch(i * 1000, 120))
-    finally:
-        ssc.stop(stopSparkContext=False)
+            infos += run_batches(ssc, 1, timeout=120, check=check)
     return infos
 
 
@@ -193,7 +189,7 @@ def test_a_worker_killed_inside_its_commit_loses_and_duplicates_nothing(sc, kafk
 
     params = _params(kafka_bootstrap, **{"transaction.timeout.ms": 120_000})
     started = time.monotonic()
-    infos = _run(sc, batches, lambda s: s.saveToKafka(topic, params), between=between)
+    infos = _run(sc, batches, lambda s: s.saveToKafka(topic, params), between=between, check=False)  # tried again
     monkeypatch.delitem(sc.environment, TASK_KILL_ENV, raising=False)
     assert [info.attempts for info in infos[:2]] == [2, 2], "each killed batch was tried again"
     assert _written(infos) == [[200], [200], [200]]
@@ -422,9 +418,10 @@ def test_the_dead_letter_way_out_is_named_and_its_topic_must_exist(sc, kafka_boo
     with pytest.raises(KafkaSinkError, match=rf"the dead-letter topic '{missing}' does not exist.*create it"):
         save_to_kafka(sc.parallelize([1], 1), 1000, make_target(topic, _params(kafka_bootstrap),
                                                                dead_letter_topic=missing))
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
-    with pytest.raises(ValueError, match="deadLetterTopic must be a topic name other than"):
-        ssc.queueStream([]).saveToKafka(topic, _params(kafka_bootstrap), onError="deadLetter", deadLetterTopic=topic)
+    with manual_context(1, sc=sc) as ssc:
+        with pytest.raises(ValueError, match="deadLetterTopic must be a topic name other than"):
+            ssc.queueStream([]).saveToKafka(topic, _params(kafka_bootstrap), onError="deadLetter",
+                                            deadLetterTopic=topic)
 
 
 def test_brokers_that_do_not_answer_fail_with_a_clear_message(sc):
@@ -438,14 +435,14 @@ def test_brokers_that_do_not_answer_fail_with_a_clear_message(sc):
 
 
 def test_bad_arguments_are_refused_when_the_output_is_defined(sc, kafka_bootstrap):
-    ssc = StreamingContext(sc, 1, clock=ManualClock())
-    stream = ssc.queueStream([])
-    with pytest.raises(ValueError, match="guarantee must be one of"):
-        stream.saveToKafka("t", _params(kafka_bootstrap), guarantee="exactly_once")
-    with pytest.raises(KafkaConfigError, match="needs the brokers"):
-        stream.saveToKafka("t", {})
-    with pytest.raises(ValueError, match="valueSerializer must be a function"):
-        stream.saveToKafka("t", _params(kafka_bootstrap), valueSerializer="utf-8")
+    with manual_context(1, sc=sc) as ssc:
+        stream = ssc.queueStream([])
+        with pytest.raises(ValueError, match="guarantee must be one of"):
+            stream.saveToKafka("t", _params(kafka_bootstrap), guarantee="exactly_once")
+        with pytest.raises(KafkaConfigError, match="needs the brokers"):
+            stream.saveToKafka("t", {})
+        with pytest.raises(ValueError, match="valueSerializer must be a function"):
+            stream.saveToKafka("t", _params(kafka_bootstrap), valueSerializer="utf-8")
     concurrent = StreamingContext(sc, 1, clock=ManualClock(), concurrentBatches=2)
     with pytest.raises(ValueError, match="concurrentBatches is 2"):
         concurrent.queueStream([]).saveToKafka("t", _params(kafka_bootstrap))
