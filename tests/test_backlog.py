@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from dstreams import ManualClock, StreamingContext
+from dstreams.testing import collect, manual_context, run_batches
 from dstreams.time import from_user_time
 
 from .support import state_node
@@ -36,37 +36,34 @@ def _tasks_per_batch(sc, ctx_id: int, times: list[int]) -> dict[int, int]:
 
 @pytest.mark.slow
 def test_batches_generated_during_a_backlog_compute_one_step_each(sc, tmp_path):
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    ssc.checkpoint(str(tmp_path / "ckpt"))
     total = 30
-    pairs = ssc.queueStream([[("k", 1), (f"w{i % 4}", 1)] for i in range(total)])
-    counts = pairs.runningReduce(operator.add).checkpoint("2s")
     gate, held = threading.Event(), threading.Event()
-    seen: dict[int, list] = {}
 
     def hold(time, rdd) -> None:
         if from_user_time(time).ms == 2000:
             held.set()
             assert gate.wait(60), "the test never released batch 2"
 
-    counts.foreachRDD(hold)
-    counts.foreachRDD(lambda time, rdd: seen.__setitem__(from_user_time(time).ms, sorted(rdd.collect())))
-    ssc.start()
-    try:
-        clock.advance(2000)
-        assert held.wait(60)
-        clock.advance(14_000)  # batches 3..16 queue up behind batch 2
-        ssc._scheduler.events.wait_idle(30)
-        gate.set()
-        for k in range(17, total + 1):  # keep generating while 14 batches wait
-            ssc.awaitBatch((k - 14) * 1000, 120)
-            clock.advance(1000)
-        ssc.awaitBatch(total * 1000, 120)
-        tasks = _tasks_per_batch(sc, ssc._scheduler.ctx_id, [k * 1000 for k in range(3, total + 1)])
-    finally:
-        gate.set()
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc, checkpoint=str(tmp_path / "ckpt")) as ssc:
+        pairs = ssc.queueStream([[("k", 1), (f"w{i % 4}", 1)] for i in range(total)])
+        counts = pairs.runningReduce(operator.add).checkpoint("2s")
+        counts.foreachRDD(hold)
+        seen = collect(counts, sort=True)
+        ssc.start()
+        clock = ssc.clock  # moved by hand: batch 2 is held while a backlog queues behind it, then drains
+        try:
+            clock.advance(2000)
+            assert held.wait(60)
+            clock.advance(14_000)  # batches 3..16 queue up behind batch 2
+            ssc._scheduler.events.wait_idle(30)
+            gate.set()
+            for k in range(17, total + 1):  # keep generating while 14 batches wait
+                ssc.awaitBatch((k - 14) * 1000, 120)
+                clock.advance(1000)
+            ssc.awaitBatch(total * 1000, 120)
+            tasks = _tasks_per_batch(sc, ssc._scheduler.ctx_id, [k * 1000 for k in range(3, total + 1)])
+        finally:
+            gate.set()
     assert seen[total * 1000] == [("k", total), ("w0", 8), ("w1", 8), ("w2", 7), ("w3", 7)]
     # One step of the chain is a few tasks (2 partitions: the input's map side and the merge). The first
     # batch rebuilt after an adoption also recomputes the steps that ran while the checkpoint was being
@@ -80,31 +77,22 @@ def test_empty_intervals_leave_a_running_state_as_it_was_without_a_spark_stage(s
     """A batch with no partition (an empty folder listing, the missed intervals of a downtime) hands the
     previous state on as it is: its output job runs one task per state partition, no state stage, and the
     cache of the state stays with the newest batch that holds it when the older batches are forgotten."""
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    ssc.checkpoint(str(tmp_path / "ckpt"))
     empty = 9
-    batches = [sc.parallelize([("a", 1), ("b", 2)], 2)] + [sc.emptyRDD() for _ in range(empty)]
-    batches.append(sc.parallelize([("a", 10)], 2))
-    counts = ssc.queueStream(batches).runningReduce(operator.add, 2).checkpoint("4s")
-    seen: dict[int, list] = {}
-    counts.foreachRDD(lambda time, rdd: seen.__setitem__(from_user_time(time).ms, sorted(rdd.collect())))
-    node = state_node(counts)
-    ssc.start()
-    try:
-        for i in range(1, empty + 2):
-            clock.set_time(i * 1000)
-            ssc.awaitBatch(i * 1000, 120)
+    with manual_context(1, sc=sc, checkpoint=str(tmp_path / "ckpt")) as ssc:
+        batches = [sc.parallelize([("a", 1), ("b", 2)], 2)] + [sc.emptyRDD() for _ in range(empty)]
+        batches.append(sc.parallelize([("a", 10)], 2))
+        counts = ssc.queueStream(batches).runningReduce(operator.add, 2).checkpoint("4s")
+        seen = collect(counts, sort=True)
+        node = state_node(counts)
+        ssc.start()
+        run_batches(ssc, empty + 1, timeout=120)
         ssc._checkpointer.flush(60)
         last_empty = (empty + 1) * 1000
         held = node.generated[last_empty]
         assert held is node.generated[last_empty - 1000]  # the same RDD: nothing computed for it
         assert min(node.generated) > 2000 and held.is_cached  # older batches forgotten, the cache kept
-        clock.set_time((empty + 2) * 1000)
-        ssc.awaitBatch((empty + 2) * 1000, 120)
+        run_batches(ssc, 1, timeout=120)
         tasks = _tasks_per_batch(sc, ssc._scheduler.ctx_id, [2000, 3000, last_empty, (empty + 2) * 1000])
-    finally:
-        ssc.stop(stopSparkContext=False)
     assert ssc._scheduler.error is None and ssc._checkpointer.errors == []
     assert {t: seen[t] for t in (1000, 2000, last_empty)} == {t: [("a", 1), ("b", 2)] for t in (1000, 2000, last_empty)}
     assert seen[(empty + 2) * 1000] == [("a", 11), ("b", 2)]
