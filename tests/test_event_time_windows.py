@@ -21,9 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dstreams import ManualClock, StreamingContext
 from dstreams.nodes.store_state import StateViewNode
-from dstreams.time import from_user_time
+from dstreams.testing import collect, manual_context, run_batches
 
 Batch = list[tuple[int, str, int]]  # (event time s, key, value)
 GAP = 3  # the session gap (s)
@@ -117,47 +116,34 @@ def total(values: list[int]) -> int:
 
 def run_pipeline(sc, batches: list[Batch], lateness: int, window: int, slide: int, drop_late: bool = False
                  ) -> dict[str, Any]:
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    timed = ssc.queueStream([sc.parallelize(b, 2) for b in batches]).withEventTime(ts_of, lateness,
-                                                                                  dropLate=drop_late)
-    pairs = timed.map(lambda r: (r[1], r[2]))
-    final = pairs.reduceByKeyAndEventWindow(operator.add, window, slide, numPartitions=2)
-    unkeyed = timed.map(lambda r: r[2]).reduceByEventWindow(operator.add, window, slide, operator.sub)
-    sessions = pairs.sessionWindow(GAP, aggregate=total, numPartitions=2)
-    streams = {
-        "final": final,
-        "final_inv": pairs.reduceByKeyAndEventWindow(operator.add, window, slide, invFunc=operator.sub,
-                                                     numPartitions=2),
-        "updates": pairs.reduceByKeyAndEventWindow(operator.add, window, slide, emit="updates", numPartitions=2),
-        "all": unkeyed,
-        "sessions": sessions,
-        "window_late": final.lateRecords(),
-        "all_late": unkeyed.lateRecords(),
-        "session_late": sessions.lateRecords(),
-    }
-    tagged = None
-    for name, s in streams.items():
-        t = s.map(lambda r, name=name: (name, r))
-        tagged = t if tagged is None else tagged.union(t)
-    tagged = tagged.union(timed.lateRecords().map(lambda r: ("late", r)))
-    got: dict[str, dict[int, list]] = {name: {} for name in [*streams, "late"]}
-
-    def keep(time, rdd) -> None:
-        i = from_user_time(time).ms // 1000
-        rows = rdd.collect()
-        for name in got:
-            got[name][i] = sorted(r for tag, r in rows if tag == name)
-
-    tagged.foreachRDD(keep)
-    infos = []
-    ssc.start()
-    try:
-        for i in range(1, len(batches) + 1):
-            clock.set_time(i * 1000)
-            infos.append(ssc.awaitBatch(i * 1000, 60))
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        timed = ssc.queueStream([sc.parallelize(b, 2) for b in batches]).withEventTime(ts_of, lateness,
+                                                                                      dropLate=drop_late)
+        pairs = timed.map(lambda r: (r[1], r[2]))
+        final = pairs.reduceByKeyAndEventWindow(operator.add, window, slide, numPartitions=2)
+        unkeyed = timed.map(lambda r: r[2]).reduceByEventWindow(operator.add, window, slide, operator.sub)
+        sessions = pairs.sessionWindow(GAP, aggregate=total, numPartitions=2)
+        streams = {
+            "final": final,
+            "final_inv": pairs.reduceByKeyAndEventWindow(operator.add, window, slide, invFunc=operator.sub,
+                                                         numPartitions=2),
+            "updates": pairs.reduceByKeyAndEventWindow(operator.add, window, slide, emit="updates",
+                                                       numPartitions=2),
+            "all": unkeyed,
+            "sessions": sessions,
+            "window_late": final.lateRecords(),
+            "all_late": unkeyed.lateRecords(),
+            "session_late": sessions.lateRecords(),
+        }
+        tagged = None
+        for name, s in streams.items():
+            t = s.map(lambda r, name=name: (name, r))
+            tagged = t if tagged is None else tagged.union(t)
+        seen = collect(tagged.union(timed.lateRecords().map(lambda r: ("late", r))))
+        ssc.start()
+        infos = run_batches(ssc, len(batches))
+    got: dict[str, Any] = {name: {t // 1000: sorted(r for tag, r in rows if tag == name) for t, rows in seen.items()}
+                           for name in [*streams, "late"]}
     got["lateCounts"] = [sum(m["lateRecords"] for m in info.event_time.values()) for info in infos]
     return got
 
@@ -254,24 +240,19 @@ def test_window_state_is_not_shuffled_each_batch(sc):
     narrow dependency."""
     from .test_stages import _jobs_of_group, _previous_reached, _stage_counts
 
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    batches = [[(i * 2 + j % 5, f"k{j}", 1) for j in range(6 * i)] for i in range(1, 6)]
-    timed = ssc.queueStream([sc.parallelize(b, 3) for b in batches]).withEventTime(ts_of, 2)
-    windows = timed.map(lambda r: (r[1], r[2])).reduceByKeyAndEventWindow(
-        operator.add, 6, 2, invFunc=operator.sub, numPartitions=2)
-    windows.foreachRDD(lambda rdd: rdd.collect())
-    node = windows._state
-    node = node.state if isinstance(node, StateViewNode) else node  # picked by size (the default): behind its view
-    ssc.start()
-    try:
-        for i in range(1, 6):
-            clock.set_time(i * 1000)
-            info = ssc.awaitBatch(i * 1000, 60)
+    with manual_context(1, sc=sc) as ssc:
+        batches = [[(i * 2 + j % 5, f"k{j}", 1) for j in range(6 * i)] for i in range(1, 6)]
+        timed = ssc.queueStream([sc.parallelize(b, 3) for b in batches]).withEventTime(ts_of, 2)
+        windows = timed.map(lambda r: (r[1], r[2])).reduceByKeyAndEventWindow(
+            operator.add, 6, 2, invFunc=operator.sub, numPartitions=2)
+        windows.foreachRDD(lambda rdd: rdd.collect())
+        node = windows._state
+        # picked by size (the default): behind its view
+        node = node.state if isinstance(node, StateViewNode) else node
+        ssc.start()
+        info = run_batches(ssc, 5)[-1]
         (job,) = _jobs_of_group(sc, info.job_group, 1)
         counts = _stage_counts(sc, job)
         narrow, shuffled = _previous_reached(sc, node.generated[5000], node.generated[4000])
-    finally:
-        ssc.stop(stopSparkContext=False)
     assert [n for _, _, n in counts.ran] == [3, 2], counts.ran
     assert narrow and not shuffled
