@@ -200,8 +200,10 @@ def test_the_batch_ratio_policy_reaches_the_jvm_and_a_local_master_refuses_more_
     clock = _Clock()
     manual = ManualClock()
     ssc = StreamingContext(sc, 1, clock=manual)
-    ssc.queueStream([[1, 2], [3]]).count().foreachRDD(lambda rdd: None)
-    policy = BatchRatioPolicy.for_context(ssc, interval_s=1, scale_up_ratio=0.001, scale_down_ratio=0.0, clock=clock)
+    # every batch takes at least 50 ms (ratio >= 0.05 at 1 s batches), so the decision cannot depend on how fast
+    # the machine runs an empty batch (CI once measured 0.5 ms, below a 1 ms threshold)
+    ssc.queueStream([[1, 2], [3]]).count().foreachRDD(lambda rdd: (rdd.collect(), time.sleep(0.05)))
+    policy = BatchRatioPolicy.for_context(ssc, interval_s=1, scale_up_ratio=0.02, scale_down_ratio=0.0, clock=clock)
     try:
         ssc.start()
         manual.set_time(1000)
