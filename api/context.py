@@ -23,13 +23,12 @@ from pyspark import RDD, SparkConf, SparkContext, StorageLevel
 from dstreams import config
 from dstreams.clock import Clock, SystemClock
 from dstreams.errors import DStreamsError
+from dstreams.files.source import FileInputNode
 from dstreams.graph import DStreamGraph, not_started_message
 from dstreams.listener import BatchInfo
 from dstreams.listener_bus import ListenerBus
-from dstreams.nodes.files import FileInputNode
 from dstreams.nodes.generator import GeneratorInputNode, RecordFunc
 from dstreams.nodes.input import QueueInputNode
-from dstreams.nodes.redis_streams import RedisStreamsInputNode
 from dstreams.nodes.socket import SocketInputNode
 from dstreams.nodes.transformed import TransformedNode, require_same_slide
 from dstreams.nodes.union import UnionNode
@@ -39,6 +38,7 @@ from dstreams.recovery.metadata import MetadataLog
 from dstreams.recovery.runtime import CheckpointInUseError, DriverRuntime, RuntimeSettings
 from dstreams.recovery.store import is_store_url, local_path
 from dstreams.recovery.storespec import StoreSpec
+from dstreams.redis.source import RedisStreamsInputNode
 from dstreams.scheduler import JobScheduler
 from dstreams.spark import jvm_cds
 from dstreams.spark.sparkconf import create_spark_context, tune_running_context
@@ -360,7 +360,7 @@ class StreamingContext:
         before the batch runs, so recovery and failover read exactly the same entries. Records are
         ``(key, entry_id, fields)`` tuples (``fields`` a dict of str) or ``decoder(key, entry_id, fields)``.
         ``startFrom``: ``"earliest"``, ``"latest"`` or ``{key: id}`` (the entries after that id). See
-        :mod:`dstreams.nodes.redis_streams` for trimmed entries (``onTrimmed``), missing keys
+        :mod:`dstreams.redis.source` for trimmed entries (``onTrimmed``), missing keys
         (``missingKeys``) and an unreachable server. ``commitToGroup``: a consumer group whose position follows
         the completed batches, for monitoring tools (``XINFO GROUPS``; not what the stream resumes from).
         ``eventTimeFromIds``: ``"explicit"`` (producers use the event time in ms as the entry id) or

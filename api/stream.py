@@ -32,6 +32,7 @@ from dstreams.dead_letters import (
 )
 from dstreams.dead_letters import dead as dead_records
 from dstreams.dead_letters import good as good_records
+from dstreams.files.sink import save_text_exactly_once, save_to_store_exactly_once, sink_store_options
 from dstreams.node import DStreamNode
 from dstreams.nodes.auto_state import AutoRunningReduceNode, AutoTrackNode, AutoUpdateStateNode, AutoWindowNode
 from dstreams.nodes.output import OutputNode
@@ -54,8 +55,7 @@ from dstreams.records import (
     map_records,
     map_values,
 )
-from dstreams.recovery.redis_sink import DEFAULT_CHUNK_SIZE as DEFAULT_REDIS_CHUNK_SIZE
-from dstreams.recovery.sinks import save_text_exactly_once, save_to_store_exactly_once, sink_store_options
+from dstreams.redis.sink import DEFAULT_CHUNK_SIZE as DEFAULT_REDIS_CHUNK_SIZE
 from dstreams.spark.arrow import DEFAULT_BATCH_SIZE as DEFAULT_ARROW_BATCH_SIZE
 from dstreams.spark.arrow import arrow_batches_func
 from dstreams.spark.partitioned import checked_pairs, count_values, hash_partitioner, pre_combine, pre_reduce
@@ -878,10 +878,10 @@ class DStream(Generic[T_co]):
         (default: the checkpoint store's when that is an ``s3://`` location, else boto3's chain).
         A record the format cannot encode (``pickle`` refuses it) fails the batch; with ``onError="deadLetter"``
         it goes, exactly once, to ``_dead-letters-NNNNN.jsonl`` in the batch's folder instead
-        (:mod:`dstreams.recovery.sinks`).
+        (:mod:`dstreams.files.sink`).
         """
         ssc = self._ssc
-        from dstreams.recovery.sinks import FORMATS
+        from dstreams.files.sink import FORMATS
 
         if format not in FORMATS:
             raise ValueError(f"unknown output format {format!r}: choose one of {sorted(FORMATS)}")
@@ -915,7 +915,7 @@ class DStream(Generic[T_co]):
         re-run after a failure or a driver restart adds nothing twice and completes one cut off half-way. The
         key must have this sink as its only writer: entries another writer adds with higher ids fail the next
         batch with ``RedisStreamConflictError`` (never a silent loss). Read it with ``ssc.redisStream(key)``;
-        see :mod:`dstreams.recovery.redis_sink` for the details. Needs redis-py (``pip install
+        see :mod:`dstreams.redis.sink` for the details. Needs redis-py (``pip install
         'dstreams[redis]'``).
 
         A record that cannot be encoded, or whose entry is larger than ``maxEntryBytes`` (default: Redis's limit,
@@ -923,7 +923,7 @@ class DStream(Generic[T_co]):
         ``deadLetterKey`` (default ``"<key>:dead-letters"``: fields ``output, batch_ms, part, row, record, error``)
         and the rest of the batch is written.
         """
-        from dstreams.recovery.redis_sink import DEFAULT_MAX_ENTRY_BYTES, save_to_redis_stream
+        from dstreams.redis.sink import DEFAULT_MAX_ENTRY_BYTES, save_to_redis_stream
 
         ssc = self._ssc
         if not isinstance(key, str) or not key:
@@ -972,10 +972,10 @@ class DStream(Generic[T_co]):
         nothing. ``outputName`` (default: the table and the checkpoint location) names the commit records: give
         two outputs writing one table distinct names. The table must exist. ``onError="deadLetter"``: a record the
         table refuses (a constraint) goes, in the same transaction, to ``dstreams_sink_dead_letters`` (in the table's
-        schema) instead of failing the batch. See :mod:`dstreams.recovery.postgres_sink`. Needs psycopg 3
+        schema) instead of failing the batch. See :mod:`dstreams.postgres.sink`. Needs psycopg 3
         (``pip install 'dstreams[postgres]'``).
         """
-        from dstreams.recovery.postgres_sink import MODES, claim_at_start, resolve_target, save_to_postgres
+        from dstreams.postgres.sink import MODES, claim_at_start, resolve_target, save_to_postgres
 
         ssc = self._ssc
         if mode not in MODES:

@@ -27,7 +27,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "postgres_sink.json"
 
 
 def _strategies(dsn: str, table: str) -> dict[str, Callable[[Any, int], None]]:
-    from dstreams.recovery import postgres_sink as ps
+    from dstreams.postgres import sink as ps
     from dstreams.recovery.retry import RetryPolicy
 
     target = ps.resolve_target(dsn, table, "append", None, None, "bench")

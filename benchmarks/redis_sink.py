@@ -40,9 +40,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "redis_sink.json"
 
 
 def _strategies(url: str, partitions: int) -> dict[str, Callable[[Any, int, str], None]]:
-    from dstreams.nodes.redis_streams import client
-    from dstreams.recovery.redis_sink import encode_partition, save_to_redis_stream, write_chunk
     from dstreams.recovery.retry import RetryPolicy
+    from dstreams.redis.sink import encode_partition, save_to_redis_stream, write_chunk
+    from dstreams.redis.source import client
 
     policy = RetryPolicy(total_seconds=0)
 
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     args = sink_bench.parse_args("python -m benchmarks.redis_sink", __doc__.splitlines()[0], "url",
                                  os.environ.get("DSTREAMS_TEST_REDIS_URL", "redis://127.0.0.1:6390/0"), argv)
 
-    from dstreams.nodes.redis_streams import client
+    from dstreams.redis.source import client
     from dstreams.spark.sparkconf import create_spark_context
 
     sc = create_spark_context("local[2]", "redis-sink-bench", None)

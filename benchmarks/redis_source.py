@@ -11,7 +11,7 @@ Contract:
 * **Per-entry costs** (one Python process, no Spark; :func:`probe`): ``--probe-entries`` 100-byte lines
   written to a scratch stream key, then per entry, median of ``--repeat`` passes: making the lines
   (:func:`dstreams.nodes.generator.text_records`, what the generator source does); dstreams' executor
-  read (:func:`dstreams.nodes.redis_streams.read_range`: ``XRANGE`` chunks of ``READ_CHUNK`` through
+  read (:func:`dstreams.redis.source.read_range`: ``XRANGE`` chunks of ``READ_CHUNK`` through
   redis-py, then :func:`line_of`); redis-py's RESP parser alone (bytes, no response callback); the
   replies' bytes off a raw socket, unparsed (the server and the transport); the server's own time of
   those ``XRANGE`` calls and of the driver's range-fixing script (``INFO commandstats`` differences).
@@ -58,8 +58,8 @@ from urllib.parse import unquote, urlsplit
 from pyspark import SparkContext
 
 from dstreams.nodes.generator import text_records
-from dstreams.nodes.redis_streams import _LIMIT_SCRIPT, READ_CHUNK, read_range
 from dstreams.records import consume
+from dstreams.redis.source import _LIMIT_SCRIPT, READ_CHUNK, read_range
 
 from .engines import Plan, Sample, _wait
 from .memory import PeakMemory
@@ -357,7 +357,7 @@ class RedisTrials:
     One trial: ``ssc.redisStream(keys, url, startFrom="earliest", maxRatePerPartition=rate / len(keys))
     .map(line_of)`` and the workload's ``build``; samples from ``ssc.batchInfos()`` as the generator's
     trial takes them, each with its record count and the driver's time building it (``generation_ms``:
-    fixing the batch's ranges, :mod:`dstreams.nodes.redis_streams`). Every batch holds ``len(keys) *
+    fixing the batch's ranges, :mod:`dstreams.redis.source`). Every batch holds ``len(keys) *
     limit`` entries while the written ones last; the first batch holding fewer ends the trial's samples
     and the trial, and its rate goes to :attr:`ran_out`.
     """

@@ -14,7 +14,7 @@ Contract (the engine's ``dstreams.contracts.Checkpointer``):
   checkpoint (same partitioner, partition ``i`` from part ``i``; ``node.adopt_checkpoint``) and
   then calls :meth:`StoreCheckpointer.adopted`: later batches build on it, so lineage reaches back
   at most to the newest committed checkpoint. The metadata log records the newest checkpoint from there.
-* The fence is checked before anything destructive, as the sinks do (:mod:`.sinks`): before a write's tasks
+* The fence is checked before anything destructive, as the sinks do (:mod:`dstreams.files.sink`): before a write's tasks
   write its parts (they would replace the parts the new owner wrote for the same checkpoint), before its
   manifest, and before old checkpoints are deleted (the new owner may have restored from one). A driver that
   another one took over from (fencing) never commits, replaces or deletes a checkpoint, but for one paused

@@ -7,11 +7,11 @@ kill itself with SIGKILL the n-th time it reaches ``<point>``:
 * ``checkpoint-write`` – a data checkpoint's parts are written but its manifest is not;
 * ``after-metadata-commit`` – right after a conditional write of the metadata head;
 * ``sink-write`` – an exactly-once sink found its batch not committed and is about to write it (its fence
-  check passed: the next step may overwrite or delete; :mod:`.sinks`);
-* ``redis-sink-chunk`` – ``saveToRedisStream`` added a chunk of a batch's entries (:mod:`.redis_sink`): with
+  check passed: the next step may overwrite or delete; :mod:`dstreams.files.sink`);
+* ``redis-sink-chunk`` – ``saveToRedisStream`` added a chunk of a batch's entries (:mod:`dstreams.redis.sink`): with
   ``_AFTER=n``, a kill with the batch's first n chunks in the stream and the rest not;
 * ``postgres-sink-commit`` – ``saveToPostgres`` staged a batch and is inside its commit transaction, before the
-  rows are moved (:mod:`.postgres_sink`).
+  rows are moved (:mod:`dstreams.postgres.sink`).
 
 ``DSTREAMS_FAULT_PAUSE=<point>`` with ``DSTREAMS_FAULT_PAUSE_AFTER=<n>`` (default 1) makes the driver stop
 itself with SIGSTOP the n-th time (only that time) it reaches ``<point>``, after writing

@@ -1,7 +1,8 @@
-"""The composition root: builds and wires one running context's driver runtime.
+"""The driver runtime's wiring: the recovery layer's part of a started context.
 
-``StreamingContext.start()`` calls :meth:`DriverRuntime.build` once, and :meth:`DriverRuntime.stop`
-at stop; nothing else in the code base creates these objects or sets one on another. Wiring, in
+The composition root is :class:`dstreams.api.driver.StartedDriver` (``StreamingContext.start()`` builds one);
+it calls :meth:`DriverRuntime.build` once, and :meth:`DriverRuntime.stop` at stop; nothing else in the code base
+creates these objects or sets one on another. Wiring, in
 construction order (every dependency goes in through a constructor):
 
 1. with a checkpoint location, the **graph** is serialized first (a user function that cannot be

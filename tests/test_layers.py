@@ -1,8 +1,10 @@
 """The layering rule of docs/internals/architecture.md, enforced on the imports.
 
 * engine modules (``dstreams/``: the streaming model and its Spark plumbing ``dstreams/spark/``) import neither
-  ``dstreams.api`` nor ``dstreams.recovery``;
-* ``recovery/`` does not import ``dstreams.api``;
+  ``dstreams.api`` nor ``dstreams.recovery`` nor a connector;
+* ``recovery/`` imports neither ``dstreams.api`` nor a connector;
+* the connectors (:data:`CONNECTORS`: each external system's source, sink and exactly-once protocol in one package)
+  may import the engine and recovery, not ``dstreams.api``; the api imports them;
 * **the streaming model reaches the Spark plumbing through a named interface only**: modules of ``dstreams/``
   (outside ``dstreams/spark/``), ``dstreams/nodes/`` and ``recovery/`` import of ``dstreams.spark`` only
   :data:`SPARK_INTERFACE` (``dstreams.spark.partitioned``: partitioning and the shuffle/combine data path;
@@ -44,6 +46,8 @@ FOLDERS = {"dstreams": "dstreams", "api": "dstreams.api", "recovery": "dstreams.
            "examples": "dstreams.examples"}
 #: Applications of the library (the demo: the README's first command), not part of it.
 APPLICATIONS = ("dstreams.examples", "dstreams.testing")
+#: The connectors: one package per external system, holding its source, its sink and its exactly-once protocol.
+CONNECTORS = ("dstreams.kafka", "dstreams.redis", "dstreams.postgres", "dstreams.files")
 #: The Spark plumbing's package and the modules of it the streaming model and recovery may import.
 SPARK = "dstreams.spark"
 SPARK_INTERFACE = {SPARK, f"{SPARK}.partitioned", f"{SPARK}.jvm"}
@@ -126,6 +130,8 @@ def _layer(module: str) -> str:
         return "api"
     if _in(module, "dstreams.recovery"):
         return "recovery"
+    if _in(module, CONNECTORS):
+        return "connectors"
     return "engine"
 
 
@@ -141,10 +147,12 @@ def test_layers_import_only_downwards():
             if _in(imported, APPLICATIONS):
                 violations.append(f"{module} imports {imported} (an application: nothing of the library may)")
             target = _layer(imported)
-            if layer == "engine" and target in ("api", "recovery"):
+            if layer == "engine" and target in ("api", "recovery", "connectors"):
                 violations.append(f"{module} (engine) imports {imported} ({target})")
-            if layer == "recovery" and target == "api":
-                violations.append(f"{module} (recovery) imports {imported} (api)")
+            if layer == "recovery" and target in ("api", "connectors"):
+                violations.append(f"{module} (recovery) imports {imported} ({target})")
+            if layer == "connectors" and target == "api":
+                violations.append(f"{module} (connectors) imports {imported} (api)")
     assert not violations, "layering rule broken (see docs/internals/architecture.md):\n" + "\n".join(violations)
 
 

@@ -253,7 +253,7 @@ def test_poison_records_go_to_their_dead_letters_exactly_once_through_kills(
     dead_redis = out.stream("out:dead-letters")
     refused = [tuple(json.loads(f["record"])[c] for c in ("src", "id")) for _eid, f in dead_redis]
     assert sorted(refused) == sorted(by_kind["redis"]), "each record too large once in the dead letters"
-    from dstreams.recovery.redis_sink import encode_record
+    from dstreams.redis.sink import encode_record
 
     for eid, f in dead_redis:
         record = json.loads(f["record"])

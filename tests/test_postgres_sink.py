@@ -14,8 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dstreams import ManualClock, StreamingContext
-from dstreams.recovery.metadata import FencedError
-from dstreams.recovery.postgres_sink import (
+from dstreams.postgres.sink import (
     PostgresSinkError,
     claim_output,
     commit_batch,
@@ -24,6 +23,7 @@ from dstreams.recovery.postgres_sink import (
     session_name,
     stage_partition,
 )
+from dstreams.recovery.metadata import FencedError
 from dstreams.recovery.retry import RetryPolicy
 from dstreams.testing import manual_context, run_batches
 
@@ -101,7 +101,7 @@ def test_staged_rows_lost_before_the_commit_are_staged_again_not_committed_short
     and the write stages the batch again."""
     import psycopg
 
-    from dstreams.recovery import postgres_sink
+    from dstreams.postgres import sink as postgres_sink
 
     dsn, schema = pg
     target = resolve_target(dsn, f"{schema}.words", "append", None, ["word", "n"], "out")
@@ -254,7 +254,7 @@ def test_a_connection_lost_in_the_commit_is_retried_and_commits_once(sc, pg, mon
     finds the commit record, adds nothing, and still counts the rows as written by this write."""
     import psycopg
 
-    from dstreams.recovery import postgres_sink
+    from dstreams.postgres import sink as postgres_sink
 
     dsn, schema = pg
     target = resolve_target(dsn, f"{schema}.words", "append", None, ["word", "n"], "out")
@@ -409,7 +409,7 @@ def test_a_claim_at_start_rides_out_a_server_that_does_not_answer():
     policy, as the commit does, and then says the store is unavailable, rather than failing ``start()`` at once."""
     import socket
 
-    from dstreams.recovery.postgres_sink import PostgresTarget, claim_at_start
+    from dstreams.postgres.sink import PostgresTarget, claim_at_start
     from dstreams.recovery.store.errors import StoreUnavailableError
 
     with socket.socket() as s:  # a port nobody listens on

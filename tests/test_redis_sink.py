@@ -13,7 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dstreams import ManualClock, StreamingContext
-from dstreams.recovery.redis_sink import (
+from dstreams.recovery.retry import RetryPolicy
+from dstreams.redis.sink import (
     STRIDE,
     RedisStreamConflictError,
     _chunks,
@@ -78,7 +79,7 @@ def test_refused_records_go_once_to_the_dead_letter_stream_through_a_cut_write_a
     """Issue 44: an entry too large and a value Redis cannot hold go to ``<key>:dead-letters`` with the ids they
     would have had, the rest of the batch to the key; a write cut after the dead letters and two re-runs add
     nothing twice."""
-    from dstreams.nodes.redis_streams import client
+    from dstreams.redis.source import client
 
     key, dead_key = f"{redis_prefix}dl", f"{redis_prefix}dl:dead-letters"
     records = [{"i": 0}, {"i": 1, "blob": "x" * 500}, {"i": 2}, {"i": [3]}, {"i": 4}]
@@ -121,7 +122,7 @@ def test_a_rerun_batch_adds_nothing(sc, redis_url, redis_client, redis_prefix):
 
 def test_a_write_cut_off_half_way_is_completed_without_duplicates(sc, redis_url, redis_client, redis_prefix):
     """Partition 0 and part of partition 1 of the batch written, then the driver died: the re-run adds the rest."""
-    from dstreams.nodes.redis_streams import client
+    from dstreams.redis.source import client
 
     key = f"{redis_prefix}partial"
     rdd = sc.parallelize([{"i": i} for i in range(9)], 3)

@@ -383,7 +383,8 @@ def test_a_slow_consumer_group_update_does_not_delay_batch_generation(sc, redis_
 
 
 def test_the_group_writer_coalesces_logs_a_failed_update_and_stops_with_what_is_pending(caplog):
-    from dstreams.nodes.redis_streams import GroupPositionWriter
+    from dstreams.nodes.group_positions import GroupPositionWriter
+    from dstreams.redis.source import id_after
 
     moved: list[tuple[str, str]] = []
     entered, gate = threading.Event(), threading.Event()
@@ -395,7 +396,7 @@ def test_the_group_writer_coalesces_logs_a_failed_update_and_stops_with_what_is_
             raise ConnectionError("injected: Redis went away")
         moved.append((key, entry_id))
 
-    writer = GroupPositionWriter("test-group-writer", move, "consumer group 'g'")
+    writer = GroupPositionWriter("test-group-writer", move, "consumer group 'g'", newer=id_after)
     try:
         writer.offer({"k": "1-0"})
         assert entered.wait(30)  # the update of k hangs ...

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from dstreams import ManualClock, StreamingContext
-from dstreams.nodes.files import split_lines
+from dstreams.files.source import split_lines
 from dstreams.recovery.store import open_store
 from dstreams.testing import collect, manual_context, run_batches
 

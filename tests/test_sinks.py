@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dstreams.recovery.sinks import SUCCESS, save_text_exactly_once
+from dstreams.files.sink import SUCCESS, save_text_exactly_once
 from dstreams.recovery.store import open_store
 from dstreams.testing import manual_context, run_batches
 
@@ -102,7 +102,7 @@ def test_save_to_store_writes_each_batch_once_as_json_lines(sc):
 def test_save_to_store_leaves_a_committed_batch_alone_and_rewrites_a_partial_one(sc, tmp_path):
     import pickle
 
-    from dstreams.recovery.sinks import save_to_store_exactly_once
+    from dstreams.files.sink import save_to_store_exactly_once
 
     target = str(tmp_path / "out" / "000000000001000")
     assert save_to_store_exactly_once(sc.parallelize([1, 2, 3], 2), target, format="pickle") is True
@@ -144,8 +144,8 @@ def test_store_specs_of_one_bucket_share_one_client_and_nothing_accumulates():
 
 
 def test_sinks_report_the_records_they_commit_once(sc, tmp_path):
+    from dstreams.files.sink import save_to_store_exactly_once
     from dstreams.output_records import counting
-    from dstreams.recovery.sinks import save_to_store_exactly_once
 
     rdd = sc.parallelize(range(10), 3)
     with counting() as local:
@@ -217,8 +217,8 @@ def _sink_location(kind: str, tmp_path) -> tuple[str, dict]:
 
 @pytest.mark.parametrize("kind", ["local", "moto", "rgw"])
 def test_zombie_store_sink_is_fenced_before_it_touches_the_owners_parts(sc, tmp_path, kind):
+    from dstreams.files.sink import save_to_store_exactly_once
     from dstreams.recovery.metadata import FencedError
-    from dstreams.recovery.sinks import save_to_store_exactly_once
 
     location, options = _sink_location(kind, tmp_path)
     zombie, owner = _two_drivers(f"{location}/ckpt", options)
@@ -262,7 +262,7 @@ def _commits_at_call(n: int, commit) -> Callable[[], None]:
 @pytest.mark.parametrize("call", [1, 2])
 @pytest.mark.parametrize("kind", ["local", "moto"])
 def test_store_sink_never_deletes_a_batch_committed_after_its_fence_check(sc, tmp_path, kind, call):
-    from dstreams.recovery.sinks import SUCCESS, save_to_store_exactly_once
+    from dstreams.files.sink import SUCCESS, save_to_store_exactly_once
 
     location, options = _sink_location(kind, tmp_path)
     target = f"{location}/out/000000000001000"
@@ -298,14 +298,14 @@ def test_local_sink_never_removes_a_folder_committed_after_its_fence_check(sc, t
 
 
 def _staged(parent) -> list[str]:
-    from dstreams.recovery.sinks import STAGING
+    from dstreams.files.sink import STAGING
 
     staging = parent / STAGING
     return sorted(os.listdir(staging)) if staging.exists() else []
 
 
 def test_local_sink_stages_its_write_and_clears_what_killed_writers_left(sc, tmp_path):
-    from dstreams.recovery.sinks import STAGING
+    from dstreams.files.sink import STAGING
 
     out = tmp_path / "out"
     # What a driver killed between its write and its commit left:
@@ -333,7 +333,7 @@ def test_save_to_store_routes_a_record_its_format_refuses_once_or_fails_naming_t
     import json
     import pickle
 
-    from dstreams.recovery.sinks import save_to_store_exactly_once
+    from dstreams.files.sink import save_to_store_exactly_once
 
     records = [1, "bad", 3, 4]
     with manual_context(1, sc=sc) as ssc:

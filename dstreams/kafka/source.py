@@ -53,8 +53,8 @@ from pyspark import RDD
 from .. import config
 from ..contracts import SourceUnavailableError
 from ..dead_letters import DEAD, GOOD
+from ..nodes.group_positions import GROUP_WRITER_STOP_S, GroupPositionWriter
 from ..nodes.input import InputNode
-from ..nodes.redis_streams import GROUP_WRITER_STOP_S, GroupPositionWriter
 from ..time import BatchTime
 from .errors import SKIP_LOST_HOW, KafkaDataLossError
 from .offsets import OffsetRange, TopicAndPartition, share_by_lag, split_ranges

@@ -72,11 +72,10 @@ from pyspark import RDD
 
 from dstreams.errors import DStreamsError
 from dstreams.output_records import add_written
-
-from . import faults
-from .metadata import FencedError
-from .retry import RetryPolicy
-from .store.errors import TransientStoreError
+from dstreams.recovery import faults
+from dstreams.recovery.metadata import FencedError
+from dstreams.recovery.retry import RetryPolicy
+from dstreams.recovery.store.errors import TransientStoreError
 
 log = logging.getLogger(__name__)
 

@@ -56,10 +56,9 @@ from pyspark import RDD
 
 from dstreams.errors import DStreamsError
 from dstreams.output_records import add_written
-
-from . import faults
-from .retry import RetryPolicy
-from .store.errors import TransientStoreError
+from dstreams.recovery import faults
+from dstreams.recovery.retry import RetryPolicy
+from dstreams.recovery.store.errors import TransientStoreError
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +283,7 @@ def save_to_redis_stream(rdd: RDD, batch_ms: int, url: str, key: str, fields: Fi
     """Write the records of ``rdd`` (batch ``batch_ms``) to the stream ``key`` at ``url`` exactly once (see the
     module docstring); returns the entries added (0 when the batch was already written). With ``dead_letter_key``
     the records refused go there (module docstring, "Refused records")."""
-    from dstreams.nodes.redis_streams import client as redis_client
+    from .source import client as redis_client
 
     output = f"saveToRedisStream({key})"
     encoded = rdd.mapPartitionsWithIndex(encode_partition(

@@ -43,15 +43,15 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD
 
-from .. import config
-from ..contracts import ObjectStoreLocation
-from ..rate import RateSettings
-from ..time import BatchTime
-from .input import InputNode
+from dstreams import config
+from dstreams.contracts import ObjectStoreLocation
+from dstreams.nodes.input import InputNode
+from dstreams.rate import RateSettings
+from dstreams.time import BatchTime
 
 if TYPE_CHECKING:
-    from ..graph import DStreamGraph
-    from ..listener import BatchInfo
+    from dstreams.graph import DStreamGraph
+    from dstreams.listener import BatchInfo
 
 _LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 #: At most this many partitions (tasks) when reading a store prefix's objects.

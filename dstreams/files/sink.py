@@ -86,10 +86,9 @@ from pyspark import RDD
 from dstreams.errors import failed_in_jvm_with
 from dstreams.output_records import add_written
 from dstreams.pickling import dumps
-
-from . import faults
-from .store import is_store_url, local_path
-from .storespec import StoreSpec
+from dstreams.recovery import faults
+from dstreams.recovery.store import is_store_url, local_path
+from dstreams.recovery.storespec import StoreSpec
 
 SUCCESS = "_SUCCESS"
 
