@@ -122,7 +122,8 @@ class DStreamNode:
     def later_params(self) -> dict[int, list[str]]:
         """More topology parameters, described after :meth:`describe_params` (keyed by when they joined the
         fingerprint; every one is described: there is one fingerprint format). Kept only until the two sources
-        that override it (``dstreams/files/source.py``, ``dstreams/nodes/generator.py``) list theirs in :meth:`describe_params`."""
+        that override it (``dstreams/files/source.py``, ``dstreams/nodes/generator.py``) list theirs in
+        :meth:`describe_params`."""
         return {}
 
     # ----------------------------------------------------------------- the persistence contract

@@ -22,7 +22,6 @@ from dstreams.redis.sink import (
     save_to_redis_stream,
     write_chunk,
 )
-from dstreams.recovery.retry import RetryPolicy
 from dstreams.testing import collect, manual_context, run_batches
 
 pytestmark = pytest.mark.redis
