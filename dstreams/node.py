@@ -111,20 +111,12 @@ class DStreamNode:
 
     def describe(self) -> str:
         """The node's parameters that define the topology and its results, for the graph fingerprint: the slide,
-        then :meth:`describe_params` (and what a subclass still lists in :meth:`later_params`)."""
-        later = [p for _, params in sorted(self.later_params().items()) for p in params]
-        return " ".join([f"slide={self.slide_duration.ms}", *self.describe_params(), *later])
+        then :meth:`describe_params`."""
+        return " ".join([f"slide={self.slide_duration.ms}", *self.describe_params()])
 
     def describe_params(self) -> list[str]:
         """Topology parameters beyond the slide (``window=30000``, ``partitions=4``...); subclasses add theirs."""
         return []
-
-    def later_params(self) -> dict[int, list[str]]:
-        """More topology parameters, described after :meth:`describe_params` (keyed by when they joined the
-        fingerprint; every one is described: there is one fingerprint format). Kept only until the two sources
-        that override it (``dstreams/files/source.py``, ``dstreams/nodes/generator.py``) list theirs in
-        :meth:`describe_params`."""
-        return {}
 
     # ----------------------------------------------------------------- the persistence contract
     # What a node records in the metadata log and restores from after a driver restart (as Spark's

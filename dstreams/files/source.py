@@ -96,8 +96,6 @@ class FileInputNode(InputNode):
     store prefix instead of the local folder ``directory``; the api layer opens it for store URLs.
     ``max_files_per_batch`` bounds the new files of a batch (None: the conf's setting, else unbounded)."""
 
-    #: The argument; a class default so that a graph checkpointed before it existed still loads.
-    max_files_per_batch: int | None = None
     #: The bound in force, resolved at ``start()``.
     _files_limit: int | None = None
 
@@ -121,13 +119,8 @@ class FileInputNode(InputNode):
         self._spec = store
         self._init_files_rate()
 
-    def later_params(self) -> dict[int, list[str]]:
-        return {2: [f"dir={self.directory}", f"recordLength={self.record_length}"]}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        if "_taken" not in state:  # a graph checkpointed before file backpressure existed
-            self._init_files_rate()
+    def describe_params(self) -> list[str]:
+        return [f"dir={self.directory}", f"recordLength={self.record_length}"]
 
     def _init_files_rate(self) -> None:
         #: Files taken per batch time (ms), what backpressure learns from.

@@ -114,9 +114,8 @@ class GeneratorInputNode(InputNode):
         self.record_func: RecordFunc = record_func or text_records
         self._base: RDD | None = None
 
-    def later_params(self) -> dict[int, list[str]]:
-        return {2: [f"records={self.records_per_partition}", f"partitions={self.num_partitions}",
-                    f"seed={self.seed}"]}
+    def describe_params(self) -> list[str]:
+        return [f"records={self.records_per_partition}", f"partitions={self.num_partitions}", f"seed={self.seed}"]
 
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "_base": None}

@@ -262,9 +262,6 @@ class RedisStreamsInputNode(InputNode):
         self.added: dict[str, int] = {}
         self._restored = False
 
-    #: Class defaults, so that a graph checkpointed before the options existed still loads.
-    commit_to_group: str | None = None
-    event_time_from_ids: str | None = None
     #: With ``commitToGroup``, the thread that moves the groups (made by ``start()``, stopped by ``stop()``).
     _group_writer: GroupPositionWriter | None = None
 
@@ -272,13 +269,7 @@ class RedisStreamsInputNode(InputNode):
         state = super().__getstate__()
         state.update(_next_caps={}, _caught_up={})  # per run: a restored graph starts without them
         state.pop("_group_writer", None)  # a thread: each run starts its own
-        state.pop("_group_positions", None)  # what graphs stored before the writer existed kept here
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        state.setdefault("_next_caps", {})  # a graph checkpointed before eventTimeFromIds existed
-        state.setdefault("_caught_up", {})
-        self.__dict__.update(state)
 
     def event_time_watermark(self, time: BatchTime) -> int | None:
         """With ``eventTimeFromIds``: the minimum over keys of how far the batch before ``time`` read them
