@@ -11,21 +11,23 @@ idle key. The two cost the same when the state holds about ten times the keys a 
 
 Contract:
 
-* A stream starts on the RDD state: its RDD at ``t`` is the state itself, as :class:`~.state.RunningReduceNode`'s
-  or :class:`~.state.UpdateStateNode`'s, and each partition's merge also reports (an accumulator) the keys of
-  its state and the keys the batch touched as the store would touch them (:meth:`AutoStateNode.touch_counter`:
-  the keys of the batch's records; for ``track`` also the keys that timed out, ended or fired a timer,
-  :func:`track_touched`).
+* One node for every operator (the operator's step is :class:`~.keyed.KeyedOp`'s, the same on both sides). A
+  stream starts on the RDD state: its RDD at ``t`` is the state itself (:func:`~.state.rdd_state`), and each
+  partition also reports (an accumulator) the keys of its state and the keys the batch touched as the store would
+  touch them (:meth:`~.keyed.KeyedOp.touched`: the keys with values; for ``track`` also the keys that timed out,
+  ended or fired a timer).
 * When the driver builds a new batch, it reads the newest reports: once every partition has reported and the
   state holds at least ``spark.dstreams.state.autoKeys`` keys and :data:`TOUCH_RATIO` times the most keys one of
   the last :data:`WINDOW` batches touched, the largest of them left out (:func:`should_move`,
   :func:`typical_touched`), the stream moves to the store at that batch
   (:attr:`AutoStateNode.switched_at`) and stays there. That batch loads the RDD state of the batch before into
   each partition's store (as an initial state is loaded: :meth:`PartitionStore.ensure_base`) and applies itself;
-  from there on the node is its store-backed class. Batches before ``switched_at`` are RDD states, batches at
+  from there on the node is the store's (:class:`~.store_state.StoreStateNode`). Batches before ``switched_at`` are RDD states, batches at
   or after it store handles, in every rebuild (a lineage cut, a retry, a restart's replay).
 * Both hold the same state, so the outputs are the same whenever the move happens: the move is not recorded in
-  the metadata log. Checkpoints carry it: every checkpoint is written in the store's format (one before the
+  the metadata log. Where the two layouts of an operator differ (plain ``track``, event windows), the operator's
+  ``to_store``/``from_store`` convert. Checkpoints carry the move: every checkpoint is written in the store's
+  format (one before the
   move is a snapshot of the RDD state's pairs as they are, :data:`~dstreams.statestore.PAIRS_SNAPSHOT`, which the
   store's chain reader takes as a base), its manifest's ``state.auto.switched_at`` says when the stream moved
   (None: not yet), and a restarted driver resumes in the representation its checkpoint was written in

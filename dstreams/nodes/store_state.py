@@ -1,10 +1,8 @@
-"""Store-backed state streams: the state lives in the executor state store (:mod:`dstreams.statestore`).
+"""The executor store backend: a keyed operator's state in the executor state store (:mod:`dstreams.statestore`).
 
-Chosen with ``spark.dstreams.state.store=executor`` for ``runningReduce`` and ``updateStateByKey`` (here), ``track``
-(:mod:`.store_track`), incremental windows (:mod:`.store_window`), event-time windows and sessions
-(:mod:`.store_event_window`): each a subclass of :class:`StoreStateNode` giving what a batch does to a partition's
-store (:meth:`StoreStateNode.updater` or :meth:`StoreStateNode.batch_plan`) and, for deadlines, an
-:meth:`StoreStateNode.indexer`. Two nodes:
+Chosen with ``spark.dstreams.state.store=executor`` (and by ``auto`` once a state moves) for every keyed operator
+(:class:`~.keyed.KeyedOp`): the operator's step runs on the keys a batch touches and the due ones
+(:func:`~.keyed.store_partition`, the deadlines in the store's index). Two nodes:
 
 * :class:`StoreStateNode` (internal) owns the chain of **handle** RDDs. Partition ``p`` of the handle at
   ``t`` applies batch ``t``'s records of partition ``p`` to the partition's store (reading and writing only the
