@@ -22,8 +22,9 @@ Contract:
   :func:`typical_touched`), the stream moves to the store at that batch
   (:attr:`AutoStateNode.switched_at`) and stays there. That batch loads the RDD state of the batch before into
   each partition's store (as an initial state is loaded: :meth:`PartitionStore.ensure_base`) and applies itself;
-  from there on the node is the store's (:class:`~.store_state.StoreStateNode`). Batches before ``switched_at`` are RDD states, batches at
-  or after it store handles, in every rebuild (a lineage cut, a retry, a restart's replay).
+  from there on the node is the store's (:class:`~.store_state.StoreStateNode`). Batches before ``switched_at``
+  are RDD states, batches at or after it store handles, in every rebuild (a lineage cut, a retry, a restart's
+  replay).
 * Both hold the same state, so the outputs are the same whenever the move happens: the move is not recorded in
   the metadata log. Where the two layouts of an operator differ (plain ``track``, event windows), the operator's
   ``to_store``/``from_store`` convert. Checkpoints carry the move: every checkpoint is written in the store's
