@@ -32,8 +32,6 @@ from ..time import BatchTime, Duration
 from .keyed import KeyedOp, KeyStep
 from .windowed import check_window
 
-_MISSING = object()
-
 if TYPE_CHECKING:
     from ..graph import DStreamGraph
 
@@ -79,40 +77,46 @@ class IncrementalWindow(KeyedOp):
         return [*old, *new] if old or new else None
 
     def grouper(self, node: Any, time: BatchTime) -> Callable[[list[list[Any]]], dict[Any, Any]]:
+        """Per key, ``(left, entered)``: each a 1-tuple holding the reduce of the batches that left (entered) the
+        window, or ``()`` (no sentinel object: the step runs in another process than the one that built it)."""
         leaving, func = len(self._slices(node, time)[0]), self.func
 
         def group(segments: list[list[Any]]) -> dict[Any, Any]:
             left, entered = reduce_segments(func, segments[:leaving]), reduce_segments(func, segments[leaving:])
-            return {k: (left.get(k, _MISSING), entered.get(k, _MISSING)) for k in (*left, *entered)}
+            return {k: ((left[k],) if k in left else (), (entered[k],) if k in entered else ())
+                    for k in (*left, *entered)}
 
         return group
 
     def step(self, node: Any, time: BatchTime) -> KeyStep:
+        """``(key, (value,) or None, (left, entered)) -> (value,) or None``: the window's value boxed, as a window
+        may reduce to None."""
         func, inv, keep = self.func, self.inv_func, self.filter_func
 
-        def step(k: Any, value: Any, values: tuple[Any, Any]) -> Any:
+        def step(k: Any, entry: Any, values: tuple[tuple[Any, ...], tuple[Any, ...]]) -> Any:
             left, entered = values
-            if value is not _MISSING:
-                if left is not _MISSING:
-                    value = inv(value, left)
-                if entered is not _MISSING:
-                    value = func(value, entered)
-            elif entered is not _MISSING:
-                value = entered
+            if entry is not None:
+                value = entry[0]
+                if left:
+                    value = inv(value, left[0])
+                if entered:
+                    value = func(value, entered[0])
+            elif entered:
+                value = entered[0]
             else:
-                return _MISSING  # left a window it was not in (filtered out earlier)
-            return value if keep is None or keep((k, value)) else _MISSING
+                return None  # left a window it was not in (filtered out earlier)
+            return (value,) if keep is None or keep((k, value)) else None
 
         return step
 
     def apply(self, step: KeyStep, entries: dict[Any, Any], batch: dict[Any, Any], keys: Iterable[Any]) -> None:
-        """The step with a missing value told from a value of None (a window may reduce to None)."""
+        """The step on boxed values (the state holds them unboxed)."""
         for k in keys:
-            value = step(k, entries.get(k, _MISSING), batch[k])
-            if value is _MISSING:
+            new = step(k, (entries[k],) if k in entries else None, batch[k])
+            if new is None:
                 entries.pop(k, None)
             else:
-                entries[k] = value
+                entries[k] = new[0]
 
 
 class ReducedWindowNode(OneParentNode):
