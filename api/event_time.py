@@ -246,23 +246,12 @@ class TimedDStream(DStream[T_co]):
                     invFunc: Callable[[Any, Any], Any] | None, w: Duration, s: Duration, emit: str, part: Any,
                     keyed: bool, late: Callable[[], DStreamNode]) -> EventWindowView[Any]:
         """The event-window operator over ``timed`` on the state backend in force."""
-        from dstreams.nodes.event_window import EventWindowNode, emitted_windows
+        from dstreams.nodes.event_window import EventWindow, emitted_windows, written
 
-        store, auto = self._state_store(), self._auto_state()
-        if store is not None or auto is not None:
-            from dstreams.nodes.auto_state import AutoEventWindowNode
-            from dstreams.nodes.store_event_window import StoreEventWindowNode, written
-
-            graph = timed.graph
-            if store is not None:
-                state = StoreEventWindowNode(graph, timed, func, invFunc, w, s, emit, part, *store)
-            else:
-                assert auto is not None, "this branch runs when the store or auto backend is in force"
-                state = AutoEventWindowNode(graph, timed, func, invFunc, w, s, emit, part, *auto)
-            view = StateViewNode(graph, state)
-            return EventWindowView(view, written(emitted_windows(w.ms, s.ms, keyed=keyed)), "eventWindows",
-                                   self._ssc, late, source=StateChangesNode(graph, view))
-        node = EventWindowNode(timed.graph, timed, func, invFunc, w, s, emit, part)
+        node = self._state_node(EventWindow(func, invFunc, w, s, emit), part, parent=timed)
+        if isinstance(node, StateViewNode):
+            return EventWindowView(node, written(emitted_windows(w.ms, s.ms, keyed=keyed)), "eventWindows",
+                                   self._ssc, late, source=StateChangesNode(node.graph, node))
         return EventWindowView(node, emitted_windows(w.ms, s.ms, keyed=keyed), "eventWindows", self._ssc, late)
 
     def reduceByEventWindow(self: TimedDStream[T], reduceFunc: Callable[[T, T], T], windowDuration: DurationLike,
@@ -327,23 +316,15 @@ class TimedDStream(DStream[T_co]):
         ``GuardedAggregate``, whose failed sessions the view leaves out (``_all_sessions`` is the node of every
         emitted session, failed ones included)."""
         from dstreams.dead_letters import sessions_without_failures
-        from dstreams.nodes.event_window import SessionWindowNode, emitted_sessions
+        from dstreams.nodes.event_window import SessionWindow, emitted_sessions, written
 
         graph = self._timed.graph
         emitted: Callable[[Iterable[Any]], Iterator[Any]] = emitted_sessions
         if guarded:
             emitted = lambda it: sessions_without_failures(emitted_sessions(it))  # noqa: E731
-        store, auto = self._state_store(), self._auto_state()
-        if store is not None or auto is not None:
-            from dstreams.nodes.auto_state import AutoSessionWindowNode
-            from dstreams.nodes.store_event_window import StoreSessionWindowNode, written
-
-            if store is not None:
-                state = StoreSessionWindowNode(graph, self._timed, g, aggregate, part, *store)
-            else:
-                assert auto is not None, "this branch runs when the store or auto backend is in force"
-                state = AutoSessionWindowNode(graph, self._timed, g, aggregate, part, *auto)
-            view = StateViewNode(graph, state)
+        node = self._state_node(SessionWindow(g, aggregate), part, parent=self._timed)
+        if isinstance(node, StateViewNode):
+            view = node
             changes = StateChangesNode(graph, view)
             late_written, all_written = written(late), written(emitted_sessions)
             out = EventWindowView(view, written(emitted), "sessions", self._ssc,
@@ -354,7 +335,6 @@ class TimedDStream(DStream[T_co]):
                 out._all_sessions = TransformedNode(graph, [changes],
                                                     lambda rdds, t: rdds[0].mapPartitions(all_written), "sessions")
             return out
-        node = SessionWindowNode(graph, self._timed, g, aggregate, part)
         out = EventWindowView(node, emitted, "sessions", self._ssc,
                               lambda: TransformedNode(node.graph, [node],
                                                       lambda rdds, t: rdds[0].mapPartitions(late), "sessionLate"))
@@ -389,8 +369,7 @@ class TrackedDStream(StateView[tuple[Any, Any]]):
 
     def __init__(self, node: DStreamNode, ssc: GraphOwner, updated_only: bool = False,
                  changes: DStreamNode | None = None) -> None:
-        from dstreams.nodes.store_track import updated_entries
-        from dstreams.nodes.timers import live_states, updated_states
+        from dstreams.nodes.timers import live_states, updated_entries, updated_states
 
         self._changes = changes
         if changes is None:
@@ -427,7 +406,7 @@ class TrackedDStream(StateView[tuple[Any, Any]]):
 
     def _all_emitted(self) -> DStream[Any]:
         if self._changes is not None:
-            from dstreams.nodes.store_track import emitted_entries
+            from dstreams.nodes.timers import emitted_entries
 
             return StateView(self._state, emitted_entries, "trackEmitted", self._ssc, source=self._changes)
         from dstreams.nodes.timers import emitted_records

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, cast, overload
 
 from pyspark import RDD, StorageLevel
+from pyspark.core.rdd import Partitioner
 from pyspark.resultiterable import ResultIterable
 
 from dstreams import config
@@ -34,16 +35,13 @@ from dstreams.dead_letters import dead as dead_records
 from dstreams.dead_letters import good as good_records
 from dstreams.files.sink import save_text_exactly_once, save_to_store_exactly_once, sink_store_options
 from dstreams.node import DStreamNode
-from dstreams.nodes.auto_state import AutoRunningReduceNode, AutoTrackNode, AutoUpdateStateNode, AutoWindowNode
+from dstreams.nodes.auto_state import AutoStateNode
+from dstreams.nodes.keyed import KeyedOp
 from dstreams.nodes.output import OutputNode
-from dstreams.nodes.reduced_window import ReducedWindowNode
-from dstreams.nodes.state import RunningReduceNode, TrackNode, UpdateStateNode, keep_idle
-from dstreams.nodes.store_state import (
-    StateChangesNode,
-    StateViewNode,
-    StoreRunningReduceNode,
-    StoreUpdateStateNode,
-)
+from dstreams.nodes.reduced_window import IncrementalWindow, ReducedWindowNode
+from dstreams.nodes.state import RunningReduce, StateNode, UpdateState
+from dstreams.nodes.store_state import StateChangesNode, StateViewNode, StoreStateNode
+from dstreams.nodes.timers import Track
 from dstreams.nodes.transformed import TransformedNode, require_same_slide
 from dstreams.nodes.union import UnionNode
 from dstreams.nodes.windowed import WindowedNode
@@ -498,18 +496,10 @@ class DStream(Generic[T_co]):
         combined = TransformedNode(graph, [self._node],
                                    lambda rdds, t: pre_combine(rdds[0], func, part, label, combine),
                                    "reduceByKey")
-        store, auto = self._state_store(), self._auto_state()
-        if invFunc is not None and w.ms >= 5 * s.ms:  # incremental: ReducedWindowNode.incremental()
-            if store is not None:
-                from dstreams.nodes.store_window import StoreWindowNode
-
-                local_dir, every = store
-                return self._derive(StateViewNode(graph, StoreWindowNode(graph, combined, func, invFunc, w, s, part,
-                                                                         filterFunc, local_dir, every)))
-            if auto is not None:
-                local_dir, every, keys = auto
-                return self._derive(StateViewNode(graph, AutoWindowNode(graph, combined, func, invFunc, w, s, part,
-                                                                        filterFunc, local_dir, every, keys)))
+        if invFunc is not None and w.ms >= 5 * s.ms:  # updated incrementally: a keyed state
+            combined.persist(StorageLevel.MEMORY_ONLY)
+            op = IncrementalWindow(func, invFunc, w, s, filterFunc)
+            return self._derive(self._state_node(op, part, parent=combined))
         return self._derive(ReducedWindowNode(graph, combined, func, invFunc, w, s, part, filterFunc))
 
     def reduceByWindow(self: DStream[T], reduceFunc: Callable[[T, T], T], invReduceFunc: Callable[[T, T], T] | None,
@@ -576,22 +566,9 @@ class DStream(Generic[T_co]):
             initialRDD = self._sc.parallelize(list(initialRDD))
         if initialRDD is not None:
             initialRDD = initialRDD.mapPartitions(checked_pairs("updateStateByKey's initialRDD"))
-        graph = self._node.graph
-        store = self._state_store()
-        if store is not None:
-            local_dir, every = store
-            node = StoreUpdateStateNode(graph, self._node, updateFunc, part, initialRDD, bool(updateIdleKeys),
-                                        local_dir, every)
-            state = self._derive(StateViewNode(graph, node))
-        elif (auto := self._auto_state()) is not None and not updateIdleKeys:
-            # with idle keys updated a batch costs the whole state anyway: the RDD state below
-            local_dir, every, keys = auto
-            state = self._derive(StateViewNode(graph, AutoUpdateStateNode(graph, self._node, updateFunc, part,
-                                                                          initialRDD, local_dir, every, keys)))
-        else:
-            if not updateIdleKeys and not guarded:  # a GuardedUpdate keeps idle keys itself
-                updateFunc = keep_idle(updateFunc)
-            state = self._derive(UpdateStateNode(graph, self._node, updateFunc, part, initialRDD))
+        # with idle keys updated a batch costs the whole state anyway: auto keeps it on the RDD state
+        state = self._keyed_state(UpdateState(updateFunc, bool(updateIdleKeys)), part, initialRDD,
+                                  auto=not updateIdleKeys)
         return state._state_with_dead_letters("updateStateByKey") if guarded else state
 
     def runningReduce(self: DStream[tuple[K, V]], func: Callable[[V, V], V], numPartitions: int | None = None, *,
@@ -612,18 +589,24 @@ class DStream(Generic[T_co]):
             folded = self._folded_for_reduce("runningReduce", func)
             return folded.runningReduce(func, numPartitions, onError="fail")._with_dead_letters_of(folded)
         part = hash_partitioner(self._default_partitions(numPartitions))
-        graph = self._node.graph
+        return self._keyed_state(RunningReduce(func), part)
+
+    def _keyed_state(self, op: KeyedOp, part: Partitioner, initial: RDD | None = None, auto: bool = True) -> DStream:
+        return self._derive(self._state_node(op, part, initial, auto))
+
+    def _state_node(self, op: KeyedOp, part: Partitioner, initial: RDD | None = None, auto: bool = True,
+                    parent: DStreamNode | None = None) -> DStreamNode:
+        """The public node of ``op``'s state over ``parent`` (default: this stream) on the backend
+        ``spark.dstreams.state.store`` names (``auto``, where ``auto`` allows it: picked by size; else the RDD
+        state): the store's view, or the RDD state itself."""
+        graph, parent = self._node.graph, parent or self._node
         store = self._state_store()
         if store is not None:
-            local_dir, every = store
-            return self._derive(StateViewNode(graph, StoreRunningReduceNode(graph, self._node, func, part,
-                                                                           local_dir, every)))
-        auto = self._auto_state()
-        if auto is not None:
-            local_dir, every, keys = auto
-            return self._derive(StateViewNode(graph, AutoRunningReduceNode(graph, self._node, func, part, local_dir,
-                                                                          every, keys)))
-        return self._derive(RunningReduceNode(graph, self._node, func, part))
+            return StateViewNode(graph, StoreStateNode(graph, parent, op, part, initial, *store))
+        by_size = self._auto_state() if auto else None
+        if by_size is not None:
+            return StateViewNode(graph, AutoStateNode(graph, parent, op, part, initial, *by_size))
+        return StateNode(graph, parent, op, part, initial)
 
     def changes(self: DStream[tuple[K, V]]) -> DStream[tuple[K, V | None]]:
         """On a stream made by ``runningReduce`` or ``updateStateByKey`` (dstreams only): per batch, the
@@ -636,7 +619,8 @@ class DStream(Generic[T_co]):
         self._check_open()
         if self._state_source is not None:  # made with dead letters: the raw state's changes, as the user sees them
             return self._state_source.changes().mapPartitions(_user_changes, preservesPartitioning=True)
-        if not isinstance(self._node, (StateViewNode, RunningReduceNode, UpdateStateNode)):
+        if not isinstance(self._node, StateViewNode) and not (
+                isinstance(self._node, StateNode) and isinstance(self._node.op, (RunningReduce, UpdateState))):
             raise TypeError("changes() is defined on the stream that runningReduce() or updateStateByKey() returns "
                             f"(this one is {self._node.name}): call it on that stream, before any other operation")
         return self._derive(StateChangesNode(self._node.graph, self._node))
@@ -695,41 +679,20 @@ class DStream(Generic[T_co]):
         part = hash_partitioner(self._default_partitions(numPartitions))
         if emit not in ("all", "updated"):
             raise ValueError(f"emit must be 'all' or 'updated', got {emit!r}")
-        store = self._state_store()
-        if store is not None:
-            from dstreams.nodes.store_track import StoreTrackNode
+        from .event_time import TrackedDStream
 
-            from .event_time import TrackedDStream
-
-            local_dir, every = store
-            graph = self._node.graph
-            view = StateViewNode(graph, StoreTrackNode(graph, self._node, init, update, t, part, timers, local_dir,
-                                                       every))
-            tracked = TrackedDStream(view, self._ssc, updated_only=emit == "updated",
-                                     changes=StateChangesNode(graph, view))
-            return tracked._routing_failures() if guarded else tracked
-        auto = self._auto_state()
-        if auto is not None:
-            from .event_time import TrackedDStream
-
-            local_dir, every, keys = auto
-            graph = self._node.graph
-            plain = timers is None and emit == "all" and not guarded  # dead letters travel as emitted records
-            view = StateViewNode(graph, AutoTrackNode(graph, self._node, init, update, t, part, timers, plain,
-                                                      local_dir, every, keys))
-            tracked = TrackedDStream(view, self._ssc, updated_only=emit == "updated",
-                                     changes=StateChangesNode(graph, view))
-            return tracked._routing_failures() if guarded else tracked
-        if timers is not None or emit == "updated" or guarded:
-            from dstreams.nodes.timers import TimerTrackNode
-
-            from .event_time import TrackedDStream
-
-            tracked = TrackedDStream(TimerTrackNode(self._node.graph, self._node, init, update, t, part, timers),
-                                     self._ssc, updated_only=emit == "updated")
-            return tracked._routing_failures() if guarded else tracked
-        node = TrackNode(self._node.graph, self._node, init, update, t, part)
-        return self._derive(node).mapValues(lambda entry: entry[0], onError="fail")
+        plain = timers is None and emit == "all" and not guarded  # dead letters travel as emitted records
+        # the store holds the timers' layout; the RDD state (alone, or under auto before the move) the plain one
+        op = Track(init, update, t, timers, plain and self._state_store() is None)
+        node = self._state_node(op, part)
+        if not isinstance(node, StateViewNode):
+            if plain:
+                return self._derive(node).mapValues(lambda entry: entry[0], onError="fail")
+            tracked = TrackedDStream(node, self._ssc, updated_only=emit == "updated")
+        else:
+            tracked = TrackedDStream(node, self._ssc, updated_only=emit == "updated",
+                                     changes=StateChangesNode(node.graph, node))
+        return tracked._routing_failures() if guarded else tracked
 
     # ------------------------------------------------------------------ event time
     def withEventTime(self: DStream[T], extract: Callable[[T], Any], allowedLateness: DurationLike = 0,

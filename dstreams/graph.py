@@ -133,7 +133,7 @@ class DStreamGraph:
         with self.lock:
             self._check_open("a stream")
             self.nodes.append(node)
-            return f"{len(self.nodes) - 1:03d}-{type(node).__name__}"
+            return f"{len(self.nodes) - 1:03d}-{node.key_name}"
 
     def fingerprint(self) -> list[str]:
         """A description of the topology that a restarted driver must reproduce exactly: per node, its key, its

@@ -106,6 +106,12 @@ class DStreamNode:
 
     # ----------------------------------------------------------------- naming
     @property
+    def key_name(self) -> str:
+        """The type part of :attr:`key` (checkpoint keys, the fingerprint, the status page): the class's name,
+        or what a node parametrised by an operator says (read while the base ``__init__`` registers the node)."""
+        return type(self).__name__
+
+    @property
     def name(self) -> str:
         return f"{type(self).__name__}#{self.id}"
 

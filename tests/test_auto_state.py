@@ -23,7 +23,8 @@ import urllib.request
 import pytest
 
 from dstreams import ManualClock, StreamingContext, TrackUpdate
-from dstreams.nodes.auto_state import TOUCH_RATIO, AutoStateNode, AutoTrackNode, should_move
+from dstreams.nodes.auto_state import TOUCH_RATIO, AutoStateNode, should_move
+from dstreams.nodes.timers import Track
 from dstreams.recovery.checkpointer import list_checkpoints, load_manifest
 from dstreams.recovery.store import open_store
 
@@ -60,9 +61,12 @@ def test_a_state_moves_once_it_is_large_next_to_what_its_batches_touch() -> None
 def test_a_track_batch_counts_the_keys_its_timers_and_timeouts_touch_as_the_store_would() -> None:
     """The rule's count for ``track`` on the RDD state: the keys with events, the keys whose timer fired and the keys
     that timed out (the store reads and writes each of them), not the idle ones."""
-    from dstreams.nodes.auto_state import track_touched
-    from dstreams.nodes.state import track_merge
-    from dstreams.nodes.timers import PROCESSING, track_batch
+    from dstreams.nodes.keyed import rdd_partition
+    from dstreams.nodes.timers import PROCESSING, Track, plain_track_step, track_batch
+    from dstreams.time import Duration
+
+    def track_touched(plain):
+        return Track(None, None, Duration(10_000), None, plain).touched
 
     previous = [("fires", (1, 0, {"t": (PROCESSING, 1500)}, [], True, False)),
                 ("idle", (1, 0, {"later": (PROCESSING, 9000)}, [], True, False)),
@@ -74,7 +78,9 @@ def test_a_track_batch_counts_the_keys_its_timers_and_timeouts_touch_as_the_stor
     assert {k for k, _ in out} == {"fires", "idle", "event", "new"}
     assert track_touched(False)(previous, out, {"event", "new"}) == 4  # fires, times-out, event, new
     plain_previous = [("idle", (1, 0)), ("times-out", (1, -20_000)), ("event", (1, 0))]
-    plain_out = list(track_merge(lambda k, e: e, lambda k, s, e: s + e, 2000, 10_000)([plain_previous, events]))
+    plain_op = Track(lambda k, e: e, lambda k, s, e: s + e, Duration(10_000), None, True)
+    plain_out = rdd_partition(plain_op, plain_track_step(plain_op.init, plain_op.update, 2000, 10_000), plain_previous,
+                              [events])
     assert {k for k, _ in plain_out} == {"idle", "event", "new"}
     assert track_touched(True)(plain_previous, plain_out, {"event", "new"}) == 3  # times-out, event, new
 
@@ -135,7 +141,7 @@ def _env(monkeypatch, tmp_path, store: str) -> None:
 
 def _moves(ssc: StreamingContext) -> dict[str, int | None]:
     """When each state moved into the store (None: it has not), by operator (``track-plain``, ``track-timers``)."""
-    return {n.label + ({True: "-plain", False: "-timers"}[n.plain] if isinstance(n, AutoTrackNode) else ""):
+    return {n.label + ({True: "-plain", False: "-timers"}[n.op.plain] if isinstance(n.op, Track) else ""):
             n.switched_at for n in ssc._graph.nodes if isinstance(n, AutoStateNode)}
 
 

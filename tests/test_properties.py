@@ -399,7 +399,7 @@ def test_executor_state_store_matches_the_models(sc, sn: Scenario, tmp_path_fact
             else:
                 os.environ[k] = v
     assert type(running._node).__name__ == "StateViewNode"  # the store was used
-    assert type(tracked._state.state).__name__ == "StoreTrackNode"
+    assert tracked._state.state.key_name == "StoreTrackNode"
     incremental = sn.window_s >= 5 * sn.slide_s  # a shorter window keeps no state (recomputed every slide)
     assert type(inv._node).__name__ == ("StateViewNode" if incremental else "ReducedWindowNode")
     want_window = model_window(sn.inputs, sn.window_s, sn.slide_s)

@@ -33,7 +33,7 @@ from py4j.java_gateway import is_instance_of
 
 from dstreams import ManualClock, StreamingContext
 from dstreams.nodes.auto_state import AutoStateNode
-from dstreams.nodes.reduced_window import ReducedWindowNode
+from dstreams.nodes.reduced_window import IncrementalWindow, ReducedWindowNode
 from dstreams.nodes.state import StateNode
 
 BATCHES = 8
@@ -144,7 +144,8 @@ def observed(sc) -> Observed:
         "track": pairs.track(_track_init, _track_update, 30, n),
         "window": pairs.reduceByKeyAndWindow(operator.add, operator.sub, 5, 1, n),
     }
-    assert _state_node(streams["window"]).incremental()
+    window = _state_node(streams["window"])
+    assert isinstance(getattr(window, "op", None), IncrementalWindow) or window.incremental()
     for s in streams.values():  # one output (one Spark job per batch) each, in this order
         s.foreachRDD(lambda rdd: rdd.collect())
     counts: dict[tuple[str, int], StageCounts] = {}

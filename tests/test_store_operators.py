@@ -20,8 +20,8 @@ import shutil
 import pytest
 
 from dstreams import ManualClock, StreamingContext, Timer, TrackUpdate
-from dstreams.nodes.store_event_window import session_deadlines, window_deadlines
-from dstreams.nodes.store_track import NEXT_BATCH, track_deadlines
+from dstreams.nodes.event_window import session_deadlines, window_deadlines
+from dstreams.nodes.timers import NEXT_BATCH, track_deadlines
 from dstreams.statestore import PartitionStore, key_bytes, value_bytes
 
 from .recovery_app import read_outputs

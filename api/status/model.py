@@ -522,7 +522,7 @@ class StatusModel:
                 "id": n.id,
                 "key": n.key,
                 "name": node_label(n),
-                "type": type(n).__name__,
+                "type": n.key_name,
                 "kind": kind,
                 "stateful": bool(n.must_checkpoint),
                 "slide_ms": n.slide_duration.ms,
@@ -545,7 +545,7 @@ class StatusModel:
         rates = self.source_rates() if rates is None else rates
         totals = dict(self.history.records_per_input)
         lost = dict(self.history.lost_per_input)
-        return [{"id": n.id, "key": n.key, "name": node_label(n), "type": type(n).__name__,
+        return [{"id": n.id, "key": n.key, "name": node_label(n), "type": n.key_name,
                  "records_total": totals.get(n.id, 0), "rate_per_s": rates.get(n.id),
                  "records_lost": lost.get(n.id, 0)}
                 for n in self.sources.graph.inputs]

@@ -45,9 +45,10 @@ from pyspark.core.rdd import Partitioner
 from ..node import DStreamNode, OneParentNode
 from ..spark import jvm
 from ..spark.partitioned import pre_group_ordered, require_pair
+from ..statestore import Indexer
 from ..time import BatchTime, Duration
 from .event_time import previous_watermark_at, seconds, watermark_at
-from .state import Merge, StateNode
+from .keyed import DUE, NEXT_BATCH, Deadline, KeyedOp, KeyStep, bytes_deadline
 
 if TYPE_CHECKING:
     from ..graph import DStreamGraph
@@ -104,56 +105,88 @@ def pane_batch(batch: RDD, func: Callable[[Any, Any], Any], s: int, partitioner:
         merge, preservesPartitioning=True)
 
 
-class EventWindowNode(StateNode):
-    """Keyed event-time windows; see the module docstring."""
+class EventWindow(KeyedOp):
+    """``reduceByKeyAndEventWindow`` (module docstring). Entries ``(panes or windows, carry, emitted)``, and on the
+    store also the window closed through (``jmax``) and the mode, which its deadline reads
+    (:func:`window_deadline`); the public records read ``entry[2]`` (:func:`emitted_windows`)."""
 
-    merges_every_batch = True
+    kind, label, visits = "EventWindowNode", "reduceByKeyAndEventWindow", DUE
 
-    def __init__(self, graph: DStreamGraph, parent: DStreamNode, func: Callable[[Any, Any], Any],
-                 inv_func: Callable[[Any, Any], Any] | None, window: Duration, slide: Duration, emit: str,
-                 partitioner: Partitioner) -> None:
+    def __init__(self, func: Callable[[Any, Any], Any], inv_func: Callable[[Any, Any], Any] | None, window: Duration,
+                 slide: Duration, emit: str) -> None:
         check_event_window(emit, window, slide)
-        super().__init__(graph, parent, partitioner, label="reduceByKeyAndEventWindow")
-        self.func = func
-        self.inv_func = inv_func
-        self.window = window
-        self.slide = slide
-        self.emit = emit
+        self.func, self.inv_func, self.window, self.slide, self.emit = func, inv_func, window, slide, emit
 
-    def describe_params(self) -> list[str]:
+    def params(self) -> list[str]:
         inverse = ["inverse"] if self.inv_func is not None else []
-        return [f"window={self.window.ms}", f"eventSlide={self.slide.ms}", f"emit={self.emit}", *inverse,
-                *super().describe_params()]
+        return [f"window={self.window.ms}", f"eventSlide={self.slide.ms}", f"emit={self.emit}", *inverse]
 
-    def prepare(self, batch: RDD) -> RDD:
+    def prepare(self, batch: RDD, partitioner: Partitioner) -> RDD:
         """``(key, {pane: value})`` per key of the batch, in the state's partitioner (one shuffle)."""
-        return pane_batch(batch, self.func, self.slide.ms, self.partitioner)
+        return pane_batch(batch, self.func, self.slide.ms, partitioner)
 
-    def merge_function(self, time: BatchTime) -> Merge:
-        return event_window_merge(self, time)
+    def _jmax(self, node: Any, time_ms: int) -> int | None:
+        return _closed_through(watermark_at(node, BatchTime(time_ms)), self.window.ms, self.slide.ms)
+
+    def step(self, node: Any, time: BatchTime) -> KeyStep:
+        w, s, mode = self.window.ms, self.slide.ms, self.emit
+        jmax = self._jmax(node, time.ms)
+        jprev = _closed_through(previous_watermark_at(node, time), w, s)
+        step = final_step(self.func, self.inv_func, w // s, jprev, jmax) if mode == "final" else \
+            updates_step(self.func, w // s, jmax)
+        tail = (jmax, mode) if node.on_store(time.ms) else ()
+
+        def key_step(k: Any, entry: Any, new: Any) -> Any:
+            held, carry, emitted = step(entry[0] if entry else {}, entry[1] if entry else None, new or {})
+            return (held, carry, emitted, *tail) if held or carry is not None or emitted else None
+
+        return key_step
+
+    def deadline(self) -> Deadline:
+        return window_deadline(self.window.ms, self.slide.ms)
+
+    def to_store(self, node: Any, time_ms: int) -> Callable[[Any], Any] | None:
+        """An RDD entry of batch ``t`` gets ``t``'s ``jmax``: on the RDD state every key steps every batch, so every
+        window through it is closed for every key."""
+        jmax, mode = self._jmax(node, time_ms), self.emit
+        return lambda e: (e[0], e[1], e[2], jmax, mode)
+
+    def from_store(self) -> Callable[[Any], Any] | None:
+        return lambda e: (e[0], e[1], e[2])
+
+    def rdd_changes(self, current: RDD, time: BatchTime) -> RDD | None:
+        return current.filter(lambda kv: kv[1][2])  # the entries holding windows the batch emitted
 
 
-def event_window_merge(node: Any, time: BatchTime) -> Merge:
-    """:class:`EventWindowNode`'s merge of batch ``time`` for ``node`` (its ``func``, ``inv_func``, ``window``,
-    ``slide`` and ``emit``), at the batch's watermark and the one before."""
-    w, s = node.window.ms, node.slide.ms
-    jmax = _closed_through(watermark_at(node, time), w, s)
-    jprev = _closed_through(previous_watermark_at(node, time), w, s)
-    step = final_step(node.func, node.inv_func, w // s, jprev, jmax) if node.emit == "final" else \
-        updates_step(node.func, w // s, jmax)
+def window_deadline(window_ms: int, slide_ms: int) -> Deadline:
+    """An event-window entry's deadline (store layout): by watermark the end of the key's next window to close
+    (``emit="final"``: the first window after the last one closed, ``jmax``, holding data, or the window after the
+    carried one, whose carry then goes; ``"updates"``: the first window still held); the next batch for an entry
+    holding emitted windows."""
+    n = window_ms // slide_ms
 
-    def merge(segments: list[list[Any]]) -> Iterable[Any]:
-        state = {k: st for k, st in segments[0]}
-        new = dict(segments[1])
-        out = []
-        for k in [*state, *(k for k in new if k not in state)]:
-            st = state.get(k)
-            kept, carry, emitted = step(st[0] if st else {}, st[1] if st else None, new.get(k, {}))
-            if kept or carry is not None or emitted:
-                out.append((k, (kept, carry, emitted)))
-        return out
+    def deadline(entry: Any) -> tuple[int | None, int | None]:
+        held, carry, emitted, jmax, mode = entry
+        if emitted:
+            return NEXT_BATCH, None
+        if mode == "updates":  # windows j held until the watermark passes their end
+            j = min(held) if held else None
+        else:  # panes p: the first window after jmax with data, or the one after the carried window
+            j = None
+            if held:
+                j = min(held) - n + 1
+                if jmax is not None:
+                    j = max(j, jmax + 1)
+            if carry is not None and (j is None or carry[0] + 1 < j):
+                j = carry[0] + 1
+        return None, None if j is None else j * slide_ms + window_ms
 
-    return merge
+    return deadline
+
+
+def window_deadlines(window_ms: int, slide_ms: int) -> Indexer:
+    """:func:`window_deadline` over stored entry bytes (the store's index)."""
+    return bytes_deadline(window_deadline(window_ms, slide_ms))
 
 
 Step = Callable[[dict[int, Any], Any, dict[int, Any]], tuple[dict[int, Any], Any, list[tuple[int, Any]]]]
@@ -252,7 +285,7 @@ def session_batch(batch: RDD, partitioner: Partitioner) -> RDD:
     return pre_group_ordered(batch.mapPartitions(by_key), partitioner, "sessionWindow")
 
 
-class SessionWindowNode(StateNode):
+class SessionWindow(KeyedOp):
     """``sessionWindow(gap, aggregate)``: per key, sessions of records closer than ``gap`` in event time.
 
     A session holds the records of one key whose event times, sorted, are each less than ``gap`` after the
@@ -263,46 +296,55 @@ class SessionWindowNode(StateNode):
     two it bridges, also when it is behind the watermark. A record whose session (alone, or with other
     records of the batch) would end at or below ``W(t)`` is **late**: it missed a session that closed and is
     dropped (:func:`late_session_records`). Emitted records: ``((key, (start, end)), aggregate(values))``,
-    the values in event-time order (ties in arrival order), bounds in seconds since the epoch. State: per
-    key, the open sessions' records ``(event_ms, value)``, hash-partitioned and checkpointed like every state
-    stream; a key is dropped once it has no open session. Records of this node:
-    ``(key, (open sessions, emitted, late records))``.
+    the values in event-time order (ties in arrival order), bounds in seconds since the epoch. Entries:
+    ``(open sessions, emitted, late records)``; a key is dropped once it has no open session.
     """
 
-    merges_every_batch = True
+    kind, label, visits = "SessionWindowNode", "sessionWindow", DUE
 
-    def __init__(self, graph: DStreamGraph, parent: DStreamNode, gap: Duration,
-                 aggregate: Callable[[list[Any]], Any], partitioner: Partitioner) -> None:
+    def __init__(self, gap: Duration, aggregate: Callable[[list[Any]], Any]) -> None:
         if gap.ms <= 0:
             raise ValueError(f"the session gap must be positive, got {gap}")
-        super().__init__(graph, parent, partitioner, label="sessionWindow")
-        self.gap = gap
-        self.aggregate = aggregate
+        self.gap, self.aggregate = gap, aggregate
 
-    def describe_params(self) -> list[str]:
-        return [f"gap={self.gap.ms}", *super().describe_params()]
+    def params(self) -> list[str]:
+        return [f"gap={self.gap.ms}"]
 
-    def prepare(self, batch: RDD) -> RDD:
-        return session_batch(batch, self.partitioner)
+    def prepare(self, batch: RDD, partitioner: Partitioner) -> RDD:
+        return session_batch(batch, partitioner)
 
-    def merge_function(self, time: BatchTime) -> Merge:
-        return session_merge(session_step(self.gap.ms, self.aggregate, watermark_at(self, time)))
+    def step(self, node: Any, time: BatchTime) -> KeyStep:
+        step = session_step(self.gap.ms, self.aggregate, watermark_at(node, time))
+
+        def key_step(k: Any, entry: Any, new: Any) -> Any:
+            kept, emitted, late = step(entry[0] if entry else [], new)
+            return (kept, emitted, late) if kept or emitted or late else None
+
+        return key_step
+
+    def deadline(self) -> Deadline:
+        return session_deadline(self.gap.ms)
+
+    def rdd_changes(self, current: RDD, time: BatchTime) -> RDD | None:
+        return current.filter(lambda kv: kv[1][1] or kv[1][2])  # sessions emitted or records found late
 
 
-def session_merge(step: SessionStep) -> Merge:
-    """:class:`SessionWindowNode`'s merge of a state partition with a batch's records, by ``step``."""
+def session_deadline(gap_ms: int) -> Deadline:
+    """A session entry's deadline: by watermark the end of its first open session; the next batch for an entry
+    holding emitted sessions or late records."""
 
-    def merge(segments: list[list[Any]]) -> Iterable[Any]:
-        state = {k: st[0] for k, st in segments[0]}
-        new = dict(segments[1])
-        out = []
-        for k in [*state, *(k for k in new if k not in state)]:
-            kept, emitted, late = step(state.get(k, []), new.get(k))
-            if kept or emitted or late:
-                out.append((k, (kept, emitted, late)))
-        return out
+    def deadline(entry: Any) -> tuple[int | None, int | None]:
+        sessions, emitted, late = entry
+        if emitted or late:
+            return NEXT_BATCH, None
+        return None, min(s[-1][0] for s in sessions) + gap_ms if sessions else None
 
-    return merge
+    return deadline
+
+
+def session_deadlines(gap_ms: int) -> Indexer:
+    """:func:`session_deadline` over stored entry bytes (the store's index)."""
+    return bytes_deadline(session_deadline(gap_ms))
 
 
 SessionStep = Callable[[list[list[tuple[int, Any]]], list[tuple[int, Any]] | None],
@@ -344,6 +386,16 @@ def _sessions(events: list[tuple[int, Any]], gap: int) -> list[list[tuple[int, A
         else:
             out.append([e])
     return out
+
+
+def written(view: Callable[[Iterable[Any]], Iterator[Any]]) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    """``view`` over what a batch wrote (``changes``: ``(key, entry)``, ``(key, None)`` for a key removed),
+    skipping the removals."""
+
+    def run(it: Iterable[Any]) -> Iterator[Any]:
+        return view((k, e) for k, e in it if e is not None)
+
+    return run
 
 
 def emitted_sessions(it: Iterable[Any]) -> Iterator[Any]:

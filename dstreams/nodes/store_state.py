@@ -1,10 +1,8 @@
-"""Store-backed state streams: the state lives in the executor state store (:mod:`dstreams.statestore`).
+"""The executor store backend: a keyed operator's state in the executor state store (:mod:`dstreams.statestore`).
 
-Chosen with ``spark.dstreams.state.store=executor`` for ``runningReduce`` and ``updateStateByKey`` (here), ``track``
-(:mod:`.store_track`), incremental windows (:mod:`.store_window`), event-time windows and sessions
-(:mod:`.store_event_window`): each a subclass of :class:`StoreStateNode` giving what a batch does to a partition's
-store (:meth:`StoreStateNode.updater` or :meth:`StoreStateNode.batch_plan`) and, for deadlines, an
-:meth:`StoreStateNode.indexer`. Two nodes:
+Chosen with ``spark.dstreams.state.store=executor`` (and by ``auto`` once a state moves) for every keyed operator
+(:class:`~.keyed.KeyedOp`): the operator's step runs on the keys a batch touches and the due ones
+(:func:`~.keyed.store_partition`, the deadlines in the store's index). Two nodes:
 
 * :class:`StoreStateNode` (internal) owns the chain of **handle** RDDs. Partition ``p`` of the handle at
   ``t`` applies batch ``t``'s records of partition ``p`` to the partition's store (reading and writing only the
@@ -54,17 +52,12 @@ from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.core.rdd import Partitioner
 
 from .. import config
-from ..dead_letters import for_batch
 from ..errors import failed_with
 from ..node import DStreamNode, OneParentNode
 from ..spark.partitioned import (
     ensure_partitioned,
-    fold,
-    merge_ordered,
     partition_aligned_rdd,
-    pre_combine,
     segmented_merge,
-    shuffle_ordered,
 )
 from ..statestore import (
     FILE_SNAPSHOT,
@@ -79,15 +72,12 @@ from ..statestore import (
 )
 from ..task_faults import task_reached
 from ..time import BatchTime
+from .event_time import watermark_at
+from .keyed import DUE, KeyedNode, KeyedOp, StoreChanges, store_partition
 
 if TYPE_CHECKING:
     from ..contracts import StateChangelog
     from ..graph import DStreamGraph
-
-#: What a batch does to one partition's store: (store, the partition's batch records) -> (writes, old values).
-Updater = Callable[[PartitionStore, list[Any]], tuple[dict[bytes, bytes | None], dict[bytes, bytes]]]
-#: The same over a batch plan's segments (one list of records per RDD of :meth:`StoreStateNode.batch_plan`).
-SegmentsUpdater = Callable[[PartitionStore, list[list[Any]]], tuple[dict[bytes, bytes | None], dict[bytes, bytes]]]
 
 log = logging.getLogger(__name__)
 
@@ -177,24 +167,19 @@ def _sweep_host(folder: str, horizon: int, swept: Accumulator) -> None:
         swept.add(len(removed))
 
 
-class StoreStateNode(OneParentNode):
-    """Base of the store-backed state operators (see the module docstring). Subclasses give ``prepare``
-    (the batch in the state's partitioner) and ``updater(time)`` (what a batch does to a partition's store),
-    or a whole :meth:`batch_plan` (several RDDs per batch: a window's batches entering and leaving)."""
+class StoreStateNode(KeyedNode):
+    """The executor store's state of the operator ``op`` (see the module docstring): its step applied by
+    :func:`~.keyed.store_partition` to the keys each batch touches and the due ones."""
 
-    must_checkpoint = True
     checkpoint_read_to_verify = False
-    #: Apply every batch, also one without records (``updateStateByKey`` calling its function for idle keys).
-    applies_every_batch = False
+    prefix, backend_params = "Store", ("store=executor",)
 
-    def __init__(self, graph: DStreamGraph, parent: DStreamNode, partitioner: Partitioner,
-                 initial: RDD | None, label: str, local_dir: str | None, snapshot_every: int) -> None:
-        super().__init__(graph, parent)
-        self.partitioner = partitioner
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode, op: KeyedOp, partitioner: Partitioner,
+                 initial: RDD | None, local_dir: str | None, snapshot_every: int) -> None:
+        super().__init__(graph, parent, op, partitioner)
         self.initial = ensure_partitioned(initial, partitioner) if initial is not None else None
         #: Whether the stream was defined with an initial state (kept when the graph is stored without it).
         self._had_initial = initial is not None
-        self.label = label
         self.local_dir = local_dir
         self.snapshot_every = max(1, int(snapshot_every))
         #: This driver run: a store another run wrote is trusted only once brought back to a checkpoint.
@@ -227,12 +212,8 @@ class StoreStateNode(OneParentNode):
         self._applied: list[int] = []
 
     # ------------------------------------------------------------------ definition
-    @property
-    def checkpoint_partitioner(self) -> Partitioner:
-        return self.partitioner
-
-    def describe_params(self) -> list[str]:
-        return [f"partitions={self.partitioner.numPartitions}", "store=executor"]
+    def on_store(self, time_ms: int) -> bool:
+        return True
 
     def __getstate__(self) -> dict[str, Any]:
         """The initial state is not stored in the graph (it is checkpointed at the zero time instead: see
@@ -299,32 +280,22 @@ class StoreStateNode(OneParentNode):
                 "caught_up": self._caught_up.value if self._caught_up is not None else 0,
                 "stale_removed": self._swept.value if self._swept is not None else 0}
 
-    # ------------------------------------------------------------------ per operator
-    def prepare(self, batch: RDD) -> RDD:
-        raise NotImplementedError
-
-    def updater(self, time: BatchTime) -> Updater:
-        """What batch ``time`` does to one partition's store (called on the driver, once per batch)."""
-        raise NotImplementedError
-
-    def batch_plan(self, time: BatchTime) -> tuple[list[RDD], SegmentsUpdater] | None:
-        """What batch ``time`` applies: RDDs in the state's partitioner (one segment each, in order) and what
-        their segments do to a partition's store; None: nothing (the previous handle stands for ``time``).
-        The default: the parent's batch through :meth:`prepare` and :meth:`updater`."""
-        batch = self.parent.get_or_compute(time)
-        if batch is None and not self.applies_every_batch:
+    # ------------------------------------------------------------------ the operator
+    def batch_plan(self, time: BatchTime) -> tuple[list[RDD], Callable[[PartitionStore, list[list[Any]]],
+                                                                         StoreChanges]] | None:
+        """What batch ``time`` applies: the operator's RDDs (one segment each, in order) and what their segments do
+        to a partition's store (:func:`~.keyed.store_partition`); None: nothing (the previous handle stands)."""
+        op = self.op
+        batches = op.batches(self, time)
+        if batches is None:
             return None
-        update = self.updater(time)
-
-        def apply(store: PartitionStore, segments: list[list[Any]]) -> tuple[dict[bytes, bytes | None],
-                                                                             dict[bytes, bytes]]:
-            return update(store, segments[0] if segments else [])
-
-        return ([self.prepare(batch)] if batch is not None else []), apply
+        step, group, now = op.step(self, time), op.grouper(self, time), time.ms
+        wm = watermark_at(self, time) if op.visits == DUE else None
+        return batches, lambda store, segments: store_partition(op, step, store, segments, now, wm, group)
 
     def indexer(self) -> Indexer | None:
         """The stores' deadline function (:meth:`PartitionStore.due_keys`), or None: no deadlines."""
-        return None
+        return self.op.indexer()
 
     # ------------------------------------------------------------------ the changelog
     def state_changelog(self) -> StateChangelog | None:
@@ -654,84 +625,6 @@ class StoreStateNode(OneParentNode):
         return handle.mapPartitionsWithIndex(read, preservesPartitioning=True)
 
 
-class StoreRunningReduceNode(StoreStateNode):
-    """``runningReduce(f)`` on the executor state store: a batch reads and writes the keys it has."""
-
-    def __init__(self, graph: DStreamGraph, parent: DStreamNode, func: Callable[[Any, Any], Any],
-                 partitioner: Partitioner, local_dir: str | None, snapshot_every: int) -> None:
-        super().__init__(graph, parent, partitioner, None, "runningReduce", local_dir, snapshot_every)
-        self.func = func
-
-    def prepare(self, batch: RDD) -> RDD:
-        return pre_combine(batch, self.func, self.partitioner, "runningReduce")
-
-    def updater(self, time: BatchTime) -> Updater:
-        func = self.func
-
-        def update(store: PartitionStore, records: list[Any]) -> tuple[dict[bytes, bytes | None], dict[bytes, bytes]]:
-            batch = fold(func, records, {}, "runningReduce")
-            keyed = {key_bytes(k): v for k, v in batch.items()}
-            old = store.get_many(keyed)
-            writes: dict[bytes, bytes | None] = {}
-            for kb, v in keyed.items():
-                o = old.get(kb)
-                writes[kb] = value_bytes(func(pickle.loads(o), v) if o is not None else v)
-            return writes, old
-
-        return update
-
-
-class StoreUpdateStateNode(StoreStateNode):
-    """``updateStateByKey(updateFunc)`` on the executor state store.
-
-    With ``update_idle_keys`` (PySpark's rule, the default of the API) ``updateFunc`` runs for every key of
-    the state each batch, so a batch costs the whole state (the store only saves rebuilding the RDD);
-    without it, only keys with new values are updated and the others keep their state.
-    """
-
-    def __init__(self, graph: DStreamGraph, parent: DStreamNode, update: Callable[[list[Any], Any], Any],
-                 partitioner: Partitioner, initial: RDD | None, update_idle_keys: bool,
-                 local_dir: str | None, snapshot_every: int) -> None:
-        super().__init__(graph, parent, partitioner, initial, "updateStateByKey", local_dir, snapshot_every)
-        self.update = update
-        self.update_idle_keys = update_idle_keys
-        self.applies_every_batch = update_idle_keys
-
-    def describe_params(self) -> list[str]:
-        return [*super().describe_params(), f"updateIdleKeys={self.update_idle_keys}"]
-
-    def prepare(self, batch: RDD) -> RDD:
-        return shuffle_ordered(batch, self.partitioner, "updateStateByKey")  # merged in the applying task
-
-    def updater(self, time: BatchTime) -> Updater:
-        update, idle = for_batch(self.update, time.ms), self.update_idle_keys
-
-        def apply(store: PartitionStore, records: list[Any]) -> tuple[dict[bytes, bytes | None], dict[bytes, bytes]]:
-            new = {key_bytes(k): (k, vs) for k, vs in merge_ordered(records)}
-            writes: dict[bytes, bytes | None] = {}
-            if idle:
-                old = dict(store.items())
-                for kb, vb in old.items():
-                    entry = new.pop(kb, None)
-                    r = update(entry[1] if entry is not None else [], pickle.loads(vb))
-                    rb = None if r is None else value_bytes(r)
-                    if rb != vb:
-                        writes[kb] = rb
-            else:
-                old = store.get_many(new)
-                for kb, vb in old.items():
-                    _, vs = new.pop(kb)
-                    r = update(vs, pickle.loads(vb))
-                    writes[kb] = None if r is None else value_bytes(r)
-            for kb, (_, vs) in new.items():
-                r = update(vs, None)
-                if r is not None:
-                    writes[kb] = value_bytes(r)
-            return writes, old
-
-        return apply
-
-
 class StateViewNode(OneParentNode):
     """The public stream of a store-backed state: the whole state at each batch, read lazily."""
 
@@ -798,5 +691,4 @@ def state_diff(sc: Any, current: RDD, previous: RDD | None, partitioner: Partiti
     return segmented_merge(sc, [[current], [previous]], partitioner, diff)
 
 
-__all__ = ["PART_HEADER", "StateChangesNode", "state_diff", "StateViewNode", "StoreRunningReduceNode", "StoreStateNode",
-           "StoreUpdateStateNode"]
+__all__ = ["PART_HEADER", "StateChangesNode", "state_diff", "StateViewNode", "StoreStateNode"]

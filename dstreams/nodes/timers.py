@@ -1,6 +1,6 @@
 """Timers in ``track`` (MillWheel's ``SetTimer``/``ProcessTimer``, Flink's timer service): many per key, by tag.
 
-Contract of :class:`TimerTrackNode` (``track(init, update, timeout, timers=on_timer)``). It keeps ``track``'s
+Contract of :class:`Track` (``track(init, update, timeout, timers=on_timer)``). It keeps ``track``'s
 contract (``init(key, event)``, ``update(key, state, event)``, None drops the key, ``timeout`` drops a key
 without events) and adds, per key, any number of **timers**, each named by a **tag** (a ``str``, unique per
 key across both kinds) and of one of two kinds: ``"event"`` (event time: fires when the watermark reaches
@@ -48,17 +48,16 @@ import datetime as _dt
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from pyspark import RDD
 from pyspark.core.rdd import Partitioner
 
-from ..node import DStreamNode
+from ..spark.partitioned import pre_group_ordered
+from ..statestore import Indexer
 from ..time import BatchTime, Duration
 from .event_time import seconds, watermark_at
-from .state import Merge, TrackNode
-
-if TYPE_CHECKING:
-    from ..graph import DStreamGraph
+from .keyed import DUE, NEXT_BATCH, Deadline, KeyedOp, KeyStep, bytes_deadline, rdd_partition
 
 EVENT, PROCESSING = "event", "processing"
 #: The firing order of the kinds (event-time timers first).
@@ -167,35 +166,97 @@ class TrackUpdate:
         object.__setattr__(self, "changes", tuple(changes))
 
 
-class TimerTrackNode(TrackNode):
-    """``track(init, update, timeout, timers=on_timer)``; see the module docstring."""
+class Track(KeyedOp):
+    """``track(init, update, timeout, timers=on_timer, emit=...)`` (module docstring): entries ``(state,
+    last_event_ms, timers, emitted, alive, touched)`` (:func:`timer_track_step`), or, ``plain`` (no timers, every live
+    key emitted) on the RDD state, the lighter ``(state, last_event_ms)`` (:func:`plain_track_step`; converted when
+    the state moves into the store, which holds the timers' layout). Deadlines: :func:`track_deadline`."""
 
-    merges_every_batch = True  # timers fire in batches without events too
+    kind, label, visits = "TrackNode", "track", DUE
 
-    def __init__(self, graph: DStreamGraph, parent: DStreamNode, init: Callable[[Any, Any], Any],
-                 update: Callable[[Any, Any, Any], Any], timeout: Duration, partitioner: Partitioner,
-                 on_timer: Callable[[Any, Any, Timer], Any] | None) -> None:
-        super().__init__(graph, parent, init, update, timeout, partitioner)
-        self.on_timer = on_timer
+    def __init__(self, init: Callable[[Any, Any], Any], update: Callable[[Any, Any, Any], Any], timeout: Duration,
+                 on_timer: Callable[[Any, Any, Timer], Any] | None, plain: bool) -> None:
+        self.init, self.update, self.timeout, self.on_timer, self.plain = init, update, timeout, on_timer, plain
 
-    def describe_params(self) -> list[str]:
-        return ["timers" if self.on_timer is not None else "no-timers", *super().describe_params()]
+    def params(self) -> list[str]:
+        return ["timers" if self.on_timer is not None else "no-timers", f"timeout={self.timeout.ms}",
+                *(["plain"] if self.plain else [])]
 
-    def merge_function(self, time: BatchTime) -> Merge:
-        return timer_track_merge(self, time)
+    def prepare(self, batch: RDD, partitioner: Partitioner) -> RDD:
+        return pre_group_ordered(batch, partitioner, "track")
+
+    def step(self, node: Any, time: BatchTime) -> KeyStep:
+        if self.plain and not node.on_store(time.ms):
+            return plain_track_step(self.init, self.update, time.ms, self.timeout.ms)
+        return timer_track_step(self.init, self.update, self.on_timer, time.ms, self.timeout.ms,
+                                watermark_at(node, time))
+
+    def deadline(self) -> Deadline:
+        return track_deadline(self.timeout.ms)
+
+    def to_store(self, node: Any, time_ms: int) -> Callable[[Any], Any] | None:
+        return (lambda e: (e[0], e[1], {}, [], True, False)) if self.plain else None
+
+    def from_store(self) -> Callable[[Any], Any] | None:
+        return (lambda e: (e[0], e[1])) if self.plain else None
+
+    def touched(self, previous: list[Any], out: list[Any], keys: set[Any]) -> int:
+        """As the store touches them: keys with events, keys gone from the state (timed out, or ended by the user's
+        function) and, with timers, keys whose timer fired (their entry's ``touched`` flag)."""
+        kept = {kv[0] for kv in out}
+        touched = keys | {kv[0] for kv in previous if kv[0] not in kept}
+        if not self.plain:
+            touched.update(kv[0] for kv in out if kv[1][-1])
+        return len(touched)
+
+    def rdd_changes(self, current: RDD, time: BatchTime) -> RDD | None:
+        """The entries the batch touched, emitted records with or dropped (timers' layout), or the keys with events
+        (plain, whose dropped keys are gone), as the store's changes read."""
+        if not self.plain:
+            return current.filter(lambda kv: kv[1][-1] or kv[1][-3] or not kv[1][-2])
+        now = time.ms
+        return current.filter(lambda kv: kv[1][1] == now).mapValues(lambda e: (e[0], e[1], {}, [], True, True))
 
 
-def timer_track_merge(node: Any, time: BatchTime) -> Merge:
-    """The merge of batch ``time`` of a ``track`` node with timers (its ``init``, ``update``, ``on_timer`` and
-    ``timeout``): :func:`track_batch` at the batch's time and watermark."""
-    init, update, on_timer = node.init, node.update, node.on_timer
-    now, timeout, wm = time.ms, node.timeout.ms, watermark_at(node, time)
+def track_deadline(timeout_ms: int) -> Deadline:
+    """A ``track`` entry's deadlines (timers' layout): by batch time the timeout (``last_event_ms + timeout``), the
+    earliest processing-time timer, or the next batch for an entry holding emitted records or a dropped key's; by
+    watermark the earliest event-time timer."""
 
-    def merge(segments: list[list[Any]]) -> Iterable[Any]:
-        return track_batch(segments[0], segments[1], init=init, update=update, on_timer=on_timer, now_ms=now,
-                           timeout_ms=timeout, watermark_ms=wm)
+    def deadline(entry: Any) -> tuple[int | None, int | None]:
+        _, last, timers, emitted, alive, _ = entry
+        if not alive or emitted:
+            return NEXT_BATCH, None
+        p, e = last + timeout_ms, None
+        for kind, ms in timers.values():
+            if kind == EVENT:
+                e = ms if e is None or ms < e else e
+            elif ms < p:
+                p = ms
+        return p, e
 
-    return merge
+    return deadline
+
+
+def track_deadlines(timeout_ms: int) -> Indexer:
+    """:func:`track_deadline` over stored entry bytes (the store's index)."""
+    return bytes_deadline(track_deadline(timeout_ms))
+
+
+def plain_track_step(init: Callable[[Any, Any], Any], update: Callable[[Any, Any, Any], Any], now: int,
+                     timeout: int) -> KeyStep:
+    """Plain ``track``'s step at batch ``now`` ms: per event, in input order, ``init`` for a key without state, else
+    ``update``; a key without events for ``timeout`` ms is dropped."""
+
+    def step(k: Any, entry: Any, events: Any) -> Any:
+        if events is None:
+            return entry if now - entry[1] < timeout else None
+        s = entry[0] if entry is not None else None
+        for ev in events:
+            s = init(k, ev) if s is None else update(k, s, ev)
+        return None if s is None else (s, now)
+
+    return step
 
 
 def upgrade_entry(entry: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -215,20 +276,25 @@ def track_batch(previous: Iterable[tuple[Any, tuple[Any, ...]]], events: Iterabl
                 init: Callable[[Any, Any], Any], update: Callable[[Any, Any, Any], Any],
                 on_timer: Callable[[Any, Any, Timer], Any] | None, now_ms: int, timeout_ms: int,
                 watermark_ms: int | None) -> list[tuple[Any, tuple[Any, ...]]]:
-    """One batch of a partition (the merge of :class:`TimerTrackNode`): the entries of ``previous`` (either
-    layout) with the batch's ``(key, events)`` applied and the due timers fired (the rule of the module
-    docstring), at batch time ``now_ms`` with the watermark ``watermark_ms``. A pure function of its input."""
-    state = dict(previous)
-    new = dict(events)
-    out = []
-    for k in [*state, *(k for k in new if k not in state)]:
-        entry = state.get(k)
-        if (entry is not None and len(entry) == 6 and entry[4] and not entry[3] and not entry[5] and k not in new
+    """One batch of a partition on the RDD state: :func:`timer_track_step` over every key of ``previous`` (either
+    layout) and of the batch's ``(key, events)``. A pure function of its input."""
+    step = timer_track_step(init, update, on_timer, now_ms, timeout_ms, watermark_ms)
+    return rdd_partition(Track(init, update, Duration(timeout_ms), on_timer, False), step, previous, [list(events)])
+
+
+def timer_track_step(init: Callable[[Any, Any], Any], update: Callable[[Any, Any, Any], Any],
+                     on_timer: Callable[[Any, Any, Timer], Any] | None, now_ms: int, timeout_ms: int,
+                     watermark_ms: int | None) -> KeyStep:
+    """A key's step of ``track`` with timers at batch time ``now_ms`` and watermark ``watermark_ms``: its entry
+    (either layout, or None) with its events (None: none) applied and its due timers fired (the rule of the module
+    docstring)."""
+
+    def step(k: Any, entry: Any, events: Any) -> Any:
+        if (entry is not None and len(entry) == 6 and entry[4] and not entry[3] and not entry[5] and events is None
                 and now_ms - entry[1] < timeout_ms and not (entry[2] and _any_due(entry[2], now_ms, watermark_ms))):
             # An idle key: a live entry of the current layout holding no emitted record, not touched by the batch
             # before (its flag stays False), not timed out, no timer due. The rule below gives the same entry.
-            out.append((k, entry))
-            continue
+            return entry
         if entry is not None:
             entry = upgrade_entry(entry)
         if entry is not None and entry[4]:
@@ -236,7 +302,7 @@ def track_batch(previous: Iterable[tuple[Any, tuple[Any, ...]]], events: Iterabl
         else:
             s, last, timers = None, None, {}
         emitted: list[Any] = []
-        for ev in new.get(k, ()):
+        for ev in events or ():
             s = _apply(init(k, ev) if s is None else update(k, s, ev), timers, emitted, None)
             last = now_ms
             if s is None:
@@ -244,7 +310,7 @@ def track_batch(previous: Iterable[tuple[Any, tuple[Any, ...]]], events: Iterabl
         if s is not None and now_ms - last >= timeout_ms:
             s = None  # timed out (track's contract)
             timers.clear()
-        touched = k in new
+        touched = events is not None
         if s is not None and timers:
             due = sorted((KINDS.index(kind), ms, tag) for tag, (kind, ms) in timers.items()
                          if kind == EVENT and watermark_ms is not None and ms <= watermark_ms
@@ -259,9 +325,9 @@ def track_batch(previous: Iterable[tuple[Any, tuple[Any, ...]]], events: Iterabl
                 if s is None:
                     timers.clear()
                     break
-        if s is not None or emitted:
-            out.append((k, (s, last, timers, emitted, s is not None, touched)))
-    return out
+        return (s, last, timers, emitted, s is not None, touched) if s is not None or emitted else None
+
+    return step
 
 
 def _any_due(timers: TimerTable, now_ms: int, watermark_ms: int | None) -> bool:
@@ -312,3 +378,15 @@ def emitted_records(it: Iterable[Any]) -> Iterator[Any]:
     """Partition function: the records the batch's functions emitted."""
     for _, e in it:
         yield from e[-3]
+
+
+def updated_entries(it: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
+    """Partition function over what a batch wrote (``changes``): ``(key, state)`` of the live keys it touched."""
+    return ((k, e[0]) for k, e in it if e is not None and e[-2] and e[-1])
+
+
+def emitted_entries(it: Iterable[Any]) -> Iterator[Any]:
+    """Partition function over what a batch wrote: the records its functions emitted."""
+    for _, e in it:
+        if e is not None:
+            yield from e[-3]
