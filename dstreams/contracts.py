@@ -201,4 +201,6 @@ def no_fault(point: str) -> None:
 #: :class:`~dstreams.recovery.checkpoint_format.CheckpointFormatError`; nothing reads an older layout (no release
 #: has to stay readable). Change it with any change to what a checkpoint holds or how it is laid out (the
 #: executor state store's file is copied into state checkpoints as a snapshot part, so its layout counts too).
-CHECKPOINT_FORMAT = 2
+#: 3: a state checkpoint's manifest names its history's dropped batches and changelog objects are named by version
+#: ids (:mod:`dstreams.state_lineage`).
+CHECKPOINT_FORMAT = 3

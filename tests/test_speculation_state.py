@@ -2,10 +2,11 @@
 
 Structured Streaming had to give every state version a unique id (its checkpoint format v2, SPARK-49374) because a
 rerun applied a changelog on the wrong snapshot. Here a batch's task on a state partition (:mod:`dstreams.nodes.
-store_state`) checks that its host's store is at the version the batch builds on, *of this driver run*, catches up
-from the changelog (``changelogs/<node>/<version>/<run>-p<partition>``, written before the store commits) when it is
-not, and applies; a store of this run at or past the batch says "applied already". So two attempts can only write one
-history if every ``(run, version)`` a store or the changelog holds has one content.
+store_state`) checks that its host's store is at the version the batch builds on, *of this driver run and history*
+(the batches dropped at or before it, :mod:`dstreams.state_lineage`), catches up from the changelog
+(``changelogs/<node>/<version>/<vid>-p<partition>``, written before the store commits, ``vid`` naming the run and the
+history) when it is not, and applies; a store of this run and history at or past the batch says "applied already".
+So two attempts can only write one history if every ``(vid, version)`` a store or the changelog holds has one content.
 
 These tests call the engine's own task functions (the closures ``compute`` and ``checkpoint_export`` hand to Spark,
 captured in this process) as *attempts on hosts*: each host is its own local folder of stores, and the attempts are
@@ -24,10 +25,10 @@ running counts computed from the input alone). The process-level run with real s
 ``tests/test_elastic.py::test_speculation_and_executors_joining_and_lost_mid_stream_keep_one_history`` (one cluster
 run for speculation and for executors that come and go).
 
-Found here and kept as strict xfails (the fix is in their reasons and in ``docs/guide/elastic.md``): a batch whose
-input was dropped (``spark.dstreams.batch.onFailure=dropInput``) is applied again as the *same* ``(run, version)``,
-so a store on another host that applied the batch before the drop, or a zombie attempt of it that writes its
-changelog after the redo, is taken for the redone version: two histories of one partition.
+And a batch whose input was dropped (``spark.dstreams.batch.onFailure=dropInput``), which is applied again as the
+same version: a store on another host that applied it before the drop holds another history of that version (it is
+caught up, not built on), and a zombie attempt of it from before the drop writes its changelog under the id of its own
+history, beside the redo's, so a host catching up reads the redo's (found here as a fork, fixed by the lineage).
 """
 
 from __future__ import annotations

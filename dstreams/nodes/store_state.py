@@ -11,9 +11,9 @@ store (:meth:`StoreStateNode.updater` or :meth:`StoreStateNode.batch_plan`) and,
   keys the batch touches) and yields one record, the store version it stands for. The handle at ``t`` depends
   narrowly on the handle before it and on the batch, shuffled once into the state's partitioner, so that
   Spark's lineage replays missing batches in order after a lost executor, as with RDD state. Handles are
-  cached (a few bytes each). A handle whose store already holds its version, in the same driver run, applies
-  nothing (a recomputed or retried task, a speculative copy). A batch with no records keeps the previous
-  handle.
+  cached (a few bytes each). A handle whose store already holds its version, in the same driver run and history
+  (the batches dropped at or before it: :mod:`dstreams.state_lineage`), applies nothing (a recomputed or retried
+  task, a speculative copy). A batch with no records keeps the previous handle.
 * :class:`StateViewNode` (the public stream) reads the whole state as of each handle's version, lazily:
   an output that reads every key costs the whole state, one that reads nothing costs nothing.
 
@@ -285,6 +285,7 @@ class StoreStateNode(OneParentNode):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("_inherited", EMPTY)
         self._run = uuid.uuid4().hex  # a restored graph is a new run
 
     def store_id(self) -> str:
