@@ -181,17 +181,16 @@ def _to_base(store: PartitionStore, t: int, base: int | None, run: str, lineage:
 
     A store of this run past ``base`` whose history at ``t`` is another (it applied ``t`` or later before a batch
     was dropped) but the same at ``base`` goes back to ``base`` through its log."""
-    version, owner, had = store.version, store.run, store.lineage
-    mine = owner == run and version is not None
-    if mine and version >= t and (lineage.agrees(had, t) or lineage.misses(had, t)):
-        return False
-    if mine and version == base and lineage.agrees(had, base):
-        return True
-    floor = store.log_floor
-    if (mine and base is not None and version > base and floor is not None and floor <= base
-            and lineage.agrees(had, base)):
-        store.rollback(base)  # what it applied after base is of another history (the dropped input's)
-        return True
+    version, had, floor = store.version, store.lineage, store.log_floor
+    if store.run == run and version is not None:
+        if version >= t and (lineage.agrees(had, t) or lineage.misses(had, t)):
+            return False
+        if base is not None and version >= base and lineage.agrees(had, base):
+            if version == base:
+                return True
+            if floor is not None and floor <= base:
+                store.rollback(base)  # what it applied after base is of another history (the dropped input's)
+                return True
     if catchup is not None and base is not None and catch_up(store, catchup[0], run, partition, base, catchup[1],
                                                              lineage):
         caught_up.add(1)
