@@ -85,17 +85,18 @@ class StateChangelog(Protocol):
     task can bring a partition's store to any version since the newest checkpoint on any host
     (:mod:`dstreams.nodes.store_state`). Called in tasks; every method may raise on a store error.
 
-    * ``write(run, version, partition, entries)``: the ``(key bytes, value bytes or None: deleted)`` that batch
-      ``version`` of driver run ``run`` wrote to ``partition``; written again identically by a retried task.
-    * ``read(run, version, partition)``: those entries; ``FileNotFoundError`` when none were written (or they were
+    * ``write(vid, version, partition, entries)``: the ``(key bytes, value bytes or None: deleted)`` that batch
+      ``version`` wrote to ``partition`` in the history ``vid`` names (the driver run, and the batches dropped at or
+      before ``version``: :meth:`dstreams.state_lineage.Lineage.vid`); written again identically by a retried task.
+    * ``read(vid, version, partition)``: those entries; ``FileNotFoundError`` when none were written (or they were
       deleted: only versions after the stream's oldest kept checkpoint are kept).
     * ``checkpoint_state(time_ms, partition)``: the partition's ``(key bytes, value bytes)`` at the committed
       checkpoint of ``time_ms`` (its newest snapshot and the deltas after it).
     """
 
-    def write(self, run: str, version: int, partition: int, entries: list[tuple[bytes, bytes | None]]) -> None: ...
+    def write(self, vid: str, version: int, partition: int, entries: list[tuple[bytes, bytes | None]]) -> None: ...
 
-    def read(self, run: str, version: int, partition: int) -> list[tuple[bytes, bytes | None]]: ...
+    def read(self, vid: str, version: int, partition: int) -> list[tuple[bytes, bytes | None]]: ...
 
     def checkpoint_state(self, time_ms: int, partition: int) -> Any: ...
 
@@ -200,4 +201,6 @@ def no_fault(point: str) -> None:
 #: :class:`~dstreams.recovery.checkpoint_format.CheckpointFormatError`; nothing reads an older layout (no release
 #: has to stay readable). Change it with any change to what a checkpoint holds or how it is laid out (the
 #: executor state store's file is copied into state checkpoints as a snapshot part, so its layout counts too).
-CHECKPOINT_FORMAT = 2
+#: 3: a state checkpoint's manifest names its history's dropped batches and changelog objects are named by version
+#: ids (:mod:`dstreams.state_lineage`).
+CHECKPOINT_FORMAT = 3

@@ -16,16 +16,18 @@ Contract of :class:`PartitionStore`:
   ``int``, ``bytes``, tuple... keys are one key; ``1`` and ``1.0`` (equal in a dict) are two keys here.
   Values are pickled. The state is one table keyed by those bytes (``kv``, a ``WITHOUT ROWID`` B-tree: the key's
   bytes are the row's key, so a look-up or a write is one descent of one tree, with no hash or row id to compute).
-* The store holds one **version** (a batch time in ms) and the **run** that wrote it (a token of one driver
-  run: a store written by an earlier driver is trusted only after it is brought back to a checkpoint).
+* The store holds one **version** (a batch time in ms), the **run** that wrote it (a token of one driver
+  run: a store written by an earlier driver is trusted only after it is brought back to a checkpoint) and its
+  **lineage**, the batches dropped (``onFailure=dropInput``) at or before it in its history
+  (:mod:`dstreams.state_lineage`): a version applied before its batch's input was dropped is another history.
   :meth:`commit` applies one batch's writes as version ``t`` in one transaction and logs each written key's
   old value; the log lets :meth:`items_as_of` read an older version, :meth:`changed_since` list the keys a
   delta checkpoint must write, and :meth:`rollback` return to an older version. The log is pruned below a
   floor the driver chooses (the base of the next delta checkpoint and the remember window).
-* :meth:`ensure_base` brings the store to version ``c`` of a given run: kept if the same run is already
-  at or past ``c`` (a recomputed base never moves a store back), rolled back if an earlier run's store is
-  past ``c`` and its log reaches back to ``c``, else reloaded from ``records`` (a checkpoint's state or the
-  initial state).
+* :meth:`ensure_base` brings the store to version ``c`` of a given run and lineage: kept if the same run is
+  already at or past ``c`` with the same history at ``c`` (a recomputed base never moves a store back), rolled back
+  if an earlier run's store is past ``c`` with the same history at ``c`` and its log reaches back to ``c``, else
+  reloaded from ``records`` (a checkpoint's state or the initial state).
 * Two tasks of one partition (speculation, a retry) serialise on the database's write lock
   (``BEGIN IMMEDIATE``, a 10-minute busy timeout).
 * A store opened with :meth:`PartitionStore.open` holds a shared ``flock`` on its database file until it is closed
@@ -39,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import io
+import json
 import operator
 import os
 import pickle
@@ -50,6 +53,7 @@ from typing import Any
 
 from .errors import DStreamsError
 from .pickling import dumps
+from .state_lineage import EMPTY, Lineage
 from .task_faults import task_reached
 
 #: Rows per ``IN (...)`` lookup (below SQLite's default limit of host parameters).
@@ -198,14 +202,18 @@ class PartitionStore:
         return self._meta("log_floor")
 
     @property
-    def redone(self) -> int | None:
-        """The last version applied again after its batch's input was dropped (:meth:`mark_redone`), or None."""
-        return self._meta("redone")
+    def lineage(self) -> Lineage:
+        """The dropped batches the history of the store's version went through (:mod:`dstreams.state_lineage`): with
+        :attr:`run`, which history of :attr:`version` the store holds."""
+        stored = self._meta("lineage")
+        return EMPTY if stored is None else Lineage.from_json(json.loads(stored))
 
-    def mark_redone(self, version: int) -> None:
-        """Inside a transaction: ``version`` is the one applied again without the dropped input (a later task of
-        the same batch finds it applied)."""
-        self._set_meta("redone", version)
+    def _set_lineage(self, lineage: Lineage | None) -> None:
+        stored = (lineage or EMPTY).to_json()
+        if stored is None:
+            self.db.execute("DELETE FROM meta WHERE name = 'lineage'")
+        else:
+            self._set_meta("lineage", json.dumps(stored))
 
     @property
     def keys(self) -> int:
@@ -376,9 +384,12 @@ class PartitionStore:
         self.db.executemany(_UPSERT, inserts)
         self.db.executemany("DELETE FROM kv WHERE k = ?", deletes)
 
-    def set_version(self, version: int, run: str) -> None:
+    def set_version(self, version: int, run: str, lineage: Lineage | None = None) -> None:
+        """Inside a transaction: the store holds ``version`` of ``run`` with the history ``lineage`` (None: no drops;
+        kept up to ``version``)."""
         self._set_meta("version", version)
         self._set_meta("run", run)
+        self._set_lineage((lineage or EMPTY).upto(version))
         if self.log_floor is None:
             self._set_meta("log_floor", version)
 
@@ -398,10 +409,13 @@ class PartitionStore:
         current = self.get_many(back)
         self.write_many(version, back, current, log=False)
         self.db.execute("DELETE FROM log WHERE ver > ?", (version,))
+        self._set_lineage(self.lineage.upto(version))
         self._set_meta("version", version)
 
-    def reload(self, version: int, run: str, records: Iterable[tuple[bytes, bytes]]) -> None:
-        """Inside a transaction: replace everything by ``records`` as ``version`` of ``run`` (empty log).
+    def reload(self, version: int, run: str, records: Iterable[tuple[bytes, bytes]],
+               lineage: Lineage | None = None) -> None:
+        """Inside a transaction: replace everything by ``records`` as ``version`` of ``run`` with the history
+        ``lineage`` (None: no drops), with an empty log.
 
         ``records`` may offer ``file_snapshot(path)`` (a checkpoint's partition,
         :class:`dstreams.recovery.checkpoint_files.StatePartition`): it writes a store file (:meth:`export_file`'s)
@@ -429,6 +443,7 @@ class PartitionStore:
             self._set_meta("keys", self.count())
         self._set_meta("version", version)
         self._set_meta("run", run)
+        self._set_lineage((lineage or EMPTY).upto(version))
         self._set_meta("log_floor", version)
 
     def _load_file(self, path: str, changes: dict[bytes, bytes | None]) -> None:
@@ -495,23 +510,28 @@ class PartitionStore:
         return keys
 
     def ensure_base(self, version: int, run: str, records: Callable[[], Iterable[tuple[bytes, bytes]]],
-                    reuse_other_runs: bool = True, loaded: Callable[[], None] | None = None) -> str:
-        """Bring the store to ``version`` of ``run`` (see the module docstring); returns what it did
-        ("kept", "rolled back", "reloaded"). ``reuse_other_runs=False``: an earlier run's store is reloaded rather
-        than rolled back (the state at ``version`` is this run's own, an initial state, not a checkpoint's).
-        ``loaded()`` runs inside the transaction after a roll-back or a reload (its failure undoes them)."""
+                    reuse_other_runs: bool = True, loaded: Callable[[], None] | None = None,
+                    lineage: Lineage | None = None) -> str:
+        """Bring the store to ``version`` of ``run`` with the history ``lineage`` (None: no drops; see the module
+        docstring); returns what it did ("kept", "rolled back", "reloaded"). A store whose history at ``version``
+        went through other dropped batches (:meth:`Lineage.agrees`) is neither kept nor rolled back.
+        ``reuse_other_runs=False``: an earlier run's store is reloaded rather than rolled back (the state at
+        ``version`` is this run's own, an initial state, not a checkpoint's). ``loaded()`` runs inside the transaction
+        after a roll-back or a reload (its failure undoes them)."""
+        lineage = lineage or EMPTY
         with self.transaction():
             current = self.version
-            if current is not None and self.run == run and current >= version:
+            same = current is not None and current >= version and lineage.agrees(self.lineage, version)
+            if same and self.run == run:
                 return "kept"
             floor = self.log_floor
-            if (reuse_other_runs and current is not None and current >= version and floor is not None
-                    and floor <= version):
+            if reuse_other_runs and same and floor is not None and floor <= version:
                 self.rollback(version)
                 self._set_meta("run", run)
+                self._set_lineage(lineage.upto(version))
                 done = "rolled back"
             else:
-                self.reload(version, run, records())
+                self.reload(version, run, records(), lineage)
                 done = "reloaded"
             if loaded is not None:
                 loaded()

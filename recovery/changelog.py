@@ -2,10 +2,14 @@
 store next to its checkpoints (``spark.dstreams.state.changelog``; the engine's
 :class:`dstreams.contracts.StateChangelog`).
 
-Layout: ``changelogs/<node key>/<version, 15 digits>/<run>-p<partition, 5 digits>``, one object per batch and
-partition (:mod:`.codec`, checksummed), written by the task that applied the batch, before its store commits.
-The driver run's token in the name keeps two drivers on one location apart: a fenced driver's tasks write
-under their own run and the new owner never reads them.
+Layout: ``changelogs/<node key>/<version, 15 digits>/<vid>-p<partition, 5 digits>``, one object per batch, history
+and partition (:mod:`.codec`, checksummed), written by the task that applied the batch, before its store commits.
+The version id ``vid`` (:meth:`dstreams.state_lineage.Lineage.vid`) is the driver run's token, followed by a digest of
+the batches dropped (``spark.dstreams.batch.onFailure=dropInput``) at or before the version when there are any
+(``<run>.<16 hex digits>``). The run keeps two drivers on one location apart: a fenced driver's tasks write under
+their own run and the new owner never reads them. The digest keeps two histories of one run apart: a batch whose
+input was dropped is applied again as the same version, and what an attempt from before the drop writes (a zombie
+task, a store on another host) goes to another object than the redone version's, which is the one read.
 
 A task whose partition store is not at the version its batch builds on (another host, a store lost or left behind)
 reads the newest checkpoint the driver adopted (:meth:`StoreChangelog.checkpoint_state`) and the versions since
@@ -33,8 +37,8 @@ def changelog_root(node_key: str) -> str:
     return f"changelogs/{node_key}/"
 
 
-def changelog_key(node_key: str, run: str, version: int, partition: int) -> str:
-    return f"{changelog_root(node_key)}{version:015d}/{run}-p{partition:05d}"
+def changelog_key(node_key: str, vid: str, version: int, partition: int) -> str:
+    return f"{changelog_root(node_key)}{version:015d}/{vid}-p{partition:05d}"
 
 
 @dataclass(frozen=True)
@@ -44,12 +48,12 @@ class StoreChangelog:
     spec: StoreSpec
     node_key: str
 
-    def write(self, run: str, version: int, partition: int, entries: list[tuple[bytes, bytes | None]]) -> None:
+    def write(self, vid: str, version: int, partition: int, entries: list[tuple[bytes, bytes | None]]) -> None:
         data, _, _ = encode_partition(entries)
-        self.spec.open().put(changelog_key(self.node_key, run, version, partition), data)
+        self.spec.open().put(changelog_key(self.node_key, vid, version, partition), data)
 
-    def read(self, run: str, version: int, partition: int) -> list[tuple[bytes, bytes | None]]:
-        key = changelog_key(self.node_key, run, version, partition)
+    def read(self, vid: str, version: int, partition: int) -> list[tuple[bytes, bytes | None]]:
+        key = changelog_key(self.node_key, vid, version, partition)
         return decode_partition(self.spec.open().get(key), None, key)
 
     def checkpoint_state(self, time_ms: int, partition: int) -> Iterable[tuple[bytes, bytes]]:

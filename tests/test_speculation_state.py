@@ -2,10 +2,11 @@
 
 Structured Streaming had to give every state version a unique id (its checkpoint format v2, SPARK-49374) because a
 rerun applied a changelog on the wrong snapshot. Here a batch's task on a state partition (:mod:`dstreams.nodes.
-store_state`) checks that its host's store is at the version the batch builds on, *of this driver run*, catches up
-from the changelog (``changelogs/<node>/<version>/<run>-p<partition>``, written before the store commits) when it is
-not, and applies; a store of this run at or past the batch says "applied already". So two attempts can only write one
-history if every ``(run, version)`` a store or the changelog holds has one content.
+store_state`) checks that its host's store is at the version the batch builds on, *of this driver run and history*
+(the batches dropped at or before it, :mod:`dstreams.state_lineage`), catches up from the changelog
+(``changelogs/<node>/<version>/<vid>-p<partition>``, written before the store commits, ``vid`` naming the run and the
+history) when it is not, and applies; a store of this run and history at or past the batch says "applied already".
+So two attempts can only write one history if every ``(vid, version)`` a store or the changelog holds has one content.
 
 These tests call the engine's own task functions (the closures ``compute`` and ``checkpoint_export`` hand to Spark,
 captured in this process) as *attempts on hosts*: each host is its own local folder of stores, and the attempts are
@@ -24,10 +25,10 @@ running counts computed from the input alone). The process-level run with real s
 ``tests/test_elastic.py::test_speculation_and_executors_joining_and_lost_mid_stream_keep_one_history`` (one cluster
 run for speculation and for executors that come and go).
 
-Found here and kept as strict xfails (the fix is in their reasons and in ``docs/guide/elastic.md``): a batch whose
-input was dropped (``spark.dstreams.batch.onFailure=dropInput``) is applied again as the *same* ``(run, version)``,
-so a store on another host that applied the batch before the drop, or a zombie attempt of it that writes its
-changelog after the redo, is taken for the redone version: two histories of one partition.
+And a batch whose input was dropped (``spark.dstreams.batch.onFailure=dropInput``), which is applied again as the
+same version: a store on another host that applied it before the drop holds another history of that version (it is
+caught up, not built on), and a zombie attempt of it from before the drop writes its changelog under the id of its own
+history, beside the redo's, so a host catching up reads the redo's (found here as a fork, fixed by the lineage).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from dstreams import ManualClock, StreamingContext
 from dstreams.nodes import store_state
 from dstreams.nodes.store_state import StoreStateNode
 from dstreams.recovery.codec import encode_partition
+from dstreams.state_lineage import EMPTY
 from dstreams.statestore import DELTA, FILE_SNAPSHOT, PART_HEADER, PartitionStore, StateStoreError, file_rows
 from dstreams.time import BatchTime
 
@@ -226,14 +228,24 @@ class Stream:
 
     def store(self, host: str, partition: int) -> tuple[int | None, str | None, dict[Any, Any]]:
         """(version, run, state) of ``host``'s store of ``partition``."""
+        return self.store_and_vid(host, partition)[:3]
+
+    def store_and_vid(self, host: str, partition: int) -> tuple[int | None, str | None, dict[Any, Any], str | None]:
+        """(version, run, state, the id of its version's history) of ``host``'s store of ``partition``."""
         store = PartitionStore.open(str(self.host(host)), self.node.store_id(), partition)
         try:
-            return store.version, store.run, {pickle.loads(k): pickle.loads(v) for k, v in store.items()}
+            run, version = store.run, store.version
+            vid = None if run is None or version is None else store.lineage.vid(run, version)
+            return version, run, {pickle.loads(k): pickle.loads(v) for k, v in store.items()}, vid
         finally:
             store.close()
 
+    def vid(self, version: int) -> str:
+        """The id of ``version`` in the stream's history (the batches dropped so far at or before it)."""
+        return EMPTY.with_drops(self.dropped).vid(self.node._run, version)
+
     def changelog_entries(self, version: int, partition: int) -> dict[Any, Any]:
-        entries = self.changelog.inner.read(self.node._run, version, partition)
+        entries = self.changelog.inner.read(self.vid(version), version, partition)
         return {pickle.loads(k): None if v is None else pickle.loads(v) for k, v in entries}
 
     def changelog_objects(self) -> list[str]:
@@ -242,14 +254,17 @@ class Stream:
         return sorted(open_store(str(self.tmp / "ckpt")).list(f"changelogs/{self.node.key}/"))
 
     def assert_one_history(self, version: int, hosts: list[str]) -> None:
-        """One history through ``version``: every ``host``'s store is at a version of this run at or before ``version``
-        that the stream applied and holds the model's state at it; every changelog object through ``version`` is the
-        model's change of its batch, one per batch and partition (one run); and a fresh host brought to ``version``
-        from the checkpoint and the changelog (the state's view task on it) reads the model's state."""
+        """One history through ``version``: every ``host``'s store is at a version of this run and history at or before
+        ``version`` that the stream applied and holds the model's state at it; the changelog object of every batch and
+        partition through ``version`` in the stream's history is the model's change of its batch, and every other
+        object is of this run and of another history of a version at or after a dropped batch (an attempt from before
+        the drop: never read); and a fresh host brought to ``version`` from the checkpoint and the changelog (the
+        state's view task on it) reads the model's state."""
         for host in hosts:
             for p in range(PARTITIONS):
-                at, run, state = self.store(host, p)
+                at, run, state, vid = self.store_and_vid(host, p)
                 assert at in self.inputs and at <= version and run == self.node._run, (host, p, at, run)
+                assert vid == self.vid(at), (host, p, at, vid)
                 assert state == self.model(at, p), (host, p, at)
         for t in sorted(self.inputs):
             if t <= version:
@@ -259,8 +274,14 @@ class Stream:
         read = self.view(version, fresh)
         for p in range(PARTITIONS):
             assert read(p) == self.model(version, p), (fresh, p)
-        names = self.changelog_objects()
-        assert len(names) == len({n.rsplit("/", 2)[1] for n in names}) * PARTITIONS, names  # one run, one per part
+        root = f"changelogs/{self.node.key}/"
+        names = {n[len(root):] for n in self.changelog_objects()}
+        ours = {f"{t:015d}/{self.vid(t)}-p{p:05d}" for t in self.inputs if t <= version for p in range(PARTITIONS)}
+        assert ours <= names, sorted(ours - names)
+        for name in names - ours:
+            t = int(name.split("/")[0])
+            assert name.split("/")[1].startswith(self.node._run), name  # one run
+            assert t > version or any(d <= t for d in self.dropped), name  # another history: from before a drop
 
     def view(self, version: int, host: str) -> Callable[[int], dict[Any, Any]]:
         """The whole state at ``version`` as the view's task on ``host`` reads it (catching up where needed)."""
@@ -432,37 +453,25 @@ def test_two_attempts_of_a_checkpoint_part_write_the_same_bytes(stream, kind):
 
 
 # ---------------------------------------------------------------------------------------------- dropped input
-_DROP_FIX = (
-    "fork: a batch whose input was dropped (onFailure=dropInput) is applied again as the same (run, version), so a "
-    "store on another host that applied it before the drop passes the next batch's base check (owner == run and "
-    "version == base) and a zombie attempt from before the drop overwrites the redo's changelog object. Fix "
-    "(dstreams/nodes/store_state.py, dstreams/statestore.py, recovery/changelog.py): identify each applied version by "
-    "an id chained from its base, vid(t) = sha256(vid(base), t, a new nonce when t is applied again after a drop), "
-    "vid = run + ':' + t for the zero time or a checkpoint read back, so that a redone batch and every version built "
-    "on it get new ids; the handle yields (t, vid(t)); the store keeps the vid of its version and of each logged "
-    "version; apply's base and 'applied already' checks, _at_version, catch_up and ensure_base compare (version, vid) "
-    "instead of (version, run); the changelog object is <version>/<vid>-p<partition> and the catch-up plan lists "
-    "(version, vid) pairs, so what an attempt of a superseded version writes is never read")
-
-
-@pytest.mark.xfail(strict=True, reason=_DROP_FIX)
 def test_a_dropped_batch_redone_on_another_host_leaves_no_stale_store_behind(stream):
     """Batch 3 applies on host B (with its records), then fails on an output and its input is dropped; the redo
-    (no records) runs on host A. Batch 4's task then runs on B: B's store must not build on its pre-drop batch 3."""
+    (no records) runs on host A. Batch 4's task then runs on B: B's store must not build on its pre-drop batch 3 (it
+    holds batch 3 of another history: it catches up from the changelog first)."""
     stream.apply(1000, "a")
     stream.apply(2000, "a")
     stream.apply(3000, "b")
     redo = stream.task(3000, "a", drop=True)
     assert [redo(p) for p in range(PARTITIONS)] == [[3000]] * PARTITIONS
+    caught_up = stream.node.store_metrics()["caught_up"]
     stream.apply(4000, "b")
+    assert stream.node.store_metrics()["caught_up"] == caught_up + PARTITIONS
     stream.assert_one_history(4000, ["a", "b"])
 
 
-@pytest.mark.xfail(strict=True, reason=_DROP_FIX)
 def test_a_zombie_from_before_a_drop_cannot_overwrite_the_redos_changelog(stream):
     """Batch 3's attempt on host B (with its records) stalls before its changelog write; the batch fails, its input
     is dropped and the redo commits on host A; then the zombie wakes up and writes batch 3's changelog. A fresh host
-    catching up must read the redo's change, not the zombie's."""
+    catching up must read the redo's change, not the zombie's (written under the id of its own history)."""
     stream.apply(1000, "a")
     stream.apply(2000, "a")
     zombie = stream.task(3000, "b")
@@ -473,6 +482,7 @@ def test_a_zombie_from_before_a_drop_cannot_overwrite_the_redos_changelog(stream
         assert [redo(p) for p in range(PARTITIONS)] == [[3000]] * PARTITIONS
         release.set()
     assert woke == {"value": [3000]}, woke
+    assert (3000, 0, "b") in stream.changelog.writes  # the zombie wrote its changelog object, after the redo's
     stream.apply(4000, "a")
     stream.assert_one_history(4000, ["a"])
 

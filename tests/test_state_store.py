@@ -91,6 +91,48 @@ def test_ensure_base_keeps_rolls_back_or_reloads(tmp_path):
     store.close()
 
 
+def test_a_lineage_names_a_history_by_its_dropped_batches_and_folds_the_old_ones():
+    """Two histories of one version differ in the batches dropped at or before it; folding the drops before a floor
+    keeps every id and comparison from the floor on (dstreams/state_lineage.py)."""
+    from dstreams.state_lineage import EMPTY, Lineage
+
+    dropped = EMPTY.with_drops([3000, 7000])
+    assert dropped.vid("r", 2000) == EMPTY.vid("r", 2000) == "r"  # nothing dropped at or before 2000
+    assert dropped.vid("r", 3000) != EMPTY.vid("r", 3000) and dropped.vid("r", 3000).startswith("r.")
+    assert dropped.vid("r", 3000) == dropped.vid("r", 6000) != dropped.vid("r", 7000)
+    assert not dropped.agrees(EMPTY, 3000) and dropped.agrees(EMPTY, 2999)
+    folded = dropped.pruned(5000)
+    assert folded.drops == (7000,) and folded.vid("r", 8000) == dropped.vid("r", 8000)
+    assert folded.agrees(dropped, 5000) and not folded.agrees(EMPTY, 5000)
+    assert folded.digest(4000) is None and folded.agrees(EMPTY, 4000)  # folded past: cannot tell, trusted
+    assert Lineage.from_json(folded.to_json()) == folded and EMPTY.to_json() is None
+    assert dropped.upto(5000).misses(dropped, 8000) and not dropped.misses(dropped.upto(5000), 8000)
+
+
+def test_ensure_base_reuses_a_store_only_with_the_same_dropped_batches(tmp_path):
+    """A store that applied 2000 before batch 2000's input was dropped (another history of 2000) is reloaded rather
+    than kept or rolled back to the checkpoint at 2000 of the history with the drop; one of that history is reused."""
+    from dstreams.state_lineage import EMPTY
+
+    redone = EMPTY.with_drops([2000])
+    store = PartitionStore(str(tmp_path / "p.sqlite"))
+    records = lambda: [(key_bytes("k"), pickle.dumps(-1))]  # noqa: E731 - the checkpoint's state
+    store.ensure_base(0, "r1", lambda: [(key_bytes("k"), pickle.dumps(0))])
+    _commit(store, 1000, "r1", {"k": 1})
+    _commit(store, 2000, "r1", {"k": 2})  # before the drop
+    assert store.ensure_base(2000, "r1", records, lineage=redone) == "reloaded"  # same run, another history
+    assert (store.version, store.lineage.vid("r1", 2000), _kv(store)) == (2000, redone.vid("r1", 2000), {"k": -1})
+    with store.transaction():
+        store.write_many(3000, {key_bytes("k"): pickle.dumps(3)}, {key_bytes("k"): pickle.dumps(-1)})
+        store.set_version(3000, "r1", redone)
+    assert store.ensure_base(2000, "r2", records, lineage=EMPTY) == "reloaded"  # an earlier run's other history
+    assert store.lineage == EMPTY and store.run == "r2"
+    _commit(store, 3000, "r2", {"k": 3})
+    assert store.ensure_base(2000, "r3", records) == "rolled back"  # the same history (no drop): reused
+    assert (store.version, store.run, _kv(store)) == (2000, "r3", {"k": -1})
+    store.close()
+
+
 def test_equal_keys_are_one_key_and_a_bulk_load_keeps_a_keys_last_value(tmp_path):
     a = "x" * 3
     b = "".join(["x", "xx"])  # equal to a, another object

@@ -257,6 +257,7 @@ class AutoStateNode(StoreStateNode):
 
     def checkpoint_manifest(self, time_ms: int, manifest: dict[str, Any]) -> None:
         """A restart resumes on the store from the batch its checkpoint says the stream moved at."""
+        super().checkpoint_manifest(time_ms, manifest)
         moved = _moved_at(manifest)
         if moved is not None and (self.switched_at is None or moved < self.switched_at):
             self.switched_at = moved

@@ -9,9 +9,9 @@ Chosen with ``spark.dstreams.state.store=executor`` (and by ``auto`` once a stat
   keys the batch touches) and yields one record, the store version it stands for. The handle at ``t`` depends
   narrowly on the handle before it and on the batch, shuffled once into the state's partitioner, so that
   Spark's lineage replays missing batches in order after a lost executor, as with RDD state. Handles are
-  cached (a few bytes each). A handle whose store already holds its version, in the same driver run, applies
-  nothing (a recomputed or retried task, a speculative copy). A batch with no records keeps the previous
-  handle.
+  cached (a few bytes each). A handle whose store already holds its version, in the same driver run and history
+  (the batches dropped at or before it: :mod:`dstreams.state_lineage`), applies nothing (a recomputed or retried
+  task, a speculative copy). A batch with no records keeps the previous handle.
 * :class:`StateViewNode` (the public stream) reads the whole state as of each handle's version, lazily:
   an output that reads every key costs the whole state, one that reads nothing costs nothing.
 
@@ -59,6 +59,7 @@ from ..spark.partitioned import (
     partition_aligned_rdd,
     segmented_merge,
 )
+from ..state_lineage import EMPTY, Lineage
 from ..statestore import (
     FILE_SNAPSHOT,
     PART_HEADER,
@@ -109,29 +110,31 @@ def _report(stats: Accumulator | None, partition: int, store: PartitionStore) ->
 
 
 def catch_up(store: PartitionStore, changelog: StateChangelog, run: str, partition: int, target: int,
-             plan: CatchUp) -> bool:
-    """Inside a transaction: bring ``store`` to version ``target`` of ``run`` from the changelog (False: ``plan`` does
-    not reach ``target``). A store of this run at a version of the plan before ``target`` (its start included) applies
-    the versions after its own; any other is reloaded from the plan's checkpoint (or emptied) and applies every version
-    of the plan up to ``target``. With an empty start, the plan's versions may begin with the start itself: the state
-    loaded at that version (an ``initialRDD``, a state that moved into the store), which its loading task wrote to the
-    changelog; it is applied as the base, not logged. Raises :class:`StateStoreError` when the changelog or the
-    checkpoint cannot be read."""
+             plan: CatchUp, lineage: Lineage = EMPTY) -> bool:
+    """Inside a transaction: bring ``store`` to version ``target`` of ``run`` with the history ``lineage`` (the dropped
+    batches, :mod:`dstreams.state_lineage`) from the changelog (False: ``plan`` does not reach ``target``). A store of
+    this run and history at a version of the plan before ``target`` (its start included) applies the versions after
+    its own; any other is reloaded from the plan's checkpoint (or emptied) and applies every version of the plan up to
+    ``target``, each read from its object of this history (:meth:`Lineage.vid`). With an empty start, the plan's
+    versions may begin with the start itself: the state loaded at that version (an ``initialRDD``, a state that moved
+    into the store), which its loading task wrote to the changelog; it is applied as the base, not logged. Raises
+    :class:`StateStoreError` when the changelog or the checkpoint cannot be read."""
     start, empty, applied = plan
     versions = [v for v in applied if v <= target and (v > start or (v == start and empty))]
     if target != (versions[-1] if versions else start):
         return False
     current = store.version
     try:
-        if store.run == run and current is not None and (current == start or current in versions) and current < target:
+        if (store.run == run and current is not None and (current == start or current in versions)
+                and current < target and lineage.agrees(store.lineage, current)):
             todo = [v for v in versions if v > current]
         else:
-            store.reload(start, run, () if empty else changelog.checkpoint_state(start, partition))
+            store.reload(start, run, () if empty else changelog.checkpoint_state(start, partition), lineage)
             todo = versions
         for v in todo:
-            writes: dict[bytes, bytes | None] = dict(changelog.read(run, v, partition))
+            writes: dict[bytes, bytes | None] = dict(changelog.read(lineage.vid(run, v), v, partition))
             store.write_many(v, writes, store.get_many(writes), log=v != start)
-            store.set_version(v, run)
+            store.set_version(v, run, lineage)
     except StateStoreError:
         raise
     except Exception as e:  # noqa: BLE001 - any failure to read: the batch's retry rebuilds through lineage
@@ -141,16 +144,48 @@ def catch_up(store: PartitionStore, changelog: StateChangelog, run: str, partiti
 
 
 def _at_version(store: PartitionStore, version: int, run: str, catchup: tuple[StateChangelog, CatchUp] | None,
-                partition: int, caught_up: Accumulator) -> None:
-    """Before reading ``store`` as of ``version``: where it is not this run's or has not got that far, bring it there
-    from the changelog (when the stream writes one; else the read raises as it would)."""
-    current = store.version
-    if catchup is None or (store.run == run and current is not None and current >= version):
+                partition: int, caught_up: Accumulator, lineage: Lineage = EMPTY) -> None:
+    """Before reading ``store`` as of ``version``: where it is not this run's, has not got that far or holds another
+    history of it (``lineage``: the dropped batches), bring it there from the changelog (when the stream writes one;
+    else the read raises as it would)."""
+
+    def there() -> bool:
+        current = store.version
+        return (store.run == run and current is not None and current >= version
+                and lineage.agrees(store.lineage, version))
+
+    if catchup is None or there():
         return
     with store.transaction():
-        if (store.run != run or store.version is None or store.version < version) and catch_up(
-                store, catchup[0], run, partition, version, catchup[1]):
+        if not there() and catch_up(store, catchup[0], run, partition, version, catchup[1], lineage):
             caught_up.add(1)
+
+
+def _to_base(store: PartitionStore, t: int, base: int | None, run: str, lineage: Lineage,
+             catchup: tuple[StateChangelog, CatchUp] | None, partition: int, caught_up: Accumulator) -> bool | None:
+    """Inside a transaction, before batch ``t`` (of ``run``, with the history ``lineage``) is applied to ``store`` on
+    ``base``: True when the store is at ``base`` of this run and history (as it was, rolled back to it through its
+    log, or caught up from the changelog); False when ``t`` is applied already (a recomputed handle, a retried or
+    speculative task) or the task is superseded (a batch at or before ``t`` was dropped after it was built and the
+    store went on with the redone one): nothing to do; None: the store cannot be brought to ``base``.
+
+    A store of this run past ``base`` whose history at ``t`` is another (it applied ``t`` or later before a batch
+    was dropped) but the same at ``base`` goes back to ``base`` through its log."""
+    version, had, floor = store.version, store.lineage, store.log_floor
+    if store.run == run and version is not None:
+        if version >= t and (lineage.agrees(had, t) or lineage.misses(had, t)):
+            return False
+        if base is not None and version >= base and lineage.agrees(had, base):
+            if version == base:
+                return True
+            if floor is not None and floor <= base:
+                store.rollback(base)  # what it applied after base is of another history (the dropped input's)
+                return True
+    if catchup is not None and base is not None and catch_up(store, catchup[0], run, partition, base, catchup[1],
+                                                             lineage):
+        caught_up.add(1)
+        return True
+    return None
 
 
 def _sweep_host(folder: str, horizon: int, swept: Accumulator) -> None:
@@ -200,6 +235,8 @@ class StoreStateNode(KeyedNode):
         self._newest_checkpoint: int | None = None
         #: The handle at the zero time (the initial state loaded), once built.
         self._zero_handle: RDD | None = None
+        #: The dropped batches of the history of the checkpoint a restart read back (its manifest's ``lineage``).
+        self._inherited: Lineage = EMPTY
         self._reset_changelog()
         self.persist(StorageLevel.MEMORY_ONLY)
 
@@ -222,11 +259,13 @@ class StoreStateNode(KeyedNode):
         state["_had_initial"] = self.initial is not None or self._had_initial
         state["initial"] = None
         state.update(_chain=[], _exported={}, _marked=set(), _stats=None, _caught_up=None, _zero_handle=None,
-                     _changelog=False, _catchup_from=None, _applied=[], _swept=None, _newest_checkpoint=None)
+                     _changelog=False, _catchup_from=None, _applied=[], _swept=None, _newest_checkpoint=None,
+                     _inherited=EMPTY)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("_inherited", EMPTY)
         self._run = uuid.uuid4().hex  # a restored graph is a new run
 
     def store_id(self) -> str:
@@ -322,6 +361,13 @@ class StoreStateNode(KeyedNode):
         return changelog, (begin, empty, tuple(v for v in self._applied
                                                if (v > begin or (empty and v == begin)) and v <= upto_ms))
 
+    def lineage(self, catchup: tuple[StateChangelog, CatchUp] | None, t: int) -> Lineage:
+        """The batches dropped in this history (:mod:`dstreams.state_lineage`: the checkpoint a restart read back went
+        through and this run dropped) as a task of batch ``t`` compares stores by: those before the oldest version it
+        compares at folded (the start of its ``catchup`` plan, whose versions it names, else the stores' log floor)."""
+        floor = catchup[1][0] if catchup is not None else self._log_floor(t)
+        return self._inherited.with_drops(self.graph.dropped_times).pruned(min(floor, t))
+
     def _catchup_starts(self, time_ms: int, empty: bool = False, logged: bool = False) -> None:
         """Stores can be brought up to date from the state at ``time_ms`` (a checkpoint read back or adopted; with
         ``empty``, the empty state) and this run's changelog after it; ``logged``: the state loaded at ``time_ms``
@@ -360,16 +406,19 @@ class StoreStateNode(KeyedNode):
         run, local_dir, store_id = self._run, self.local_dir, self.store_id()
         stats, indexer = self._stats_accumulator(), self.indexer()
         changelog = self.state_changelog() if state is not None else None
+        lineage = self._inherited.with_drops(self.graph.dropped_times).upto(version).pruned(version)
+        vid = lineage.vid(run, version)
 
         def load(i: int, records: Iterable[Any]) -> list[int]:
             store = PartitionStore.open(local_dir, store_id, i, indexer)
             try:
                 def logged() -> None:  # inside the store's transaction: a loaded store is in the changelog
                     assert changelog is not None
-                    changelog.write(run, version, i, list(store.items()))
+                    changelog.write(vid, version, i, list(store.items()))
 
                 store.ensure_base(version, run, lambda: ((key_bytes(k), value_bytes(v)) for k, v in records),
-                                  reuse_other_runs=False, loaded=logged if changelog is not None else None)
+                                  reuse_other_runs=False, loaded=logged if changelog is not None else None,
+                                  lineage=lineage)
                 _report(stats, i, store)
             finally:
                 store.close()
@@ -450,10 +499,10 @@ class StoreStateNode(KeyedNode):
         catchup, caught_up = self._catchup_plan(t - 1), self._caught_up_accumulator()
         changelog = self.state_changelog()
         horizon, swept = self.cleanup_horizon(t), self._swept_accumulator()
-        # The batch's input was dropped after the store applied it (spark.dstreams.batch.onFailure=dropInput): a
-        # store at exactly this version of this run, not yet applied again, goes back to the version before and
-        # applies the batch as it is now (without the dropped records).
-        redo = t in self.graph.dropped_times
+        # Which history of t this is (a batch at or before t whose input was dropped, onFailure=dropInput, makes
+        # another one): a store holding t or its base of another history is not taken for this one.
+        lineage = self.lineage(catchup, t)
+        vid = lineage.vid(run, t)
         if t not in self._applied:
             bisect.insort(self._applied, t)
 
@@ -463,30 +512,22 @@ class StoreStateNode(KeyedNode):
             try:
                 with store.transaction():
                     version, owner = store.version, store.run
-                    if owner == run and version is not None and version >= t:
-                        if not (redo and version == t and store.redone != t and base is not None):
-                            return [t]  # applied already (a recomputed handle, a retried or speculative task)
-                        store.rollback(base)  # the dropped batch's writes are undone
-                        version = base
-                    if owner != run or version != base:
-                        if catchup is not None and base is not None and catch_up(store, catchup[0], run, i, base,
-                                                                                 catchup[1]):
-                            caught_up.add(1)
-                        else:
-                            raise StateStoreError(
-                                f"{name}: the state store of partition {i} ({store.path}) is at version {version} "
-                                f"of run {owner}, not at {base} of this run ({run}), so batch {t} cannot be "
-                                "applied. Another driver may be writing the same checkpoint location's state, the "
-                                "store's folder was removed while the stream ran, or the task runs on another host "
-                                "than the partition's store (spark.dstreams.state.changelog=on lets it catch up); "
-                                "restart the stream from its checkpoint")
+                    ready = _to_base(store, t, base, run, lineage, catchup, i, caught_up)
+                    if ready is False:
+                        return [t]  # applied already (a recomputed handle, a retried or speculative task) or superseded
+                    if ready is None:
+                        raise StateStoreError(
+                            f"{name}: the state store of partition {i} ({store.path}) is at version {version} "
+                            f"of run {owner}, not at {base} of this run ({run}), so batch {t} cannot be "
+                            "applied. Another driver may be writing the same checkpoint location's state, the "
+                            "store's folder was removed while the stream ran, or the task runs on another host "
+                            "than the partition's store (spark.dstreams.state.changelog=on lets it catch up); "
+                            "restart the stream from its checkpoint")
                     writes, old = update(store, segments[1:])
                     store.write_many(t, writes, old)
                     if changelog is not None:  # before the store commits: a version in a store is in the changelog
-                        changelog.write(run, t, i, list(writes.items()))
-                    store.set_version(t, run)
-                    if redo:
-                        store.mark_redone(t)
+                        changelog.write(vid, t, i, list(writes.items()))
+                    store.set_version(t, run, lineage)
                     store.prune_log(floor)
                 _report(stats, i, store)
             finally:
@@ -506,13 +547,13 @@ class StoreStateNode(KeyedNode):
         self._exported[time_ms] = chain
         base = chain[-1] if chain else None
         local_dir, store_id, run, catchup = self.local_dir, self.store_id(), self._run, self._catchup_plan(time_ms)
-        caught_up, indexer = self._caught_up_accumulator(), self.indexer()
+        caught_up, indexer, lineage = self._caught_up_accumulator(), self.indexer(), self.lineage(catchup, time_ms)
 
         def export(i: int, it: Iterable[Any]) -> Iterable[Any]:
             (version,) = list(it)
             store = PartitionStore.open(local_dir, store_id, i, indexer)  # a catch-up here keeps the deadline index
             try:
-                _at_version(store, version, run, catchup, i, caught_up)
+                _at_version(store, version, run, catchup, i, caught_up, lineage)
                 with store.reading():
                     floor = store.log_floor
                     if base is not None and floor is not None and floor <= base:
@@ -531,7 +572,9 @@ class StoreStateNode(KeyedNode):
             finally:
                 store.close()
 
-        return rdd.mapPartitionsWithIndex(export), {"state": {"chain": chain}}
+        # the history of the state it holds: a restart reuses a store of an earlier run only with the same one
+        held = lineage.upto(time_ms).pruned(time_ms).to_json()
+        return rdd.mapPartitionsWithIndex(export), {"state": {"chain": chain, "lineage": held}}
 
     def adopt_checkpoint(self, time: BatchTime, reader: RDD) -> int:
         built_through = super().adopt_checkpoint(time, reader)
@@ -555,11 +598,12 @@ class StoreStateNode(KeyedNode):
         :meth:`adopt_checkpoint` (a checkpoint of this run); otherwise it is a snapshot."""
         version, run, local_dir, store_id = time.ms, self._run, self.local_dir, self.store_id()
         stats, indexer = self._stats_accumulator(), self.indexer()
+        lineage = self._inherited.with_drops(self.graph.dropped_times).upto(version).pruned(version)
 
         def restore(i: int, records: Iterable[Any]) -> list[int]:
             store = PartitionStore.open(local_dir, store_id, i, indexer)
             try:
-                store.ensure_base(version, run, lambda: records)
+                store.ensure_base(version, run, lambda: records, lineage=lineage)
                 _report(stats, i, store)
             finally:
                 store.close()
@@ -572,6 +616,12 @@ class StoreStateNode(KeyedNode):
         if not self._chain or self._chain[-1] != time.ms:
             self._chain = []
 
+    def checkpoint_manifest(self, time_ms: int, manifest: dict[str, Any]) -> None:
+        """A restart reads this checkpoint back: the batches its state's history dropped are this run's history too
+        (the newest checkpoint read back decides)."""
+        if self._newest_checkpoint is None or time_ms >= self._newest_checkpoint:
+            self._inherited = Lineage.from_json((manifest.get("state") or {}).get("lineage"))
+
     def checkpoint_restored(self, time_ms: int, chain: list[int]) -> None:
         """The next checkpoint after a restart is a delta on the restored one (the stores' logs reach back to it
         whether they were kept, rolled back or reloaded), unless the chain is due for a snapshot."""
@@ -583,13 +633,13 @@ class StoreStateNode(KeyedNode):
         if handle is None:
             return None
         local_dir, store_id, run, catchup = self.local_dir, self.store_id(), self._run, self._catchup_plan(time.ms)
-        caught_up, indexer = self._caught_up_accumulator(), self.indexer()
+        caught_up, indexer, lineage = self._caught_up_accumulator(), self.indexer(), self.lineage(catchup, time.ms)
 
         def read(i: int, it: Iterable[Any]) -> Iterable[Any]:
             (version,) = list(it)
             store = PartitionStore.open(local_dir, store_id, i, indexer)  # a catch-up here keeps the deadline index
             try:
-                _at_version(store, version, run, catchup, i, caught_up)
+                _at_version(store, version, run, catchup, i, caught_up, lineage)
                 with store.reading():
                     for kb, vb in store.items_as_of(version):
                         yield pickle.loads(kb), pickle.loads(vb)
@@ -607,7 +657,7 @@ class StoreStateNode(KeyedNode):
             return None
         t, local_dir, store_id = time.ms, self.local_dir, self.store_id()
         run, catchup, caught_up = self._run, self._catchup_plan(time.ms), self._caught_up_accumulator()
-        indexer = self.indexer()
+        indexer, lineage = self.indexer(), self.lineage(catchup, time.ms)
 
         def read(i: int, it: Iterable[Any]) -> Iterable[Any]:
             (version,) = list(it)
@@ -615,7 +665,7 @@ class StoreStateNode(KeyedNode):
                 return  # an empty batch: the handle before it stands for it
             store = PartitionStore.open(local_dir, store_id, i, indexer)  # a catch-up here keeps the deadline index
             try:
-                _at_version(store, version, run, catchup, i, caught_up)
+                _at_version(store, version, run, catchup, i, caught_up, lineage)
                 with store.reading():
                     for kb, vb in store.changed_at(version):
                         yield pickle.loads(kb), None if vb is None else pickle.loads(vb)
