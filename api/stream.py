@@ -995,7 +995,7 @@ class DStream(Generic[T_co]):
         ``onError="deadLetter"`` it goes instead, in the same transaction, to ``deadLetterTopic`` (default
         ``"<topic>.dead-letters"``; it must exist) as a JSON value (``output, batch_ms, part, row, record, error``).
         """
-        from dstreams.kafka.sink import make_target, save_to_kafka, with_output
+        from dstreams.kafka.sink import EXACTLY_ONCE, claim_at_start, make_target, save_to_kafka, with_output
         from dstreams.recovery import faults
 
         ssc = self._ssc
@@ -1009,14 +1009,20 @@ class DStream(Generic[T_co]):
                              f"a time: concurrentBatches is {ssc.concurrent_batches} (set it, or "
                              "spark.streaming.concurrentJobs, to 1; or use guarantee='at-least-once')")
 
+        def named(env: Any) -> Any:
+            return with_output(target, outputName or (f"{topic}@{env.checkpoint_dir}" if env.checkpoint_dir else topic))
+
+        def claim() -> None:  # a new driver fences older ones off at once, not at its first commit (issue 42)
+            env = ssc.output_environment()
+            if env.epoch is not None and guarantee == EXACTLY_ONCE:
+                claim_at_start(named(env), env.epoch)
+
         def save(time: Any, rdd: RDD[Any]) -> None:
             ms = round(time.timestamp() * 1000)
             env = ssc.output_environment()
-            name = outputName or (f"{topic}@{env.checkpoint_dir}" if env.checkpoint_dir else topic)
-            save_to_kafka(rdd, ms, with_output(target, name), env.check_owner, env.epoch,
-                          lambda: faults.reached("sink-write"))
+            save_to_kafka(rdd, ms, named(env), env.check_owner, env.epoch, lambda: faults.reached("sink-write"))
 
-        self._output(save, f"saveToKafka({topic!r})")
+        self._output(save, f"saveToKafka({topic!r})", claim)
 
     # ------------------------------------------------------------------ inspection
     def slice(self: DStream[T], begin: Any, end: Any) -> list[RDD[T]]:

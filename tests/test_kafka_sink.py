@@ -25,6 +25,7 @@ from collections.abc import Iterable
 import pytest
 
 from dstreams import ManualClock, StreamingContext
+from dstreams.kafka import sink
 from dstreams.kafka.params import KafkaConfigError
 from dstreams.kafka.sink import (
     KafkaSinkError,
@@ -347,6 +348,101 @@ def test_a_task_of_a_zombie_driver_is_fenced_by_the_ledger_epoch(kafka_bootstrap
         write_partition(target, 2000, 0, _batch(2000, 4), epoch=1)
     assert write_partition(target, 2000, 0, _batch(2000, 4), epoch=3) == (4, False)
     _assert_exactly(_read(kafka_bootstrap, topic), _batch(1000, 4) + _batch(2000, 4))
+
+
+def _ledger_entries(bootstrap: str, target, partitions: Iterable[int]) -> dict[int, tuple[int, dict]]:
+    """The ledger entry (batch, metadata) of each output partition, as a read_committed consumer sees it."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    entries = {}
+    for p in partitions:
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": target.ledger_group(p), "enable.auto.commit": False})
+        try:
+            (tp,) = c.committed([TopicPartition(target.ledger_topic, 0)], timeout=30)
+        finally:
+            c.close()
+        entries[p] = (tp.offset, json.loads(tp.metadata) if tp.metadata else {})
+    return entries
+
+
+def _open_transaction(target, partition: int, batch_ms: int, records: list[Record], epoch: int):
+    """A zombie driver's task paused at ``kafka-before-commit``: its producer with the partition's records and
+    ledger offset in an open transaction."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    conf, consumer_conf = sink._exactly_once_confs(target, partition)
+    producer = Producer(conf)
+    producer.init_transactions(30)
+    consumer = Consumer(consumer_conf)
+    producer.begin_transaction()
+    for k, v in records:
+        producer.produce(target.topic, v.encode(), k.encode())
+    meta = json.dumps({"epoch": epoch, "token": "zombie", "records": len(records), "producer": "zombie"})
+    producer.send_offsets_to_transaction([TopicPartition(target.ledger_topic, 0, batch_ms, meta)],
+                                         consumer.consumer_group_metadata(), 30)
+    assert producer.flush(30) == 0
+    consumer.close()
+    return producer
+
+
+def test_the_claim_at_start_fences_a_zombies_open_transaction_and_raises_the_ledger_epoch(kafka_bootstrap):
+    """The claim (issue 42): the zombie's producer (its batch's records and ledger offset in an open transaction)
+    is fenced and its transaction aborted; each ledger entry is the same batch under the new epoch; the zombie's
+    re-initialised task then finds the higher epoch; the new owner writes the batch once."""
+    topic = create_topic(kafka_bootstrap, partitions=2)
+    target = make_target(topic, _params(kafka_bootstrap))
+    assert sink.claim_at_start(target, 1) == {}  # no ledger group yet: nothing to claim
+    for p in (0, 1):
+        assert write_partition(target, 1000, p, _batch(1000 + p, 4), epoch=1, token="t1") == (4, False)
+    zombie = _open_transaction(target, 0, 2000, _batch(2000, 4), epoch=1)
+    assert sink.claim_at_start(target, 2) == {0: 1000, 1: 1000}
+    with pytest.raises(Exception) as fenced:
+        zombie.commit_transaction(30)
+    assert sink._fenced(fenced.value), fenced.value
+    entries = _ledger_entries(kafka_bootstrap, target, (0, 1))
+    for p in (0, 1):
+        batch, meta = entries[p]
+        assert batch == 1000 and meta["epoch"] == 2 and meta["claim"] is True, entries
+        assert meta["token"] == "t1" and meta["records"] == 4, entries  # the batch's write, restated
+    with pytest.raises(KafkaSinkFencedError, match=r"newer driver \(epoch 2\).*this one \(epoch 1\)"):
+        write_partition(target, 2000, 0, _batch(2000, 4), epoch=1)
+    assert write_partition(target, 2000, 0, _batch(2000, 4), epoch=2) == (4, False)
+    _assert_exactly(_read(kafka_bootstrap, topic), _batch(1000, 4) + _batch(1001, 4) + _batch(2000, 4))
+    with pytest.raises(KafkaSinkFencedError, match=r"newer driver \(epoch 2\).*this one \(epoch 1\)"):
+        sink.claim_at_start(target, 1)  # a driver of an older epoch that starts late
+    assert sink.claim_at_start(make_target(topic, _params(kafka_bootstrap), guarantee="at-least-once"), 3) == {}
+
+
+def test_a_claim_fenced_by_a_zombie_re_initialising_is_tried_again_then_fails_clearly(kafka_bootstrap, monkeypatch):
+    topic = create_topic(kafka_bootstrap)
+    target = make_target(topic, _params(kafka_bootstrap))
+    assert write_partition(target, 1000, 0, _batch(1000, 4), epoch=1) == (4, False)
+    monkeypatch.setattr(sink, "FENCED_BACKOFF_S", (0.0, 0.01))
+    from confluent_kafka import Producer
+
+    read_ledger = sink._ledger
+    fences = {"left": 2, "done": 0}
+    zombies = []
+
+    def fenced_meanwhile(clients, target_, timeout_s):
+        """Between the claim's init_transactions and its commit, a zombie's task takes the id over."""
+        if fences["left"] > 0:
+            fences["left"] -= 1
+            fences["done"] += 1
+            zombie = Producer(sink._exactly_once_confs(target, 0)[0])
+            zombie.init_transactions(30)
+            zombies.append(zombie)
+        return read_ledger(clients, target_, timeout_s)
+
+    monkeypatch.setattr(sink, "_ledger", fenced_meanwhile)
+    assert sink.claim_at_start(target, 2) == {0: 1000}
+    assert fences["done"] == 2
+    assert _ledger_entries(kafka_bootstrap, target, (0,))[0][1]["epoch"] == 2
+    fences["left"] = sink.CLAIM_ATTEMPTS
+    with pytest.raises(KafkaSinkError, match=rf"fenced the claim {sink.CLAIM_ATTEMPTS} times.*stop it"):
+        sink.claim_at_start(target, 3)
+    assert _ledger_entries(kafka_bootstrap, target, (0,))[0][1]["epoch"] == 2  # nothing claimed for epoch 3
+    _assert_exactly(_read(kafka_bootstrap, topic), _batch(1000, 4))
 
 
 # ------------------------------------------------------------------------------------------ bad input

@@ -745,13 +745,19 @@ def _written_before(last: int, meta: Mapping[str, Any], batch_ms: int, epoch: in
     return (int(meta.get("records", 0)) if same else 0), True
 
 
-def _write_exactly_once(target: KafkaSinkTarget, batch_ms: int, partition: int, records: Iterable[Any],
-                        epoch: int | None, token: str) -> tuple[int, bool]:
-    ck = require_client()
+def _exactly_once_confs(target: KafkaSinkTarget, partition: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The transactional producer's and the ledger consumer's settings for output partition ``partition``."""
     conf = _with_defaults(producer_config(target.params, target.transactional_id(partition)))
     conf.setdefault("transaction.timeout.ms", DEFAULT_TRANSACTION_TIMEOUT_MS)
     consumer_conf = _with_defaults({k: v for k, v in reader_config(target.params).items() if k not in PRODUCER_ONLY})
     consumer_conf["group.id"] = target.ledger_group(partition)
+    return conf, consumer_conf
+
+
+def _write_exactly_once(target: KafkaSinkTarget, batch_ms: int, partition: int, records: Iterable[Any],
+                        epoch: int | None, token: str) -> tuple[int, bool]:
+    ck = require_client()
+    conf, consumer_conf = _exactly_once_confs(target, partition)
     key = _cache_key({**conf, **{f"consumer.{k}": v for k, v in consumer_conf.items()}})
     timeout_s = _timeout_s(conf)
     where = target.where(batch_ms, partition)
@@ -938,6 +944,124 @@ def _commit(clients: _Clients, timeout_s: float) -> None:
     else:
         return
     clients.producer.commit_transaction(timeout_s)
+
+
+# --------------------------------------------------------------------------------------------- the claim at start
+
+#: How many times the claim of one output partition is tried when another producer of its ``transactional.id`` (a
+#: zombie driver's task starting its write again) fences the claim's producer before it committed.
+CLAIM_ATTEMPTS = 5
+
+
+def claim_at_start(target: KafkaSinkTarget, epoch: int) -> dict[int, int]:
+    """Take the output for the driver of ``epoch`` when it starts, before its first batch (issue 42; module
+    docstring, "Fencing"): for every output partition with a ledger group, a new producer of its ``transactional.id``
+    (``init_transactions`` fences every older producer of the id and aborts its open transaction) commits, in one
+    transaction, the group's ledger entry again (the same batch) under ``epoch``. Returns ``{partition: batch}``
+    of the entries claimed. :class:`KafkaSinkFencedError` when a newer driver wrote the ledger already;
+    :class:`KafkaSinkError` when the brokers do not answer or another producer of an id fenced the claim
+    :data:`CLAIM_ATTEMPTS` times. Nothing to do for an at-least-once output."""
+    if target.guarantee != EXACTLY_ONCE:
+        return {}
+    started = time.monotonic()
+    claimed: dict[int, int] = {}
+    partitions = _ledger_partitions(target)
+    for p in partitions:
+        batch = _claim_partition(target, p, epoch)
+        if batch is not None:
+            claimed[p] = batch
+    if partitions:
+        log.info("saveToKafka(%r): output %r claimed for epoch %d at start: %d of %d ledger groups (%.0f ms)",
+                 target.topic, target.output, epoch, len(claimed), len(partitions),
+                 (time.monotonic() - started) * 1000)
+    return claimed
+
+
+def _ledger_partitions(target: KafkaSinkTarget) -> list[int]:
+    """The output partitions that have a ledger group (``dstreams-sink.<output hash>.<p>``), in order."""
+    ck = require_client()
+    from confluent_kafka.admin import AdminClient
+
+    conf = admin_config(target.params)
+    try:
+        admin = AdminClient(conf)
+    except ck.KafkaException as e:
+        raise client_error("admin client", conf, e) from None
+    timeout_s = min(ADMIN_TIMEOUT_S, _timeout_s(target.params))
+    try:
+        listed = admin.list_consumer_groups(request_timeout=timeout_s).result(timeout_s + 5.0)
+    except Exception as e:  # a KafkaException, or the future's TimeoutError
+        raise KafkaSinkError(
+            f"saveToKafka({target.topic!r}): the Kafka brokers at {_servers(target)} did not list their consumer "
+            f"groups within {timeout_s:.0f} s ({e}); the driver claims its exactly-once outputs when it starts: is "
+            "the cluster up and bootstrap.servers right?") from None
+    prefix = target.ledger_group(0)[:-1]
+    return sorted(int(g.group_id[len(prefix):]) for g in listed.valid
+                  if g.group_id.startswith(prefix) and g.group_id[len(prefix):].isdigit())
+
+
+def _claim_partition(target: KafkaSinkTarget, partition: int, epoch: int) -> int | None:
+    """The claim of one output partition (:func:`claim_at_start`); returns the batch of the ledger entry claimed, or
+    None when the group has no entry (its offsets expired): its producers are fenced all the same."""
+    ck = require_client()
+    conf, consumer_conf = _exactly_once_confs(target, partition)
+    timeout_s = _timeout_s(conf)
+    tid = target.transactional_id(partition)
+    where = f"saveToKafka({target.topic!r}): the claim of output partition {partition} (epoch {epoch})"
+    clients = _Clients(conf, consumer_conf)
+    try:
+        for attempt in range(1, CLAIM_ATTEMPTS + 1):
+            step = "init_transactions"
+            try:
+                _init(clients, timeout_s)
+                step = "reading the ledger"
+                last, meta = _ledger(clients, target, timeout_s)
+                stored = meta.get("epoch")
+                if isinstance(stored, int) and stored > epoch:
+                    raise KafkaSinkFencedError(
+                        f"{where}: a newer driver (epoch {stored}) wrote this output (batch {last}); this one (epoch "
+                        f"{epoch}) was replaced and must not write (FencedError)")
+                if last < 0:
+                    return None
+                # The same batch, records and write id; this driver's epoch and the claim's producer (so that a kept
+                # producer of a Python worker knows it was fenced: step 3).
+                meta_out = json.dumps({**meta, "epoch": epoch, "producer": clients.instance, "claim": True},
+                                      separators=(",", ":"))
+                step = "begin_transaction"
+                clients.producer.begin_transaction()
+                step = "send_offsets_to_transaction (the ledger entry)"
+                _send_offsets(clients, [ck.TopicPartition(target.ledger_topic, 0, last, meta_out)], timeout_s)
+                step = "commit_transaction"
+                _commit(clients, timeout_s)
+                return last
+            except _StaleProducerError as e:
+                clients.close()
+                if attempt == 1:
+                    log.info("%s: %s; trying once more with a new producer", where, e)
+                    continue
+                raise KafkaSinkError(f"{where}: the Kafka brokers at {_servers(target)} did not answer ({step}: {e}); "
+                                     "is the cluster up?") from None
+            except ck.KafkaException as e:
+                clients.drop_producer()
+                if not _fenced(e):
+                    raise KafkaSinkError(f"{where}: {step} failed (waited up to {timeout_s:.0f} s): "
+                                         f"{e.args[0] if e.args else e}; are the Kafka brokers at {_servers(target)} "
+                                         "up? The driver claims its exactly-once outputs when it starts") from None
+                if attempt < CLAIM_ATTEMPTS:
+                    # Another instance of the id (a zombie driver's task starting its write again) took over between
+                    # this one's init_transactions and its commit. A new instance fences it in its turn; if it
+                    # committed meanwhile, that was its batch's records, which the claim's entry then covers.
+                    log.info("%s: fenced in %s (%s) by another producer of %s; claiming again", where, step,
+                             e.args[0] if e.args else e, tid)
+                    time.sleep(random.uniform(*FENCED_BACKOFF_S))
+                    continue
+                raise KafkaSinkError(
+                    f"{where}: another producer of the transactional id {tid} fenced the claim {CLAIM_ATTEMPTS} times "
+                    f"(last in {step}: {e.args[0] if e.args else e}): an older driver of this output is still "
+                    "writing it; stop it, then start this driver again") from None
+    finally:
+        clients.close()
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _write_at_least_once(target: KafkaSinkTarget, batch_ms: int, partition: int, records: Iterable[Any]) -> int:
