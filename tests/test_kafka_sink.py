@@ -350,13 +350,17 @@ def test_a_task_of_a_zombie_driver_is_fenced_by_the_ledger_epoch(kafka_bootstrap
     _assert_exactly(_read(kafka_bootstrap, topic), _batch(1000, 4) + _batch(2000, 4))
 
 
-def _ledger_entries(bootstrap: str, target, partitions: Iterable[int]) -> dict[int, tuple[int, dict]]:
-    """The ledger entry (batch, metadata) of each output partition, as a read_committed consumer sees it."""
+def _ledger_entries(bootstrap: str, target, partitions: Iterable[int], stable: bool = True
+                    ) -> dict[int, tuple[int, dict]]:
+    """The ledger entry (batch, metadata) of each output partition, as a read_committed consumer sees it (it waits
+    out a pending transactional offset commit: KIP-447); ``stable=False``: the entry committed now, without waiting
+    (a paused task's open transaction holds one pending)."""
     from confluent_kafka import Consumer, TopicPartition
 
     entries = {}
     for p in partitions:
-        c = Consumer({"bootstrap.servers": bootstrap, "group.id": target.ledger_group(p), "enable.auto.commit": False})
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": target.ledger_group(p), "enable.auto.commit": False,
+                      "isolation.level": "read_committed" if stable else "read_uncommitted"})
         try:
             (tp,) = c.committed([TopicPartition(target.ledger_topic, 0)], timeout=30)
         finally:
@@ -646,3 +650,92 @@ def test_killed_and_zombie_drivers_write_every_record_once(tmp_path, kafka_boots
             kill_group(p)
     times = _assert_app_output(kafka_bootstrap, topic)
     assert len(times) >= 8
+
+
+def _stopped(pid: int) -> bool:
+    """The process is stopped (SIGSTOP): its state in /proc is T."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+@pytest.mark.timeout(600)
+def test_a_new_driver_claims_the_output_at_start_so_a_paused_zombie_task_cannot_commit(tmp_path, kafka_bootstrap):
+    """Issue 42 item 4: the fence holds from the moment a new driver takes its epoch, before its first batch.
+
+    1. a driver (the zombie) writes a few batches; then a task of its stops (SIGSTOP) at ``kafka-before-commit``:
+       its batch's records and ledger offset are in an open transaction; the whole driver is then stopped;
+    2. a new driver starts on the checkpoint and stops itself in its first batch's sink (``sink-write``): its start,
+       with the claim, is done, none of its tasks ran. Every ledger entry is now the same batch under its epoch;
+    3. the zombie resumes: its task's commit fails (fenced), its re-initialised producer finds the higher epoch in the
+       ledger, and it stops. No ledger entry of the zombie's epoch appears after the claim;
+    4. the new driver resumes, catches up and stops gracefully: every record once (read_committed), no batch
+       missing."""
+    topic = create_topic(kafka_bootstrap, partitions=2)
+    target = make_target(topic, _params(kafka_bootstrap), output=f"{topic}@{tmp_path / 'ckpt'}")
+    parts = range(kafka_sink_app.PARTITIONS)
+    marker = str(tmp_path / "pause-task")
+    procs: list[subprocess.Popen] = []
+    try:
+        zombie, zlog = _start(tmp_path, kafka_bootstrap, topic, "zombie.log",
+                              DSTREAMS_FAULT_TASK_PAUSE=f"kafka-before-commit:{marker}")
+        procs.append(zombie)
+        wait_for(lambda: _batches_visible(kafka_bootstrap, topic) >= 2, 240, "the zombie to write", zombie, zlog)
+        with open(marker, "w") as f:  # arms the pause: the next task at kafka-before-commit stops
+            f.write("removed by the task that pauses\n")
+        paused = wait_for(lambda: os.path.exists(marker + ".paused") and open(marker + ".paused").read(), 120,
+                          "a task of the zombie to pause in its commit", zombie, zlog)
+        worker = int(paused)
+        wait_for(lambda: _stopped(worker), 30, "the paused task's process to stop", zombie, zlog, step=0.1)
+        os.killpg(zombie.pid, signal.SIGSTOP)  # the whole zombie (driver, JVM, workers) pauses
+        wait_for(lambda: _stopped(zombie.pid), 30, "the zombie driver to stop", zombie, zlog, step=0.1)
+        before = _ledger_entries(kafka_bootstrap, target, parts, stable=False)
+        z_epochs = {meta.get("epoch") for _batch_ms, meta in before.values()}
+        assert len(z_epochs) == 1 and all(b > 0 for b, _m in before.values()), before
+        (z_epoch,) = z_epochs
+
+        owner, olog = _start(tmp_path, kafka_bootstrap, topic, "owner.log", DSTREAMS_FAULT_PAUSE="sink-write")
+        procs.append(owner)
+        wait_for(lambda: "SIGSTOP at sink-write #1" in tail(olog), 240, "the new driver to start and reach its sink",
+                 owner, olog)
+        claimed = _ledger_entries(kafka_bootstrap, target, parts, stable=False)
+
+        os.killpg(zombie.pid, signal.SIGCONT)
+        os.kill(worker, signal.SIGCONT)
+        try:
+            zombie.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the zombie did not stop after it resumed:\n" + tail(zlog))
+        after = _ledger_entries(kafka_bootstrap, target, parts)
+        written = {p: (b, m.get("epoch")) for p, (b, m) in after.items()
+                   if m.get("epoch") == z_epoch and (b, m) != before[p]}
+        assert not written, (f"the zombie (epoch {z_epoch}) committed after the new driver started: {written} "
+                             f"(ledger before: {before}; at the new driver's first batch: {claimed})")
+        owner_epoch = claimed[0][1].get("epoch")
+        assert isinstance(owner_epoch, int) and owner_epoch > z_epoch, (before, claimed)
+        assert all(m.get("claim") and m.get("epoch") == owner_epoch and b == before[p][0]
+                   for p, (b, m) in claimed.items()), (before, claimed)  # the same batches, under the new epoch
+        assert after == claimed, (claimed, after)
+        zombie_log = tail(zlog, 400_000)
+        assert "Failed to end transaction" in zombie_log and "fenced" in zombie_log, zombie_log  # its commit
+        assert f"a newer driver (epoch {owner_epoch})" in zombie_log, zombie_log  # its re-initialised producer
+
+        os.kill(owner.pid, signal.SIGCONT)
+        seen = _batches_visible(kafka_bootstrap, topic)
+        wait_for(lambda: _batches_visible(kafka_bootstrap, topic) >= seen + 2 and _caught_up(kafka_bootstrap, topic),
+                 240, "the new driver to go on and catch up", owner, olog)
+        stop_driver(owner)
+        assert owner.returncode == 0, tail(olog)
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGCONT)  # a stopped process group takes its SIGKILL all the same; to be sure
+            except ProcessLookupError:
+                pass
+            kill_group(p)
+    assert all(m.get("epoch") == owner_epoch for _b, m in _ledger_entries(kafka_bootstrap, target, parts).values())
+    _assert_app_output(kafka_bootstrap, topic)
