@@ -12,7 +12,9 @@ order, and owns from then on:
 3. the JVM's preparation for short batches (``dstreams.spark.jvm.prepare``) and the speculation note in the log;
 4. the status server (page, ``/api``, ``/metrics``; ``spark.dstreams.ui.enabled``) and the progress line;
 5. the outputs' claims (``OutputNode.on_start``, once the epoch is taken: ``saveToPostgres`` ends older drivers'
-   sessions of its output and raises its fence, so a zombie cannot commit even before this driver's first commit);
+   sessions of its output and raises its fence; ``saveToKafka`` (exactly once) fences the older producers of each
+   output partition's ``transactional.id`` and writes its ledger entry again under the new epoch; so a zombie cannot
+   commit even before this driver's first commit);
 6. the runtime's start (the first batch is generated from here on);
 7. the SIGTERM/SIGINT handlers (``spark.dstreams.stopOnSignal``), with the JVM forwarding those signals.
 

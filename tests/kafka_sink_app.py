@@ -9,6 +9,7 @@ Faults, from the environment: ``DSTREAMS_FAULT_TASK_KILL=<point>:<marker>`` (:mo
 the Python workers; with ``KAFKA_SINK_APP_DIE_WITH=<marker>`` as well, the driver SIGKILLs itself as soon as that
 marker file is gone (a task reached the point and killed its worker): the driver dies while a partition of the batch
 is in its commit (``kafka-before-commit``: its transaction open) or just committed (``kafka-after-commit``).
+``DSTREAMS_FAULT_TASK_PAUSE=<point>:<marker>`` stops (SIGSTOP) the task that reaches the point while the marker exists.
 ``DSTREAMS_FAULT_PAUSE`` / ``DSTREAMS_FAULT_KILL`` (:mod:`dstreams.recovery.faults`) work as for any driver.
 """
 

@@ -5,8 +5,9 @@ Every check reads the topic as a ``read_committed`` consumer and compares with w
 record once, nothing else, each key's records in order. Faults: a batch re-run, a task's Python worker SIGKILLed
 inside its commit (before and after ``commit_transaction``), two copies of one task at once, a cached producer
 fenced by another copy, a kept producer that saw the brokers go away, a ``send_offsets_to_transaction`` that never
-returns, a zombie driver's epoch, killed and paused driver processes (tests/kafka_sink_app.py), and
-bad input.
+returns, a zombie driver's epoch, the claim at start (a zombie's open transaction, a zombie re-initialising during
+the claim), killed and paused driver processes and a zombie's task paused inside its commit (tests/kafka_sink_app.py),
+and bad input.
 """
 
 from __future__ import annotations
