@@ -87,8 +87,9 @@ Contract of :func:`save_to_kafka` (the sink behind ``DStream.saveToKafka``):
   in the ledger; so is a zombie's commit that wins the race against a claim still in progress. Nothing is claimed
   without a checkpoint location (no epoch) or for ``guarantee="at-least-once"``. Cost: one transaction per output
   partition with a ledger group, when the driver starts: measured on the project's single-node broker (a loaded
-  2-core machine, 5 claims each, ``claim_at_start`` timed around the call) a median of 7 ms with no ledger group
-  (listing the groups), 16 ms for 1 partition, 33 ms for 2, 131 ms for 8 and 470 ms for 32.
+  2-core machine; one batch written per partition, then ``claim_at_start`` timed around the call, 5 claims per size,
+  two runs) a median of 7 ms with no ledger group (listing the groups), 16-30 ms for 1 partition, 33-46 ms for 2,
+  about 125 ms for 8 and about 470 ms for 32 (761 ms for 32 one partition at a time).
 * **The output's name** (``outputName``) keys the transactional ids and the ledger groups. It defaults to the
   topic and the checkpoint location (the topic alone without a checkpoint location): two outputs writing one
   topic need distinct names, and a job restarted on a new checkpoint location starts a new ledger. A ledger says
