@@ -692,8 +692,11 @@ TEST_ONLY: tuple[EnvVar, ...] = (
            "neither this nor `DSTREAMS_FAULT_SLOW_FACTOR` is set)."),
     EnvVar("DSTREAMS_FAULT_SLOW_FACTOR", "1", "Test-only: a slowed task takes this many times as long."),
     EnvVar("DSTREAMS_FAULT_TASK_KILL", "", "Test-only: `<point>:<marker file>`: the first task to reach the point "
-           "(`state-export`, `state-reload`) while the marker file exists removes it and SIGKILLs its Python worker "
-           "(`dstreams.task_faults`)."),
+           "(`state-export`, `state-reload`, `kafka-before-commit`, `kafka-after-commit`) while the marker file "
+           "exists removes it and SIGKILLs its Python worker (`dstreams.task_faults`)."),
+    EnvVar("DSTREAMS_FAULT_TASK_PAUSE", "", "Test-only: `<point>:<marker file>`: as `DSTREAMS_FAULT_TASK_KILL`, but "
+           "the task writes its process id into `<marker file>.paused` and stops its Python worker (SIGSTOP) until "
+           "a SIGCONT (`dstreams.task_faults`)."),
 )
 
 
