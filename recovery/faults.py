@@ -69,6 +69,15 @@ def _signal_self(sig: signal.Signals, point: str, n: int) -> None:
     sys.stderr.write(f"dstreams fault injection: {sig.name} at {point} #{n}\n")
     sys.stderr.flush()
     if sig == signal.SIGSTOP:
+        # A stop while another thread holds a local store's folder lock (its journal or checkpointer writing)
+        # would hold up the driver the test starts next on the same folder until this one is resumed: wait
+        # (bounded) for a moment when none is held. That a frozen holder blocks other writers is the local
+        # store's limit (recovery/store/local.py), not what the zombie tests are about.
+        from .store.local import folder_locks_held
+
+        deadline = time.monotonic() + 10.0
+        while folder_locks_held() and time.monotonic() < deadline:
+            time.sleep(0.001)
         # Aimed at this thread: it stops before it returns. Sent to the process, the stop is taken by whichever
         # thread the kernel wakes, and this one may go on for milliseconds (past the point) before it halts.
         signal.pthread_kill(threading.get_ident(), sig)

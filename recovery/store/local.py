@@ -25,6 +25,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,17 @@ from typing import TYPE_CHECKING
 from .base import Store, content_etag
 from .errors import PreconditionFailed, StoreConfigError, StorePermissionError, TransientStoreError
 from .keys import RESERVED_PREFIX
+
+_count_lock = threading.Lock()
+#: How many folder locks this process holds now (read by the test-only pause of ``dstreams.recovery.faults``, which
+#: waits for none to be held before it freezes the process).
+_locks_held = 0
+
+
+def folder_locks_held() -> int:
+    """How many folder locks of this class this process holds at the moment."""
+    return _locks_held
+
 
 if TYPE_CHECKING:
     from ..retry import RetryPolicy
@@ -99,11 +111,19 @@ class LocalStore(Store):
 
     @contextlib.contextmanager
     def _locked(self, folder: str) -> Iterator[None]:
-        """Exclusive flock on ``folder`` (released by the kernel if the process dies)."""
+        """Exclusive flock on ``folder`` (released by the kernel if the process dies; a process that is frozen
+        while it holds one, e.g. SIGSTOPped, holds up every other writer of the folder until it runs again)."""
+        global _locks_held
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            with _count_lock:
+                _locks_held += 1
+            try:
+                yield
+            finally:
+                with _count_lock:
+                    _locks_held -= 1
         finally:
             os.close(fd)
 
