@@ -322,6 +322,19 @@ def _servers(target: KafkaSinkTarget) -> str:
     return str(target.params.get("bootstrap.servers"))
 
 
+def _admin(target: KafkaSinkTarget) -> tuple[Any, float]:
+    """An admin client of ``target``'s brokers and the timeout its calls get (seconds)."""
+    ck = require_client()
+    from confluent_kafka.admin import AdminClient
+
+    conf = admin_config(target.params)
+    try:
+        admin = AdminClient(conf)
+    except ck.KafkaException as e:
+        raise client_error("admin client", conf, e) from None
+    return admin, min(ADMIN_TIMEOUT_S, _timeout_s(target.params))
+
+
 def prepare_topics(target: KafkaSinkTarget) -> None:
     """On the driver, once per process and target: check that the output topic exists and (exactly once) that the
     ledger topic exists, creating it (one partition) when it does not. :class:`KafkaSinkError` naming the topic and
@@ -331,16 +344,8 @@ def prepare_topics(target: KafkaSinkTarget) -> None:
     with _prepared_lock:
         if key in _prepared:
             return
-    ck = require_client()
-    from confluent_kafka.admin import AdminClient
-
-    conf = admin_config(target.params)
-    try:
-        admin = AdminClient(conf)
-    except ck.KafkaException as e:
-        raise client_error("admin client", conf, e) from None
+    admin, timeout_s = _admin(target)
     servers = _servers(target)
-    timeout_s = min(ADMIN_TIMEOUT_S, _timeout_s(target.params))
     topics = _list_topics(admin, servers, timeout_s)
     if target.topic not in topics:
         raise KafkaSinkError(
@@ -1006,15 +1011,7 @@ def claim_at_start(target: KafkaSinkTarget, epoch: int) -> dict[int, int]:
 
 def _ledger_partitions(target: KafkaSinkTarget) -> list[int]:
     """The output partitions that have a ledger group (``dstreams-sink.<output hash>.<p>``), in order."""
-    ck = require_client()
-    from confluent_kafka.admin import AdminClient
-
-    conf = admin_config(target.params)
-    try:
-        admin = AdminClient(conf)
-    except ck.KafkaException as e:
-        raise client_error("admin client", conf, e) from None
-    timeout_s = min(ADMIN_TIMEOUT_S, _timeout_s(target.params))
+    admin, timeout_s = _admin(target)
     try:
         listed = admin.list_consumer_groups(request_timeout=timeout_s).result(timeout_s + 5.0)
     except Exception as e:  # a KafkaException, or the future's TimeoutError
