@@ -41,7 +41,8 @@ def test_every_public_error_of_the_library_derives_from_dstreams_error():
     errors = library_errors()
     assert len(errors) >= 30, sorted(errors)  # the walk found the modules (kafka, recovery, api included)
     assert {"dstreams.kafka.errors.KafkaDataLossError", "dstreams.recovery.store.errors.StoreError",
-            "dstreams.api.context.StreamingContextStateError", "dstreams.scheduler.BatchFailedError"} <= set(errors)
+            "dstreams.api.context.StreamingContextStateError",
+            "dstreams.scheduler.failure.BatchFailedError"} <= set(errors)
     outside = sorted(name for name, cls in errors.items() if not issubclass(cls, DStreamsError))
     assert not outside, f"errors that do not derive from DStreamsError: {outside}"
 

@@ -75,16 +75,16 @@ def test_a_failing_handler_is_reported_to_on_error():
 
 def test_an_error_in_the_schedulers_event_handling_stops_the_context(sc, monkeypatch):
     """Spark's EventLoop.onError: a handler error is reported (awaitTermination raises it), never swallowed."""
-    from dstreams.scheduler import JobScheduler
+    from dstreams.scheduler.generator import JobGenerator
 
-    original = JobScheduler._batch_completed
+    original = JobGenerator.batch_completed
 
     def broken(self, time):  # noqa: ANN001, ANN202
         if time.ms == self.start_time.ms + 1000:
             raise RuntimeError("bookkeeping bug")
         return original(self, time)
 
-    monkeypatch.setattr(JobScheduler, "_batch_completed", broken)
+    monkeypatch.setattr(JobGenerator, "batch_completed", broken)
     clock = ManualClock()
     ssc = StreamingContext(sc, 1, clock=clock)
     ssc.queueStream([[1], [2], [3]], default=[]).foreachRDD(lambda rdd: rdd.count())
