@@ -35,8 +35,8 @@ fi
 "$VENV_PY" scripts/typecheck.py  # mypy over dstreams/, api/, recovery/ ([tool.mypy] in pyproject.toml)
 if [ "$fast" = 0 ]; then
   # The driver JVM's class-data-sharing archive: every driver the tests start maps it (each starts ~3 s sooner);
-  # a build that fails is reported by tests/test_jvm_cds.py, which builds it again.
-  "$VENV_PY" -m dstreams.spark.jvm_cds || echo "WARNING: no class-data-sharing archive (tests/test_jvm_cds.py says why)" >&2
+  # a build that fails is reported by tests/integration/test_jvm_cds.py, which builds it again.
+  "$VENV_PY" -m dstreams.spark.jvm_cds || echo "WARNING: no class-data-sharing archive (tests/integration/test_jvm_cds.py says why)" >&2
 fi
 set +e
 "$VENV_PY" -m pytest -q -ra "${selection[@]}" ${args[@]+"${args[@]}"}
