@@ -2,7 +2,7 @@
 
 A fluent ``DStream`` (``api/stream.py``, ``api/event_time.py``) is built while its context is INITIALIZED and
 runs its outputs once the context is ACTIVE. It uses its context through this interface only, never through the
-context's private attributes (``tests/test_layers.py`` checks that); ``StreamingContext`` implements it. The
+context's private attributes (``tests/unit/test_layers.py`` checks that); ``StreamingContext`` implements it. The
 members are engine-facing, not part of PySpark's surface: snake_case, next to PySpark's camelCase names.
 """
 

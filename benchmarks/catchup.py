@@ -27,7 +27,7 @@ time without a committed output, the final counts equal to what was fed. Definit
 is ``I``; a batch's *lag* is its processing start minus its batch time):
 
 * **steady state**: ``STEADY_RUN`` (5) consecutive batches completed after *resume* each with a
-  scheduling delay under ``I`` (tests/wip_outage_process.py's first rule), and, the stricter rule the
+  scheduling delay under ``I`` (tests/fault/test_outage_process.py's first rule), and, the stricter rule the
   headline figures use, each also with a lag under ``2 I`` (its second rule: a batch whose generation
   waited for the store has a small scheduling delay but starts late). The time to steady state is the
   completion of the first batch of that run minus *resume*.

@@ -2,7 +2,7 @@
 
 Run from the repository root, with the Ceph RADOS Gateway of ``scripts/services.sh`` running::
 
-    python -m benchmarks chaos --seed 7 --minutes 2 --steady-wait 30   # the short one (CI: tests/test_chaos.py)
+    python -m benchmarks chaos --seed 7 --minutes 2 --steady-wait 30   # the short one (CI: tests/fault/test_chaos.py)
     python -m benchmarks chaos --seed 22 --minutes 30        # the long one (every fault kind several times)
     python -m benchmarks chaos --seed 7 --minutes 1.5 --gap 9,13 --steady-wait 5 --kafka own   # CI's, with Kafka
 

@@ -16,14 +16,14 @@ Run from the repository root::
    than it started with: Spark recomputes the lost state partitions from lineage since the last
    checkpoint, on the surviving executor) or ``after`` (the replacement executor registered).
 2. **Straggler** (a Spark standalone cluster on 127.0.0.1 with workers on 127.0.0.2 and 127.0.0.3, as
-   started by ``tests/standalone_cluster.py``): the driver of ``tests/straggler_app.py`` runs a stateful
+   started by ``tests/standalone_cluster.py``): the driver of ``tests/fault/straggler_app.py`` runs a stateful
    windowed pipeline without a straggler, with one (every task of the slowed stage on executor 0 sleeps
    ``--slow-seconds``) and speculation on (dstreams' default), and with one and ``spark.speculation=false``.
 
 3. **Host loss** (``--hosts N``, instead of 1 and 2): a standalone cluster of N hosts (``tests/standalone_cluster.py``,
    each worker on its own loopback address with its own disk folder), started once for the run. For each repeat,
    checkpoint interval of ``--intervals`` (default 10 s, 30 s) and state of ``--stores`` (the RDD state, the
-   executor state store), one driver of ``tests/host_fault_app.py`` runs ``updateStateByKey`` with an
+   executor state store), one driver of ``tests/fault/host_fault_app.py`` runs ``updateStateByKey`` with an
    ``initialRDD`` and an invertible 5 s window in that state, 1 s batches on a ManualClock one at a time; after
    batch ``interval // 2 + 1`` (half an interval of lineage since the initial state; ``--after-first-checkpoint``:
    since the first regular checkpoint, an interval of batches more) host 1 is SIGKILLed
@@ -31,7 +31,7 @@ Run from the repository root::
    again with an empty disk and ``--host-after-join`` batches run once its executor registered. Per run: the usual
    batch (median of the batches before the loss but the first), the batch that met the loss and its extra time,
    how many batches were slower than 1.5x the usual + 0.5 s before one was not
-   (``tests.host_fault_app.recovery_figures``), and the executor stores' catch-ups after the replacement joined.
+   (``tests.fault.host_fault_app.recovery_figures``), and the executor stores' catch-ups after the replacement joined.
    The summary gives medians over the repeats against the paper's figures (at most 1 s extra with 10 s
    checkpoints, 3.5 s with 30 s), reported, not asserted. Writes ``benchmarks/results/recovery_hosts.json``
    (after every run, so an interrupted run keeps what it measured).
@@ -184,7 +184,7 @@ def executor_loss(args: argparse.Namespace, work: str) -> list[dict[str, Any]]:
 
 # -------------------------------------------------------------------------------------------- straggler
 def straggler(args: argparse.Namespace, work: str) -> dict[str, Any]:
-    """Run tests/straggler_app.py's driver against a fresh standalone cluster; its per-batch metrics."""
+    """Run tests/fault/straggler_app.py's driver against a fresh standalone cluster; its per-batch metrics."""
     sys.path.insert(0, str(ROOT))
     from tests.standalone_cluster import ClusterStartError, ClusterUnavailableError, StandaloneCluster
 
@@ -201,7 +201,7 @@ def straggler(args: argparse.Namespace, work: str) -> dict[str, Any]:
     os.makedirs(out, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSTREAMS_FAULT_")}
     env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    cmd = [sys.executable, str(ROOT / "tests" / "straggler_app.py"), out, "--master", cluster.master_url,
+    cmd = [sys.executable, str(ROOT / "tests" / "fault" / "straggler_app.py"), out, "--master", cluster.master_url,
            "--batches", str(args.straggler_batches), "--slow-seconds", str(args.slow_seconds),
            "--timeout", str(args.timeout)]
     print(f"straggler: {cluster.master_url}, {args.straggler_batches} batches per phase, executor 0's tasks "
@@ -251,16 +251,16 @@ def _kill_after(interval: int, after_first_checkpoint: bool) -> int:
 
 def _host_loss_run(args: argparse.Namespace, cluster_dir: Path, master_url: str, store: str, interval: int,
                    repeat: int, work: str) -> dict[str, Any]:
-    """One driver of ``tests/host_fault_app.py`` on the running cluster: ``store`` state, checkpoints every
+    """One driver of ``tests/fault/host_fault_app.py`` on the running cluster: ``store`` state, checkpoints every
     ``interval`` s, host :data:`HOST_TARGET` killed with its disk half a checkpoint interval after a checkpoint
     (:func:`_kill_after`), ``--host-after`` batches, then the host started again and ``--host-after-join`` batches
     once its executor registered. Returns its per-batch metrics and :func:`recovery_figures`."""
-    from tests.host_fault_app import recovery_figures
+    from tests.fault.host_fault_app import recovery_figures
 
     kill_after = _kill_after(interval, args.after_first_checkpoint)
     out = os.path.join(work, f"hosts-{store}-{interval}s-{repeat}")
     os.makedirs(out, exist_ok=True)
-    cmd = [sys.executable, str(ROOT / "tests" / "host_fault_app.py"), out, "--master", master_url,
+    cmd = [sys.executable, str(ROOT / "tests" / "fault" / "host_fault_app.py"), out, "--master", master_url,
            "--cluster-dir", str(cluster_dir), "--stores", store, "--checkpoint-interval", str(interval),
            "--fault", "kill", "--host", str(HOST_TARGET), "--fault-after", str(kill_after),
            "--after", str(args.host_after), "--replace", "--after-join", str(args.host_after_join),
@@ -516,8 +516,8 @@ def _host_main(args: argparse.Namespace, argv: list[str] | None) -> int:
         "params": {"hosts": args.hosts, "intervals_s": args.intervals, "states": args.stores,
                    "repeats": args.repeats, "batches_after_loss": args.host_after,
                    "batches_after_join": args.host_after_join, "batch_interval_s": 1, "partitions": 3,
-                   "pipeline": "tests/host_fault_app.py: updateStateByKey with an initialRDD and an invertible 5 s "
-                               "reduceByKeyAndWindow over 8 words x 3 partitions a batch",
+                   "pipeline": "tests/fault/host_fault_app.py: updateStateByKey with an initialRDD and an invertible "
+                               "5 s reduceByKeyAndWindow over 8 words x 3 partitions a batch",
                    "kill": ("host 1, its disk folder removed, after batch "
                             + ("interval + interval // 2 + 1" if args.after_first_checkpoint else "interval // 2 + 1")),
                    "checkpoint": args.checkpoint_url or "a local folder shared by the hosts of this machine",

@@ -7,8 +7,8 @@ Tables that the code owns are generated when the site is built, never copied by 
 * The benchmark plots (``benchmarks/results/*.png``, written by ``python -m benchmarks``) are published as
   ``benchmark-plots/<name>.png`` (the Benchmarks page shows them), without a copy in ``docs/``.
 
-``tests/test_config.py`` and ``tests/test_docs.py`` check that the pages keep their markers and that the site
-builds with ``mkdocs build --strict``.
+``tests/unit/test_config.py`` and ``tests/integration/test_docs.py`` check that the pages keep their markers and that
+the site builds with ``mkdocs build --strict``.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@
 # usage: scripts/services.sh start|stop|status|restart [ceph|moto|redis|postgres|kafka|chromium ...]
 # With no service named, start/stop/status act on all of them; `restart redis` stops and starts Redis only.
 # `chromium` is not a server: Debian's chromium and chromium-driver (apt-get), which the status page's
-# browser test (tests/test_status_browser.py) drives headless; the test starts and stops the browser itself.
+# browser test (tests/integration/test_status_browser.py) drives headless; the test starts and stops the browser itself.
 #
 # By default not fatal: when a service cannot be installed or started (no root, no apt, port taken) it
 # prints a WARNING and exits 0, and the tests that need that service skip with a clear reason.

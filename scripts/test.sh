@@ -2,9 +2,10 @@
 # Installs what the tests need, starts the services they use, runs ruff, mypy (scripts/typecheck.py) and the whole
 # test suite.
 # Extra arguments go to pytest. Exit code 5 (no tests collected) is a failure.
-# --fast (anywhere among the arguments): ruff and mypy, then the inner loop's tier, the unit and property tests
-# only (pytest -m "$FAST_TIER"): no test marked slow, fault, or needing a server (s3, ceph, redis, postgres,
-# kafka); it starts no service and stops none, and builds no class-data-sharing archive (it uses one that exists).
+# --fast (anywhere among the arguments): ruff and mypy, then the inner loop's tier (pytest -m "$FAST_TIER"): the
+# tests of every folder (mostly tests/unit and tests/property; tests/README.md) not marked slow, fault, or needing
+# a server (s3, ceph, redis, postgres, kafka); it starts no service and stops none, and builds no class-data-sharing
+# archive (it uses one that exists).
 # CI (.ci/run) runs the whole suite, without --fast.
 # Under CI=true (unless DSTREAMS_REQUIRE_SERVICES is set) it exports DSTREAMS_REQUIRE_SERVICES=1: a service
 # that does not start fails scripts/services.sh, and the tests that need one fail instead of skipping.
@@ -35,8 +36,8 @@ fi
 "$VENV_PY" scripts/typecheck.py  # mypy over dstreams/, api/, recovery/ ([tool.mypy] in pyproject.toml)
 if [ "$fast" = 0 ]; then
   # The driver JVM's class-data-sharing archive: every driver the tests start maps it (each starts ~3 s sooner);
-  # a build that fails is reported by tests/test_jvm_cds.py, which builds it again.
-  "$VENV_PY" -m dstreams.spark.jvm_cds || echo "WARNING: no class-data-sharing archive (tests/test_jvm_cds.py says why)" >&2
+  # a build that fails is reported by tests/integration/test_jvm_cds.py, which builds it again.
+  "$VENV_PY" -m dstreams.spark.jvm_cds || echo "WARNING: no class-data-sharing archive (tests/integration/test_jvm_cds.py says why)" >&2
 fi
 set +e
 "$VENV_PY" -m pytest -q -ra "${selection[@]}" ${args[@]+"${args[@]}"}

@@ -6,8 +6,8 @@ Two parts:
   it exits, or after a timeout, with the log's end), :func:`stop_process` with a signal, :func:`kill_group` (SIGKILL
   its process group: the driver, its JVM and Python workers), :func:`stop_driver` (SIGTERM, then the group), and
   :func:`committed_batches` of a local exactly-once text output.
-* The catch-up app on the Ceph RADOS Gateway (``benchmarks/catchup_app.py``; tests/test_outage_process.py and
-  tests/test_signal_process.py): the gateway's :func:`s3_client`, the driver's :func:`driver_env`, its
+* The catch-up app on the Ceph RADOS Gateway (``benchmarks/catchup_app.py``; tests/fault/test_outage_process.py and
+  tests/fault/test_signal_process.py): the gateway's :func:`s3_client`, the driver's :func:`driver_env`, its
   per-batch :func:`metrics`, the :class:`Feeder` of input objects, the committed :class:`Outputs` and
   :func:`assert_exactly_once`.
 

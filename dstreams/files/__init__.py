@@ -5,5 +5,5 @@
 * :mod:`.sink`: ``saveAsTextFiles`` and ``saveToStore``, exactly once (staged, then committed by a
   ``_SUCCESS`` marker after the fence check).
 
-The connector layer sits above the streaming model and recovery and below the API (tests/test_layers.py).
+The connector layer sits above the streaming model and recovery and below the API (tests/unit/test_layers.py).
 """

@@ -24,7 +24,7 @@ With ``invFunc`` (``emit="final"``) the sliding windows are computed incremental
 previous one minus (``invFunc``) the pane that left plus the pane that entered, the previous window being
 carried in the state across batches (and kept up to date with the records that land in its panes), so
 emitting a window costs two calls instead of ``window / slide``. Without it, each window is the reduce of
-its panes. Both give the same values (``tests/test_event_time_windows.py``).
+its panes. Both give the same values (``tests/property/test_event_time_windows.py``).
 
 Session windows (:class:`SessionWindowNode`, ``sessionWindow``) are the same kind of state node: per key,
 the records of the open sessions, re-cut with each batch's records (so a late record that bridges two

@@ -24,7 +24,7 @@ source is a subclass of :class:`InputNode`; its slide is the batch duration.
   that fails half-way is rebuilt from the same offsets too. What a ``compute`` committed counts once the
   scheduler has recorded the batch (``offsets_at`` and ``node_state`` in the metadata log); a driver that
   cannot record it stops, and its restart starts from the last recorded ``node_state``, so an unrecorded
-  commit is never acted on. ``tests/test_source_contract.py`` checks this rule for every source kind.
+  commit is never acted on. ``tests/integration/test_source_contract.py`` checks this rule for every source kind.
 * The node's persistence contract (``dstreams.node``) is, for an input, its offsets and its state: the
   scheduler has the offsets of every batch written to the metadata log after ``compute`` and before the
   batch runs (``batch_record`` is ``offsets_at``); a restarted driver passes the recorded ones back

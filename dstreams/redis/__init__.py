@@ -6,5 +6,5 @@
 
 The connector layer sits above the streaming model and recovery (it uses the fence, the retry policy and the
 fault points of :mod:`dstreams.recovery`) and below the API, which imports it; nothing of the engine or of recovery
-imports it (tests/test_layers.py).
+imports it (tests/unit/test_layers.py).
 """

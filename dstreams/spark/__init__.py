@@ -1,7 +1,7 @@
 """The Spark plumbing: how dstreams drives PySpark, the JVM and the Python workers. No streaming concepts here.
 
 The streaming model (``dstreams/``: time, nodes, graph, scheduler, listeners) computes each batch's RDDs
-through **two named modules** of this package, its interface (enforced by ``tests/test_layers.py``):
+through **two named modules** of this package, its interface (enforced by ``tests/unit/test_layers.py``):
 
 * :mod:`dstreams.spark.partitioned`: partitioning and the shuffle/combine data path (hash partitioners,
   partition-aligned RDDs, the inlined reduce-by-key ``fold``, pre-combining, segmented merges);
