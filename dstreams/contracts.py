@@ -194,13 +194,15 @@ def no_fault(point: str) -> None:
     """The production fault hook: does nothing."""
 
 
-#: The one format number of everything a checkpoint location holds: the metadata log's head
-#: (``meta/head.json``), the stored graph (``meta/graph.pkl``), the data checkpoints' manifests and parts, the
-#: state changelog and the write-ahead log (each part's header byte, :mod:`dstreams.recovery.codec`), and the
-#: graph fingerprint the head records. A location written in another format is refused at start with
-#: :class:`~dstreams.recovery.checkpoint_format.CheckpointFormatError`; nothing reads an older layout (no release
-#: has to stay readable). Change it with any change to what a checkpoint holds or how it is laid out (the
-#: executor state store's file is copied into state checkpoints as a snapshot part, so its layout counts too).
-#: 3: a state checkpoint's manifest names its history's dropped batches and changelog objects are named by version
-#: ids (:mod:`dstreams.state_lineage`).
-CHECKPOINT_FORMAT = 3
+#: The one format number of everything dstreams writes: in a checkpoint location, the metadata log's head
+#: (``meta/head.json``), the stored graph (``meta/graph.pkl``), the data checkpoints' manifests and the header byte
+#: of every encoded part (data checkpoints, the state changelog, the write-ahead log: :mod:`dstreams.recovery.codec`),
+#: whose state snapshots are store files that carry it too (SQLite's ``user_version``); on an executor, the state
+#: store's files (in their name, ``p-NNNNN.f<FORMAT>.sqlite``, and their ``user_version``: :mod:`dstreams.statestore`).
+#: A checkpoint location (or an object in it) of another format is refused with
+#: :class:`~dstreams.recovery.checkpoint_format.CheckpointFormatError`, which says what to do; a local store file of
+#: another format is deleted and rebuilt from the checkpoint (it is a cache). Nothing reads another format (no
+#: release has to stay readable): change the number with any change to what dstreams writes or how it is laid out.
+#: 5: the checkpoint format (3: state lineage in manifests, changelog objects named by version ids) and the state
+#: store's file format (4: the state keyed by the key's bytes) made one number, above both.
+FORMAT = 5

@@ -1,7 +1,7 @@
 """The executor state store: one versioned key-value store per state partition, on the executor's local disk.
 
 A store-backed state stream (``spark.dstreams.state.store=executor``) keeps partition ``p`` of its state in
-``<local dir>/<store id>/p-NNNNN.sqlite`` on the executor that runs the partition's tasks, so that a batch
+``<local dir>/<store id>/p-NNNNN.f<FORMAT>.sqlite`` on the executor that runs the partition's tasks, so that a batch
 reads and writes only the keys it touches, instead of rebuilding the whole state as a new RDD.
 
 Why SQLite: it is in Python's standard library (no dependency beyond the project's), it is shared by every
@@ -30,6 +30,11 @@ Contract of :class:`PartitionStore`:
   reloaded from ``records`` (a checkpoint's state or the initial state).
 * Two tasks of one partition (speculation, a retry) serialise on the database's write lock
   (``BEGIN IMMEDIATE``, a 10-minute busy timeout).
+* A store's file carries the one format number (:data:`dstreams.contracts.FORMAT`) in its name and as SQLite's
+  ``user_version`` (so does a snapshot exported from it, :func:`file_format`). The local files are a cache of the
+  checkpoints: a partition's file of another format is never opened but deleted (:func:`sweep`, :func:`sweep_stale`),
+  and the store is rebuilt from the checkpoint as if it had never been there; a snapshot of another format in a
+  checkpoint is refused by its reader (:mod:`dstreams.recovery.checkpoint_files`).
 * A store opened with :meth:`PartitionStore.open` holds a shared ``flock`` on its database file until it is closed
   (independent of SQLite's own POSIX record locks on Linux; the folder is a local disk): :func:`sweep_stale` deletes a
   host's copy of a partition only under the exclusive one, so never the copy a task of that partition is using on
@@ -51,6 +56,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from .contracts import FORMAT
 from .errors import DStreamsError
 from .pickling import dumps
 from .state_lineage import EMPTY, Lineage
@@ -60,20 +66,13 @@ from .task_faults import task_reached
 LOOKUP_CHUNK = 900
 BUSY_TIMEOUT_S = 600.0
 #: First record of every checkpoint part of a store-backed stream: ``(PART_HEADER, kind)``, ``kind`` one of
-#: :data:`SNAPSHOT` and :data:`DELTA` (then ``(key bytes, value bytes or None)`` records) or :data:`PAIRS_SNAPSHOT`
-#: (then plain ``(key, value)`` records: a state picked by size before it moved, written as its RDD holds it).
+#: :data:`DELTA` (then ``(key bytes, value bytes or None)`` records) and :data:`PAIRS_SNAPSHOT` (then plain
+#: ``(key, value)`` records: a state picked by size before it moved, written as its RDD holds it).
 #: A :data:`FILE_SNAPSHOT` part is that one record only, ``(PART_HEADER, FILE_SNAPSHOT, keys, file bytes)``: the
 #: partition's state as a store file (:meth:`PartitionStore.export_file`, read by :func:`file_rows`), which the
-#: executor copies page by page instead of encoding every key (what checkpoints write as snapshots since store
-#: format 3; the record kinds above are still read).
+#: executor copies page by page instead of encoding every key; the file carries the format (:func:`file_format`).
 PART_HEADER = "dstreams-state-part"
-SNAPSHOT, DELTA, PAIRS_SNAPSHOT, FILE_SNAPSHOT = "snapshot", "delta", "pairs", "file"
-#: The layout of a store's file, in its name: a store of another layout is not opened (a new one is loaded from
-#: the checkpoint instead). 2: the log as one row per version; 3: a version's log as three lists (keys, old values,
-#: new values) rather than a list of triples (a third less time to write); 4: the state keyed by the key's bytes
-#: (``kv(k, v) WITHOUT ROWID``) instead of by a 63-bit hash of them as the row id, with a side table for keys on one
-#: hash: faster and smaller, with no hashing or collision path in Python (``benchmarks/README.md``, "Store format 4").
-STORE_FORMAT = 4
+DELTA, PAIRS_SNAPSHOT, FILE_SNAPSHOT = "delta", "pairs", "file"
 #: SQLite's page size for a new store: a batch's random updates each dirty a page, and every dirty page is written
 #: at commit (WAL) and again by the WAL's checkpoint, so smaller pages write less (``benchmarks/README.md``,
 #: "SQLite's page size", has the measurements behind 1 KB).
@@ -115,7 +114,7 @@ def default_local_dir() -> str:
 def store_path(local_dir: str | None, store_id: str, partition: int) -> str:
     root = os.path.join(local_dir or default_local_dir(), store_id)
     os.makedirs(root, exist_ok=True)
-    return os.path.join(root, f"p-{partition:05d}.f{STORE_FORMAT}.sqlite")
+    return os.path.join(root, f"p-{partition:05d}.f{FORMAT}.sqlite")
 
 
 _SCHEMA = (
@@ -153,6 +152,8 @@ class PartitionStore:
             self.db.execute(f"PRAGMA {pragma}")
         for stmt in _SCHEMA:
             self.db.execute(stmt)
+        if self.db.execute("PRAGMA user_version").fetchone()[0] == 0:  # a new file: it is of this format
+            self.db.execute(f"PRAGMA user_version = {FORMAT}")
         #: Store files attached for a reload (:meth:`_load_file`), detached when its transaction ends.
         self._attached: list[str] = []
         #: The descriptor holding the shared lock on the database file while open (:meth:`open`), or None.
@@ -454,11 +455,7 @@ class PartitionStore:
         name = f"snapshot{len(self._attached)}"
         self.db.execute(f"ATTACH DATABASE ? AS {name}", (path,))
         self._attached.append(name)
-        if _has_table(self.db, name, "kvx"):  # a snapshot of store format 3 (rows keyed by a hash): sorted by SQLite
-            self.db.execute(f"INSERT INTO kv SELECT k, v FROM {name}.kv UNION ALL SELECT k, v FROM {name}.kvx "
-                            "ORDER BY 1")
-        else:  # the same layout: SQLite copies the table's B-tree as it is
-            self.db.execute(f"INSERT INTO kv SELECT * FROM {name}.kv")
+        self.db.execute(f"INSERT INTO kv SELECT * FROM {name}.kv")  # the same layout: the B-tree copied as it is
         self._set_meta("keys", self.count())
         if self.indexer is not None:
             rows = self.db.execute("SELECT k, v FROM kv")
@@ -543,16 +540,21 @@ def file_rows(path: str) -> Iterator[tuple[bytes, bytes]]:
     db = sqlite3.connect(path, isolation_level=None)
     try:
         yield from db.execute("SELECT k, v FROM kv")
-        if _has_table(db, "main", "kvx"):  # a file of store format 3: keys sharing a hash
-            yield from db.execute("SELECT k, v FROM kvx")
     finally:
         db.close()
 
 
-def _has_table(db: sqlite3.Connection, schema: str, table: str) -> bool:
-    """Whether the database ``schema`` (``main`` or an attached name) of ``db`` has a table named ``table``."""
-    return db.execute(f"SELECT 1 FROM {schema}.sqlite_master WHERE type = 'table' AND name = ?",
-                      (table,)).fetchone() is not None
+#: What every SQLite database file begins with; the header's ``user_version`` is the 4 bytes at offset 60.
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def file_format(data: bytes) -> int | None:
+    """The format (:data:`~dstreams.contracts.FORMAT`) of a store file from its first bytes (a snapshot part's file
+    bytes; 64 are enough): its SQLite ``user_version``, 0 for a file that no dstreams store wrote into, None for
+    bytes that are not an SQLite database."""
+    if len(data) < 64 or not data.startswith(_SQLITE_MAGIC):
+        return None
+    return int.from_bytes(data[60:64], "big")
 
 
 def _single_file(path: str) -> None:
@@ -574,11 +576,12 @@ def remove_store_files(path: str) -> None:
 def sweep(path: str) -> None:
     """Remove what a killed task left beside the store at ``path``: the temporary files of an export or a reload
     (``<store>.snapshot-<version>-<pid>``, ``<store>.load-<pid>``, with SQLite's files beside them) whose process is
-    gone, and the files of the same partition's store in an older layout (never opened again)."""
+    gone, and the files of the same partition's store of another format (never opened: it is rebuilt from the
+    checkpoint, like a store deleted by hand)."""
     folder, name = os.path.split(path)
     partition = name.split(".", 1)[0]  # p-NNNNN
     temp = re.compile(rf"{re.escape(name)}\.(?:snapshot-\d+|load)-(\d+)(?:\.copy)?(?:-wal|-shm|-journal)?")
-    older = re.compile(rf"{re.escape(partition)}\.f(\d+)\.sqlite(?:-wal|-shm|-journal)?")
+    other = re.compile(rf"{re.escape(partition)}\.f(\d+)\.sqlite(?:-wal|-shm|-journal)?")
     try:
         names = os.listdir(folder)
     except FileNotFoundError:
@@ -587,7 +590,7 @@ def sweep(path: str) -> None:
         if (m := temp.fullmatch(n)) is not None:
             doomed = not process_alive(int(m.group(1)))
         else:
-            doomed = (m := older.fullmatch(n)) is not None and int(m.group(1)) != STORE_FORMAT
+            doomed = (m := other.fullmatch(n)) is not None and int(m.group(1)) != FORMAT
         if doomed:
             with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                 os.remove(os.path.join(folder, n))
@@ -649,8 +652,8 @@ def sweep_stale(folder: str, horizon: int, unused_since: float | None = None) ->
     deleted with SQLite's files beside it, under its exclusive lock taken without waiting: a copy a task of that
     partition holds open on this host is skipped (the next sweep looks again). ``unused_since``: only
     copies whose files were not modified since that time (``time.time()``) are opened to read their version (a copy
-    in use is written every batch); None: every copy. Files of an older store layout are deleted too (never opened
-    again)."""
+    in use is written every batch); None: every copy. Store files of another format are deleted too (never opened:
+    a cache, rebuilt from the checkpoint)."""
     try:
         names = os.listdir(folder)
     except FileNotFoundError:
@@ -660,14 +663,14 @@ def sweep_stale(folder: str, horizon: int, unused_since: float | None = None) ->
         m = _STORE_NAME.fullmatch(name)
         if m is None:
             continue
-        if int(m.group(2)) != STORE_FORMAT:
+        if int(m.group(2)) != FORMAT:
             with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                 os.remove(os.path.join(folder, name))
             continue
         copies.setdefault(int(m.group(1)), []).append(name)
     removed = []
     for partition in sorted(copies):
-        path = os.path.join(folder, f"p-{partition:05d}.f{STORE_FORMAT}.sqlite")
+        path = os.path.join(folder, f"p-{partition:05d}.f{FORMAT}.sqlite")
         if unused_since is not None and _last_modified(path) >= unused_since:
             continue
         if _delete_if_stale(path, horizon):

@@ -3,12 +3,13 @@ checkpointer's reader RDDs and the state changelog's tasks call).
 
 * ``checkpoints/<node key>/<time, 15 digits>/MANIFEST.json`` commits a checkpoint: it names its parts
   (``part-NNNNN``, :mod:`.codec`) and their checksums; nothing reads a part that no manifest names. A manifest
-  carries the checkpoint format (:data:`~dstreams.contracts.CHECKPOINT_FORMAT`); one of another format raises
+  carries the format (:data:`~dstreams.contracts.FORMAT`); one of another format raises
   :class:`~.checkpoint_format.CheckpointFormatError`.
 * A store-backed state stream's checkpoint (:mod:`dstreams.nodes.store_state`) is a snapshot or a delta on the
   chain of checkpoints its manifest names (``state.chain``): :func:`state_layers` and :func:`read_state_partition`
   rebuild one partition from the newest snapshot on the chain and the deltas after it. A snapshot part is the
-  partition's store file (:data:`~dstreams.statestore.FILE_SNAPSHOT`), read from a temporary copy on the reading
+  partition's store file (:data:`~dstreams.statestore.FILE_SNAPSHOT`, whose own format,
+  :func:`~dstreams.statestore.file_format`, is checked as the part's is), read from a temporary copy on the reading
   executor, or, for a state of ``spark.dstreams.state.store=auto`` checkpointed before it moved to the store, its
   pairs as the RDD state held them (:data:`~dstreams.statestore.PAIRS_SNAPSHOT`).
 """
@@ -26,6 +27,7 @@ from typing import Any
 from dstreams.statestore import (
     FILE_SNAPSHOT,
     PAIRS_SNAPSHOT,
+    file_format,
     file_rows,
     key_bytes,
     process_alive,
@@ -153,6 +155,8 @@ class StatePartition:
                 raise CorruptCheckpointError(f"checkpoint part {prefix}/{p['key']} is not a part of a store-backed "
                                              "state")
             parts.append(records)
+            if records[0][1] == FILE_SNAPSHOT:
+                _check_snapshot_file(records[0][3], f"{prefix}/{p['key']}")
             if records[0][1] in (PAIRS_SNAPSHOT, FILE_SNAPSHOT):
                 break
         else:
@@ -179,6 +183,16 @@ class StatePartition:
         if parts[-1][0][1] == FILE_SNAPSHOT:
             return _file_snapshot_with_deltas(parts)
         return _records_state(parts)
+
+
+def _check_snapshot_file(data: bytes, key: str) -> None:
+    """Raise unless ``data`` (a store-file snapshot of the part ``key``) is a store file of this format:
+    :class:`CorruptCheckpointError` for bytes that are no store file, else
+    :class:`~.checkpoint_format.CheckpointFormatError` for one of another format."""
+    found = file_format(data)
+    if found is None:
+        raise CorruptCheckpointError(f"checkpoint part {key}: its state snapshot is not a store file")
+    check_format(found, f"the state snapshot in checkpoint part {key}")
 
 
 def _changes_after(parts: list[list[Any]]) -> dict[bytes, bytes | None]:

@@ -62,7 +62,7 @@ from pyspark import RDD, SparkContext
 from pyspark.core.rdd import Partitioner
 
 from dstreams.contracts import (
-    CHECKPOINT_FORMAT,
+    FORMAT,
     CommitEvents,
     FaultHook,
     Fence,
@@ -398,7 +398,7 @@ class StoreCheckpointer:
             self._job_group = None
         partitioner = node.checkpoint_partitioner
         manifest = {
-            "format": CHECKPOINT_FORMAT,
+            "format": FORMAT,
             "node": node.key,
             "time_ms": t,
             "num_partitions": len(parts),

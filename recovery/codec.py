@@ -1,6 +1,6 @@
 """Encoding of one checkpointed partition: versioned, checksummed pickle.
 
-Layout: ``b"DSCK"`` magic, 1-byte format (:data:`~dstreams.contracts.CHECKPOINT_FORMAT`), 4-byte big-endian
+Layout: ``b"DSCK"`` magic, 1-byte format (:data:`~dstreams.contracts.FORMAT`), 4-byte big-endian
 record count, 32-byte SHA-256 of the payload, then the payload (a pickled list of records).
 :func:`decode_partition` raises :class:`CorruptCheckpointError` for anything that does not check out (truncated
 object, bad magic, checksum mismatch) and :class:`~.checkpoint_format.CheckpointFormatError` for an object of
@@ -15,11 +15,11 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
-from dstreams.contracts import CHECKPOINT_FORMAT
+from dstreams.contracts import FORMAT
 from dstreams.errors import DStreamsError
 from dstreams.pickling import dumps
 
-from .checkpoint_format import CheckpointFormatError, format_message
+from .checkpoint_format import check_format
 
 MAGIC = b"DSCK"
 _HEADER = struct.Struct(">4sBI32s")
@@ -34,7 +34,7 @@ def encode_partition(records: Iterable[Any]) -> tuple[bytes, str, int]:
     items = list(records)
     payload = dumps(items)  # cloudpickle for what pickle cannot: a class of the user's script (dstreams.pickling)
     digest = hashlib.sha256(payload).digest()
-    return _HEADER.pack(MAGIC, CHECKPOINT_FORMAT, len(items), digest) + payload, digest.hex(), len(items)
+    return _HEADER.pack(MAGIC, FORMAT, len(items), digest) + payload, digest.hex(), len(items)
 
 
 def decode_partition(data: bytes, expected_sha256: str | None = None, what: str = "checkpoint") -> list[Any]:
@@ -43,8 +43,7 @@ def decode_partition(data: bytes, expected_sha256: str | None = None, what: str 
     magic, version, count, digest = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise CorruptCheckpointError(f"{what}: not a dstreams checkpoint object (bad magic {magic!r})")
-    if version != CHECKPOINT_FORMAT:
-        raise CheckpointFormatError(format_message(what, version))
+    check_format(version, what)
     payload = data[_HEADER.size:]
     actual = hashlib.sha256(payload).digest()
     if actual != digest or (expected_sha256 is not None and actual.hex() != expected_sha256):

@@ -3,7 +3,7 @@
 Contract (pyspark's ``getOrCreate``): when a context with a checkpoint location starts, its graph (every
 node and the user's functions, serialized with cloudpickle as PySpark serializes closures) is written to
 ``meta/graph.pkl``: a checksummed object with a JSON header (the checkpoint format,
-:data:`~dstreams.contracts.CHECKPOINT_FORMAT`; sha256, Python, PySpark and dstreams versions, the batch
+:data:`~dstreams.contracts.FORMAT`; sha256, Python, PySpark and dstreams versions, the batch
 duration, the SparkConf to recreate a SparkContext from). ``getOrCreate`` loads it instead of calling
 ``setupFunc``; the resumed run then restores state and replays as usual.
 
@@ -33,7 +33,7 @@ from typing import Any
 
 from pyspark import SparkConf
 
-from dstreams.contracts import CHECKPOINT_FORMAT, SourceNotCheckpointableError
+from dstreams.contracts import FORMAT, SourceNotCheckpointableError
 from dstreams.errors import DStreamsError
 from dstreams.graph import DStreamGraph
 
@@ -181,7 +181,7 @@ def serialize_graph(graph: DStreamGraph, conf: SparkConf, contexts: dict[int, st
             f"SparkContext, locks or open connections in them; create such objects inside the function. ({e})"
         ) from e
     header = {
-        "format": CHECKPOINT_FORMAT,
+        "format": FORMAT,
         "sha256": hashlib.sha256(payload).hexdigest(),
         "batch_ms": graph.batch_duration.ms,
         "spark_conf": _conf_pairs(conf),

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from dstreams.contracts import CHECKPOINT_FORMAT, FaultHook, no_fault
+from dstreams.contracts import FORMAT, FaultHook, no_fault
 from dstreams.errors import DStreamsError
 
 from .checkpoint_format import check_format
@@ -146,7 +146,7 @@ class MetadataLog:
                 raw, etag = self.store.get_with_etag(HEAD)
             except FileNotFoundError:
                 self.head = {
-                    "format": CHECKPOINT_FORMAT,
+                    "format": FORMAT,
                     "app": self.app_name,
                     "fingerprint": self.fingerprint,
                     "batch_ms": self.batch_ms,

@@ -37,9 +37,7 @@ holds, each batch, only the keys that received events or fired a timer in it (an
 
 Records of this node: ``(key, (state, last_event_ms, timers, emitted, alive, touched))`` with ``timers`` a
 dict ``tag -> (kind, time_ms)``; the public streams read ``(key, state)`` of the live (and touched) keys and
-the ``emitted`` records. A checkpoint of the one-timer layout ``(state, last_event_ms, event_timer_ms,
-processing_timer_ms, emitted, alive, touched)`` is converted when read (:func:`upgrade_entry`); both layouts
-end with ``emitted, alive, touched``, which is what the public streams read.
+the ``emitted`` records.
 """
 
 from __future__ import annotations
@@ -259,25 +257,12 @@ def plain_track_step(init: Callable[[Any, Any], Any], update: Callable[[Any, Any
     return step
 
 
-def upgrade_entry(entry: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``entry`` in the current layout (see the module docstring); one of the one-timer layout converted."""
-    if len(entry) != 7:
-        return entry
-    s, last, et, pt, emitted, alive, touched = entry
-    timers: TimerTable = {}
-    if et is not None:
-        timers[DEFAULT_TAGS[EVENT]] = (EVENT, et)
-    if pt is not None:
-        timers[DEFAULT_TAGS[PROCESSING]] = (PROCESSING, pt)
-    return (s, last, timers, emitted, alive, touched)
-
-
 def track_batch(previous: Iterable[tuple[Any, tuple[Any, ...]]], events: Iterable[tuple[Any, Iterable[Any]]], *,
                 init: Callable[[Any, Any], Any], update: Callable[[Any, Any, Any], Any],
                 on_timer: Callable[[Any, Any, Timer], Any] | None, now_ms: int, timeout_ms: int,
                 watermark_ms: int | None) -> list[tuple[Any, tuple[Any, ...]]]:
-    """One batch of a partition on the RDD state: :func:`timer_track_step` over every key of ``previous`` (either
-    layout) and of the batch's ``(key, events)``. A pure function of its input."""
+    """One batch of a partition on the RDD state: :func:`timer_track_step` over every key of ``previous`` and of the
+    batch's ``(key, events)``. A pure function of its input."""
     step = timer_track_step(init, update, on_timer, now_ms, timeout_ms, watermark_ms)
     return rdd_partition(Track(init, update, Duration(timeout_ms), on_timer, False), step, previous, [list(events)])
 
@@ -286,17 +271,15 @@ def timer_track_step(init: Callable[[Any, Any], Any], update: Callable[[Any, Any
                      on_timer: Callable[[Any, Any, Timer], Any] | None, now_ms: int, timeout_ms: int,
                      watermark_ms: int | None) -> KeyStep:
     """A key's step of ``track`` with timers at batch time ``now_ms`` and watermark ``watermark_ms``: its entry
-    (either layout, or None) with its events (None: none) applied and its due timers fired (the rule of the module
+    (or None) with its events (None: none) applied and its due timers fired (the rule of the module
     docstring)."""
 
     def step(k: Any, entry: Any, events: Any) -> Any:
         if (entry is not None and len(entry) == 6 and entry[4] and not entry[3] and not entry[5] and events is None
                 and now_ms - entry[1] < timeout_ms and not (entry[2] and _any_due(entry[2], now_ms, watermark_ms))):
-            # An idle key: a live entry of the current layout holding no emitted record, not touched by the batch
+            # An idle key: a live entry holding no emitted record, not touched by the batch
             # before (its flag stays False), not timed out, no timer due. The rule below gives the same entry.
             return entry
-        if entry is not None:
-            entry = upgrade_entry(entry)
         if entry is not None and entry[4]:
             s, last, timers = entry[0], entry[1], dict(entry[2])
         else:
@@ -361,8 +344,7 @@ def _apply(result: Any, timers: TimerTable, emitted: list[Any], changed: set[str
     return result.state
 
 
-# The public streams read the last three fields, ``emitted, alive, touched``: the same in both layouts, so a
-# restored checkpoint of the one-timer layout reads without a conversion.
+# The public streams read the last three fields, ``emitted, alive, touched``.
 def live_states(it: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
     """Partition function: ``(key, state)`` of the live keys (an entry of :class:`TrackNode`'s layout,
     ``(state, last_event_ms)``, is always live)."""

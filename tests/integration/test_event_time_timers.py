@@ -240,21 +240,6 @@ def test_eventTime_and_processingTime_are_the_timers_of_the_default_tags():
     assert fired == {}
 
 
-def test_an_entry_of_the_old_layout_converts_on_read():
-    """A checkpoint of the one-timer layout ``(state, last, et_ms, pt_ms, emitted, alive, touched)``."""
-    from dstreams.nodes.timers import emitted_records, live_states, updated_states
-
-    old = [("k", (["s"], 1000, 8000, 4000, [("e",)], True, True)), ("gone", (None, 1000, None, None, [1], False, True))]
-    assert list(live_states(iter(old))) == [("k", ["s"])]
-    assert list(updated_states(iter(old))) == [("k", ["s"])]
-    assert list(emitted_records(iter(old))) == [("e",), 1]
-    out, fired = run_batch(old, {}, now=3, watermark=9)
-    assert fired["k"] == [Timer("event", 8, "event")]
-    assert list(live_states(iter(out))) == [("k", ["s", "event"])]
-    _, fired = run_batch(out, {}, now=4, watermark=9)
-    assert fired["k"] == [Timer("processing", 4, "processing")]
-
-
 def test_bad_timers_are_refused_with_what_to_do():
     with pytest.raises(ValueError, match=r"kind must be 'event' or 'processing', got 'evnt'"):
         Timer("evnt", 1)

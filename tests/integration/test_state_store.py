@@ -2,12 +2,12 @@
 
 * :class:`PartitionStore` on its own: versions, reads as of an older version through the undo log, the
   changes since a version (a delta checkpoint), rollback, ``ensure_base``'s three ways, canonical keys, and
-  snapshots of the store's files (also those of the older layout, store format 3).
+  snapshots of the store's files (one of another format refused).
 * Store-backed ``runningReduce`` and ``updateStateByKey`` (with and without ``updateIdleKeys``, with an initial
   state, keys dropped) give the RDD state's outputs batch by batch, with checkpoints every 2 batches and a
   snapshot every 2 checkpoints (deltas, chains, adoption and deletion all run).
-* A driver restart from the checkpoint (the local stores kept, rolled back, or lost) gives the uninterrupted
-  run's outputs, exactly once.
+* A driver restart from the checkpoint (the local stores kept, rolled back, lost, or of another format) gives the
+  uninterrupted run's outputs, exactly once.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import urllib.request
 import pytest
 
 from dstreams import ManualClock, StreamingContext
-from dstreams.contracts import CHECKPOINT_FORMAT
+from dstreams.contracts import FORMAT
 from dstreams.nodes.store_state import StoreStateNode
 from dstreams.recovery.checkpointer import list_checkpoints, load_manifest
 from dstreams.recovery.store import open_store
@@ -277,7 +277,8 @@ def test_a_snapshot_is_the_store_file_as_of_its_version_and_reads_back_with_the_
 
 def _format3_file(path: str, rows: dict) -> int:
     """A store file as store format 3 wrote its snapshots: the state keyed by a 63-bit hash of the key as the row
-    id, a key whose hash another key held in the side table ``kvx``; returns its number of keys."""
+    id, a key whose hash another key held in the side table ``kvx``, no ``user_version``; returns its number of
+    keys."""
     import sqlite3
 
     db = sqlite3.connect(path, isolation_level=None)
@@ -294,32 +295,59 @@ def _format3_file(path: str, rows: dict) -> int:
     return len(items)
 
 
-@pytest.mark.slow
-def test_a_snapshot_of_the_older_store_layout_reads_back_and_reloads(tmp_path):
-    """A checkpoint written before store format 4 holds snapshots of the older layout (rows keyed by a hash, a side
-    table): the checkpoint reader and a store's reload still read every key of it, with a delta after it."""
-    from dstreams.recovery.checkpoint_files import read_state_partition
-    from dstreams.recovery.storespec import StoreSpec
-    from dstreams.statestore import DELTA, FILE_SNAPSHOT, PART_HEADER, file_rows
+def _snapshot_of_format(path, fmt: int) -> int:
+    """A snapshot file of this store layout that says it is of format ``fmt``; returns its number of keys."""
+    import sqlite3
 
-    at_1000 = {**{("k", i): i for i in range(300)}, "shared": 11}
-    keys = _format3_file(str(tmp_path / "old"), at_1000)
-    assert {pickle.loads(k): pickle.loads(v) for k, v in file_rows(str(tmp_path / "old"))} == at_1000
-    snapshot = [(PART_HEADER, FILE_SNAPSHOT, keys, (tmp_path / "old").read_bytes())]
-    delta = [(PART_HEADER, DELTA), (key_bytes(("k", 1)), pickle.dumps(100)), (key_bytes("shared"), None),
-             (key_bytes("new"), pickle.dumps(8))]
-    expected = {**at_1000, ("k", 1): 100, "new": 8}
-    del expected["shared"]
-    layers = _write_layers(tmp_path / "ckpt", {"s": snapshot, "d": delta})
+    store = PartitionStore(str(path) + ".store")
+    store.ensure_base(1000, "r", lambda: [(key_bytes(i), pickle.dumps(i)) for i in range(20)])
+    keys = store.export_file(1000, str(path))
+    store.close()
+    db = sqlite3.connect(str(path), isolation_level=None)
+    db.execute(f"PRAGMA user_version = {fmt}")
+    db.close()
+    return keys
+
+
+@pytest.mark.parametrize("kind", ["store format 3", "another format", "not a store file"])
+def test_a_snapshot_of_another_format_is_refused_with_what_to_do(tmp_path, kind):
+    """A state snapshot part whose store file is of another format (the older layout of store format 3, which no
+    code reads any more, or one that says it is of another number) is refused, by the checkpoint reader and by a
+    store's reload alike, with the error that names the part and says what to do; bytes that are no store file are a
+    corrupt checkpoint. The store reloading it is left as it was (its transaction rolled back)."""
+    from dstreams.recovery.checkpoint_files import read_state_partition
+    from dstreams.recovery.checkpoint_format import CheckpointFormatError
+    from dstreams.recovery.codec import CorruptCheckpointError
+    from dstreams.recovery.storespec import StoreSpec
+    from dstreams.statestore import DELTA, FILE_SNAPSHOT, PART_HEADER, file_format
+
+    _snapshot_of_format(tmp_path / "current", FORMAT)
+    assert file_format((tmp_path / "current").read_bytes()) == FORMAT  # what an export writes
+    snap = tmp_path / "snap"
+    if kind == "store format 3":
+        keys, found = _format3_file(str(snap), {**{("k", i): i for i in range(30)}, "shared": 11}), 0
+    elif kind == "another format":
+        keys, found = _snapshot_of_format(snap, FORMAT + 1), FORMAT + 1
+    else:
+        snap.write_bytes(b"x" * 100)
+        keys, found = 1, None
+    assert file_format(snap.read_bytes()) == found
+    snapshot = [(PART_HEADER, FILE_SNAPSHOT, keys, snap.read_bytes())]
+    layers = _write_layers(tmp_path / "ckpt", {"s": snapshot, "d": [(PART_HEADER, DELTA)]})
     spec = StoreSpec((tmp_path / "ckpt").as_uri())
-    assert {pickle.loads(k): pickle.loads(v) for k, v in read_state_partition(spec, layers, 0)} == expected
-    store = PartitionStore(str(tmp_path / "p.sqlite"), lambda vb: (pickle.loads(vb), None))
-    with store.transaction():
+    if found is None:
+        error, match = CorruptCheckpointError, "s/part-00000: its state snapshot is not a store file"
+    else:
+        error = CheckpointFormatError
+        match = (f"(?s)the state snapshot in checkpoint part s/part-00000 was written in checkpoint format {found}; "
+                 f"this dstreams .* reads checkpoint format {FORMAT} only.*new checkpoint location")
+    with pytest.raises(error, match=match):
+        list(read_state_partition(spec, layers, 0))
+    store = PartitionStore(str(tmp_path / "p.sqlite"))
+    _commit(store, 500, "r0", {"kept": 1})
+    with pytest.raises(error, match=match), store.transaction():
         store.reload(2000, "r", read_state_partition(spec, layers, 0))
-    assert _kv(store) == expected and store.keys == store.count() == len(expected)
-    assert {pickle.loads(k) for k in store.due_keys(5, None)} == {("k", i) for i in range(6) if i != 1}
-    _commit(store, 3000, "r", {("k", 2): None, "later": 1})
-    assert _kv(store, 2000) == expected
+    assert (store.version, store.run, _kv(store)) == (500, "r0", {"kept": 1})
     store.close()
 
 
@@ -377,18 +405,19 @@ def test_a_reader_streaming_a_snapshot_removes_the_copies_that_killed_readers_le
     assert sorted(os.listdir(temp)) == sorted(kept)
 
 
-def test_opening_a_store_sweeps_what_killed_tasks_and_older_layouts_left_beside_it(tmp_path):
-    """The temporary files of an export or a reload whose process is gone and the partition's store files of an
-    older layout are removed when the partition's store is opened; a live process's files, the store's own files and
-    other partitions' are kept."""
-    from dstreams.statestore import STORE_FORMAT, store_path
+def test_opening_a_store_sweeps_what_killed_tasks_and_other_formats_left_beside_it(tmp_path):
+    """The temporary files of an export or a reload whose process is gone and the partition's store files of another
+    format (a cache: the store is rebuilt from the checkpoint) are removed when the partition's store is opened; a
+    live process's files, the store's own files and other partitions' are kept."""
+    from dstreams.statestore import store_path
 
     path = store_path(str(tmp_path), "s", 0)
     folder, name = os.path.split(path)
     gone = _gone_pid()
     doomed = [f"{name}.snapshot-5000-{gone}", f"{name}.snapshot-5000-{gone}.copy-wal", f"{name}.load-{gone}",
-              f"p-00000.f{STORE_FORMAT - 1}.sqlite", f"p-00000.f{STORE_FORMAT - 1}.sqlite-wal"]
-    kept = [f"{name}.load-{os.getpid()}", f"p-00001.f{STORE_FORMAT - 1}.sqlite", "notes.txt"]
+              f"p-00000.f{FORMAT - 1}.sqlite", f"p-00000.f{FORMAT - 1}.sqlite-wal",
+              f"p-00000.f{FORMAT + 1}.sqlite"]
+    kept = [f"{name}.load-{os.getpid()}", f"p-00001.f{FORMAT - 1}.sqlite", "notes.txt"]
     for n in doomed + kept:
         (tmp_path / "s" / n).write_bytes(b"x")
     PartitionStore.open(str(tmp_path), "s", 0).close()
@@ -494,7 +523,7 @@ def test_store_backed_state_gives_the_rdd_states_outputs_batch_by_batch(sc, tmp_
     times = sorted(list_checkpoints(store, key))
     manifests = {t: load_manifest(store, key, t) for t in times}
     for t, m in manifests.items():
-        assert m["format"] == CHECKPOINT_FORMAT and set(m["state"]["chain"]) <= set(times), (t, m["state"])
+        assert m["format"] == FORMAT and set(m["state"]["chain"]) <= set(times), (t, m["state"])
     assert any(m["state"]["chain"] for m in manifests.values())
 
 
@@ -545,11 +574,12 @@ def restart_reference(sc, tmp_path_factory) -> dict[str, list[str]]:
 def _restart_case(sc, tmp_path, monkeypatch, expected: dict[str, list[str]], local: str, kill: str | None = None,
                   caplog=None) -> None:
     """A store-backed run stopped after batch 7 and resumed from its checkpoint at 10.5 s (``local``: its stores
-    kept or lost) gives the outputs of an uninterrupted run on the RDD state (``expected``: the
-    ``restart_reference`` fixture's). ``kill``: a task point
-    (``dstreams.task_faults``) at which the first task to reach it SIGKILLs its Python worker: ``state-export`` in
-    the first run (a checkpoint's snapshot written beside the store), ``state-reload`` in the second (a lost store's
-    snapshot written beside it inside the reload's transaction); ``caplog`` sees the failure logged."""
+    kept, lost, or left as files of another format, which are deleted and rebuilt from the checkpoint) gives the
+    outputs of an uninterrupted run on the RDD state (``expected``: the ``restart_reference`` fixture's). ``kill``: a
+    task point (``dstreams.task_faults``) at which the first task to reach it SIGKILLs its Python worker:
+    ``state-export`` in the first run (a checkpoint's snapshot written beside the store), ``state-reload`` in the
+    second (a lost store's snapshot written beside it inside the reload's transaction); ``caplog`` sees the failure
+    logged."""
     monkeypatch.setenv("DSTREAMS_STATE_SNAPSHOT_EVERY", "2")
     monkeypatch.setenv("DSTREAMS_STATE_STORE", "executor")
     local_dir = tmp_path / "local"
@@ -569,6 +599,7 @@ def _restart_case(sc, tmp_path, monkeypatch, expected: dict[str, list[str]], loc
                    if r.name == "dstreams.recovery.checkpointer"), "the killed export failed no checkpoint"
     if local == "lost":
         shutil.rmtree(local_dir)  # the executors' disks are gone: every store is read back from checkpoints
+    older = _as_another_format(local_dir) if local == "another format" else []
     clock2 = ManualClock(10_500)
     marker = _arm_task_kill(sc, monkeypatch, tmp_path, kill) if kill == "state-reload" else None
     second = StreamingContext.getOrCreate(ckpt, lambda: _app(sc, ckpt, out, clock2), clock=clock2)
@@ -585,10 +616,22 @@ def _restart_case(sc, tmp_path, monkeypatch, expected: dict[str, list[str]], loc
     assert sorted(got) == sorted(expected)
     for name in sorted(expected):
         assert got[name] == expected[name], name
+    if local == "another format":  # deleted when the partitions' stores were opened, and rebuilt
+        assert older and not [p for p in older if p.exists()], older
+
+
+def _as_another_format(local_dir) -> list:
+    """Rename every store file under ``local_dir`` as a file of the previous format (what a dstreams of another format
+    left on the executors' disks); returns the new paths."""
+    renamed = []
+    for path in sorted(local_dir.rglob(f"p-*.f{FORMAT}.sqlite*")):
+        renamed.append(path.with_name(path.name.replace(f".f{FORMAT}.sqlite", f".f{FORMAT - 1}.sqlite")))
+        path.rename(renamed[-1])
+    return renamed
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("local", ["kept", "lost"])
+@pytest.mark.parametrize("local", ["kept", "lost", "another format"])
 def test_restart_from_checkpoint_gives_the_uninterrupted_outputs(sc, tmp_path, monkeypatch, restart_reference, local):
     _restart_case(sc, tmp_path, monkeypatch, restart_reference, local)
 
