@@ -11,8 +11,8 @@ Contract:
   naming where it came from (the key or the variable), what is accepted and an example value.
 * The driver reads the SparkContext's conf first (:func:`active_conf` finds the running one when a caller
   has no conf at hand). Executors (Python workers) have no SparkConf: they read the environment only, so a
-  setting they use (:data:`STORE_RETRY_SECONDS`) is given to them with ``spark.executorEnv.<VARIABLE>``
-  (local executors inherit the driver's environment).
+  setting they use (:data:`STORE_RETRY_SECONDS`, :data:`STORE_LOCK_SECONDS`) is given to them with
+  ``spark.executorEnv.<VARIABLE>`` (local executors inherit the driver's environment).
 * :data:`SETTINGS` lists every setting; :data:`ENVIRONMENT_ONLY` and :data:`INTERNAL` dstreams' variables
   without a conf key; :data:`STANDARD` the variables of Spark, PySpark, Java, AWS and XDG that the library
   reads; :data:`TEST_ONLY` the fault-injection variables that stay environment-only (read by
@@ -201,6 +201,19 @@ STORE_RETRY_SECONDS = Setting(
     example="30",
     doc="How long one checkpoint-store operation retries transient errors (0 = one attempt). Executors "
         "read the environment variable only (`spark.executorEnv.DSTREAMS_STORE_RETRY_SECONDS` on a cluster).",
+)
+
+STORE_LOCK_SECONDS = Setting(
+    key="spark.dstreams.store.lockSeconds",
+    env="DSTREAMS_STORE_LOCK_SECONDS",
+    default=30.0,
+    parse=_seconds,
+    accepts="a number of seconds >= 0",
+    example="30",
+    doc="Local-folder checkpoint store: how long one write waits for the lock of its key's folder, held by "
+        "another writer (a zombie driver frozen mid-write), before it fails with a transient error naming "
+        "the holder's pid (then retried within `spark.dstreams.store.retrySeconds`). The lock is never "
+        "broken: resume or kill the holder. Executors read the environment variable only.",
 )
 
 STORE_OUTAGE_SECONDS = Setting(
@@ -661,7 +674,7 @@ CLASS_DATA_SHARING = Setting(
 )
 
 SETTINGS: tuple[Setting, ...] = (JVM_MODE, CLASS_DATA_SHARING, CHECKPOINT_GRAPH, STORE_RETRY_SECONDS,
-                                 STORE_OUTAGE_SECONDS, SPARK_LOG_LEVEL,
+                                 STORE_LOCK_SECONDS, STORE_OUTAGE_SECONDS, SPARK_LOG_LEVEL,
                                  SPARK_LOCAL_DIR, SOURCE_MAX_RATE_PER_PARTITION, KAFKA_POLL_MS, KAFKA_MIN_PARTITIONS,
                                  KAFKA_MAX_RECORDS_PER_TASK, RECEIVER_MAX_RATE,
                                  FILES_MAX_FILES_PER_BATCH, BACKPRESSURE_ENABLED, BACKPRESSURE_INITIAL_RATE,

@@ -70,10 +70,11 @@ def _signal_self(sig: signal.Signals, point: str, n: int) -> None:
     sys.stderr.flush()
     if sig == signal.SIGSTOP:
         # A stop while another thread holds a local store's folder lock (its journal or checkpointer writing)
-        # would hold up the driver the test starts next on the same folder until this one is resumed: wait
-        # (bounded) for a moment when none is held. That a frozen holder blocks other writers is the local
-        # store's limit (recovery/store/local.py), not what the zombie tests are about.
-        from .store.local import folder_locks_held
+        # would make the driver the test starts next on the same folder wait for that lock, then fail its start
+        # (the lock's bound, recovery/store/folder_lock.py; a frozen holder is never overridden): wait (bounded)
+        # for a moment when none is held. A zombie frozen holding a lock is tests/fault/test_frozen_lock_holder.py's
+        # case, not what the zombie-sink tests are about.
+        from .store.folder_lock import folder_locks_held
 
         deadline = time.monotonic() + 10.0
         while folder_locks_held() and time.monotonic() < deadline:

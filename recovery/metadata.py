@@ -38,6 +38,8 @@ from .checkpoint_format import check_format
 from .store import PreconditionFailed, Store
 
 HEAD = "meta/head.json"
+#: How many times a take-over reads the head again after the previous owner's commits won the race (each a CAS).
+_TAKE_OVER_ATTEMPTS = 10
 
 
 class FencedError(DStreamsError, RuntimeError):
@@ -119,6 +121,11 @@ class MetadataLog:
             raw = store.get(HEAD)
         except FileNotFoundError:
             return None
+        return MetadataLog._parse(store, raw)
+
+    @staticmethod
+    def _parse(store: Store, raw: bytes) -> dict[str, Any]:
+        """The head ``raw`` read from ``store``, checked as :meth:`read` says."""
         try:
             head = json.loads(raw)
         except ValueError:
@@ -138,8 +145,11 @@ class MetadataLog:
         """Become the owning driver. Returns the previous head (None for a fresh location).
 
         Raises :class:`ForeignCheckpointError` for another application's log,
-        :class:`~.checkpoint_format.CheckpointFormatError` for a log of another checkpoint format and
-        :class:`GraphChangedError` when the topology differs.
+        :class:`~.checkpoint_format.CheckpointFormatError` for a log of another checkpoint format,
+        :class:`GraphChangedError` when the topology differs and :class:`FencedError` when another driver takes
+        over at the same moment. A commit of the previous owner that lands between the read of the head and the
+        conditional write (a zombie resumed in the middle of a commit it had checked: one frozen holding a local
+        folder's lock, which this driver waited for) makes it start again from the newer head.
         """
         with self._lock:
             try:
@@ -165,30 +175,45 @@ class MetadataLog:
                     raise FencedError("another driver created this checkpoint location at the same moment") from None
                 _, self._etag = self.store.get_with_etag(HEAD)
                 return None
-            previous = self.read(self.store)
-            assert previous is not None
-            if previous.get("app") != self.app_name:
-                raise ForeignCheckpointError(
-                    f"the checkpoint at {self.store.url} belongs to application {previous.get('app')!r}, not "
-                    f"{self.app_name!r}: use another checkpoint location, or the same appName"
-                )
-            if previous.get("batch_ms") != self.batch_ms:
-                raise GraphChangedError(
-                    f"the checkpoint was written with a batch duration of {previous.get('batch_ms')} ms; "
-                    f"this context uses {self.batch_ms} ms"
-                )
-            if previous.get("fingerprint") != self.fingerprint:
-                raise GraphChangedError(
-                    "the stream graph built by setupFunc differs from the one in the checkpoint at "
-                    f"{self.store.url}:\n" + describe_graph_change(previous.get("fingerprint", []), self.fingerprint)
-                    + "\nrestore the original graph, or start from an empty checkpoint location"
-                )
-            self.head = dict(previous, epoch=int(previous["epoch"]) + 1, owner=self.owner)
-            try:
-                self._etag = self.store.put_if_match(HEAD, self._encode(), etag)
-            except PreconditionFailed:
-                raise FencedError("another driver took over this checkpoint location at the same moment") from None
-            return previous
+            for _ in range(_TAKE_OVER_ATTEMPTS):
+                previous = self._parse(self.store, raw)
+                self._check_compatible(previous)
+                self.head = dict(previous, epoch=int(previous["epoch"]) + 1, owner=self.owner)
+                try:
+                    self._etag = self.store.put_if_match(HEAD, self._encode(), etag)
+                    return previous
+                except PreconditionFailed:
+                    pass
+                # The head changed since it was read. Under the same epoch, its owner committed meanwhile (a zombie
+                # resumed in the middle of a commit it had checked, or a driver still running): take over from the
+                # newer head. A new epoch is another driver's take-over.
+                try:
+                    raw, etag = self.store.get_with_etag(HEAD)
+                except FileNotFoundError:
+                    raise FencedError("another driver removed this checkpoint location's head meanwhile") from None
+                if self._parse(self.store, raw).get("epoch") != previous.get("epoch"):
+                    raise FencedError("another driver took over this checkpoint location at the same moment")
+            raise FencedError(f"the previous owner of this checkpoint location committed {_TAKE_OVER_ATTEMPTS} times "
+                              "while this driver was taking over: stop it first")
+
+    def _check_compatible(self, previous: dict[str, Any]) -> None:
+        """Raise when the head ``previous`` is another application's or another graph's (see :meth:`take_over`)."""
+        if previous.get("app") != self.app_name:
+            raise ForeignCheckpointError(
+                f"the checkpoint at {self.store.url} belongs to application {previous.get('app')!r}, not "
+                f"{self.app_name!r}: use another checkpoint location, or the same appName"
+            )
+        if previous.get("batch_ms") != self.batch_ms:
+            raise GraphChangedError(
+                f"the checkpoint was written with a batch duration of {previous.get('batch_ms')} ms; "
+                f"this context uses {self.batch_ms} ms"
+            )
+        if previous.get("fingerprint") != self.fingerprint:
+            raise GraphChangedError(
+                "the stream graph built by setupFunc differs from the one in the checkpoint at "
+                f"{self.store.url}:\n" + describe_graph_change(previous.get("fingerprint", []), self.fingerprint)
+                + "\nrestore the original graph, or start from an empty checkpoint location"
+            )
 
     # ------------------------------------------------------------------ committing
     def _encode(self) -> bytes:

@@ -14,6 +14,17 @@ Layout: key ``a/b/c`` is the file ``<root>/a/b/c``. How the contract is met:
 * etag: MD5 hex of the content (see :func:`~dstreams.recovery.store.base.content_etag`); content
   hashes, unlike mtime+size, cannot miss a change made within the timestamp granularity.
 * ``delete`` removes folders left empty, up to the root, so a long run leaves no empty folders.
+* The lock (:mod:`.folder_lock`) covers only the check and the ``os.replace``/``unlink``: temporary files are
+  written and fsynced before it is taken, folders fsynced after it is released.
+
+A writer frozen while it holds a folder's lock (a zombie driver SIGSTOPped mid-commit, a long pause) holds up the
+other writers of that folder, a new driver's take-over of the metadata log included, until it runs again or dies
+(the kernel then releases the lock). They wait for it at most ``lock_seconds`` (default 30 s,
+``spark.dstreams.store.lockSeconds``) per attempt, then raise :class:`TransientStoreError` naming the folder and
+the holder (pid, command line, whether it is stopped); the retry policy tries again within its bound, then
+raises :class:`~.errors.StoreUnavailableError` with that message. The lock is never broken: the frozen writer
+may have passed its etag check, and would replace the key when resumed, clobbering whatever was written
+meanwhile. Resume or kill the holder; readers (``get``, ``list``) never wait for it.
 
 Limitation: a key cannot also be a prefix folder of other keys (``a`` and ``a/b``): that raises
 :class:`StoreConfigError`. The store's own layout never does this.
@@ -23,27 +34,20 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dstreams import config
+
 from .base import Store, content_etag
 from .errors import PreconditionFailed, StoreConfigError, StorePermissionError, TransientStoreError
+from .folder_lock import folder_lock, folder_locks_held
 from .keys import RESERVED_PREFIX
 
-_count_lock = threading.Lock()
-#: How many folder locks this process holds now (read by the test-only pause of ``dstreams.recovery.faults``, which
-#: waits for none to be held before it freezes the process).
-_locks_held = 0
-
-
-def folder_locks_held() -> int:
-    """How many folder locks of this class this process holds at the moment."""
-    return _locks_held
+__all__ = ["LocalStore", "folder_locks_held"]
 
 
 if TYPE_CHECKING:
@@ -55,14 +59,24 @@ _NO_HARDLINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errn
 
 
 class LocalStore(Store):
-    """A store in a local folder (created on first write). ``fsync=False`` trades durability for speed."""
+    """A store in a local folder (created on first write). ``fsync=False`` trades durability for speed.
+
+    ``lock_seconds``: how long one attempt of a write waits for its folder's lock before it raises
+    :class:`TransientStoreError` naming the holder (default: :data:`dstreams.config.STORE_LOCK_SECONDS`, 30 s).
+    """
 
     def __init__(
-        self, path: str | os.PathLike[str], retry: RetryPolicy | None = None, *, fsync: bool = True
+        self, path: str | os.PathLike[str], retry: RetryPolicy | None = None, *, fsync: bool = True,
+        lock_seconds: float | None = None,
     ) -> None:
         super().__init__(retry)
         self.root = os.path.abspath(os.fspath(path))
         self.fsync = fsync
+        if lock_seconds is None:
+            lock_seconds = config.get(config.STORE_LOCK_SECONDS, config.active_conf())
+        if not isinstance(lock_seconds, (int, float)) or not lock_seconds >= 0:
+            raise StoreConfigError(f"lock_seconds must be a number of seconds >= 0, got {lock_seconds!r}")
+        self.lock_seconds = float(lock_seconds)
 
     @property
     def url(self) -> str:
@@ -70,7 +84,8 @@ class LocalStore(Store):
 
     def _child(self, prefix: str) -> LocalStore:
         return LocalStore(
-            os.path.join(self.root, *prefix.rstrip("/").split("/")), self.retry, fsync=self.fsync
+            os.path.join(self.root, *prefix.rstrip("/").split("/")), self.retry, fsync=self.fsync,
+            lock_seconds=self.lock_seconds,
         )
 
     # ------------------------------------------------------------------ helpers
@@ -109,23 +124,9 @@ class LocalStore(Store):
         finally:
             os.close(fd)
 
-    @contextlib.contextmanager
-    def _locked(self, folder: str) -> Iterator[None]:
-        """Exclusive flock on ``folder`` (released by the kernel if the process dies; a process that is frozen
-        while it holds one, e.g. SIGSTOPped, holds up every other writer of the folder until it runs again)."""
-        global _locks_held
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            with _count_lock:
-                _locks_held += 1
-            try:
-                yield
-            finally:
-                with _count_lock:
-                    _locks_held -= 1
-        finally:
-            os.close(fd)
+    def _locked(self, folder: str) -> contextlib.AbstractContextManager[None]:
+        """The exclusive lock on ``folder``, waited for at most ``lock_seconds`` (:mod:`.folder_lock`)."""
+        return folder_lock(folder, self.lock_seconds)
 
     def _makedirs(self, folder: str) -> None:
         """Create ``folder`` and missing parents, fsyncing each new entry's parent."""

@@ -143,6 +143,44 @@ def test_stale_driver_is_fenced_off():
     assert MetadataLog.read(store)["completed_through"] == 2000
 
 
+@pytest.mark.parametrize("racer", ["previous owner", "another driver"])
+def test_a_take_over_that_loses_a_race(racer, monkeypatch):
+    """A write lands between the new driver's read of the head and its conditional write. The previous owner's
+    commit (a zombie resumed in the middle of a commit it had checked, e.g. frozen holding the local folder's lock
+    the new driver was waiting for): the take-over starts again from the newer head, and the old owner is fenced at
+    its next commit. Another driver's take-over: this one is fenced."""
+    store = open_store(f"memory://take-over-race-{racer.replace(' ', '-')}")
+    a = MetadataLog(store, "app", ["g"], 1000)
+    a.take_over(0)
+    a.commit(completed_through=1000)
+    real = store.put_if_match
+    raced: list[bool] = []
+
+    def racing(key: str, data: bytes, etag: str) -> str:
+        if not raced:
+            raced.append(True)
+            if racer == "previous owner":
+                a.commit(completed_through=2000)
+            else:
+                MetadataLog(store, "app", ["g"], 1000).take_over(0)
+        return real(key, data, etag)
+
+    monkeypatch.setattr(store, "put_if_match", racing)
+    b = MetadataLog(store, "app", ["g"], 1000)
+    if racer == "another driver":
+        with pytest.raises(FencedError, match="at the same moment"):
+            b.take_over(0)
+        assert MetadataLog.read(store)["epoch"] == 2
+        return
+    prev = b.take_over(0)
+    assert prev is not None and prev["completed_through"] == 2000 and prev["epoch"] == 1
+    assert b.head["epoch"] == 2 and MetadataLog.read(store)["completed_through"] == 2000
+    with pytest.raises(FencedError, match="replaced by another driver"):
+        a.commit(completed_through=3000)
+    b.commit(completed_through=3000)
+    assert MetadataLog.read(store)["owner"] == b.owner
+
+
 @pytest.mark.slow
 def test_socket_batches_are_replayed_from_the_write_ahead_log(sc, tmp_path):
     import operator
