@@ -58,6 +58,7 @@ from typing import Any
 
 from .contracts import FORMAT
 from .errors import DStreamsError
+from .file_lock import describe_holder, flock_within
 from .pickling import dumps
 from .state_lineage import EMPTY, Lineage
 from .task_faults import task_reached
@@ -601,14 +602,25 @@ SWEPT_MARKER = "swept"
 _STORE_NAME = re.compile(r"p-(\d{5})\.f(\d+)\.sqlite(-wal|-shm|-journal)?")
 
 
+#: How long a task waits for the shared lock on a store file (a sweep holds it exclusively for milliseconds; a process
+#: frozen while it holds it, e.g. a SIGSTOPped executor's worker, would hold the task up forever).
+HOLD_TIMEOUT_S = 30.0
+
+
 def _hold(path: str) -> int:
     """Take the shared lock on the store file at ``path`` (created empty if missing: SQLite takes an empty file for
     a new database), waiting only while a sweep deletes that copy (milliseconds), and return its descriptor: the file
-    locked then is the one at its path (a copy deleted while we waited is replaced by a new, empty one)."""
+    locked then is the one at its path (a copy deleted while we waited is replaced by a new, empty one). A lock that
+    stays held for :data:`HOLD_TIMEOUT_S` raises :class:`StateStoreError` naming its holder (the task fails and Spark
+    runs it again) instead of waiting on."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
+            if not flock_within(fd, HOLD_TIMEOUT_S, exclusive=False):
+                raise StateStoreError(
+                    f"the state store file {path} stayed locked for {HOLD_TIMEOUT_S:.0f} s by {describe_holder(fd)}: "
+                    "a sweep of this host's store folder that does not release its lock looks frozen or stuck. "
+                    "Resume (kill -CONT) or kill that process; the task is retried meanwhile")
             if _same_file(fd, path):
                 return fd
         except BaseException:
