@@ -100,7 +100,7 @@ def test_thousand_batches_keep_memory_metadata_and_lineage_flat(sc, monkeypatch)
     # The scheduler keeps the metrics of the last 1,000 batches: legitimately bounded, but it would
     # still grow between batch 200 and batch 1,000. Keep 50 in this test so that any growth measured
     # below is growth that would go on for ever.
-    ssc._scheduler.infos = deque(maxlen=50)
+    ssc._scheduler.tracker.infos = deque(maxlen=50)
     try:
         for i in range(1, BATCHES + 1):
             clock.advance(1000)
