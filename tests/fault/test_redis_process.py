@@ -88,7 +88,8 @@ def test_driver_killed_three_times_reads_every_entry_exactly_once(tmp_path, redi
         def all_read() -> bool:
             return sum(len(v) for v in committed_batches(out, "entries").values()) >= len(expected)
 
-        wait_for(all_read, 420, f"all {len(expected)} entries committed", proc, log_path)  # the backlog of 3 restarts; minutes when loaded
+        # The backlog of three restarts: minutes on a loaded machine.
+        wait_for(all_read, 420, f"all {len(expected)} entries committed", proc, log_path)
         time.sleep(2.5)  # the next batches commit the counts of the last entries (and nothing new)
         stop_process(proc, signal.SIGTERM)
         assert proc.returncode == 0, open(log_path, errors="replace").read()[-4000:]
