@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from dstreams.node import DStreamNode
 from dstreams.nodes.event_time import EventTimeNode, LateRecordsNode
-from dstreams.nodes.store_state import StateChangesNode, StateViewNode
+from dstreams.nodes.store_state import StateChangesNode, StateViewNode, checkpointed_node
 from dstreams.nodes.transformed import TransformedNode
 from dstreams.nodes.union import UnionNode
 from dstreams.time import Duration, DurationLike, parse_duration
@@ -48,7 +48,7 @@ class StateView(DStream[T_co]):
     def checkpoint(self, interval: DurationLike) -> Self:
         """Checkpoint the operator's state every ``interval`` (a multiple of the batch interval)."""
         self._check_open()
-        self._state.checkpoint_interval = parse_duration(interval, "checkpoint interval")
+        checkpointed_node(self._state).checkpoint_interval = parse_duration(interval, "checkpoint interval")
         self.is_checkpointed = True
         return self
 

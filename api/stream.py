@@ -40,7 +40,7 @@ from dstreams.nodes.keyed import KeyedOp
 from dstreams.nodes.output import OutputNode
 from dstreams.nodes.reduced_window import IncrementalWindow, ReducedWindowNode
 from dstreams.nodes.state import RunningReduce, StateNode, UpdateState
-from dstreams.nodes.store_state import StateChangesNode, StateViewNode, StoreStateNode
+from dstreams.nodes.store_state import StateChangesNode, StateViewNode, StoreStateNode, checkpointed_node
 from dstreams.nodes.timers import Track
 from dstreams.nodes.transformed import TransformedNode, require_same_slide
 from dstreams.nodes.union import UnionNode
@@ -757,9 +757,10 @@ class DStream(Generic[T_co]):
         self._check_open()
         if self._state_source is not None:  # a state made with dead letters: the state is what is checkpointed
             self._state_source.checkpoint(interval)
-        self._node.checkpoint_interval = parse_duration(interval, "checkpoint interval")
-        if self._node.storage_level is None and self._node.checkpoint_persists:
-            self._node.persist(StorageLevel.MEMORY_ONLY)
+        node = checkpointed_node(self._node)  # a store-backed state's view: its state
+        node.checkpoint_interval = parse_duration(interval, "checkpoint interval")
+        if node.storage_level is None:
+            node.persist(StorageLevel.MEMORY_ONLY)
         self.is_checkpointed = True
         return self
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .contracts import Checkpointer, WriteAheadLog
 from .errors import DStreamsError
@@ -60,6 +60,16 @@ class BatchRecords:
 
     offsets: dict[str, Any]
     sources: dict[str, Any]
+
+
+@runtime_checkable
+class HoldsOwnRDDs(Protocol):
+    """A node that persisted RDDs of its own beside the ones the engine keeps for it (a store-backed state's handle
+    at the zero time): when the context stops, after the node's :meth:`~dstreams.node.DStreamNode.release`, the
+    graph has it unpersist those too."""
+
+    def release_own_rdds(self) -> None:
+        """Unpersist the RDDs the node persisted itself (they stay usable: recomputed on demand)."""
 
 
 class GraphFrozenError(DStreamsError, RuntimeError):
@@ -128,12 +138,12 @@ class DStreamGraph:
         """The write-ahead log given to :meth:`start`: set when the checkpoint location is durable."""
         return self._services.wal if self._services is not None else None
 
-    def register(self, node: DStreamNode) -> str:
-        """Add ``node`` to the graph's registry; returns its stable key (position and type)."""
+    def register(self, node: DStreamNode, key_name: str) -> str:
+        """Add ``node`` to the graph's registry; returns its stable key: its position and ``key_name``, its type."""
         with self.lock:
             self._check_open("a stream")
             self.nodes.append(node)
-            return f"{len(self.nodes) - 1:03d}-{node.key_name}"
+            return f"{len(self.nodes) - 1:03d}-{key_name}"
 
     def fingerprint(self) -> list[str]:
         """A description of the topology that a restarted driver must reproduce exactly: per node, its key, its
@@ -215,6 +225,8 @@ class DStreamGraph:
                 source.stop()
             for node in self.nodes:
                 node.release()
+                if isinstance(node, HoldsOwnRDDs):
+                    node.release_own_rdds()
 
     def generate_jobs(self, time: BatchTime) -> list[Job]:
         with self.lock:
@@ -300,15 +312,16 @@ class DStreamGraph:
         return out
 
     def batch_records(self, time: BatchTime) -> BatchRecords:
-        """What batch ``time`` records, by node key: every node's ``batch_record`` and ``node_state`` (the one
-        persistence contract of ``dstreams.node``). Call on the event loop."""
+        """What batch ``time`` records, by node key: every node's ``batch_record`` and ``node_state`` (its checkpoint
+        data's, :mod:`dstreams.checkpoint_data`). Call on the event loop."""
         offsets: dict[str, Any] = {}
         sources: dict[str, Any] = {}
         for node in self.nodes:
-            o = node.batch_record(time)
+            data = node.checkpoint_data
+            o = data.batch_record(time)
             if o is not None:
                 offsets[node.key] = o
-            s = node.node_state()
+            s = data.node_state()
             if s is not None:
                 sources[node.key] = s
         return BatchRecords(offsets, sources)

@@ -1,46 +1,48 @@
 """The DStream node contract.
 
-A node is one stream in the graph. Subclasses implement exactly three things:
+A node is one stream in the graph. A subclass overrides at most these six members of :class:`DStreamNode`
+(``tests/unit/test_node_contract.py`` holds every node of the library to it; the base class marks every other
+member ``typing.final``, so that mypy rejects an override):
 
 * ``slide_duration`` – the interval between two of its RDDs;
 * ``dependencies`` – the nodes it reads from;
-* ``compute(time) -> RDD | None`` – build (lazily: no Spark job runs here) the RDD of batch ``time``.
+* ``compute(time) -> RDD | None`` – build (lazily: no Spark job runs here) the RDD of batch ``time``;
+* ``describe_params()`` – the parameters that define the topology and change results (``window=30000``,
+  ``partitions=4``...), for the graph fingerprint that a restarted driver must reproduce;
+* ``parent_remember_duration`` – how long the dependencies must remember their RDDs for this node (a window adds
+  its length);
+* ``checkpoint_data`` – the node's checkpoint data (:class:`~dstreams.checkpoint_data.CheckpointData`, as Spark's
+  ``DStreamCheckpointData``): what the metadata log records of the node and hands back to it after a restart, and
+  how its data checkpoints are written, adopted and read back. The recovery layer and the scheduler reach a node's
+  recovery only through it.
 
-The base class owns everything else: ``get_or_compute`` (one RDD per valid batch time, memoised in
-a dict), validity (``time > zero`` and ``(time - zero) % slide == 0``), persistence, the remember
-duration (how long generated RDDs are kept so that windows and state can read them) and
-``clear_metadata``, which forgets and unpersists what is no longer needed so that a long run keeps
-driver and executor memory flat.
+The base class owns everything else: ``get_or_compute`` (one RDD per valid batch time, memoised in a dict),
+validity (``time > zero`` and ``(time - zero) % slide == 0``), persistence, the remember duration (how long
+generated RDDs are kept so that windows and state can read them) and ``clear_metadata``, which forgets and
+unpersists what is no longer needed so that a long run keeps driver and executor memory flat; the lineage cut of an
+adopted checkpoint (``adopt_checkpoint``) and the installing of a checkpoint's reader (``restore_from_checkpoint``),
+which the checkpoint data calls. What a node is, beyond behaviour, is data: ``label`` (its name is ``<label>#<id>``,
+else ``<ClassName>#<id>``), ``must_checkpoint`` (its RDDs form a state chain that is checkpointed), the type part of
+its key (the ``key_name`` constructor argument, default the class's name).
 
-A node also owns its **recovery contract**; the recovery layer calls only these members:
+A few kinds of node do more than the base class at a point of the run; each is an optional protocol that the caller
+checks with ``isinstance``, not a member of the base class: a node that keeps per-batch records beside its RDDs
+forgets them in ``clear_metadata`` (:class:`KeepsBatchRecords`, here); the scheduler's runner asks an event-time
+stream for its metrics and lets a node drop what made a batch's try fail (``dstreams.scheduler.runner``); the graph
+has a node that persisted RDDs of its own release them when the context stops (``dstreams.graph``).
 
-* ``describe_params()`` – the parameters that define the topology and change results, for the graph
-  fingerprint that a restarted driver must reproduce (each subclass names its own);
-* ``must_checkpoint`` and ``checkpoint_partitioner`` – whether the node's RDDs form a state chain that
-  is checkpointed, and the partitioner a checkpoint reader must keep (None: not hash-partitioned);
-* ``restore_from_checkpoint(time, reader)`` – a restarted driver installs the RDD reading the node's
-  checkpoint at ``time``; later batches build on it;
-* ``adopt_checkpoint(time, reader)`` – a checkpoint committed while running replaces the node's RDD
-  at ``time`` (the lineage cut), on the event loop's thread;
-* ``batch_record(time)`` / ``replay_records(records)`` and ``node_state()`` / ``restore_node_state(state)``
-  – the one persistence contract (the metadata log; input offsets and source state are the input base
-  class's default of it): ``batch_record``/``replay_records`` is what a node fixed on the driver while building
-  batch ``time`` that a replay must reuse (JSON-able; an event-time stream's watermark): the journal
-  writes it to the metadata log with the batch's input offsets, and a restarted driver hands the
-  recorded ones back before generating. None (the default): nothing to record.
-
-Input nodes add the offsets contract (:class:`dstreams.nodes.input.InputNode`).
+Input nodes add the input contract (:class:`dstreams.nodes.input.InputNode`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, final, runtime_checkable
 
 from pyspark import RDD, StorageLevel
-from pyspark.core.rdd import Partitioner
 
+from .checkpoint_data import CheckpointData
 from .spark import jvm
 from .time import BatchTime, Duration
 
@@ -53,29 +55,41 @@ log = logging.getLogger(__name__)
 DEFAULT_CHECKPOINT_TARGET = Duration(10_000)
 
 
+@runtime_checkable
+class KeepsBatchRecords(Protocol):
+    """A node that keeps records per batch beside its RDDs (an event-time stream's watermarks): ``clear_metadata``
+    has it forget those of the batches that left its remember window too."""
+
+    def forget_records(self, time: BatchTime) -> None:
+        """Forget the records of the batches older than the remember window at ``time``."""
+
+
 class DStreamNode:
     """Base of every stream node; see the module docstring for the contract."""
 
     #: True for nodes whose RDD at ``t`` depends on their own RDD at ``t - slide`` (state chains).
     #: Such nodes get a checkpoint interval by default so that their lineage stays bounded.
-    must_checkpoint: ClassVar[bool] = False
-    #: ``DStream.checkpoint(interval)`` also caches the stream (False: a store-backed state's view, whose
-    #: state is already kept by the executor state store).
-    checkpoint_persists: ClassVar[bool] = True
-    #: A restarted driver reads this node's checkpoint whole to verify it before resuming from it (False: the
-    #: executor state store, which checks that the parts exist and reads them only where a store needs them).
-    checkpoint_read_to_verify: ClassVar[bool] = True
+    must_checkpoint: bool = False
+    #: The operator's name in :attr:`name` (None: the class's name).
+    label: str | None = None
+    #: Whether :attr:`label` names the node (False: an output, whose label names its jobs).
+    named_by_label: ClassVar[bool] = True
+    #: Every how long the node's RDD is checkpointed (None: never; set by ``DStream.checkpoint``, defaulted by
+    #: :meth:`initialize` for a state chain). The class's default serves a stored node that holds none.
+    checkpoint_interval: Duration | None = None
 
     _ids = 0
     _ids_lock = threading.Lock()
 
-    def __init__(self, graph: DStreamGraph) -> None:
+    def __init__(self, graph: DStreamGraph, key_name: str | None = None) -> None:
+        """``key_name``: the type part of :attr:`key` (checkpoint keys, the fingerprint, the status page); default:
+        the class's name (a node parametrised by an operator names the operator's)."""
         self.graph = graph
         with DStreamNode._ids_lock:
             DStreamNode._ids += 1
             self.id = DStreamNode._ids
         #: Stable across driver restarts that rebuild the same graph: the node's position in it.
-        self.key = graph.register(self)
+        self.key = graph.register(self, key_name or type(self).__name__)
         self.generated: dict[int, RDD] = {}
         self._retired: dict[int, list[RDD]] = {}
         self.zero_time: BatchTime | None = None
@@ -92,7 +106,7 @@ class DStreamNode:
         state.update(generated={}, _retired={}, _persisted_by_engine=set(), _reader_times=set())
         return state
 
-    # ----------------------------------------------------------------- the three members
+    # ----------------------------------------------------------------- the six members a subclass overrides
     @property
     def slide_duration(self) -> Duration:
         raise NotImplementedError
@@ -104,69 +118,47 @@ class DStreamNode:
     def compute(self, time: BatchTime) -> RDD | None:
         raise NotImplementedError
 
+    def describe_params(self) -> list[str]:
+        """Topology parameters beyond the slide (``window=30000``, ``partitions=4``...); subclasses add theirs."""
+        return []
+
+    @property
+    def parent_remember_duration(self) -> Duration:
+        """How long the dependencies must remember their RDDs for this node (windows add theirs)."""
+        assert self.remember_duration is not None
+        return self.remember_duration
+
+    @property
+    def checkpoint_data(self) -> CheckpointData:
+        """The node's checkpoint data (:mod:`dstreams.checkpoint_data`): the default's records nothing in the
+        metadata log and checkpoints the node's RDDs as they are, not hash-partitioned."""
+        return CheckpointData(self)
+
     # ----------------------------------------------------------------- naming
     @property
+    @final
     def key_name(self) -> str:
-        """The type part of :attr:`key` (checkpoint keys, the fingerprint, the status page): the class's name,
-        or what a node parametrised by an operator says (read while the base ``__init__`` registers the node)."""
-        return type(self).__name__
+        """The type part of :attr:`key` (the ``key_name`` given to the constructor, or the class's name)."""
+        return self.key.split("-", 1)[1]
 
     @property
+    @final
     def name(self) -> str:
-        return f"{type(self).__name__}#{self.id}"
+        """``<label>#<id>`` when the node has a :attr:`label` that names it, else ``<ClassName>#<id>``."""
+        label = self.label if self.named_by_label else None
+        return f"{label or type(self).__name__}#{self.id}"
 
+    @final
     def describe(self) -> str:
         """The node's parameters that define the topology and its results, for the graph fingerprint: the slide,
         then :meth:`describe_params`."""
         return " ".join([f"slide={self.slide_duration.ms}", *self.describe_params()])
 
-    def describe_params(self) -> list[str]:
-        """Topology parameters beyond the slide (``window=30000``, ``partitions=4``...); subclasses add theirs."""
-        return []
-
-    # ----------------------------------------------------------------- the persistence contract
-    # What a node records in the metadata log and restores from after a driver restart (as Spark's
-    # DStreamCheckpointData serves both state and Kafka offsets). The journal asks every node, the resume plan
-    # hands back to every node; nothing else of a node is persisted in the log. The input base class's default
-    # is its input offsets and source state (``dstreams.nodes.input``); an event-time stream records its
-    # watermark (``dstreams.nodes.event_time``).
-    def batch_record(self, time: BatchTime) -> Any:
-        """What this node fixed for batch ``time`` that a replay must reuse (JSON-able), or None.
-
-        Called on the event loop after the batch is built and before it runs (the journal).
-        """
-        return None
-
-    def replay_records(self, records: dict[int, Any]) -> None:
-        """A restarted driver hands back what :meth:`batch_record` returned, by batch time (ms), before it
-        generates a batch (only the times that recorded something; not called when none did)."""
-
-    def node_state(self) -> Any:
-        """What the node must remember across a driver restart beyond its batches' records (JSON-able; e.g. the
-        files a folder source consumed), or None. Recorded with every batch; the newest one is handed back."""
-        return None
-
-    def restore_node_state(self, state: Any) -> None:
-        """A restarted driver hands back the newest :meth:`node_state` recorded, before :meth:`replay_records`."""
-
-    def event_time_metrics(self, time: BatchTime) -> dict[str, Any] | None:
-        """What batch ``time`` saw of this node's event time, for ``BatchInfo.event_time`` (None: not an
-        event-time stream). Reads only: called on a runner thread."""
-        return None
-
-    def before_batch_retry(self, time: BatchTime, error: BaseException) -> None:
-        """Called on every node before a failed batch ``time`` is tried again, with the try's error (a hook: a
-        node drops what made the try fail). The default does nothing."""
-
-    @property
-    def checkpoint_partitioner(self) -> Partitioner | None:
-        """The partitioner a reader of this node's checkpoint must keep (None: not hash-partitioned)."""
-        return None
-
     def __repr__(self) -> str:
         return f"<{self.name} slide={self.slide_duration}>"
 
     # ----------------------------------------------------------------- lifecycle
+    @final
     def initialize(self, zero_time: BatchTime) -> None:
         """Fix the zero time, default the checkpoint interval and remember duration; recurse."""
         if self.zero_time is not None and self.zero_time != zero_time:
@@ -185,6 +177,7 @@ class DStreamNode:
         for dep in self.dependencies:
             dep.initialize(zero_time)
 
+    @final
     def validate_at_start(self) -> None:
         """Raise ValueError for a graph that cannot run (checked once, at ``start()``)."""
         slide = self.slide_duration
@@ -199,12 +192,7 @@ class DStreamNode:
         for dep in self.dependencies:
             dep.validate_at_start()
 
-    @property
-    def parent_remember_duration(self) -> Duration:
-        """How long the dependencies must remember their RDDs for this node (windows add theirs)."""
-        assert self.remember_duration is not None
-        return self.remember_duration
-
+    @final
     def remember(self, duration: Duration | None) -> None:
         if duration is not None and (self.remember_duration is None or duration > self.remember_duration):
             self.remember_duration = duration
@@ -213,6 +201,7 @@ class DStreamNode:
                 dep.remember(self.parent_remember_duration)
 
     # ----------------------------------------------------------------- generation
+    @final
     def is_time_valid(self, time: BatchTime) -> bool:
         if self.zero_time is None:
             raise RuntimeError(f"{self.name} has not been initialised (the context is not started)")
@@ -220,6 +209,7 @@ class DStreamNode:
             return False
         return (time.ms - self.zero_time.ms) % self.slide_duration.ms == 0
 
+    @final
     def get_or_compute(self, time: BatchTime) -> RDD | None:
         """The RDD of batch ``time`` (computed once and memoised), or None at an invalid time."""
         rdd = self.generated.get(time.ms)
@@ -240,11 +230,13 @@ class DStreamNode:
         self.generated[time.ms] = rdd
         return rdd
 
+    @final
     def checkpoint_due(self, time: BatchTime) -> bool:
         if self.checkpoint_interval is None or self.zero_time is None:
             return False
         return (time.ms - self.zero_time.ms) % self.checkpoint_interval.ms == 0
 
+    @final
     def slice(self, from_time: BatchTime, to_time: BatchTime) -> list[RDD]:
         """RDDs of the valid batch times in ``[from_time, to_time]`` (both aligned down to the grid)."""
         if self.zero_time is None:
@@ -262,8 +254,10 @@ class DStreamNode:
         return out
 
     # ----------------------------------------------------------------- cleanup
+    @final
     def clear_metadata(self, time: BatchTime) -> None:
-        """Forget (and unpersist what the engine persisted of) RDDs older than the remember window."""
+        """Forget (and unpersist what the engine persisted of) RDDs older than the remember window; recurse, then
+        forget the node's own per-batch records (:class:`KeepsBatchRecords`)."""
         assert self.remember_duration is not None
         horizon = time.ms - self.remember_duration.ms
         old = [t for t in self.generated if t <= horizon]
@@ -283,17 +277,22 @@ class DStreamNode:
                     rdd.unpersist(blocking=False)
         for dep in self.dependencies:
             dep.clear_metadata(time)
+        if isinstance(self, KeepsBatchRecords):
+            self.forget_records(time)
 
+    @final
     def _times_holding(self, rdd: RDD) -> list[int]:
         """The batch times whose RDD is ``rdd`` itself (a node may hand the same RDD to several batches)."""
         return [t for t, r in self.generated.items() if r is rdd]
 
+    @final
     def release(self) -> None:
         """Unpersist every RDD the engine persisted for this node (the context stopped).
 
         The SparkContext may outlive the StreamingContext (``stop(stopSparkContext=False)``): without
         this, the cached state, window and input RDDs of a stopped stream would stay in executor memory
-        for the rest of the application. The RDDs themselves stay usable (recomputed on demand).
+        for the rest of the application. The RDDs themselves stay usable (recomputed on demand). A node that
+        persisted RDDs of its own releases them too (``dstreams.graph.HoldsOwnRDDs``).
         """
         for t in sorted(self._persisted_by_engine):
             rdd = self.generated.get(t)
@@ -305,11 +304,15 @@ class DStreamNode:
                 rdd.unpersist(blocking=False)
         self._retired.clear()
 
+    @final
     def persist(self, level: StorageLevel) -> None:
         self.storage_level = level
 
+    # ----------------------------------------------------------------- checkpoints read back (the machinery)
+    @final
     def adopt_checkpoint(self, time: BatchTime, reader: RDD) -> int:
-        """Use ``reader`` (an RDD reading a committed checkpoint) as this node's RDD at ``time``.
+        """Use ``reader`` (an RDD reading a committed checkpoint) as this node's RDD at ``time``, installed by the
+        checkpoint data (:meth:`CheckpointData.restore <dstreams.checkpoint_data.CheckpointData.restore>`).
 
         RDDs generated afterwards build on it, which cuts their lineage. When the generator has
         already built later batches on the old lineage (a backlog), those RDDs of this node are
@@ -320,7 +323,7 @@ class DStreamNode:
 
         Returns the newest batch time of this node built before the adoption: jobs up to that
         batch may still reach back to the checkpoints older than ``time`` (see the checkpointer's
-        deletion rule).
+        deletion rule). Called by :meth:`CheckpointData.adopt <dstreams.checkpoint_data.CheckpointData.adopt>`.
         """
         with self.graph.lock:
             built_through = max(self.generated, default=time.ms)
@@ -328,7 +331,7 @@ class DStreamNode:
             if old is None:
                 return built_through  # already forgotten: a newer checkpoint will cut the lineage
             self._retire(time.ms, old)
-            self.restore_from_checkpoint(time, reader)
+            self.checkpoint_data.restore(time, reader)
             if not self.must_checkpoint:
                 return built_through
             slide = self.slide_duration
@@ -342,6 +345,7 @@ class DStreamNode:
                 t = t + slide
             return built_through
 
+    @final
     def forget(self, time: BatchTime) -> None:
         """Drop the memoised RDD at ``time``; the next ``get_or_compute(time)`` builds it again.
 
@@ -357,32 +361,16 @@ class DStreamNode:
                 self._retire(time.ms, rdd)
                 self._persisted_by_engine.discard(time.ms)
 
+    @final
     def _retire(self, t: int, rdd: RDD) -> None:
         if t in self._persisted_by_engine:
             self._retired.setdefault(t, []).append(rdd)
 
-    def checkpoint_export(self, time_ms: int, rdd: RDD) -> tuple[RDD, dict[str, Any]]:
-        """What the checkpoint of ``rdd`` (this node's RDD at ``time_ms``) writes, and entries to add to its
-        manifest. Default: the RDD's records, nothing added (a store-backed state writes its changes)."""
-        return rdd, {}
-
-    def reads_checkpoint_to_verify(self, manifest: dict[str, Any]) -> bool:
-        """Whether a restarted driver reads this node's checkpoint (whose manifest is ``manifest``) whole to verify
-        it before resuming from it, so that a corrupt one is skipped for the one before. Default:
-        :attr:`checkpoint_read_to_verify`."""
-        return self.checkpoint_read_to_verify
-
-    def checkpoint_manifest(self, time_ms: int, manifest: dict[str, Any]) -> None:
-        """A restarted driver is about to install this node's checkpoint at ``time_ms``
-        (:meth:`restore_from_checkpoint`); ``manifest`` is that checkpoint's manifest, with the entries
-        :meth:`checkpoint_export` added. Default: nothing to do."""
-
-    def checkpoint_restored(self, time_ms: int, chain: list[int]) -> None:
-        """A restarted driver resumes this node from its checkpoint at ``time_ms``, which builds on the checkpoints
-        ``chain`` (oldest first; empty unless the node writes deltas). Default: nothing to do."""
-
+    @final
     def restore_from_checkpoint(self, time: BatchTime, reader: RDD) -> None:
-        """Set this node's RDD at ``time`` to ``reader``, which reads a committed checkpoint.
+        """Set this node's RDD at ``time`` to ``reader``, which reads a committed checkpoint (the default of
+        :meth:`CheckpointData.restore <dstreams.checkpoint_data.CheckpointData.restore>`; a store-backed state
+        installs the RDD that brings its stores to it).
 
         Used when a driver recovers and when a checkpoint is adopted; later batches build on it.
         """
@@ -390,6 +378,7 @@ class DStreamNode:
             self._install(time, reader)
             self._reader_times.add(time.ms)
 
+    @final
     def _install(self, time: BatchTime, rdd: RDD) -> None:
         if self.storage_level is not None and not rdd.is_cached:
             jvm.persist(rdd, self.storage_level)
@@ -407,16 +396,9 @@ class OneParentNode(DStreamNode):
     ``<ClassName>#<id>``.
     """
 
-    #: The operator's name in :attr:`name` (None: the class's name).
-    label: str | None = None
-
-    def __init__(self, graph: DStreamGraph, parent: DStreamNode) -> None:
-        super().__init__(graph)
+    def __init__(self, graph: DStreamGraph, parent: DStreamNode, key_name: str | None = None) -> None:
+        super().__init__(graph, key_name)
         self.parent = parent
-
-    @property
-    def name(self) -> str:
-        return f"{self.label}#{self.id}" if self.label else super().name
 
     @property
     def slide_duration(self) -> Duration:

@@ -11,7 +11,7 @@ Contract (the engine's ``dstreams.contracts.Checkpointer``):
   for it.
 * The writer thread only writes. On commit it posts :class:`~dstreams.events.CheckpointCommitted`
   to the scheduler's event loop, which replaces the node's RDD at ``t`` by one that reads the
-  checkpoint (same partitioner, partition ``i`` from part ``i``; ``node.adopt_checkpoint``) and
+  checkpoint (same partitioner, partition ``i`` from part ``i``; ``node.checkpoint_data.adopt``) and
   then calls :meth:`StoreCheckpointer.adopted`: later batches build on it, so lineage reaches back
   at most to the newest committed checkpoint. The metadata log records the newest checkpoint from there.
 * The fence is checked before anything destructive, as the sinks do (:mod:`dstreams.files.sink`): before a write's tasks
@@ -387,7 +387,8 @@ class StoreCheckpointer:
             entry = {"index": i, "key": key, "sha256": sha, "records": count, "bytes": len(data)}
             return [entry if keys is None else {**entry, "keys": keys}]
 
-        rdd, extra = node.checkpoint_export(t, rdd)
+        data = node.checkpoint_data
+        rdd, extra = data.export(t, rdd)
         self.fence.check_owner()  # before the tasks replace parts of the same checkpoint another driver wrote
         group = f"dstreams-checkpoint-{node.key}-{t}"
         self.sc.setJobGroup(group, f"checkpoint of {node.name} at {t}")
@@ -396,7 +397,7 @@ class StoreCheckpointer:
             parts = sorted(rdd.mapPartitionsWithIndex(write).collect(), key=lambda p: p["index"])
         finally:
             self._job_group = None
-        partitioner = node.checkpoint_partitioner
+        partitioner = data.partitioner
         manifest = {
             "format": FORMAT,
             "node": node.key,

@@ -2,7 +2,7 @@
 
 Contract: ``batch_generated(t)`` runs after batch ``t``'s RDDs are built and before it runs: it
 records the batch's input offsets (and the sources' state) in the head, conditionally, with what other
-nodes fixed for the batch (``DStreamNode.batch_record``: an event-time stream's watermark) under their keys
+nodes fixed for the batch (``CheckpointData.batch_record``: an event-time stream's watermark) under their keys
 in the same per-batch map, so that it is kept and pruned with the offsets. If that
 fails because another driver took over (:class:`FencedError`), the batch is not run.
 ``batch_completed(t)`` records that every batch up to ``t`` completed, with the newest committed
@@ -106,7 +106,7 @@ class Journal:
         return base - (remember.ms if remember else 0) - 2 * batch
 
     def batch_generated(self, time: BatchTime) -> None:
-        recorded = self.graph.batch_records(time)  # every node's record and state (the persistence contract)
+        recorded = self.graph.batch_records(time)  # every node's record and state (its checkpoint data)
         offsets, sources = dict(recorded.offsets), recorded.sources
 
         def changes(head: dict[str, Any]) -> dict[str, Any]:

@@ -11,9 +11,9 @@ its newest checkpoint before the first batch read back, so that its RDDs of the 
 rebuilt from it and recorded input, never from its first batch (whose input is no longer recorded: a
 source asked for it raises :class:`~dstreams.contracts.InputNotRecordedError` rather than take new
 input). It returns a ``prepare`` function too, which installs the restored RDDs,
-every node's recorded state and per-batch records (the persistence contract of ``dstreams.node``:
-``restore_node_state``, ``replay_records``: a source's state and offsets, an event-time stream's
-watermarks) once the graph is initialised. Batches between that first batch
+every node's recorded state and per-batch records (through each node's checkpoint data,
+``dstreams.checkpoint_data``: ``restore_node_state``, ``replay_records``: a source's state and offsets, an
+event-time stream's watermarks) once the graph is initialised. Batches between that first batch
 and the clock's present (pending when the old driver died, or missed while it was down) are then
 generated at once; outputs of batches that had already completed are written again, which the
 exactly-once sinks turn into no-ops.
@@ -63,8 +63,9 @@ def _restore_node(sc: SparkContext, spec: StoreSpec, node: DStreamNode, candidat
     for t in candidates:
         try:
             manifest = load_manifest(store, node.key, t)
-            reader = reader_rdd(sc, spec, checkpoint_prefix(node.key, t), manifest, node.checkpoint_partitioner)
-            if not node.reads_checkpoint_to_verify(manifest):
+            data = node.checkpoint_data
+            reader = reader_rdd(sc, spec, checkpoint_prefix(node.key, t), manifest, data.partitioner)
+            if not data.reads_to_verify(manifest):
                 # The executor state store reads a checkpoint only where a store cannot get back to it on its own:
                 # the parts of the chain must exist (their checksums are checked when read).
                 verify_state_chain(store, manifest)
@@ -170,19 +171,21 @@ def plan_resume(sc: SparkContext, spec: StoreSpec, graph: DStreamGraph, previous
                             source.name)
         by_key = {n.key: n for n in graph.stateful_nodes()}
         for key, readers in rdds.items():
+            data = by_key[key].checkpoint_data
             for t, rdd, manifest in readers:
-                by_key[key].checkpoint_manifest(t, manifest)
-                by_key[key].restore_from_checkpoint(BatchTime(t), rdd)
+                data.manifest(t, manifest)
+                data.restore(BatchTime(t), rdd)
         for key, restored_at in restored.items():
             checkpointer.resumed(by_key[key], restored_at, found[key])
             if restored_at is not None and key in rdds:
-                by_key[key].checkpoint_restored(restored_at, chains.get(key, []))
-        for node in graph.nodes:  # the persistence contract: each node's state, then its per-batch records
+                by_key[key].checkpoint_data.restored(restored_at, chains.get(key, []))
+        for node in graph.nodes:  # the metadata log's records: each node's state, then its per-batch records
+            data = node.checkpoint_data
             if node.key in sources:
-                node.restore_node_state(sources[node.key])
+                data.restore_node_state(sources[node.key])
             recorded = {int(t): o[node.key] for t, o in offsets.items() if node.key in o}
             if recorded:
-                node.replay_records(recorded)
+                data.replay_records(recorded)
 
     log.info("resuming from batch %d (zero %d, completed through %s, checkpoints %s)",
              first, zero.ms, completed, restored)

@@ -32,7 +32,7 @@ Contract:
   move is a snapshot of the RDD state's pairs as they are, :data:`~dstreams.statestore.PAIRS_SNAPSHOT`, which the
   store's chain reader takes as a base), its manifest's ``state.auto.switched_at`` says when the stream moved
   (None: not yet), and a restarted driver resumes in the representation its checkpoint was written in
-  (:meth:`AutoStateNode.checkpoint_manifest`); one resumed before the move decides again.
+  (:meth:`AutoCheckpointData.manifest`); one resumed before the move decides again.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from ..statestore import PAIRS_SNAPSHOT, PART_HEADER, StateStoreError
 from ..time import BatchTime
 from .keyed import KeyedOp
 from .state import rdd_state
-from .store_state import StoreStateNode, _LatestPerPartition, state_diff
+from .store_state import StoreCheckpointData, StoreStateNode, _LatestPerPartition, state_diff
 
 if TYPE_CHECKING:
     from ..graph import DStreamGraph
@@ -232,15 +232,33 @@ class AutoStateNode(StoreStateNode):
         return state_diff(self.graph.sc, current, self._rdd_previous(time), self.partitioner)
 
     # ------------------------------------------------------------------ checkpoints
-    def checkpoint_export(self, time_ms: int, rdd: RDD) -> tuple[RDD, dict[str, Any]]:
+    @property
+    def checkpoint_data(self) -> AutoCheckpointData:
+        """The state's checkpoint data: the RDD state's pairs before the move, the store's after it."""
+        return AutoCheckpointData(self)
+
+    def release_own_rdds(self) -> None:
+        super().release_own_rdds()  # the zero time's handle
+        if self._moved_handle is not None:
+            self._moved_handle.unpersist(blocking=False)
+
+
+class AutoCheckpointData(StoreCheckpointData):
+    """The checkpoint data of a state picked by size (module docstring): every checkpoint in the store's format,
+    its manifest saying when the stream moved (``state.auto.switched_at``)."""
+
+    node: AutoStateNode
+
+    def export(self, time_ms: int, rdd: RDD) -> tuple[RDD, dict[str, Any]]:
         """Before the move: a snapshot of the RDD state's pairs (a store's chain may build on it); after it, the store's
         delta or snapshot. The manifest says when the stream moved."""
-        if self.on_store(time_ms):
-            out, entries = super().checkpoint_export(time_ms, rdd)
-            entries["state"]["auto"] = {"switched_at": self.switched_at}
+        node = self.node
+        if node.on_store(time_ms):
+            out, entries = super().export(time_ms, rdd)
+            entries["state"]["auto"] = {"switched_at": node.switched_at}
             return out, entries
-        self._exported[time_ms] = []
-        convert = self.op.to_store(self, time_ms) or (lambda v: v)
+        node._exported[time_ms] = []
+        convert = node.op.to_store(node, time_ms) or (lambda v: v)
 
         def export(it: Iterable[Any]) -> Iterable[Any]:
             yield (PART_HEADER, PAIRS_SNAPSHOT)  # the pairs as they are: as compact as the RDD state's checkpoint
@@ -250,33 +268,31 @@ class AutoStateNode(StoreStateNode):
         return rdd.mapPartitions(export, preservesPartitioning=True), {"state": {"chain": [],
                                                                                 "auto": {"switched_at": None}}}
 
-    def reads_checkpoint_to_verify(self, manifest: dict[str, Any]) -> bool:
+    def reads_to_verify(self, manifest: dict[str, Any]) -> bool:
         """A checkpoint of the RDD state (small: the stream had not moved) is read whole to verify it, as the RDD
         state's are; one of the store is checked as the store's are (its parts exist)."""
         return _moved_at(manifest) is None
 
-    def checkpoint_manifest(self, time_ms: int, manifest: dict[str, Any]) -> None:
+    def manifest(self, time_ms: int, manifest: dict[str, Any]) -> None:
         """A restart resumes on the store from the batch its checkpoint says the stream moved at."""
-        super().checkpoint_manifest(time_ms, manifest)
+        super().manifest(time_ms, manifest)
+        node = self.node
         moved = _moved_at(manifest)
-        if moved is not None and (self.switched_at is None or moved < self.switched_at):
-            self.switched_at = moved
+        if moved is not None and (node.switched_at is None or moved < node.switched_at):
+            node.switched_at = moved
 
-    def restore_from_checkpoint(self, time: BatchTime, reader: RDD) -> None:
-        if self.on_store(time.ms):
-            super().restore_from_checkpoint(time, reader)
+    def restore(self, time: BatchTime, reader: RDD) -> None:
+        """After the move: the store's. Before it: the RDD state read back (its pairs as they were)."""
+        node = self.node
+        if node.on_store(time.ms):
+            super().restore(time, reader)
             return
-        convert = self.op.from_store() or (lambda v: v)
+        convert = node.op.from_store() or (lambda v: v)
         pairs = reader.map(lambda kv: (pickle.loads(kv[0]), convert(pickle.loads(kv[1]))), preservesPartitioning=True)
-        DStreamNode.restore_from_checkpoint(self, time, pairs)
-        self._catchup_starts(time.ms)  # a checkpoint of the batch before the move is where the store starts
+        node.restore_from_checkpoint(time, pairs)
+        node._catchup_starts(time.ms)  # a checkpoint of the batch before the move is where the store starts
         if reader.is_cached:  # read whole to verify it (a restart): released with the RDD it feeds
-            self._retired.setdefault(time.ms, []).append(reader)
-
-    def release(self) -> None:
-        super().release()  # the zero time's handle too
-        if self._moved_handle is not None:
-            self._moved_handle.unpersist(blocking=False)
+            node._retired.setdefault(time.ms, []).append(reader)
 
 
-__all__ = ["TOUCH_RATIO", "WINDOW", "AutoStateNode", "should_move", "typical_touched"]
+__all__ = ["TOUCH_RATIO", "WINDOW", "AutoCheckpointData", "AutoStateNode", "should_move", "typical_touched"]

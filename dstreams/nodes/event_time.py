@@ -36,9 +36,9 @@ records, the same watermark). Either way ``W(t)`` is a pure function of the inpu
 ``t`` and the sources' caps.
 
 **Replay.** The per-batch record (:class:`WatermarkRecord`: ``M(t)``, ``W(t)``, ``W(t - 1)``) goes into the
-metadata log with batch ``t``'s input offsets (the journal asks :meth:`EventTimeNode.batch_record`
-before the batch runs). A restarted driver hands the recorded ones back
-(:meth:`EventTimeNode.replay_records`): a replayed batch sees exactly the watermark recorded for it,
+metadata log with batch ``t``'s input offsets (the journal asks the node's checkpoint data,
+:meth:`EventTimeCheckpointData.batch_record`, before the batch runs). A restarted driver hands the recorded ones
+back (:meth:`EventTimeCheckpointData.replay_records`): a replayed batch sees exactly the watermark recorded for it,
 and the next new batch continues from the last record. Only the generator's thread (the event loop)
 computes records; the runner threads read them (metrics) and nothing else.
 """
@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pyspark import RDD
 from pyspark.accumulators import Accumulator, AccumulatorParam
 
+from ..checkpoint_data import CheckpointData
 from ..node import DStreamNode, OneParentNode
 from ..spark import jvm
 from ..time import BatchTime, Duration
@@ -310,12 +311,11 @@ class EventTimeNode(OneParentNode):
             return {}
         return dict(self._acc.value.get(time.ms, {}))
 
-    # ----------------------------------------------------------------- recovery contract
-    def batch_record(self, time: BatchTime) -> dict[str, Any] | None:
-        return self.record_at(time).to_json()
-
-    def replay_records(self, records: Mapping[int, Any]) -> None:
-        self._replay = {int(t): WatermarkRecord.from_json(r) for t, r in records.items()}
+    # ----------------------------------------------------------------- recovery and metrics
+    @property
+    def checkpoint_data(self) -> EventTimeCheckpointData:
+        """The stream's checkpoint data: its watermark record per batch."""
+        return EventTimeCheckpointData(self)
 
     def event_time_metrics(self, time: BatchTime) -> dict[str, Any] | None:
         """What batch ``time`` saw: ``stream`` (its name), ``watermarkMs`` (the watermark the batch was built
@@ -344,8 +344,9 @@ class EventTimeNode(OneParentNode):
             _tag_partition(self.record_extract, rec.watermark_ms, "on-time" if self.drop_late else "all", time.ms,
                            self._accumulator()))
 
-    def clear_metadata(self, time: BatchTime) -> None:
-        super().clear_metadata(time)
+    def forget_records(self, time: BatchTime) -> None:
+        """The watermark records and task statistics of the batches that left the remember window at ``time`` (the
+        newest record is kept: the next batch builds on it). Called by ``clear_metadata``."""
         assert self.remember_duration is not None
         horizon = time.ms - self.remember_duration.ms
         newest = max(self._records, default=None)
@@ -355,6 +356,20 @@ class EventTimeNode(OneParentNode):
             value = self._acc.value
             for t in [t for t in list(value) if t <= horizon]:
                 value.pop(t, None)
+
+
+class EventTimeCheckpointData(CheckpointData):
+    """An event-time stream's checkpoint data (``dstreams.checkpoint_data``): the record of a batch is its watermark
+    record (:class:`WatermarkRecord`), fixed once while the batch is built; a restarted driver's recorded ones are
+    handed out again as the batches are rebuilt."""
+
+    node: EventTimeNode
+
+    def batch_record(self, time: BatchTime) -> dict[str, Any] | None:
+        return self.node.record_at(time).to_json()
+
+    def replay_records(self, records: Mapping[int, Any]) -> None:
+        self.node._replay = {int(t): WatermarkRecord.from_json(r) for t, r in records.items()}
 
 
 class LateRecordsNode(OneParentNode):

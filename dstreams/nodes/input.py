@@ -25,12 +25,14 @@ source is a subclass of :class:`InputNode`; its slide is the batch duration.
   scheduler has recorded the batch (``offsets_at`` and ``node_state`` in the metadata log); a driver that
   cannot record it stops, and its restart starts from the last recorded ``node_state``, so an unrecorded
   commit is never acted on. ``tests/integration/test_source_contract.py`` checks this rule for every source kind.
-* The node's persistence contract (``dstreams.node``) is, for an input, its offsets and its state: the
-  scheduler has the offsets of every batch written to the metadata log after ``compute`` and before the
-  batch runs (``batch_record`` is ``offsets_at``); a restarted driver passes the recorded ones back
-  (``replay_records``, which is :meth:`InputNode.replay_from`) before generating.
+* The node's checkpoint data (``dstreams.checkpoint_data``, :class:`InputCheckpointData`) is, for an input,
+  its offsets and its state: the scheduler has the offsets of every batch written to the metadata log after
+  ``compute`` and before the batch runs (its ``batch_record`` is :meth:`InputNode.offsets_at`); a restarted
+  driver passes the recorded ones back (its ``replay_records``, which is :meth:`InputNode.replay_from`) before
+  generating.
 * ``node_state()`` / ``restore_node_state(state)``: what the source must remember across a driver restart
-  beyond the offsets of each batch (JSON-able; e.g. the files already consumed).
+  beyond the offsets of each batch (JSON-able; e.g. the files already consumed); its checkpoint data records the
+  one and hands the newest recorded back to the other.
 * ``replayable``: whether a batch can be rebuilt from its offsets. A source that cannot replay (a
   socket) writes each block to the write-ahead log (``self.graph.wal``) and records its key.
 
@@ -67,6 +69,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pyspark import RDD
 
 from .. import config
+from ..checkpoint_data import CheckpointData
 from ..contracts import InputNotRecordedError, SourceNotCheckpointableError
 from ..node import DStreamNode
 from ..rate import RateLimiter, RateSettings, rate_settings
@@ -195,14 +198,21 @@ class InputNode(DStreamNode):
         """
         return None
 
-    # ----------------------------------------------------------------- the persistence contract (node.py)
-    def batch_record(self, time: BatchTime) -> Any:
-        """An input's record of a batch is its offsets (:meth:`offsets_at`)."""
-        return self.offsets_at(time)
+    # ----------------------------------------------------------------- what the metadata log records
+    @property
+    def checkpoint_data(self) -> InputCheckpointData:
+        """The input's checkpoint data: its offsets per batch and its :meth:`node_state`."""
+        return InputCheckpointData(self)
 
-    def replay_records(self, records: dict[int, Any]) -> None:
-        """A restarted driver's recorded offsets: the batches are rebuilt from them (:meth:`replay_from`)."""
-        self.replay_from(records)
+    def node_state(self) -> Any:
+        """What the source must remember across a driver restart beyond its batches' offsets (JSON-able; e.g. the
+        files a folder source consumed), or None (the default). Recorded with every batch; the newest one is handed
+        back to :meth:`restore_node_state`."""
+        return None
+
+    def restore_node_state(self, state: Any) -> None:
+        """A restarted driver hands back the newest :meth:`node_state` recorded, before the recorded offsets
+        (:meth:`replay_from`). The default does nothing."""
 
     # ----------------------------------------------------------------- rate control
     def max_records_per_partition(self, time: BatchTime, partitions: int) -> int | None:
@@ -261,6 +271,26 @@ class InputNode(DStreamNode):
         for d in (self._records, self._offsets, self._metadata, self._replay):
             for t in [t for t in d if t <= horizon]:
                 del d[t]
+
+
+class InputCheckpointData(CheckpointData):
+    """An input's checkpoint data (``dstreams.checkpoint_data``): the record of a batch is its offsets
+    (:meth:`InputNode.offsets_at`), replayed through :meth:`InputNode.replay_from`; the node's state is the source's
+    (:meth:`InputNode.node_state`)."""
+
+    node: InputNode
+
+    def batch_record(self, time: BatchTime) -> Any:
+        return self.node.offsets_at(time)
+
+    def replay_records(self, records: Mapping[int, Any]) -> None:
+        self.node.replay_from(records)
+
+    def node_state(self) -> Any:
+        return self.node.node_state()
+
+    def restore_node_state(self, state: Any) -> None:
+        self.node.restore_node_state(state)
 
 
 class QueueInputNode(InputNode):

@@ -22,6 +22,7 @@ from typing import Any
 from pyspark import RDD
 from pyspark.core.rdd import Partitioner
 
+from ..checkpoint_data import CheckpointData
 from ..node import DStreamNode, OneParentNode
 from ..spark import jvm
 from ..statestore import Indexer, PartitionStore, key_bytes, value_bytes
@@ -133,7 +134,7 @@ class KeyedOp:
 
 
 class KeyedNode(OneParentNode):
-    """What the node of a keyed operator shares on every backend: the operator ``op`` (set first: it names the node's
+    """What the node of a keyed operator shares on every backend: the operator ``op`` (it names the node's
     key, :attr:`prefix` + ``op.kind``), the state's partitioner, the state's slide and what the parent remembers (a
     window's), and the fingerprint's parameters (the operator's, the partitions, the backend's)."""
 
@@ -144,20 +145,17 @@ class KeyedNode(OneParentNode):
 
     def __init__(self, graph: Any, parent: DStreamNode, op: KeyedOp, partitioner: Partitioner) -> None:
         self.op = op
-        super().__init__(graph, parent)
+        super().__init__(graph, parent, key_name=f"{self.prefix}{op.kind}")
         self.partitioner = partitioner
         self.label = op.label
-
-    @property
-    def key_name(self) -> str:
-        return f"{self.prefix}{self.op.kind}"
 
     def describe_params(self) -> list[str]:
         return [*self.op.params(), f"partitions={self.partitioner.numPartitions}", *self.backend_params]
 
     @property
-    def checkpoint_partitioner(self) -> Partitioner:
-        return self.partitioner
+    def checkpoint_data(self) -> CheckpointData:
+        """The state's checkpoint: its RDD's pairs, read back in the state's partitioner."""
+        return CheckpointData(self, self.partitioner)
 
     @property
     def slide_duration(self) -> Duration:

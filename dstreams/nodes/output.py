@@ -23,8 +23,10 @@ ForeachFunc = Callable[[RDD, BatchTime], None]
 
 
 class OutputNode(OneParentNode):
-    #: The output operation (``foreachRDD``, ``saveAsTextFiles``...): it names the node's jobs.
+    #: The output operation (``foreachRDD``, ``saveAsTextFiles``...): it names the node's jobs, not the node
+    #: (``OutputNode#<id>``).
     label: str
+    named_by_label = False
 
     #: Called on the driver once it has taken its epoch, before its first batch (a sink that claims its output
     #: there: ``saveToPostgres``); None for most outputs.
@@ -40,11 +42,6 @@ class OutputNode(OneParentNode):
         self.on_start = on_start
         graph.add_output(self)
         self.output_id = len(graph.outputs) - 1
-
-    @property
-    def name(self) -> str:
-        """``OutputNode#<id>``: ``label`` (the output operation, ``foreachRDD``...) names the node's jobs."""
-        return f"{type(self).__name__}#{self.id}"
 
     def compute(self, time: BatchTime) -> RDD | None:
         return self.parent.get_or_compute(time)

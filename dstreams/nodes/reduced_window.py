@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark import RDD, StorageLevel
 from pyspark.core.rdd import Partitioner
 
+from ..checkpoint_data import CheckpointData
 from ..node import DStreamNode, OneParentNode
 from ..spark.partitioned import fold, segmented_merge
 from ..time import BatchTime, Duration
@@ -135,14 +136,23 @@ class ReducedWindowNode(OneParentNode):
         self.filter_func = filter_func
         parent.persist(StorageLevel.MEMORY_ONLY)
         self.persist(StorageLevel.MEMORY_ONLY)
+        #: With an inverse function the window's RDD at ``t`` builds on the one at ``t - slide``: a state chain.
+        self.must_checkpoint = inv_func is not None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """``must_checkpoint`` follows from ``inv_func``: not stored (the stored graph holds the definition only)."""
+        state = super().__getstate__()
+        state.pop("must_checkpoint", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.must_checkpoint = self.inv_func is not None
 
     @property
-    def must_checkpoint(self) -> bool:  # type: ignore[override]
-        return self.inv_func is not None
-
-    @property
-    def checkpoint_partitioner(self) -> Partitioner:
-        return self.partitioner
+    def checkpoint_data(self) -> CheckpointData:
+        """The window's checkpoint: its RDD's pairs, read back in the window's partitioner."""
+        return CheckpointData(self, self.partitioner)
 
     def describe_params(self) -> list[str]:
         inverse = ["inverse"] if self.inv_func is not None else []

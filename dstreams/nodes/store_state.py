@@ -20,7 +20,7 @@ checkpoint of ``t`` writes, per partition, the keys changed since the previous c
 **delta**, with deletions) or, every ``spark.dstreams.state.snapshotEvery`` checkpoints and where the store's
 log no longer reaches the previous checkpoint, the whole partition (a **snapshot**: the store's file copied as of the
 checkpoint's version, :meth:`PartitionStore.export_file`); a restarted driver goes on
-with the chain it resumed from (:meth:`StoreStateNode.checkpoint_restored`). Its
+with the chain it resumed from (:meth:`StoreCheckpointData.restored`). Its
 manifest names the chain of checkpoints it builds on; the reader rebuilds a partition from its newest
 snapshot and the deltas after it, and the checkpointer deletes no checkpoint a kept one builds on. A
 checkpoint read back (a restart, or the lineage cut of a running stream) brings each partition's store to
@@ -52,6 +52,7 @@ from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.core.rdd import Partitioner
 
 from .. import config
+from ..checkpoint_data import CheckpointData
 from ..errors import failed_with
 from ..node import DStreamNode, OneParentNode
 from ..spark.partitioned import (
@@ -206,7 +207,6 @@ class StoreStateNode(KeyedNode):
     """The executor store's state of the operator ``op`` (see the module docstring): its step applied by
     :func:`~.keyed.store_partition` to the keys each batch touches and the due ones."""
 
-    checkpoint_read_to_verify = False
     prefix, backend_params = "Store", ("store=executor",)
 
     def __init__(self, graph: DStreamGraph, parent: DStreamNode, op: KeyedOp, partitioner: Partitioner,
@@ -251,6 +251,11 @@ class StoreStateNode(KeyedNode):
     # ------------------------------------------------------------------ definition
     def on_store(self, time_ms: int) -> bool:
         return True
+
+    @property
+    def checkpoint_data(self) -> StoreCheckpointData:
+        """The state's checkpoint data: deltas and snapshots of its stores (:class:`StoreCheckpointData`)."""
+        return StoreCheckpointData(self)
 
     def __getstate__(self) -> dict[str, Any]:
         """The initial state is not stored in the graph (it is checkpointed at the zero time instead: see
@@ -431,8 +436,9 @@ class StoreStateNode(KeyedNode):
         handle.persist(StorageLevel.MEMORY_ONLY)
         return handle
 
-    def release(self) -> None:
-        super().release()
+    def release_own_rdds(self) -> None:
+        """The context stopped: unpersist the handle at the zero time (the graph's ``HoldsOwnRDDs``; the handles of
+        batches are the engine's, released by ``release``)."""
         zero = getattr(self, "_zero_handle", None)
         if zero is not None:
             zero.unpersist(blocking=False)
@@ -539,94 +545,6 @@ class StoreStateNode(KeyedNode):
         groups = [[previous], *([b] for b in batches)]
         return segmented_merge(self.graph.sc, groups, self.partitioner, apply, with_index=True)
 
-    # ------------------------------------------------------------------ checkpoints
-    def checkpoint_export(self, time_ms: int, rdd: RDD) -> tuple[RDD, dict[str, Any]]:
-        """What the checkpoint of ``time_ms`` writes: a delta on the chain of committed checkpoints, or a
-        snapshot (see the module docstring), and the manifest's ``state`` entry naming the chain."""
-        chain = list(self._chain) if 0 < len(self._chain) < self.snapshot_every else []
-        self._exported[time_ms] = chain
-        base = chain[-1] if chain else None
-        local_dir, store_id, run, catchup = self.local_dir, self.store_id(), self._run, self._catchup_plan(time_ms)
-        caught_up, indexer, lineage = self._caught_up_accumulator(), self.indexer(), self.lineage(catchup, time_ms)
-
-        def export(i: int, it: Iterable[Any]) -> Iterable[Any]:
-            (version,) = list(it)
-            store = PartitionStore.open(local_dir, store_id, i, indexer)  # a catch-up here keeps the deadline index
-            try:
-                _at_version(store, version, run, catchup, i, caught_up, lineage)
-                with store.reading():
-                    floor = store.log_floor
-                    if base is not None and floor is not None and floor <= base:
-                        yield (PART_HEADER, "delta")
-                        yield from store.changed_since(base, version)
-                    else:
-                        path = f"{store.path}.snapshot-{version}-{os.getpid()}"
-                        try:
-                            keys = store.export_file(version, path)
-                            task_reached("state-export")  # tests: a task killed with the file written
-                            with open(path, "rb") as f:
-                                data = f.read()
-                        finally:
-                            remove_store_files(path)
-                        yield (PART_HEADER, FILE_SNAPSHOT, keys, data)
-            finally:
-                store.close()
-
-        # the history of the state it holds: a restart reuses a store of an earlier run only with the same one
-        held = lineage.upto(time_ms).pruned(time_ms).to_json()
-        return rdd.mapPartitionsWithIndex(export), {"state": {"chain": chain, "lineage": held}}
-
-    def adopt_checkpoint(self, time: BatchTime, reader: RDD) -> int:
-        built_through = super().adopt_checkpoint(time, reader)
-        if self.zero_time is not None and time == self.zero_time:
-            # The initial state's checkpoint: the zero time's handle is not a generated RDD, so the base class
-            # installs nothing; stores can be brought up to date from this checkpoint and the changelog from now on
-            # (before, a store missing on a task's host before the first regular checkpoint failed the batch).
-            self._catchup_starts(time.ms)
-            self._checkpoint_seen(time.ms)
-        chain = self._exported.pop(time.ms, None)
-        if chain is not None:
-            self._chain = [*chain, time.ms]
-        self._marked = {m for m in self._marked if m > time.ms}
-        self._exported = {m: c for m, c in self._exported.items() if m > time.ms}
-        return built_through
-
-    def restore_from_checkpoint(self, time: BatchTime, reader: RDD) -> None:
-        """``reader`` yields the state at ``time`` (key bytes, value bytes) per partition; the RDD installed
-        brings each partition's store to ``time`` (reading ``reader`` only when the store cannot get there on
-        its own). The chain the next checkpoint builds on is set by :meth:`checkpoint_restored` (a restart) or
-        :meth:`adopt_checkpoint` (a checkpoint of this run); otherwise it is a snapshot."""
-        version, run, local_dir, store_id = time.ms, self._run, self.local_dir, self.store_id()
-        stats, indexer = self._stats_accumulator(), self.indexer()
-        lineage = self._inherited.with_drops(self.graph.dropped_times).upto(version).pruned(version)
-
-        def restore(i: int, records: Iterable[Any]) -> list[int]:
-            store = PartitionStore.open(local_dir, store_id, i, indexer)
-            try:
-                store.ensure_base(version, run, lambda: records, lineage=lineage)
-                _report(stats, i, store)
-            finally:
-                store.close()
-            return [version]
-
-        handle = reader.mapPartitionsWithIndex(restore, preservesPartitioning=True)
-        super().restore_from_checkpoint(time, handle)
-        self._catchup_starts(time.ms)
-        self._checkpoint_seen(time.ms)
-        if not self._chain or self._chain[-1] != time.ms:
-            self._chain = []
-
-    def checkpoint_manifest(self, time_ms: int, manifest: dict[str, Any]) -> None:
-        """A restart reads this checkpoint back: the batches its state's history dropped are this run's history too
-        (the newest checkpoint read back decides)."""
-        if self._newest_checkpoint is None or time_ms >= self._newest_checkpoint:
-            self._inherited = Lineage.from_json((manifest.get("state") or {}).get("lineage"))
-
-    def checkpoint_restored(self, time_ms: int, chain: list[int]) -> None:
-        """The next checkpoint after a restart is a delta on the restored one (the stores' logs reach back to it
-        whether they were kept, rolled back or reloaded), unless the chain is due for a snapshot."""
-        self._chain = [*chain, time_ms] if len(chain) + 1 < self.snapshot_every else []
-
     def view(self, time: BatchTime) -> RDD | None:
         """The whole state at ``time`` as (key, value) pairs, read lazily from the stores."""
         handle = self.get_or_compute(time)
@@ -675,27 +593,137 @@ class StoreStateNode(KeyedNode):
         return handle.mapPartitionsWithIndex(read, preservesPartitioning=True)
 
 
-class StateViewNode(OneParentNode):
-    """The public stream of a store-backed state: the whole state at each batch, read lazily."""
+class StoreCheckpointData(CheckpointData):
+    """A store-backed state's checkpoint data (``dstreams.checkpoint_data``; the module docstring says what it
+    writes): deltas on a chain of checkpoints or snapshots, read back into the executors' stores. A restarted driver
+    checks that the parts of a checkpoint's chain exist instead of reading them whole (a store reads them only where
+    it cannot get back to the checkpoint on its own)."""
 
-    checkpoint_persists = False
+    node: StoreStateNode
+
+    def __init__(self, node: StoreStateNode) -> None:
+        super().__init__(node, node.partitioner)
+
+    def reads_to_verify(self, manifest: dict[str, Any]) -> bool:
+        return False
+
+    def export(self, time_ms: int, rdd: RDD) -> tuple[RDD, dict[str, Any]]:
+        """What the checkpoint of ``time_ms`` writes: a delta on the chain of committed checkpoints, or a
+        snapshot (see the module docstring), and the manifest's ``state`` entry naming the chain."""
+        node = self.node
+        chain = list(node._chain) if 0 < len(node._chain) < node.snapshot_every else []
+        node._exported[time_ms] = chain
+        base = chain[-1] if chain else None
+        local_dir, store_id, run, catchup = node.local_dir, node.store_id(), node._run, node._catchup_plan(time_ms)
+        caught_up, indexer, lineage = node._caught_up_accumulator(), node.indexer(), node.lineage(catchup, time_ms)
+
+        def export(i: int, it: Iterable[Any]) -> Iterable[Any]:
+            (version,) = list(it)
+            store = PartitionStore.open(local_dir, store_id, i, indexer)  # a catch-up here keeps the deadline index
+            try:
+                _at_version(store, version, run, catchup, i, caught_up, lineage)
+                with store.reading():
+                    floor = store.log_floor
+                    if base is not None and floor is not None and floor <= base:
+                        yield (PART_HEADER, "delta")
+                        yield from store.changed_since(base, version)
+                    else:
+                        path = f"{store.path}.snapshot-{version}-{os.getpid()}"
+                        try:
+                            keys = store.export_file(version, path)
+                            task_reached("state-export")  # tests: a task killed with the file written
+                            with open(path, "rb") as f:
+                                data = f.read()
+                        finally:
+                            remove_store_files(path)
+                        yield (PART_HEADER, FILE_SNAPSHOT, keys, data)
+            finally:
+                store.close()
+
+        # the history of the state it holds: a restart reuses a store of an earlier run only with the same one
+        held = lineage.upto(time_ms).pruned(time_ms).to_json()
+        return rdd.mapPartitionsWithIndex(export), {"state": {"chain": chain, "lineage": held}}
+
+    def adopt(self, time: BatchTime, reader: RDD) -> int:
+        """The lineage cut (the base's), then: the adopted checkpoint is the newest of the chain the next delta
+        builds on, and the store's log need no longer reach back before it."""
+        built_through = super().adopt(time, reader)
+        node = self.node
+        if node.zero_time is not None and time == node.zero_time:
+            # The initial state's checkpoint: the zero time's handle is not a generated RDD, so the base class
+            # installs nothing; stores can be brought up to date from this checkpoint and the changelog from now on
+            # (before, a store missing on a task's host before the first regular checkpoint failed the batch).
+            node._catchup_starts(time.ms)
+            node._checkpoint_seen(time.ms)
+        chain = node._exported.pop(time.ms, None)
+        if chain is not None:
+            node._chain = [*chain, time.ms]
+        node._marked = {m for m in node._marked if m > time.ms}
+        node._exported = {m: c for m, c in node._exported.items() if m > time.ms}
+        return built_through
+
+    def restore(self, time: BatchTime, reader: RDD) -> None:
+        """``reader`` yields the state at ``time`` (key bytes, value bytes) per partition; the RDD installed
+        brings each partition's store to ``time`` (reading ``reader`` only when the store cannot get there on
+        its own). The chain the next checkpoint builds on is set by :meth:`restored` (a restart) or
+        :meth:`adopt` (a checkpoint of this run); otherwise it is a snapshot."""
+        node = self.node
+        version, run, local_dir, store_id = time.ms, node._run, node.local_dir, node.store_id()
+        stats, indexer = node._stats_accumulator(), node.indexer()
+        lineage = node._inherited.with_drops(node.graph.dropped_times).upto(version).pruned(version)
+
+        def restore(i: int, records: Iterable[Any]) -> list[int]:
+            store = PartitionStore.open(local_dir, store_id, i, indexer)
+            try:
+                store.ensure_base(version, run, lambda: records, lineage=lineage)
+                _report(stats, i, store)
+            finally:
+                store.close()
+            return [version]
+
+        handle = reader.mapPartitionsWithIndex(restore, preservesPartitioning=True)
+        node.restore_from_checkpoint(time, handle)
+        node._catchup_starts(time.ms)
+        node._checkpoint_seen(time.ms)
+        if not node._chain or node._chain[-1] != time.ms:
+            node._chain = []
+
+    def manifest(self, time_ms: int, manifest: dict[str, Any]) -> None:
+        """A restart reads this checkpoint back: the batches its state's history dropped are this run's history too
+        (the newest checkpoint read back decides)."""
+        node = self.node
+        if node._newest_checkpoint is None or time_ms >= node._newest_checkpoint:
+            node._inherited = Lineage.from_json((manifest.get("state") or {}).get("lineage"))
+
+    def restored(self, time_ms: int, chain: list[int]) -> None:
+        """The next checkpoint after a restart is a delta on the restored one (the stores' logs reach back to it
+        whether they were kept, rolled back or reloaded), unless the chain is due for a snapshot."""
+        node = self.node
+        node._chain = [*chain, time_ms] if len(chain) + 1 < node.snapshot_every else []
+
+
+class StateViewNode(OneParentNode):
+    """The public stream of a store-backed state: the whole state at each batch, read lazily. The view is never
+    checkpointed: its state is (:func:`checkpointed_node`)."""
 
     def __init__(self, graph: DStreamGraph, parent: StoreStateNode) -> None:
         super().__init__(graph, parent)
         self.state = parent
 
-    @property
-    def checkpoint_interval(self) -> None:
-        """The view is never checkpointed: ``DStream.checkpoint(interval)`` on it sets the state's interval."""
-        return None
-
-    @checkpoint_interval.setter
-    def checkpoint_interval(self, value: Any) -> None:
-        if value is not None:
-            self.state.checkpoint_interval = value
+    def __getstate__(self) -> dict[str, Any]:
+        """The view has no checkpoint interval of its own to store (its state's is the one set)."""
+        state = super().__getstate__()
+        state.pop("checkpoint_interval", None)
+        return state
 
     def compute(self, time: BatchTime) -> RDD | None:
         return self.state.view(time)
+
+
+def checkpointed_node(node: DStreamNode) -> DStreamNode:
+    """The node that ``DStream.checkpoint(interval)`` on ``node``'s stream sets the interval of: the state of a
+    store-backed state's view (the view is never checkpointed, and the state is persisted already), else ``node``."""
+    return node.state if isinstance(node, StateViewNode) else node
 
 
 class StateChangesNode(OneParentNode):
@@ -741,4 +769,5 @@ def state_diff(sc: Any, current: RDD, previous: RDD | None, partitioner: Partiti
     return segmented_merge(sc, [[current], [previous]], partitioner, diff)
 
 
-__all__ = ["PART_HEADER", "StateChangesNode", "state_diff", "StateViewNode", "StoreStateNode"]
+__all__ = ["PART_HEADER", "StateChangesNode", "StateViewNode", "StoreCheckpointData", "StoreStateNode",
+           "checkpointed_node", "state_diff"]

@@ -48,10 +48,6 @@ class TransformedNode(DStreamNode):
         self.label = label
 
     @property
-    def name(self) -> str:
-        return f"{self.label}#{self.id}"
-
-    @property
     def slide_duration(self) -> Duration:
         return self._slide
 

@@ -250,7 +250,7 @@ class JobGenerator:
         built: list[int] = []
 
         def adopt(held: list[Batch]) -> None:
-            built.append(event.node.adopt_checkpoint(event.time, event.reader))
+            built.append(event.node.checkpoint_data.adopt(event.time, event.reader))
             self._rebuild_queued(event.node, held)
 
         self.tracker.holding(adopt)

@@ -21,7 +21,7 @@ import logging
 import threading
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from .. import output_records
 from ..contracts import FaultHook, OutagePolicy
@@ -33,11 +33,29 @@ from ..listener import (
     StreamingListenerOutputOperationCompleted,
     StreamingListenerOutputOperationStarted,
 )
+from ..time import BatchTime
 from .failure import FailurePolicy, describe, last_line, user_facing_error
 from .generator import wall_ms
 from .tracker import Batch, BatchTracker
 
 log = logging.getLogger("dstreams.scheduler")
+
+
+@runtime_checkable
+class RetryAware(Protocol):
+    """A node that drops what made a batch's try fail before the batch is tried again (a store-backed state: its
+    cached handles, so that the retry rebuilds them through lineage)."""
+
+    def before_batch_retry(self, time: BatchTime, error: BaseException) -> None:
+        """Called before a failed batch ``time`` is tried again, with the try's error."""
+
+
+@runtime_checkable
+class EventTimeReporting(Protocol):
+    """An event-time stream: what a batch saw of its event time, for ``BatchInfo.event_time``."""
+
+    def event_time_metrics(self, time: BatchTime) -> dict[str, Any] | None:
+        """What batch ``time`` saw (None: nothing yet). Reads only: called on a runner thread."""
 
 
 class BatchRunner:
@@ -127,10 +145,11 @@ class BatchRunner:
                 b.incomplete = True  # a stop came while it waited: a restart runs it again
                 break
             for node in self.graph.nodes:
-                node.before_batch_retry(b.time, error)
+                if isinstance(node, RetryAware):
+                    node.before_batch_retry(b.time, error)
             info.attempts += 1
         info.event_time = {n.id: m for n in self.graph.nodes  # reads only (event-time streams)
-                           if (m := n.event_time_metrics(b.time)) is not None}
+                           if isinstance(n, EventTimeReporting) and (m := n.event_time_metrics(b.time)) is not None}
         info.processing_end_time_ms = wall_ms()
 
     def _run_jobs(self, b: Batch) -> tuple[Job, BaseException] | None:

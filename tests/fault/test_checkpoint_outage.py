@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from dstreams import ManualClock, StreamingContext
+from dstreams.checkpoint_data import CheckpointData
 from dstreams.events import CheckpointCommitted, Event
 from dstreams.recovery.checkpointer import StoreCheckpointer, list_checkpoints, load_manifest
 from dstreams.recovery.outage import StoreOutagePolicy
@@ -37,11 +38,12 @@ class _Node:
 
     key: str = "state-0"
     name: str = "runningReduce"
-    checkpoint_partitioner: Any = None
     remember_duration: Any = None
 
-    def checkpoint_export(self, time_ms: int, rdd: Any) -> tuple[Any, dict[str, Any]]:
-        return rdd, {}
+    @property
+    def checkpoint_data(self) -> CheckpointData:
+        """The default's: the RDD's records, not hash-partitioned."""
+        return CheckpointData(self)
 
 
 class _Events:

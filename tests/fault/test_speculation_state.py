@@ -8,7 +8,7 @@ store_state`) checks that its host's store is at the version the batch builds on
 history) when it is not, and applies; a store of this run and history at or past the batch says "applied already".
 So two attempts can only write one history if every ``(vid, version)`` a store or the changelog holds has one content.
 
-These tests call the engine's own task functions (the closures ``compute`` and ``checkpoint_export`` hand to Spark,
+These tests call the engine's own task functions (the closures ``compute`` and ``checkpoint_data.export`` hand to Spark,
 captured in this process) as *attempts on hosts*: each host is its own local folder of stores, and the attempts are
 interleaved at the dangerous points through the changelog they write (an attempt held just before or just after its
 changelog write, or failing after it):
@@ -200,7 +200,7 @@ class Stream:
             assert run(p) == [t]
 
     def export(self, t: int, host: str) -> Callable[[int], list[Any]]:
-        """The checkpoint of ``t``'s task function (:meth:`StoreStateNode.checkpoint_export`) on ``host``."""
+        """The checkpoint of ``t``'s task function (:meth:`StoreCheckpointData.export`) on ``host``."""
         self.node.local_dir = str(self.host(host))
         captured: list[Callable[..., Any]] = []
 
@@ -208,7 +208,7 @@ class Stream:
             def mapPartitionsWithIndex(self, f: Callable[..., Any]) -> None:  # noqa: N802 - the RDD method's name
                 captured.append(f)
 
-        self.node.checkpoint_export(t, Handle())
+        self.node.checkpoint_data.export(t, Handle())
         (f,) = captured
         return lambda partition: list(f(partition, iter([t])))
 

@@ -10,6 +10,7 @@ import time as _time
 import pytest
 
 from dstreams import ManualClock, StreamingContext
+from dstreams.checkpoint_data import CheckpointData
 from dstreams.recovery.checkpointer import StoreCheckpointer, list_checkpoints, load_manifest
 from dstreams.recovery.codec import CorruptCheckpointError, decode_partition, encode_partition
 from dstreams.recovery.store import open_store
@@ -170,16 +171,15 @@ class _RecordingEvents:
 
 
 class _StubNode:
-    """The members of a checkpointed node that the checkpointer reads."""
+    """The members of a checkpointed node that the checkpointer reads (its checkpoint data: the default's)."""
 
     key = "001-Stub"
     name = "stub#1"
-    checkpoint_partitioner = None
     remember_duration = None
 
-    @staticmethod
-    def checkpoint_export(time_ms, rdd):
-        return rdd, {}
+    @property
+    def checkpoint_data(self):
+        return CheckpointData(self)
 
 
 def _needs_checkpoint(url: str, key: str, time_ms: int):
