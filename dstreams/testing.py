@@ -38,27 +38,54 @@ Contract:
   most ``timeout`` seconds each; it returns their ``BatchInfo``\\ s. With ``backlog=True`` the clock jumps to the
   last of them at once (the batches are generated together, as after a pause) before the waits. With
   ``check=True`` (the default) an output that failed for good, or a batch dropped, fails the call with an
-  ``AssertionError`` naming the batch and the error. The context must run on a
-  :class:`~dstreams.clock.ManualClock` and be started.
+  ``AssertionError`` naming the batch and the error. With ``flush_checkpoints=True`` it waits, after each batch,
+  for the checkpoints started so far to be written and adopted (as :func:`run_until` does). The context must run
+  on a :class:`~dstreams.clock.ManualClock` and be started.
 * :func:`run_pipeline` feeds ``inputs`` (one list of records per batch, ``numPartitions`` partitions each) through
   ``operation`` in a :func:`manual_context`, runs ``batches`` batches (default: one per input; later batches get
   no input) and returns what the output stream held in each, in batch order; ``operation`` may return a dict of
   named streams, and then a dict of those lists comes back. Batches are checked as :func:`run_batches` does.
+* :func:`app_context` is :func:`manual_context` for a pipeline your application builds itself: ``setup(clock)``
+  makes the :class:`~dstreams.StreamingContext` on the :class:`~dstreams.clock.ManualClock` it is handed (at
+  ``start_ms``). With ``checkpoint``, the context is ``StreamingContext.getOrCreate(checkpoint, ...,
+  clock=clock)``'s: restored from the checkpoint there when it holds a stream graph (``setup`` is then not called,
+  PySpark's contract; the restored context runs on ``clock`` all the same), made by ``setup`` otherwise; a restart
+  test runs a second :func:`app_context` on the same folder, its clock at the time the driver comes back.
+  ``rebuildGraph`` and ``storeOptions`` go to ``getOrCreate``. Without ``checkpoint``, the context is
+  ``setup(clock)`` itself (a plain start). The context is stopped when the block ends, however it ends
+  (``stopGraceFully`` as given; the SparkContext stays).
+* :func:`run_until` starts the context when it is not started yet, moves its manual clock to ``until_ms`` at once
+  (never back: a clock already past it stays), so the batches due are generated together, and waits for every
+  batch from the context's start time through ``until_ms``, at most ``timeout`` seconds each, checked as
+  :func:`run_batches` does (``check``); it returns their ``BatchInfo``\\ s. With ``flush_checkpoints=True`` it also
+  waits, after each batch, for the checkpoints started so far to be written and adopted, so that a context stopped
+  next (a driver "dying") leaves them behind for a restart.
+* :func:`run_through` is a fault-free reference run: an :func:`app_context` of ``setup`` (its clock at
+  ``start_ms``, the zero time of the run it is compared with) run with :func:`run_until` through ``until_ms``
+  and stopped; it returns the ``BatchInfo``\\ s. A test compares what the reference wrote with what a run with
+  faults (kills, restarts) wrote.
+
+:func:`manual_context` also forwards ``remember`` (``ssc.remember``) and ``concurrentBatches`` to the context, and
+stops it with ``stopGraceFully`` as given.
 
 This module is built on the public API only (``from dstreams import StreamingContext``, the context's public
 methods), as a user's own test is: it sits beside the applications, above the api layer, and nothing of the
-library imports it.
+library imports it. One exception, until the context has a public call for it: ``flush_checkpoints`` waits on the
+started context's checkpoint writer (``_await_checkpoints``, the one place that reaches past the public API).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .clock import ManualClock
 
-__all__ = ["collect", "manual_context", "run_batches", "run_pipeline"]
+if TYPE_CHECKING:
+    from dstreams import BatchInfo, StreamingContext
+
+__all__ = ["app_context", "collect", "manual_context", "run_batches", "run_pipeline", "run_through", "run_until"]
 
 
 def sorted_records(records: list[Any]) -> list[Any]:
@@ -71,21 +98,51 @@ def sorted_records(records: list[Any]) -> list[Any]:
 
 @contextlib.contextmanager
 def manual_context(batchDuration: Any = 1.0, *, sc: Any = None, checkpoint: str | None = None, start_ms: int = 0,
-                   master: str = "local[2]") -> Iterator[Any]:
+                   master: str = "local[2]", remember: Any = None, concurrentBatches: int | None = None,
+                   stopGraceFully: bool = False) -> Iterator[Any]:
     """A streaming context on a manual clock at ``start_ms``, stopped when the block ends (module docstring)."""
     from dstreams import StreamingContext
 
     clock = ManualClock(start_ms)
     if sc is None:
-        ssc = StreamingContext.local(batchDuration, master=master, appName="dstreams-test", clock=clock)
+        ssc = StreamingContext.local(batchDuration, master=master, appName="dstreams-test", clock=clock,
+                                     concurrentBatches=concurrentBatches)
     else:
-        ssc = StreamingContext(sc, batchDuration, clock=clock)
+        ssc = StreamingContext(sc, batchDuration, clock=clock, concurrentBatches=concurrentBatches)
     try:
         if checkpoint is not None:
             ssc.checkpoint(checkpoint)
+        if remember is not None:
+            ssc.remember(remember)
         yield ssc
     finally:
+        ssc.stop(stopSparkContext=False, stopGraceFully=stopGraceFully)
+
+
+@contextlib.contextmanager
+def app_context(setup: Callable[[ManualClock], StreamingContext], *, checkpoint: str | None = None,
+                start_ms: int = 0, rebuildGraph: bool = False, stopGraceFully: bool = False,
+                **storeOptions: Any) -> Iterator[StreamingContext]:
+    """The context ``setup(clock)`` makes on a manual clock at ``start_ms``, or, with ``checkpoint``, the one
+    ``StreamingContext.getOrCreate`` restores from there; stopped when the block ends (module docstring)."""
+    from dstreams import StreamingContext
+
+    clock = ManualClock(start_ms)
+    if checkpoint is None:
+        if rebuildGraph or storeOptions:
+            raise ValueError("rebuildGraph and storeOptions go to getOrCreate: pass checkpoint too")
+        ssc = setup(clock)
+    else:
+        ssc = StreamingContext.getOrCreate(checkpoint, lambda: setup(clock), rebuildGraph=rebuildGraph, clock=clock,
+                                           **storeOptions)
+    if not isinstance(ssc.clock, ManualClock):
         ssc.stop(stopSparkContext=False)
+        raise TypeError("app_context's setup must make the context on the clock it is handed "
+                        "(StreamingContext(sc, batchDuration, clock=clock))")
+    try:
+        yield ssc
+    finally:
+        ssc.stop(stopSparkContext=False, stopGraceFully=stopGraceFully)
 
 
 def collect(stream: Any, sort: bool = False) -> dict[int, list[Any]]:
@@ -119,7 +176,7 @@ def run_pipeline(operation: Callable[[Any], Any], inputs: Sequence[Sequence[Any]
 
 
 def run_batches(ssc: Any, batches: int, timeout: float = 60.0, check: bool = True,
-                backlog: bool = False) -> list[Any]:
+                backlog: bool = False, flush_checkpoints: bool = False) -> list[Any]:
     """Run the next ``batches`` batches of the started context ``ssc`` on its manual clock (module docstring)."""
     clock = ssc.clock
     if not isinstance(clock, ManualClock):
@@ -140,10 +197,60 @@ def run_batches(ssc: Any, batches: int, timeout: float = 60.0, check: bool = Tru
             clock.set_time(t)
         info = ssc.awaitBatch(t, timeout)
         if check:
-            failed = {op.output_name: op.failure_reason for op in info.output_operations.values()
-                      if op.failure_reason and op.failure_reason != "stopped"}
-            if failed or getattr(info, "dropped", False):
-                raise AssertionError(f"batch {t} {'was dropped' if getattr(info, 'dropped', False) else 'failed'}: "
-                                     + "; ".join(f"{name}: {reason[-2000:]}" for name, reason in failed.items()))
+            _check_batch(info, t)
+        if flush_checkpoints:
+            _await_checkpoints(ssc, timeout)
         infos.append(info)
     return infos
+
+
+def run_until(ssc: StreamingContext, until_ms: int, *, timeout: float = 120.0, check: bool = True,
+              flush_checkpoints: bool = False) -> list[BatchInfo]:
+    """Start ``ssc`` if need be, move its manual clock to ``until_ms`` and wait for every batch from its start time
+    through ``until_ms`` (module docstring)."""
+    clock = ssc.clock
+    if not isinstance(clock, ManualClock):
+        raise TypeError("run_until moves the context's clock, which must be a ManualClock: make the context with "
+                        "clock=ManualClock() (dstreams.ManualClock)")
+    if ssc.getState() == "INITIALIZED":
+        ssc.start()
+    start, batch = ssc.startTime, ssc.batchDuration
+    if start is None or batch is None:
+        raise RuntimeError("run_until runs a started context")
+    clock.set_time(max(clock.time_ms(), until_ms))
+    infos = []
+    for t in range(start.ms, until_ms + 1, batch.ms):
+        info = ssc.awaitBatch(t, timeout)
+        if check:
+            _check_batch(info, t)
+        if flush_checkpoints:
+            _await_checkpoints(ssc, timeout)
+        infos.append(info)
+    return infos
+
+
+def run_through(setup: Callable[[ManualClock], StreamingContext], until_ms: int, *, start_ms: int = 0,
+                checkpoint: str | None = None, timeout: float = 300.0) -> list[BatchInfo]:
+    """A fault-free reference run of ``setup``'s context from ``start_ms`` through ``until_ms`` (module
+    docstring)."""
+    with app_context(setup, checkpoint=checkpoint, start_ms=start_ms) as ssc:
+        return run_until(ssc, until_ms, timeout=timeout)
+
+
+def _check_batch(info: Any, t: int) -> None:
+    """Raise ``AssertionError`` naming batch ``t`` and the errors when one of its outputs failed for good (a stop
+    is no failure) or the batch was dropped."""
+    failed = {op.output_name: op.failure_reason for op in info.output_operations.values()
+              if op.failure_reason and op.failure_reason != "stopped"}
+    dropped = getattr(info, "dropped", False)
+    if failed or dropped:
+        raise AssertionError(f"batch {t} {'was dropped' if dropped else 'failed'}: "
+                             + "; ".join(f"{name}: {reason[-2000:]}" for name, reason in failed.items()))
+
+
+def _await_checkpoints(ssc: StreamingContext, timeout: float = 60.0) -> None:
+    """Wait for the checkpoints the started context ``ssc`` has begun writing to be written and adopted (nothing
+    to wait for without a checkpoint location). The one call past the public API (module docstring)."""
+    checkpointer = getattr(ssc, "_checkpointer", None)
+    if checkpointer is not None:
+        checkpointer.flush(timeout)

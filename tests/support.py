@@ -1,6 +1,7 @@
-"""Test harness: run a dstreams pipeline batch by batch on a ManualClock and collect its outputs; and
-the rule for tests whose server (Ceph RADOS Gateway, moto server, Redis server, PostgreSQL, Kafka broker,
-standalone Spark cluster) is missing.
+"""What tests of several folders share: the test services' endpoints and the rule for tests whose server (Ceph
+RADOS Gateway, moto server, Redis server, PostgreSQL, Kafka broker, standalone Spark cluster) is missing, and a few
+helpers (the large state's size, a state stream's node, the library's exceptions). Pipelines are driven with the
+public harness, :mod:`dstreams.testing`.
 
 Services: by default a test whose server does not answer skips with the reason (a developer's
 machine). With ``CI=true``, ``DSTREAMS_REQUIRE_SERVICES=1`` or ``pytest --require-services`` it fails
@@ -11,15 +12,9 @@ instead (:func:`service_unavailable`), so that a CI run cannot pass without test
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import NoReturn
 
 import pytest
-
-if TYPE_CHECKING:  # dstreams is imported lazily: tests/conftest.py imports this module at start-up
-    from dstreams import DStream, StreamingContext
-
-Build = Callable[["DStream"], dict[str, "DStream"]]
 
 REQUIRE_ENV = "DSTREAMS_REQUIRE_SERVICES"
 _TRUE = ("1", "true", "yes", "on")
@@ -108,77 +103,6 @@ def require_kafka() -> str:
     if not metadata.brokers:
         service_unavailable(f"Kafka broker at {KAFKA_BOOTSTRAP} listed no brokers; {how}")
     return KAFKA_BOOTSTRAP
-
-
-def collector(store: dict[str, list[Any]], name: str, normalise: Callable[[list[Any]], Any] = sorted):
-    def collect(rdd):
-        store.setdefault(name, []).append(normalise(rdd.collect()))
-
-    return collect
-
-
-def run_manual(sc, inputs: list[list[Any]], build: Build, batches: int | None = None, batch_ms: int = 1000,
-               normalise: Callable[[list[Any]], Any] = sorted, timeout_s: float = 120.0,
-               ssc_setup: Callable[[StreamingContext], None] | None = None) -> dict[str, list[Any]]:
-    """Feed ``inputs`` (one list per batch) through ``build`` and return each output's batches.
-
-    ``build(stream)`` returns named output streams; each is collected per batch, with ``normalise``
-    applied (sorted by default, since order inside a batch is not part of the contract). The run is
-    ``dstreams.testing``'s (:func:`~dstreams.testing.manual_context`, :func:`~dstreams.testing.run_batches`);
-    a failed output does not fail it (the caller compares what the outputs got).
-    """
-    from dstreams.testing import collect, manual_context
-    from dstreams.testing import run_batches as run_next
-
-    n = batches if batches is not None else len(inputs)
-    with manual_context(batch_ms / 1000.0, sc=sc) as ssc:
-        if ssc_setup:
-            ssc_setup(ssc)
-        stream = ssc.queueStream([sc.parallelize(b, 2) for b in inputs])
-        seen = {name: collect(s) for name, s in build(stream).items()}
-        ssc.start()
-        times = [info.batch_time.ms for info in run_next(ssc, n, timeout=timeout_s, check=False)]
-    return {name: [normalise(got[t]) for t in times if t in got] for name, got in seen.items()}
-
-
-def run_through(build: Callable[[Any], StreamingContext], zero_ms: int, last_ms: int, timeout_s: float = 300.0) -> None:
-    """A fault-free reference run: ``build(clock)`` makes a context on a ManualClock at ``zero_ms`` (the zero time
-    of the run it is compared with), which runs every batch through ``last_ms`` and is stopped."""
-    from dstreams import ManualClock
-
-    clock = ManualClock(zero_ms)
-    ssc = build(clock)
-    ssc.start()
-    try:
-        clock.set_time(last_ms)
-        ssc.awaitBatch(last_ms, timeout_s)
-    finally:
-        ssc.stop(stopSparkContext=False)
-
-
-def run_batches(ssc, clock, batches: int, timeout: float = 60) -> list:
-    """Move the manual ``clock`` of a started ``ssc`` through the next ``batches`` batches and return their
-    ``BatchInfo``s, each awaited for at most ``timeout`` seconds; a failed output does not fail the call
-    (``dstreams.testing.run_batches`` with ``check=False``; ``clock`` is the context's)."""
-    from dstreams.testing import run_batches as run_next
-
-    assert clock is ssc.clock, "run_batches moves the context's own clock"
-    return run_next(ssc, batches, timeout=timeout, check=False)
-
-
-def drive_batches(ssc, clock, until_ms: int, flush: bool = True) -> None:
-    """Move the clock of a started context to ``until_ms`` and wait for every batch up to it (1 s batches from
-    ``ssc.startTime``), each without a failed output (and, with ``flush``, its checkpoints written)."""
-    t = ssc.startTime.ms
-    clock.set_time(max(clock.time_ms(), until_ms))
-    while t <= until_ms:
-        info = ssc.awaitBatch(t, 120)
-        failed = {op.output_name: (op.failure_reason or "")[-2000:] for op in info.output_operations.values()
-                  if op.failure_reason and op.failure_reason != "stopped"}
-        assert not failed, f"batch {t} failed: {failed}"
-        if flush:
-            ssc._checkpointer.flush(60)
-        t += 1000
 
 
 #: The large state of the heaviest state-store fault tests (issue 23): 1,000,000 keys; under ``CI=true`` 250,000

@@ -21,8 +21,10 @@ import uuid
 
 import pytest
 
+from dstreams.testing import run_through
+
 from ..recovery_app import build, read_outputs
-from ..support import RGW_ENDPOINT, run_through, service_unavailable, state_keys
+from ..support import RGW_ENDPOINT, service_unavailable, state_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.s3]
 
@@ -141,7 +143,7 @@ def _head(ckpt_url: str) -> dict:
 
 def _reference(sc, tmp_path, zero_ms: int, last_ms: int) -> dict[str, list[str]]:
     out = tmp_path / "ref-out"
-    run_through(lambda clock: build(sc, str(tmp_path / "ref-ckpt"), str(out), clock), zero_ms, last_ms)
+    run_through(lambda clock: build(sc, str(tmp_path / "ref-ckpt"), str(out), clock), last_ms, start_ms=zero_ms)
     return read_outputs(str(out))
 
 

@@ -25,9 +25,9 @@ import pytest
 from dstreams import ManualClock, StreamingContext
 from dstreams.nodes.store_state import StoreStateNode
 from dstreams.statestore import PartitionStore, key_bytes, store_path
+from dstreams.testing import run_until
 
 from ..recovery_app import read_outputs
-from ..support import drive_batches
 
 LAST_MS = 5000
 
@@ -108,7 +108,7 @@ def _run(sc, tmp_path, monkeypatch, store: str, **folder) -> tuple[dict[str, lis
     ssc = _app(sc, ckpt, out, clock, _Folder(local_dir, **folder))
     try:
         ssc.start()
-        drive_batches(ssc, clock, LAST_MS)
+        run_until(ssc, LAST_MS, flush_checkpoints=True)
         attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
         caught_up = sum((n.store_metrics() or {}).get("caught_up", 0) for n in ssc._graph.nodes
                         if isinstance(n, StoreStateNode))
@@ -259,13 +259,13 @@ def test_a_hosts_stale_copies_are_deleted_by_its_next_task_and_its_current_ones_
     (node,) = [n for n in ssc._graph.nodes if isinstance(n, StoreStateNode)]
     try:
         ssc.start()
-        drive_batches(ssc, clock, 2000)
+        run_until(ssc, 2000, flush_checkpoints=True)
         folder_a = os.path.join(host_a, node.store_id())
         node.local_dir = host_b  # the batches from 3 on run on host B
-        drive_batches(ssc, clock, 7000)
+        run_until(ssc, 7000, flush_checkpoints=True)
         assert _versions(folder_a) == {p: 2000 for p in range(4)}  # A's copies, stale once A sweeps
         node.local_dir = host_a
-        drive_batches(ssc, clock, 10_000)
+        run_until(ssc, 10_000, flush_checkpoints=True)
         attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
         metrics = node.store_metrics()
     finally:

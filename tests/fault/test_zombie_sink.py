@@ -22,7 +22,8 @@ from collections.abc import Callable
 
 import pytest
 
-from ..support import run_through
+from dstreams.testing import run_through
+
 from .zombie_sink_app import build, read_outputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
@@ -127,7 +128,7 @@ def _ok(batch_ms: int, output_id: int) -> Callable[[str], bool]:
 def _reference(sc, tmp_path, zero_ms: int, last_ms: int) -> dict[str, list[str]]:
     out = tmp_path / "ref-out"
     out.mkdir()
-    run_through(lambda clock: build(sc, str(tmp_path / "ref-ckpt"), str(out), clock), zero_ms, last_ms)
+    run_through(lambda clock: build(sc, str(tmp_path / "ref-ckpt"), str(out), clock), last_ms, start_ms=zero_ms)
     return read_outputs(str(out))
 
 

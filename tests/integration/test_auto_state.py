@@ -22,22 +22,25 @@ import urllib.request
 
 import pytest
 
-from dstreams import ManualClock, StreamingContext, TrackUpdate
+from dstreams import StreamingContext, TrackUpdate
 from dstreams.nodes.auto_state import TOUCH_RATIO, AutoStateNode, should_move
 from dstreams.nodes.timers import Track
 from dstreams.recovery.checkpointer import list_checkpoints, load_manifest
 from dstreams.recovery.store import open_store
+from dstreams.testing import app_context, manual_context, run_until
 
 from ..recovery_app import read_outputs
-from ..support import drive_batches
 
 
-def _step(ssc: StreamingContext, clock: ManualClock, until_ms: int) -> None:
-    """Batch after batch up to ``until_ms``, each built after the one before ended (so the move is decided on
-    the reports of every batch before it: the times the assertions name)."""
+def _step(ssc: StreamingContext, until_ms: int) -> None:
+    """Start ``ssc`` if need be and run batch after batch up to ``until_ms``, each built after the one before
+    ended (so the move is decided on the reports of every batch before it: the times the assertions name)."""
+    if ssc.getState() == "INITIALIZED":
+        ssc.start()
+    clock = ssc.clock
     t = max(ssc.startTime.ms, clock.time_ms() - clock.time_ms() % 1000)
     while t <= until_ms:
-        drive_batches(ssc, clock, t)
+        run_until(ssc, t, flush_checkpoints=True)
         t += 1000
 
 BATCHES = 16
@@ -151,17 +154,12 @@ def test_a_state_stream_has_an_rdd_from_its_first_batch_even_an_empty_one(sc, mo
     """Before any record (a source whose first batches have no partition), the state stream's output still runs
     on an empty state, each batch, on either side (a graceful-stop test saw an output folder missing)."""
     monkeypatch.setenv("DSTREAMS_STATE_STORE", store)
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
     batches = [sc.emptyRDD(), sc.emptyRDD(), sc.parallelize([("a", 1)], 2), sc.emptyRDD()]
     seen: dict[int, list] = {}
-    ssc.queueStream(batches).runningReduce(operator.add, 2).foreachRDD(
-        lambda t, rdd: seen.__setitem__(round(t.timestamp() * 1000), sorted(rdd.collect())))
-    try:
-        ssc.start()
-        drive_batches(ssc, clock, 4000, flush=False)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc) as ssc:
+        ssc.queueStream(batches).runningReduce(operator.add, 2).foreachRDD(
+            lambda t, rdd: seen.__setitem__(round(t.timestamp() * 1000), sorted(rdd.collect())))
+        run_until(ssc, 4000)
     assert seen == {1000: [], 2000: [], 3000: [("a", 1)], 4000: [("a", 1)]}
 
 
@@ -179,13 +177,8 @@ def rdd_reference(sc, tmp_path_factory) -> dict[str, list[str]]:
 
 def _uninterrupted(sc, app, tmp, last_ms: int) -> dict[str, list[str]]:
     """The outputs of ``app`` run without a restart through batch ``last_ms`` (under ``tmp``)."""
-    clock = ManualClock()
-    ssc = app(sc, str(tmp / "ref-ckpt"), str(tmp / "ref"), clock)
-    try:
-        ssc.start()
-        drive_batches(ssc, clock, last_ms)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with app_context(lambda clock: app(sc, str(tmp / "ref-ckpt"), str(tmp / "ref"), clock)) as ssc:
+        run_until(ssc, last_ms, flush_checkpoints=True)
     return read_outputs(str(tmp / "ref"))
 
 
@@ -194,16 +187,11 @@ def test_auto_moves_into_the_store_mid_run_and_gives_the_rdd_states_outputs(sc, 
                                                                            rdd_reference) -> None:
     _env(monkeypatch, tmp_path, "auto")
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
-    clock = ManualClock()
-    ssc = _app(sc, ckpt, out, clock)
-    try:
-        ssc.start()
-        _step(ssc, clock, BATCHES * 1000)
+    with app_context(lambda clock: _app(sc, ckpt, out, clock)) as ssc:
+        _step(ssc, BATCHES * 1000)
         moves = _moves(ssc)
         with urllib.request.urlopen(f"{ssc.uiWebUrl}/api/streams", timeout=30) as r:
             api = {n["type"]: n["state"] for n in json.loads(r.read())["nodes"] if n["state"] is not None}
-    finally:
-        ssc.stop(stopSparkContext=False)
     # Each stream moved, the update stream (120 keys of initial state, a few touched a batch) right after its first
     # batch reported, the running reduce once its state reached 10x the 4 keys a batch touches (batch 11, or a
     # little later on a machine so busy that a batch is built before the one before it ended).
@@ -254,14 +242,11 @@ def test_restarts_before_and_after_the_move_give_the_uninterrupted_outputs(sc, t
     for run, stop_at in enumerate(until):
         if run == 2:
             shutil.rmtree(tmp_path / "local")  # the executors' disks are gone before the last restart
-        clock = ManualClock(start + (500 if run else 0))
-        ssc = StreamingContext.getOrCreate(ckpt, lambda c=clock: _app(sc, ckpt, out, c), clock=clock)
-        try:
-            ssc.start()
-            _step(ssc, clock, stop_at)
+        with app_context(lambda clock: _app(sc, ckpt, out, clock), checkpoint=ckpt,
+                         start_ms=start + (500 if run else 0)) as ssc:
+            _step(ssc, stop_at)
             moves.append(_moves(ssc))
-        finally:
-            ssc.stop(stopSparkContext=False)  # the driver "dies" after batch stop_at
+        # the driver "dies" after batch stop_at
         start = stop_at
     # First run: the update stream moved, the running reduce not yet (its checkpoint of 6 s is of the RDD state);
     # second: the running reduce moved too; third: both resumed on the store from their checkpoints.
@@ -294,38 +279,17 @@ def test_a_checkpoint_written_under_rdd_names_the_setting_that_resumes_it(sc, tm
     _env(monkeypatch, tmp_path, "rdd")
     monkeypatch.setenv("DSTREAMS_CHECKPOINT_GRAPH", "off")
     ref_out, ckpt, out = str(tmp_path / "ref"), str(tmp_path / "ckpt"), str(tmp_path / "out")
-    clock = ManualClock()
-    ref = app(str(tmp_path / "ref-ckpt"), ref_out, clock)
-    try:
-        ref.start()
-        drive_batches(ref, clock, 5000)
-    finally:
-        ref.stop(stopSparkContext=False)
-    clock = ManualClock()
-    first = StreamingContext.getOrCreate(ckpt, lambda: app(ckpt, out, clock))
-    try:
-        first.start()
-        drive_batches(first, clock, 3000)
-    finally:
-        first.stop(stopSparkContext=False)
+    with app_context(lambda clock: app(str(tmp_path / "ref-ckpt"), ref_out, clock)) as ref:
+        run_until(ref, 5000, flush_checkpoints=True)
+    with app_context(lambda clock: app(ckpt, out, clock), checkpoint=ckpt) as first:
+        run_until(first, 3000, flush_checkpoints=True)
     monkeypatch.delenv("DSTREAMS_STATE_STORE")  # the default: auto
-    clock = ManualClock(3500)
-    made: list[StreamingContext] = []
-    try:
-        with pytest.raises(GraphChangedError,
-                           match=r"built with spark.dstreams.state.store=rdd, this driver's with auto"):
-            made.append(StreamingContext.getOrCreate(ckpt, lambda: app(ckpt, out, clock), clock=clock))
-            made[-1].start()
-    finally:
-        for ssc in made:
-            ssc.stop(stopSparkContext=False)
+    with pytest.raises(GraphChangedError, match=r"built with spark.dstreams.state.store=rdd, this driver's with auto"):
+        with app_context(lambda clock: app(ckpt, out, clock), checkpoint=ckpt, start_ms=3500) as refused:
+            refused.start()
     monkeypatch.setenv("DSTREAMS_STATE_STORE", "rdd")  # the way out the error names
-    second = StreamingContext.getOrCreate(ckpt, lambda: app(ckpt, out, clock), clock=clock)
-    try:
-        second.start()
-        drive_batches(second, clock, 5000)
-    finally:
-        second.stop(stopSparkContext=False)
+    with app_context(lambda clock: app(ckpt, out, clock), checkpoint=ckpt, start_ms=3500) as second:
+        run_until(second, 5000, flush_checkpoints=True)
     assert read_outputs(out) == read_outputs(ref_out)
 
 
@@ -388,14 +352,10 @@ def test_an_incremental_window_and_sessions_move_and_give_the_rdd_states_outputs
     for run, stop_at in enumerate((15, last)):
         if run:
             shutil.rmtree(tmp_path / "local")  # the executors' disks are gone before the restart
-        clock = ManualClock(start + (500 if run else 0))
-        ssc = StreamingContext.getOrCreate(ckpt, lambda c=clock: _window_app(sc, ckpt, out, c), clock=clock)
-        try:
-            ssc.start()
-            _step(ssc, clock, stop_at * 1000)
+        with app_context(lambda clock: _window_app(sc, ckpt, out, clock), checkpoint=ckpt,
+                         start_ms=start + (500 if run else 0)) as ssc:
+            _step(ssc, stop_at * 1000)
             moves.append(_moves(ssc))
-        finally:
-            ssc.stop(stopSparkContext=False)
         start = stop_at * 1000
     moved = moves[0]["reduceByKeyAndWindow"]
     assert moved is not None and 9000 <= moved <= 13_000, moves
@@ -425,13 +385,9 @@ def test_a_restart_before_the_initial_states_checkpoint_committed_has_the_initia
                 for k in store.list(f"checkpoints/{key}/"):
                     store.delete(k)
             shutil.rmtree(tmp_path / "local")
-        clock = ManualClock(start + (500 if run else 0))
-        ssc = StreamingContext.getOrCreate(ckpt, lambda c=clock: _app(sc, ckpt, out, c), clock=clock)
-        try:
-            ssc.start()
-            _step(ssc, clock, stop_at)
-        finally:
-            ssc.stop(stopSparkContext=False)
+        with app_context(lambda clock: _app(sc, ckpt, out, clock), checkpoint=ckpt,
+                         start_ms=start + (500 if run else 0)) as ssc:
+            _step(ssc, stop_at)
         start = stop_at
     got = read_outputs(out)
     for name in ("touched", "changes"):

@@ -12,24 +12,14 @@ from dstreams import ManualClock, StreamingContext, StreamingContextStateError
 from dstreams.recovery.checkpointer import list_checkpoints
 from dstreams.recovery.metadata import FencedError, ForeignCheckpointError, GraphChangedError, MetadataLog
 from dstreams.recovery.store import open_store
+from dstreams.testing import app_context, run_batches, run_through, run_until
 
 from ..recovery_app import build, read_outputs
-from ..support import drive_batches as _drive
-
-
-def _run(ssc: StreamingContext, clock: ManualClock, until_ms: int, flush: bool = True) -> None:
-    ssc.start()
-    _drive(ssc, clock, until_ms, flush)
 
 
 def _reference(sc, tmp_path, batches: int) -> dict[str, list[str]]:
     out = tmp_path / "ref-out"
-    clock = ManualClock()
-    ssc = build(sc, str(tmp_path / "ref-ckpt"), str(out), clock)
-    try:
-        _run(ssc, clock, batches * 1000)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    run_through(lambda clock: build(sc, str(tmp_path / "ref-ckpt"), str(out), clock), batches * 1000)
     return read_outputs(str(out))
 
 
@@ -37,27 +27,21 @@ def _reference(sc, tmp_path, batches: int) -> dict[str, list[str]]:
 def test_resume_after_abrupt_stop_gives_exactly_the_uninterrupted_outputs(sc, tmp_path):
     expected = _reference(sc, tmp_path, 14)
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
-    clock = ManualClock()
-    first = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out, clock))
-    try:
-        _run(first, clock, 7000)
-    finally:
-        first.stop(stopSparkContext=False)  # the driver "dies" after batch 7
+    with app_context(lambda clock: build(sc, ckpt, out, clock), checkpoint=ckpt) as first:
+        run_until(first, 7000, flush_checkpoints=True)
+    # the driver "dies" after batch 7
     # A half-written output of batch 8 (no _SUCCESS) must be replaced, not kept.
     os.makedirs(os.path.join(out, "counts-8000"))
     with open(os.path.join(out, "counts-8000", "part-00000"), "w") as f:
         f.write("garbage\n")
-    clock2 = ManualClock(11_500)  # down for a few batches: 8..11 are missed and caught up
     called = []
-    second = StreamingContext.getOrCreate(ckpt, lambda: called.append(1) or build(sc, ckpt, out, clock2),
-                                          clock=clock2)
-    assert called == []  # pyspark's contract: the graph comes from the checkpoint, setupFunc is not called
-    try:
-        _run(second, clock2, 14_000)
+    # Down for a few batches (the clock at 11.5 s): 8..11 are missed and caught up.
+    with app_context(lambda clock: called.append(1) or build(sc, ckpt, out, clock), checkpoint=ckpt,
+                     start_ms=11_500) as second:
+        assert called == []  # pyspark's contract: the graph comes from the checkpoint, setupFunc is not called
+        run_until(second, 14_000, flush_checkpoints=True)
         assert second._metadata is not None and second._metadata.head["epoch"] == 2
         counts_key = second._graph.stateful_nodes()[0].key  # the running reduce
-    finally:
-        second.stop(stopSparkContext=False)
     got = read_outputs(out)
     assert got == expected
     # The first driver's checkpoints (2, 4, 6 s) were taken over by the second and deleted in time.
@@ -70,24 +54,16 @@ def test_resume_after_abrupt_stop_gives_exactly_the_uninterrupted_outputs(sc, tm
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(sc, tmp_path, caplog):
     expected = _reference(sc, tmp_path, 9)
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
-    clock = ManualClock()
-    first = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out, clock))
-    try:
-        _run(first, clock, 6000)
+    with app_context(lambda clock: build(sc, ckpt, out, clock), checkpoint=ckpt) as first:
+        run_until(first, 6000, flush_checkpoints=True)
         node_key = first._graph.stateful_nodes()[0].key  # the running reduce
-    finally:
-        first.stop(stopSparkContext=False)
     store = open_store(ckpt)
     newest = list_checkpoints(store, node_key)[0]
     part = f"checkpoints/{node_key}/{newest:015d}/part-00000"
     store.put(part, store.get(part)[:-3])  # truncated
-    clock2 = ManualClock(6000)
-    second = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out, clock2), clock=clock2)
-    try:
+    with app_context(lambda clock: build(sc, ckpt, out, clock), checkpoint=ckpt, start_ms=6000) as second:
         with caplog.at_level(logging.WARNING, logger="dstreams.recovery.resume"):
-            _run(second, clock2, 9000)
-    finally:
-        second.stop(stopSparkContext=False)
+            run_until(second, 9000, flush_checkpoints=True)
     assert any("unreadable" in r.message for r in caplog.records)
     assert read_outputs(out) == expected
 
@@ -95,32 +71,21 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(sc, tmp_path, 
 @pytest.mark.slow
 def test_changed_graph_is_refused_with_what_changed(sc, tmp_path):
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
-    clock = ManualClock()
-    first = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out, clock))
-    try:
-        _run(first, clock, 2000, flush=False)
-    finally:
-        first.stop(stopSparkContext=False)
-    other = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out, ManualClock(), window="20s"),
-                                         rebuildGraph=True)
-    with pytest.raises(GraphChangedError, match="window=10000.*window=20000"):
+    with app_context(lambda clock: build(sc, ckpt, out, clock), checkpoint=ckpt) as first:
+        run_until(first, 2000)
+    with app_context(lambda clock: build(sc, ckpt, out, clock, window="20s"), checkpoint=ckpt,
+                     rebuildGraph=True) as other, pytest.raises(GraphChangedError, match="window=10000.*window=20000"):
         other.start()
-    other.stop(stopSparkContext=False)
 
 
 @pytest.mark.slow
 def test_plain_start_on_a_used_location_and_foreign_application(sc, tmp_path):
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
-    clock = ManualClock()
-    first = build(sc, ckpt, out, clock)
-    try:
-        _run(first, clock, 1000, flush=False)
-    finally:
-        first.stop(stopSparkContext=False)
-    again = build(sc, ckpt, out, ManualClock())
-    with pytest.raises(StreamingContextStateError, match="getOrCreate"):
+    with app_context(lambda clock: build(sc, ckpt, out, clock)) as first:
+        run_until(first, 1000)
+    with app_context(lambda clock: build(sc, ckpt, out, clock)) as again, pytest.raises(
+            StreamingContextStateError, match="getOrCreate"):
         again.start()
-    again.stop(stopSparkContext=False)
     store = open_store(ckpt)
     log = MetadataLog(store, "another-app", [], 1000)
     with pytest.raises(ForeignCheckpointError, match="belongs to application"):
@@ -190,39 +155,28 @@ def test_socket_batches_are_replayed_from_the_write_ahead_log(sc, tmp_path):
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
     server = _LineServer()
 
-    def setup(clock):
-        def build_socket():
-            ssc = StreamingContext(sc, 1, clock=clock)
-            ssc.checkpoint(ckpt)
-            lines = ssc.socketTextStream("127.0.0.1", server.port)
-            counts = lines.flatMap(str.split).map(lambda w: (w, 1)).runningReduce(operator.add).checkpoint("2s")
-            counts.saveAsTextFiles(os.path.join(out, "counts"))
-            return ssc
+    def setup(clock: ManualClock) -> StreamingContext:
+        ssc = StreamingContext(sc, 1, clock=clock)
+        ssc.checkpoint(ckpt)
+        lines = ssc.socketTextStream("127.0.0.1", server.port)
+        counts = lines.flatMap(str.split).map(lambda w: (w, 1)).runningReduce(operator.add).checkpoint("2s")
+        counts.saveAsTextFiles(os.path.join(out, "counts"))
+        return ssc
 
-        return build_socket
-
-    clock = ManualClock()
-    first = StreamingContext.getOrCreate(ckpt, setup(clock))
-    try:
+    with app_context(setup, checkpoint=ckpt) as first:
         first.start()
-        for i, text in enumerate([b"a b\n", b"b c\n", b"c d\n", b"d e\n", b"e f\n"], start=1):
+        for text in [b"a b\n", b"b c\n", b"c d\n", b"d e\n", b"e f\n"]:
             server.send(text)
             _wait_buffered(first._graph.inputs[0], 1)
-            clock.advance(1000)
-            first.awaitBatch(i * 1000, 120)
-            first._checkpointer.flush(60)
-    finally:
-        first.stop(stopSparkContext=False)
+            run_batches(first, 1, timeout=120, flush_checkpoints=True)
     expected = read_outputs(out)
     import shutil
 
     shutil.rmtree(os.path.join(out, "counts-5000"))  # batch 5 comes after the last checkpoint (4000)
-    second = StreamingContext.getOrCreate(ckpt, setup(ManualClock(5000)), clock=ManualClock(5000))
     try:
-        second.start()
-        second.awaitBatch(5000, 120)
+        with app_context(setup, checkpoint=ckpt, start_ms=5000) as second:
+            run_until(second, 5000)
     finally:
-        second.stop(stopSparkContext=False)
         server.close()
     assert read_outputs(out) == expected  # batch 5 rebuilt from the write-ahead log, not from the socket
     assert expected["counts-5000"] == sorted(str(x) for x in [("a", 1), ("b", 2), ("c", 2), ("d", 2), ("e", 2),
@@ -259,14 +213,12 @@ class _Outage:
 def test_batches_wait_for_a_store_that_is_down_for_a_while_and_lose_nothing(sc, tmp_path, caplog):
     expected = _reference(sc, tmp_path, 8)
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
-    clock = ManualClock()
-    ssc = build(sc, ckpt, out, clock)
-    try:
-        _run(ssc, clock, 3000)
+    with app_context(lambda clock: build(sc, ckpt, out, clock)) as ssc:
+        run_until(ssc, 3000, flush_checkpoints=True)
         outage = _Outage(ssc._metadata.store)
         ssc._metadata.store = outage
         outage.down.set()
-        clock.set_time(8000)
+        ssc.clock.set_time(8000)
         with caplog.at_level(logging.WARNING, logger="dstreams.recovery.journal"):
             with pytest.raises(TimeoutError):
                 ssc.awaitBatch(5000, 4.0)  # batch 4's offsets cannot be recorded: it waits, not runs
@@ -277,8 +229,6 @@ def test_batches_wait_for_a_store_that_is_down_for_a_while_and_lose_nothing(sc, 
                 ssc.awaitBatch(t, 120)
         ssc._checkpointer.flush(60)
         assert any("unavailable" in r.message and "waits and retries" in r.message for r in caplog.records)
-    finally:
-        ssc.stop(stopSparkContext=False)
     assert read_outputs(out) == expected
 
 
@@ -287,20 +237,16 @@ def test_a_store_down_longer_than_the_outage_bound_stops_the_driver_with_the_err
     from dstreams.recovery.store.errors import StoreUnavailableError
 
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
-    clock = ManualClock()
     monkeypatch.setenv("DSTREAMS_STORE_OUTAGE_SECONDS", "1.5")  # read once, when the context starts
-    ssc = build(sc, ckpt, out, clock)
-    try:
-        _run(ssc, clock, 2000)
+    with app_context(lambda clock: build(sc, ckpt, out, clock)) as ssc:
+        run_until(ssc, 2000, flush_checkpoints=True)
         assert ssc._scheduler.journal.outage_seconds == 1.5
         outage = _Outage(ssc._metadata.store)
         ssc._metadata.store = outage
         outage.down.set()
-        clock.set_time(4000)
+        ssc.clock.set_time(4000)
         with pytest.raises(StoreUnavailableError, match="injected outage"):
             ssc.awaitTermination(60)
-    finally:
-        ssc.stop(stopSparkContext=False)
     # Nothing after batch 2 was committed as output; a restart resumes from the log (see the tests above).
     assert all(int(name.rsplit("-", 1)[1]) <= 3000 for name in read_outputs(out))
 
@@ -340,30 +286,23 @@ def test_a_restart_where_the_streams_newest_checkpoints_differ_replays_the_recor
     interval = "3s" if case == "different-intervals" else "2s"
     batches = 24
     ref_in, ref_out = str(tmp_path / "ref-in"), str(tmp_path / "ref-out")
-    clock = ManualClock()
-    ref = _files_app(sc, str(tmp_path / "ref-ckpt"), ref_in, ref_out, clock, interval)
-    os.makedirs(ref_in)
-    ref.start()
-    _write_files(ref_in, 60)  # after the start: a new file source ignores the files it finds at its start
-    try:
-        _drive(ref, clock, batches * 1000, flush=False)
-    finally:
-        ref.stop(stopSparkContext=False)
+    with app_context(lambda clock: _files_app(sc, str(tmp_path / "ref-ckpt"), ref_in, ref_out, clock,
+                                              interval)) as ref:
+        os.makedirs(ref_in)
+        ref.start()
+        _write_files(ref_in, 60)  # after the start: a new file source ignores the files it finds at its start
+        run_until(ref, batches * 1000)
     expected = read_outputs(ref_out)
     assert sorted(expected) == sorted(f"{n}-{t}" for n in ("counts", "window", "events")
                                       for t in range(1000, (batches + 1) * 1000, 1000))
 
     ckpt, inp, out = str(tmp_path / "ckpt"), str(tmp_path / "in"), str(tmp_path / "out")
-    clock = ManualClock()
-    first = _files_app(sc, ckpt, inp, out, clock, interval)
-    os.makedirs(inp)
-    first.start()
-    _write_files(inp, 60)
-    try:
-        _drive(first, clock, 20_000)
+    with app_context(lambda clock: _files_app(sc, ckpt, inp, out, clock, interval)) as first:
+        os.makedirs(inp)
+        first.start()
+        _write_files(inp, 60)
+        run_until(first, 20_000, flush_checkpoints=True)
         counts_key, window_key = (n.key for n in first._graph.stateful_nodes())
-    finally:
-        first.stop(stopSparkContext=False)
     store = open_store(ckpt)
     assert list_checkpoints(store, counts_key)[0] == 20_000
     if case == "one-manifest-missing":
@@ -372,14 +311,10 @@ def test_a_restart_where_the_streams_newest_checkpoints_differ_replays_the_recor
         store.delete(f"checkpoints/{window_key}/{20_000:015d}/MANIFEST.json")
     else:
         assert list_checkpoints(store, window_key)[0] == 18_000
-    clock2 = ManualClock(20_000)
-    second = StreamingContext.getOrCreate(ckpt, lambda: _files_app(sc, ckpt, inp, out, clock2, interval),
-                                          clock=clock2)
-    try:
+    with app_context(lambda clock: _files_app(sc, ckpt, inp, out, clock, interval), checkpoint=ckpt,
+                     start_ms=20_000) as second:
         second.start()
         assert second.startTime.ms == 19_000  # resumed after the window's checkpoint at 18 s
-        _drive(second, clock2, batches * 1000, flush=False)
-    finally:
-        second.stop(stopSparkContext=False)
+        run_until(second, batches * 1000)
     got = read_outputs(out)
     assert got == expected

@@ -9,9 +9,7 @@ import pytest
 
 from dstreams import ManualClock, StreamingContext, StreamingContextStateError, StreamingListener
 from dstreams.graph import GraphFrozenError
-from dstreams.testing import manual_context, run_batches
-
-from ..support import run_manual
+from dstreams.testing import manual_context, run_batches, run_pipeline
 
 
 def test_stopped_context_cannot_restart(sc):
@@ -199,7 +197,7 @@ def test_foreach_rdd_arity_detection(sc):
         s.foreachRDD(Sink())
         return {}
 
-    run_manual(sc, [[1, 2], [3]], build)
+    run_pipeline(build, [[1, 2], [3]], sc=sc)
     assert calls == {"one": [2, 1], "two": [2, 1], "partial": ["p", "p"], "obj": [(True, 2), (True, 1)]}
 
 

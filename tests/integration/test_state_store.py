@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import operator
 import os
@@ -19,18 +20,19 @@ import pickle
 import shutil
 import time
 import urllib.request
+from collections.abc import Iterator
 
 import pytest
 
-from dstreams import ManualClock, StreamingContext
+from dstreams import StreamingContext
 from dstreams.contracts import FORMAT
 from dstreams.nodes.store_state import StoreStateNode
 from dstreams.recovery.checkpointer import list_checkpoints, load_manifest
 from dstreams.recovery.store import open_store
 from dstreams.statestore import PartitionStore, StateStoreError, key_bytes
+from dstreams.testing import app_context, manual_context, run_until
 
 from ..recovery_app import read_outputs
-from ..support import drive_batches as _drive
 
 
 def _kv(store: PartitionStore, version: int | None = None) -> dict:
@@ -466,11 +468,8 @@ def _run(sc, tmp_path, name: str, store: str, monkeypatch, until_ms: int,
     monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(tmp_path / f"{name}-local"))
     monkeypatch.setenv("DSTREAMS_STATE_SNAPSHOT_EVERY", "2")
     ckpt, out = str(tmp_path / f"{name}-ckpt"), str(tmp_path / f"{name}-out")
-    clock = ManualClock()
-    ssc = _app(sc, ckpt, out, clock)
-    try:
-        ssc.start()
-        _drive(ssc, clock, until_ms)
+    with app_context(lambda clock: _app(sc, ckpt, out, clock)) as ssc:
+        run_until(ssc, until_ms, flush_checkpoints=True)
         if status is not None and ssc.uiWebUrl:
             deadline = time.monotonic() + 60  # checkpoint sizes are read from the manifests in the background
             while True:
@@ -482,8 +481,6 @@ def _run(sc, tmp_path, name: str, store: str, monkeypatch, until_ms: int,
                 time.sleep(0.5)
             with urllib.request.urlopen(f"{ssc.uiWebUrl}/metrics", timeout=30) as r:
                 status["metrics"] = r.read().decode()
-    finally:
-        ssc.stop(stopSparkContext=False)
     return read_outputs(out)
 
 
@@ -553,13 +550,10 @@ def _rdd_reference(sc, tmp_path_factory, app, name: str, last_ms: int) -> dict[s
     mp = pytest.MonkeyPatch()
     mp.setenv("DSTREAMS_STATE_STORE", "rdd")
     tmp = tmp_path_factory.mktemp(name)
-    clock = ManualClock()
-    ssc = app(sc, str(tmp / "ckpt"), str(tmp / "out"), clock)
     try:
-        ssc.start()
-        _drive(ssc, clock, last_ms)
+        with app_context(lambda clock: app(sc, str(tmp / "ckpt"), str(tmp / "out"), clock)) as ssc:
+            run_until(ssc, last_ms, flush_checkpoints=True)
     finally:
-        ssc.stop(stopSparkContext=False)
         mp.undo()
     return read_outputs(str(tmp / "out"))
 
@@ -585,14 +579,10 @@ def _restart_case(sc, tmp_path, monkeypatch, expected: dict[str, list[str]], loc
     local_dir = tmp_path / "local"
     monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(local_dir))
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
-    clock = ManualClock()
     marker = _arm_task_kill(sc, monkeypatch, tmp_path, kill) if kill == "state-export" else None
-    first = StreamingContext.getOrCreate(ckpt, lambda: _app(sc, ckpt, out, clock))
-    try:
-        first.start()
-        _drive(first, clock, 7000)
-    finally:
-        first.stop(stopSparkContext=False)  # the driver "dies" after batch 7 (its stores are at 7 s)
+    with app_context(lambda clock: _app(sc, ckpt, out, clock), checkpoint=ckpt) as first:
+        run_until(first, 7000, flush_checkpoints=True)
+    # the driver "dies" after batch 7 (its stores are at 7 s)
     if marker is not None:
         _killed_and_swept(sc, monkeypatch, marker, local_dir, ".snapshot-")
         assert any("failed (the next one will be tried)" in r.getMessage() for r in caplog.records
@@ -600,14 +590,9 @@ def _restart_case(sc, tmp_path, monkeypatch, expected: dict[str, list[str]], loc
     if local == "lost":
         shutil.rmtree(local_dir)  # the executors' disks are gone: every store is read back from checkpoints
     older = _as_another_format(local_dir) if local == "another format" else []
-    clock2 = ManualClock(10_500)
     marker = _arm_task_kill(sc, monkeypatch, tmp_path, kill) if kill == "state-reload" else None
-    second = StreamingContext.getOrCreate(ckpt, lambda: _app(sc, ckpt, out, clock2), clock=clock2)
-    try:
-        second.start()
-        _drive(second, clock2, 14_000)
-    finally:
-        second.stop(stopSparkContext=False)
+    with app_context(lambda clock: _app(sc, ckpt, out, clock), checkpoint=ckpt, start_ms=10_500) as second:
+        run_until(second, 14_000, flush_checkpoints=True)
     if marker is not None:
         _killed_and_swept(sc, monkeypatch, marker, local_dir, ".load-")
         assert any("trying the batch again" in r.getMessage() for r in caplog.records
@@ -665,26 +650,17 @@ def test_a_restart_before_the_initial_state_was_checkpointed_says_what_to_do(sc,
         return ssc
 
     ckpt = str(tmp_path / "ckpt")
-    first = StreamingContext.getOrCreate(ckpt, lambda: app(ckpt, str(tmp_path / "out"), ManualClock()))
-    first.start()
-    first.stop(stopSparkContext=False)  # before any batch: the graph is stored, the initial state is not
-    clock = ManualClock()
-    second = StreamingContext.getOrCreate(ckpt, lambda: app(ckpt, str(tmp_path / "out"), clock), clock=clock)
-    second.start()
-    try:
-        clock.set_time(1000)
+    with app_context(lambda clock: app(ckpt, str(tmp_path / "out"), clock), checkpoint=ckpt) as first:
+        first.start()
+    # stopped before any batch: the graph is stored, the initial state is not
+    with app_context(lambda clock: app(ckpt, str(tmp_path / "out"), clock), checkpoint=ckpt) as second:
+        second.start()
+        second.clock.set_time(1000)
         with pytest.raises(Exception, match="before the initial state .* was checkpointed"):
             second.awaitTermination(120)
-    finally:
-        second.stop(stopSparkContext=False)
     fresh = str(tmp_path / "fresh")  # the way out: a new checkpoint location
-    clock3 = ManualClock()
-    third = StreamingContext.getOrCreate(fresh, lambda: app(fresh, str(tmp_path / "out3"), clock3), clock=clock3)
-    try:
-        third.start()
-        _drive(third, clock3, 2000)
-    finally:
-        third.stop(stopSparkContext=False)
+    with app_context(lambda clock: app(fresh, str(tmp_path / "out3"), clock), checkpoint=fresh) as third:
+        run_until(third, 2000, flush_checkpoints=True)
     assert "('init', 5)" in read_outputs(str(tmp_path / "out3"))["state-1000"]
 
 
@@ -704,19 +680,18 @@ def removal_reference(sc, tmp_path_factory) -> dict[str, list[str]]:
     return _rdd_reference(sc, tmp_path_factory, _removal_app, "removal-ref", 10_000)
 
 
-def _start_and_remove_stores(sc, tmp_path, monkeypatch, ckpt: str, out: str) -> tuple[StreamingContext, ManualClock]:
+@contextlib.contextmanager
+def _start_and_remove_stores(sc, tmp_path, monkeypatch, ckpt: str, out: str) -> Iterator[StreamingContext]:
     """A store-backed run of :func:`_removal_app` through batch 7 (its checkpoint of batch 4 adopted long
     before), then the executors' store folder removed (a disk wiped, a host replaced)."""
     monkeypatch.setenv("DSTREAMS_STATE_STORE", "executor")
     monkeypatch.setenv("DSTREAMS_STATE_SNAPSHOT_EVERY", "2")
     local_dir = tmp_path / "local"
     monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(local_dir))
-    clock = ManualClock()
-    ssc = StreamingContext.getOrCreate(ckpt, lambda: _removal_app(sc, ckpt, out, clock))
-    ssc.start()
-    _drive(ssc, clock, 7000)
-    shutil.rmtree(local_dir)
-    return ssc, clock
+    with app_context(lambda clock: _removal_app(sc, ckpt, out, clock), checkpoint=ckpt) as ssc:
+        run_until(ssc, 7000, flush_checkpoints=True)
+        shutil.rmtree(local_dir)
+        yield ssc
 
 
 @pytest.mark.slow
@@ -726,12 +701,9 @@ def test_stores_removed_under_a_running_stream_are_rebuilt_by_the_batchs_retry(s
     handles from the newest checkpoint through lineage, which loads the stores again: the outputs are those of a
     run without the fault."""
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
-    ssc, clock = _start_and_remove_stores(sc, tmp_path, monkeypatch, ckpt, out)
-    try:
-        _drive(ssc, clock, 10_000)
+    with _start_and_remove_stores(sc, tmp_path, monkeypatch, ckpt, out) as ssc:
+        run_until(ssc, 10_000, flush_checkpoints=True)
         attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
-    finally:
-        ssc.stop(stopSparkContext=False)
     assert attempts[8000] == 2, attempts  # the first try failed on the removed stores, the retry rebuilt them
     _assert_same_outputs(out, removal_reference)
 
@@ -744,22 +716,14 @@ def test_stores_removed_without_retries_stop_the_stream_and_the_named_restart_lo
     that restart (``getOrCreate``) then writes exactly the outputs of a run without the fault."""
     monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "1")
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
-    first, clock = _start_and_remove_stores(sc, tmp_path, monkeypatch, ckpt, out)
-    try:
-        clock.set_time(8000)
+    with _start_and_remove_stores(sc, tmp_path, monkeypatch, ckpt, out) as first:
+        first.clock.set_time(8000)
         with pytest.raises(Exception, match="restart the stream from its checkpoint"):
             first.awaitTermination(180)
-    finally:
-        first.stop(stopSparkContext=False)
     assert not any(name.endswith("-8000") for name in read_outputs(out))  # the failed batch is not done
     monkeypatch.delenv("DSTREAMS_BATCH_MAX_ATTEMPTS")
-    clock2 = ManualClock(8000)
-    second = StreamingContext.getOrCreate(ckpt, lambda: _removal_app(sc, ckpt, out, clock2), clock=clock2)
-    try:
-        second.start()
-        _drive(second, clock2, 10_000)
-    finally:
-        second.stop(stopSparkContext=False)
+    with app_context(lambda clock: _removal_app(sc, ckpt, out, clock), checkpoint=ckpt, start_ms=8000) as second:
+        run_until(second, 10_000, flush_checkpoints=True)
     _assert_same_outputs(out, removal_reference)
 
 
@@ -852,14 +816,11 @@ def _run_with_store_fault(sc, tmp_path, monkeypatch, fault: str) -> tuple[dict[i
     local_dir, copy = tmp_path / "local", tmp_path / "local-at-5"
     monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(local_dir))
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
-    clock = ManualClock()
-    ssc = StreamingContext.getOrCreate(ckpt, lambda: _removal_app(sc, ckpt, out, clock))
     retried: list[tuple[int, str]] = []
-    try:
-        ssc.start()
-        _drive(ssc, clock, 5000)
+    with app_context(lambda clock: _removal_app(sc, ckpt, out, clock), checkpoint=ckpt) as ssc:
+        run_until(ssc, 5000, flush_checkpoints=True)
         shutil.copytree(local_dir, copy)
-        _drive(ssc, clock, 7000)
+        run_until(ssc, 7000, flush_checkpoints=True)
         if fault == "changelog-write-fails":
             _block_changelog_writes(ssc, ckpt, 8000, retried)
         else:
@@ -870,15 +831,13 @@ def _run_with_store_fault(sc, tmp_path, monkeypatch, fault: str) -> tuple[dict[i
             store = open_store(ckpt)
             for key in store.list("changelogs/"):
                 store.delete(key)
-        _drive(ssc, clock, 10_000)
+        run_until(ssc, 10_000, flush_checkpoints=True)
         attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
         stores = {n.key: n.store_metrics() for n in ssc._graph.nodes if isinstance(n, StoreStateNode)}
         metrics = ""
         if ssc.uiWebUrl:
             with urllib.request.urlopen(f"{ssc.uiWebUrl}/metrics", timeout=30) as r:
                 metrics = r.read().decode()
-    finally:
-        ssc.stop(stopSparkContext=False)
     assert len(stores) == 2 and all(m is not None and m["changelog"] for m in stores.values()), stores
     for key, m in stores.items():  # /metrics counts each stream's catch-ups
         assert f'dstreams_state_caught_up_total{{stream="{key}"}} {float(m["caught_up"])}' in metrics, metrics
@@ -962,16 +921,10 @@ def test_the_changelog_is_deleted_with_the_checkpoints_it_builds_on(sc, tmp_path
     monkeypatch.setenv("DSTREAMS_STATE_SNAPSHOT_EVERY", "2")  # a snapshot every other checkpoint: older chains go
     monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(tmp_path / "local"))
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
-    clock = ManualClock()
-    ssc = StreamingContext(sc, 1, clock=clock)
-    ssc.checkpoint(ckpt)
-    pairs = ssc.generatorStream(5, 2, seed=1, recordFunc=_records).map(lambda w: (w, 1))
-    pairs.runningReduce(operator.add).checkpoint("2s").saveAsTextFiles(os.path.join(out, "running"))
-    try:
-        ssc.start()
-        _drive(ssc, clock, 16_000)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with manual_context(1, sc=sc, checkpoint=ckpt) as ssc:
+        pairs = ssc.generatorStream(5, 2, seed=1, recordFunc=_records).map(lambda w: (w, 1))
+        pairs.runningReduce(operator.add).checkpoint("2s").saveAsTextFiles(os.path.join(out, "running"))
+        run_until(ssc, 16_000, flush_checkpoints=True)
     store = open_store(ckpt)
     (key,) = {k.split("/")[1] for k in store.list("checkpoints/") if "StoreRunningReduceNode" in k}
     oldest_kept = min(list_checkpoints(store, key))
@@ -1003,17 +956,12 @@ def test_stores_removed_before_the_first_checkpoint_catch_up_from_the_initial_st
     local_dir = tmp_path / "local"
     monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(local_dir))
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
-    clock = ManualClock()
-    ssc = StreamingContext.getOrCreate(ckpt, lambda: _initial_app(sc, ckpt, out, clock))
-    try:
-        ssc.start()
-        _drive(ssc, clock, 2000)  # the zero time's checkpoint is written and adopted
+    with app_context(lambda clock: _initial_app(sc, ckpt, out, clock), checkpoint=ckpt) as ssc:
+        run_until(ssc, 2000, flush_checkpoints=True)  # the zero time's checkpoint is written and adopted
         shutil.rmtree(local_dir)
-        _drive(ssc, clock, 4000)  # before the checkpoint of 6000
+        run_until(ssc, 4000, flush_checkpoints=True)  # before the checkpoint of 6000
         attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
         caught_up = sum(n.store_metrics()["caught_up"] for n in ssc._graph.nodes if isinstance(n, StoreStateNode))
-    finally:
-        ssc.stop(stopSparkContext=False)
     assert set(attempts.values()) == {1}, attempts
     assert caught_up >= 1
     _assert_same_outputs(out, reference)

@@ -19,13 +19,13 @@ import shutil
 
 import pytest
 
-from dstreams import ManualClock, StreamingContext, Timer, TrackUpdate
+from dstreams import StreamingContext, Timer, TrackUpdate
 from dstreams.nodes.event_window import session_deadlines, window_deadlines
 from dstreams.nodes.timers import NEXT_BATCH, track_deadlines
 from dstreams.statestore import PartitionStore, key_bytes, value_bytes
+from dstreams.testing import app_context, run_until
 
 from ..recovery_app import read_outputs
-from ..support import drive_batches
 
 BATCHES = 14
 
@@ -196,13 +196,8 @@ def _run(sc, tmp_path, monkeypatch, name: str, store: str, app: str = "track") -
     monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(tmp_path / f"{name}-local"))
     monkeypatch.setenv("DSTREAMS_STATE_SNAPSHOT_EVERY", "2")
     ckpt, out = str(tmp_path / f"{name}-ckpt"), str(tmp_path / f"{name}-out")
-    clock = ManualClock()
-    ssc = APPS[app](sc, ckpt, out, clock)
-    try:
-        ssc.start()
-        drive_batches(ssc, clock, BATCHES * 1000)
-    finally:
-        ssc.stop(stopSparkContext=False)
+    with app_context(lambda clock: APPS[app](sc, ckpt, out, clock)) as ssc:
+        run_until(ssc, BATCHES * 1000, flush_checkpoints=True)
     return read_outputs(out)
 
 
@@ -251,22 +246,13 @@ def _restart(sc, tmp_path, monkeypatch, app: str, local: str) -> dict[str, list[
     local_dir = tmp_path / "local"
     monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(local_dir))
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
-    clock = ManualClock()
-    first = StreamingContext.getOrCreate(ckpt, lambda: APPS[app](sc, ckpt, out, clock))
-    try:
-        first.start()
-        drive_batches(first, clock, 7000)
-    finally:
-        first.stop(stopSparkContext=False)  # the driver "dies" after batch 7; its checkpoints are older
+    with app_context(lambda clock: APPS[app](sc, ckpt, out, clock), checkpoint=ckpt) as first:
+        run_until(first, 7000, flush_checkpoints=True)
+    # the driver "dies" after batch 7; its checkpoints are older
     if local == "lost":
         shutil.rmtree(local_dir)  # the executors' disks are gone: the stores are read back from checkpoints
-    clock2 = ManualClock(10_500)
-    second = StreamingContext.getOrCreate(ckpt, lambda: APPS[app](sc, ckpt, out, clock2), clock=clock2)
-    try:
-        second.start()
-        drive_batches(second, clock2, BATCHES * 1000)
-    finally:
-        second.stop(stopSparkContext=False)
+    with app_context(lambda clock: APPS[app](sc, ckpt, out, clock), checkpoint=ckpt, start_ms=10_500) as second:
+        run_until(second, BATCHES * 1000, flush_checkpoints=True)
     return read_outputs(out)
 
 

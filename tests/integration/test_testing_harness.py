@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import operator
+import os
 
 import pytest
 
 from dstreams import ManualClock, StreamingContext
 from dstreams.testing import collect, run_batches
+
+from ..recovery_app import read_outputs
 
 
 def test_collect_and_run_batches_drive_a_pipeline_batch_by_batch(sc):
@@ -92,3 +95,76 @@ def test_run_batches_backlog_generates_the_batches_together_and_sort_orders_mixe
         assert ssc.clock.time_ms() == 7000
     assert [i.batch_time.ms for i in infos] == [6000, 7000]
     assert got == {6000: [1, 2, 3], 7000: sorted([None, "b", 1], key=repr)}
+
+
+def _counting_app(sc, checkpoint: str, out: str, calls: list[int]):  # noqa: ANN001, ANN202
+    """An application's setup on the clock it is handed: a running count over a generator source, saved under
+    ``out`` (stored with the graph, so a restart restores it without calling setup; and its functions: a restored
+    output writes files, not into a dict of this process)."""
+
+    def setup(clock: ManualClock) -> StreamingContext:
+        calls.append(clock.time_ms())
+        ssc = StreamingContext(sc, 1, clock=clock)
+        ssc.checkpoint(checkpoint)
+        ssc.generatorStream(2, 1, seed=1).map(lambda r: ("n", 1)).runningReduce(operator.add).checkpoint(
+            "2s").saveAsTextFiles(os.path.join(out, "counts"))
+        return ssc
+
+    return setup
+
+
+@pytest.mark.slow
+def test_app_context_and_run_until_restart_an_app_from_its_checkpoint_where_the_clock_says(sc, tmp_path):
+    from dstreams.testing import app_context, run_until
+
+    ckpt, out, calls = str(tmp_path / "ck"), str(tmp_path / "out"), []
+    with app_context(_counting_app(sc, ckpt, out, calls), checkpoint=ckpt) as first:
+        infos = run_until(first, 4000, flush_checkpoints=True)  # starts the context, the clock jumps to 4 s
+        assert first.getState() == "ACTIVE" and first.clock.time_ms() == 4000
+        assert [i.batch_time.ms for i in infos] == [1000, 2000, 3000, 4000]
+    assert first.getState() == "STOPPED" and calls == [0]  # the driver "dies" after batch 4
+    assert read_outputs(out)["counts-4000"] == [str(("n", 8))]
+    with app_context(_counting_app(sc, ckpt, out, calls), checkpoint=ckpt, start_ms=6500) as second:
+        assert calls == [0]  # restored from the checkpoint: setup is not called
+        infos = run_until(second, 8000)
+        assert [i.batch_time.ms for i in infos] == [5000, 6000, 7000, 8000]  # 5 and 6 were missed, caught up
+    assert read_outputs(out)["counts-8000"] == [str(("n", 16))]
+
+
+@pytest.mark.slow
+def test_run_through_is_a_plain_run_and_run_until_fails_a_failed_batch(sc, tmp_path, monkeypatch):
+    from dstreams.testing import app_context, run_through, run_until
+
+    calls: list[int] = []
+    out = str(tmp_path / "out")
+    infos = run_through(_counting_app(sc, str(tmp_path / "ck"), out, calls), 3000, start_ms=1000)
+    assert [i.batch_time.ms for i in infos] == [2000, 3000] and calls == [1000]
+    assert read_outputs(out) == {"counts-2000": [str(("n", 2))], "counts-3000": [str(("n", 4))]}
+
+    monkeypatch.setenv("DSTREAMS_BATCH_MAX_ATTEMPTS", "1")
+    monkeypatch.setenv("DSTREAMS_BATCH_ON_FAILURE", "dropInput")
+
+    def failing(clock: ManualClock) -> StreamingContext:
+        ssc = StreamingContext(sc, 1, clock=clock)
+        ssc.queueStream([["ok"], ["bad"]]).foreachRDD(lambda rdd: rdd.map(lambda r: 1 / (r != "bad")).count())
+        return ssc
+
+    with app_context(failing) as ssc, pytest.raises(AssertionError, match=r"(?s)batch 2000 was dropped.*Zero"):
+        run_until(ssc, 2000)
+    with pytest.raises(TypeError, match="clock it is handed"):
+        with app_context(lambda clock: StreamingContext(sc, 1)):
+            pass
+    with pytest.raises(ValueError, match="pass checkpoint too"):
+        with app_context(failing, rebuildGraph=True):
+            pass
+
+
+def test_manual_context_forwards_remember_and_concurrent_batches(sc):
+    from dstreams.testing import manual_context
+
+    with manual_context(1, sc=sc, remember="5s", concurrentBatches=2, stopGraceFully=True) as ssc:
+        assert ssc.concurrent_batches == 2 and ssc._graph.remember_duration.ms == 5000
+        ssc.queueStream([[1]]).pprint()
+        ssc.start()
+        run_batches(ssc, 1)
+    assert ssc.getState() == "STOPPED"
