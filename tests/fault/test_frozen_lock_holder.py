@@ -17,10 +17,10 @@ import pytest
 
 from dstreams import ManualClock, StreamingContext
 from dstreams.recovery.store import StoreUnavailableError
+from dstreams.testing import run_until
 
 from ..recovery_app import build
 from ..store.frozen_writer import frozen_writer
-from ..support import drive_batches
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
@@ -51,7 +51,7 @@ def test_a_new_driver_never_hangs_behind_a_zombie_frozen_holding_the_metadata_lo
     first = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out, clock))
     try:
         first.start()
-        drive_batches(first, clock, 3000)
+        run_until(first, 3000, flush_checkpoints=True)
     finally:
         first.stop(stopSparkContext=False)
     resumed = None
@@ -80,7 +80,7 @@ def test_a_new_driver_never_hangs_behind_a_zombie_frozen_holding_the_metadata_lo
                 zombie.kill()
                 zombie.wait(timeout=60)
                 assert starting.join(120) is None
-        drive_batches(resumed, clock3, 5000)
+        run_until(resumed, 5000, flush_checkpoints=True)
         assert resumed._metadata is not None and resumed._metadata.head["epoch"] == 2  # the failed start took none
     finally:
         if resumed is not None:
