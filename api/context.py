@@ -612,6 +612,16 @@ class StreamingContext:
         self._bus.wait_until_empty(max(0.0, deadline - _time.monotonic()))  # listeners have seen the batch too
         return info
 
+    def awaitCheckpoints(self, timeout: float = 60.0) -> None:
+        """Block until the checkpoints this started context has begun writing are written and adopted (their lineage
+        cut, the older ones deleted); returns at once without a checkpoint location. For tests with a manual clock,
+        with :meth:`awaitBatch`; a write that fails or takes longer than ``timeout`` seconds raises."""
+        if self._scheduler is None:
+            raise StreamingContextStateError("the context has not been started")
+        checkpointer = self._checkpointer
+        if checkpointer is not None:
+            checkpointer.flush(timeout)
+
     @property
     def startTime(self) -> BatchTime | None:
         """Time of the first batch (set by ``start()``)."""

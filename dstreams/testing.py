@@ -70,8 +70,7 @@ stops it with ``stopGraceFully`` as given.
 
 This module is built on the public API only (``from dstreams import StreamingContext``, the context's public
 methods), as a user's own test is: it sits beside the applications, above the api layer, and nothing of the
-library imports it. One exception, until the context has a public call for it: ``flush_checkpoints`` waits on the
-started context's checkpoint writer (``_await_checkpoints``, the one place that reaches past the public API).
+library imports it. ``flush_checkpoints`` waits with ``StreamingContext.awaitCheckpoints``.
 """
 
 from __future__ import annotations
@@ -249,8 +248,6 @@ def _check_batch(info: Any, t: int) -> None:
 
 
 def _await_checkpoints(ssc: StreamingContext, timeout: float = 60.0) -> None:
-    """Wait for the checkpoints the started context ``ssc`` has begun writing to be written and adopted (nothing
-    to wait for without a checkpoint location). The one call past the public API (module docstring)."""
-    checkpointer = getattr(ssc, "_checkpointer", None)
-    if checkpointer is not None:
-        checkpointer.flush(timeout)
+    """Wait for the checkpoints the started context ``ssc`` has begun writing to be written and adopted
+    (``StreamingContext.awaitCheckpoints``; nothing to wait for without a checkpoint location)."""
+    ssc.awaitCheckpoints(timeout)

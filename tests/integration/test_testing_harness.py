@@ -168,3 +168,26 @@ def test_manual_context_forwards_remember_and_concurrent_batches(sc):
         ssc.start()
         run_batches(ssc, 1)
     assert ssc.getState() == "STOPPED"
+
+
+def test_await_checkpoints_is_a_barrier_for_the_checkpoints_begun_and_needs_a_started_context(sc, tmp_path):
+    from dstreams.testing import manual_context
+
+    with manual_context(1, sc=sc) as ssc:  # no checkpoint location: nothing to wait for
+        ssc.queueStream([[1]]).foreachRDD(lambda rdd: None)
+        with pytest.raises(RuntimeError, match="not been started"):
+            ssc.awaitCheckpoints()
+        ssc.start()
+        run_batches(ssc, 1)
+        ssc.awaitCheckpoints(5.0)
+    ckpt = tmp_path / "ck"
+    with manual_context(1, sc=sc, checkpoint=str(ckpt)) as ssc:
+        counts = ssc.queueStream([[("k", 1)], [("k", 2)], [("k", 3)]]).updateStateByKey(
+            lambda new, old: sum(new) + (old or 0))
+        counts.checkpoint(1)
+        collect(counts)
+        ssc.start()
+        run_batches(ssc, 3)
+        ssc.awaitCheckpoints(60.0)
+        written = sorted(p.name for p in (ckpt / "checkpoints").rglob("*") if p.is_dir())
+    assert written, "no data checkpoint after the barrier"
