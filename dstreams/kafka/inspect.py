@@ -42,8 +42,23 @@ def _ends(consumer: Any, topic: str, partitions: Iterable[int] | None) -> dict[i
         raise ValueError(f"the topic {topic!r} does not exist or cannot be described: "
                          f"{None if meta is None else meta.error}")
     wanted = set(meta.partitions) if partitions is None else set(partitions)
-    return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=CALL_TIMEOUT_S, cached=False)[1]
-            for p in sorted(wanted & set(meta.partitions))}
+    return {p: _end(consumer, TopicPartition(topic, p)) for p in sorted(wanted & set(meta.partitions))}
+
+
+def _end(consumer: Any, partition: Any) -> int:
+    """The partition's end offset; a retriable broker error (a leader just elected or moving:
+    ``NOT_LEADER_FOR_PARTITION``) is asked again for up to :data:`CALL_TIMEOUT_S`."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + CALL_TIMEOUT_S
+    while True:
+        try:
+            return int(consumer.get_watermark_offsets(partition, timeout=CALL_TIMEOUT_S, cached=False)[1])
+        except KafkaException as e:
+            error: Any = e.args[0] if e.args else None
+            if not (hasattr(error, "retriable") and error.retriable()) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def end_offsets(kafka_params: Mapping[str, Any] | str, topic: str,
