@@ -41,7 +41,7 @@ As a script (``scripts/cluster.sh`` calls it)::
 
     python -m tests.standalone_cluster start --dir DIR [--hosts 3]   # prints MASTER spark://127.0.0.1:PORT
     python -m tests.standalone_cluster stop --dir DIR
-    python -m tests.standalone_cluster status --dir DIR
+    python -m tests.standalone_cluster status|heal --dir DIR   # heal: a killed or frozen host started again
     python -m tests.standalone_cluster kill-host|freeze-host|thaw-host|restart-host I --dir DIR
 """
 
@@ -503,7 +503,7 @@ def _status(base_dir: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Start/stop a Spark standalone cluster on loopback addresses.")
-    p.add_argument("command", choices=["start", "stop", "status", "kill-host", "freeze-host", "thaw-host",
+    p.add_argument("command", choices=["start", "stop", "status", "heal", "kill-host", "freeze-host", "thaw-host",
                                        "restart-host"])
     p.add_argument("host", nargs="?", type=int,
                    help="the host's index (0-based) for kill-host/freeze-host/thaw-host/restart-host")
@@ -523,6 +523,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "status":
         return _status(base)
+    if args.command == "heal":
+        try:
+            cluster = StandaloneCluster.attach(base)
+        except (OSError, ValueError, KeyError):
+            print(f"no cluster state in {base}", file=sys.stderr)
+            return 1
+        try:
+            healed = cluster.heal(args.timeout)
+        except (ClusterStartError, TimeoutError) as e:
+            print(f"ERROR: {e}", file=sys.stderr)
+            return 2
+        print(f"started again: hosts {healed}" if healed else "every host running")
+        return 0
     if args.command != "start":
         if args.host is None:
             p.error(f"{args.command} needs the host's index")
