@@ -49,7 +49,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -298,11 +298,12 @@ def _signal_self(sig: signal.Signals, what: str) -> None:
         # would make the driver the test starts next on the same folder wait for that lock, then fail its start
         # (the lock's bound, recovery/store/folder_lock.py; a frozen holder is never overridden): wait (bounded)
         # for a moment when none is held. A zombie frozen holding a lock is tests/fault/test_frozen_lock_holder.py's
-        # case, not what the zombie-sink tests are about. (Imported here: only a driver freezes with locks.)
-        from .recovery.store.folder_lock import folder_locks_held
-
+        # case, not what the zombie-sink tests are about. The engine does not import the recovery layer: when its
+        # folder-lock module is not loaded, this process holds no such lock.
+        folder_lock = sys.modules.get("dstreams.recovery.store.folder_lock")
+        held: Callable[[], int] = getattr(folder_lock, "folder_locks_held", lambda: 0)
         deadline = time.monotonic() + 10.0
-        while folder_locks_held() and time.monotonic() < deadline:
+        while held() and time.monotonic() < deadline:
             time.sleep(0.001)
         # Aimed at this thread: it stops before it returns. Sent to the process, the stop is taken by whichever
         # thread the kernel wakes, and this one may go on for milliseconds (past the point) before it halts.
