@@ -17,7 +17,7 @@ import os
 import tempfile
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -37,6 +37,8 @@ from .support import (
 
 if TYPE_CHECKING:
     import redis
+
+    from dstreams.faults import FaultPlan
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
@@ -212,6 +214,17 @@ def _no_active_context_leak():
 
 
 # ---------------------------------------------------------------- Redis (scripts/services.sh starts it)
+
+
+@pytest.fixture
+def fault_plan() -> Iterator[Callable[[FaultPlan], None]]:
+    """Installs fault points in this process for the test (``dstreams.faults``): ``fault_plan(FaultPlan(...))``
+    (again to change the plan, ``fault_plan(NO_FAULTS)`` to take it out); the test's end takes it out. The task side
+    reaches the tasks of the batches (and checkpoints) that start after it."""
+    from dstreams import faults
+
+    yield faults.install
+    faults.install(faults.NO_FAULTS)
 
 
 @pytest.fixture

@@ -54,6 +54,7 @@ from pyspark.core.rdd import Partitioner
 from .. import config
 from ..checkpoint_data import CheckpointData
 from ..errors import failed_with
+from ..faults import task_reached
 from ..node import DStreamNode, OneParentNode
 from ..spark.partitioned import (
     ensure_partitioned,
@@ -72,7 +73,6 @@ from ..statestore import (
     sweep_stale_once,
     value_bytes,
 )
-from ..task_faults import task_reached
 from ..time import BatchTime
 from .event_time import watermark_at
 from .keyed import DUE, KeyedNode, KeyedOp, StoreChanges, store_partition

@@ -41,6 +41,7 @@ from typing import Any
 import pytest
 
 from dstreams import ManualClock
+from dstreams import faults as fault_points
 from dstreams.recovery import faults
 
 from ..process_support import s3_client, with_gateway
@@ -83,9 +84,7 @@ FROZEN_BOUND_S = 75
 #: partition of the two store streams moving once (to the new host, or by speculation) is 2 x PARTITIONS = 6; a
 #: storm (every partition reloaded every batch) is 2 x PARTITIONS x AFTER_JOIN = 12 and more. Measured: 1, 2, 2, 3.
 JOIN_CATCH_UPS_BOUND = 2 * PARTITIONS
-_FAULT_ENV = (faults.SLOW_EXECUTOR_ENV, faults.SLOW_PARTITION_ENV, faults.SLOW_SECONDS_ENV, faults.SLOW_FACTOR_ENV,
-              "DSTREAMS_FAULT_KILL", "DSTREAMS_FAULT_KILL_AFTER", "DSTREAMS_STATE_LOCAL_DIR", "SPARK_LOCAL_DIRS",
-              "DSTREAMS_STATE_STORE")
+_FAULT_ENV = (*fault_points.VARIABLES, "DSTREAMS_STATE_LOCAL_DIR", "SPARK_LOCAL_DIRS", "DSTREAMS_STATE_STORE")
 #: The failure-free outputs, batch 1 .. LAST_MS (each batch's output depends on the batch times only).
 _REFERENCE: dict[tuple[int, str], list[Any]] = {}
 
