@@ -9,6 +9,15 @@ marked ``ceph``; against Redis when it uses the ``redis_url`` fixture (``redis_c
 marked ``redis``; against PostgreSQL when it uses ``postgres_dsn``; against the Kafka broker when it uses
 ``kafka_bootstrap`` or is marked ``kafka``. In required mode, tests of a server
 collected but none run against it fails the session.
+
+Parallel runs (pytest-xdist, ``scripts/test.sh``: ``-n 3 --dist loadgroup``): each worker has its own session
+``sc`` and counts the outcomes of the tests it ran per server; the workers send those counts to the controller
+(``pytest_testnodedown``), which prints the lines and applies the rule above to the whole run. Two markers say
+what may not overlap (``scripts/test.sh`` honours both): ``serial``, a test that takes a shared service down
+(the project's gateway, its Kafka broker) or compares timings, runs alone after the parallel part
+(``--serial-tests=skip`` leaves those out of a run, ``--serial-tests=only`` runs only them); and
+``xdist_group(name)``, tests that must run one after another on one worker (the standalone clusters of loopback
+hosts, the wheel built in the checkout: :data:`ONE_WORKER_MODULES`).
 """
 
 from __future__ import annotations
@@ -64,6 +73,18 @@ class _Service:
         params = callspec.params.values() if callspec is not None else ()
         return any(isinstance(value, str) and value == self.param for value in params)
 
+    def to_wire(self) -> dict[str, object]:
+        """What a pytest-xdist worker sends its controller (plain data): see :meth:`merge`."""
+        return {"collected": sorted(self.collected), "outcomes": dict(self.outcomes),
+                "skip_reasons": dict(self.skip_reasons)}
+
+    def merge(self, sent: dict) -> None:
+        """Adds a worker's :meth:`to_wire`: every worker collects every test, and reports the ones it ran."""
+        self.collected.update(sent["collected"])
+        self.outcomes.update(sent["outcomes"])
+        for reason, n in sent["skip_reasons"].items():
+            self.skip_reasons[reason] = self.skip_reasons.get(reason, 0) + n
+
     def counts(self) -> dict[str, int]:
         counts = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
         for outcome in self.outcomes.values():
@@ -98,6 +119,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help=f"fail (do not skip) tests whose server is not available; same as {REQUIRE_ENV}=1",
     )
+    parser.addoption(
+        "--serial-tests",
+        choices=("all", "skip", "only"),
+        default="all",
+        help="the tests marked serial (they must run alone): all (default) runs them with the rest, skip leaves "
+        "them out (the parallel part of scripts/test.sh), only runs only them (its serial part)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -105,6 +133,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "redis: runs against the Redis server (added automatically)")
     config.addinivalue_line("markers", "postgres: runs against the PostgreSQL server (added automatically)")
     config.addinivalue_line("markers", "kafka: runs against the Kafka broker (added automatically)")
+    config.addinivalue_line("markers", "xdist_group(name): tests that run one after another on one pytest-xdist "
+                            "worker (--dist loadgroup)")
     if config.getoption("--require-services"):
         os.environ[REQUIRE_ENV] = "1"  # also seen by subprocesses and tests/support.py
 
@@ -114,9 +144,23 @@ def pytest_configure(config: pytest.Config) -> None:
 S3_PARAMS = frozenset({"moto", "rgw"})
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+#: Test modules that run on one pytest-xdist worker, one after another (group ``cluster-and-wheel``): those that
+#: start a Spark standalone cluster on the loopback hosts (tests/standalone_cluster.py: two clusters never run at
+#: once), and those that build the wheel in the checkout (``pip wheel`` writes ``build/`` and ``*.egg-info`` there).
+ONE_WORKER_MODULES = frozenset({
+    "tests/fault/test_elastic.py",
+    "tests/fault/test_host_faults.py",
+    "tests/integration/test_submit_packed.py",
+    "tests/integration/test_wheel.py",
+})
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks (--dist loadgroup)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _select_serial(config, items)
     for item in items:
+        if item.nodeid.split("::", 1)[0] in ONE_WORKER_MODULES and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group("cluster-and-wheel"))
         for service in _SERVICES:
             if not item.get_closest_marker(service.marker) and service.used_by(item):
                 item.add_marker(getattr(pytest.mark, service.marker))
@@ -124,6 +168,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         params = {v for v in callspec.params.values() if isinstance(v, str)} if callspec is not None else set()
         if not item.get_closest_marker("s3") and S3_PARAMS & params:
             item.add_marker(pytest.mark.s3)
+
+
+def _select_serial(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--serial-tests=skip|only``: deselect the tests marked ``serial``, or all the others."""
+    choice = config.getoption("--serial-tests")
+    if choice == "all":
+        return
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        (keep if (item.get_closest_marker("serial") is not None) == (choice == "only") else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -151,8 +209,21 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    worker_output = getattr(session.config, "workeroutput", None)
+    if worker_output is not None:  # a pytest-xdist worker: the controller judges the whole run
+        worker_output["dstreams_services"] = {service.marker: service.to_wire() for service in _SERVICES}
+        return
     if any(service.problem(session.config) for service in _SERVICES) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error: object) -> None:  # noqa: ANN001 (xdist's WorkerController)
+    """pytest-xdist's controller: a worker ended; add what its tests did against each server."""
+    sent = getattr(node, "workeroutput", {}).get("dstreams_services", {})
+    for service in _SERVICES:
+        if service.marker in sent:
+            service.merge(sent[service.marker])
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: ANN001
