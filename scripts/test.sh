@@ -7,8 +7,8 @@
 # a server (s3, ceph, redis, postgres, kafka); it starts no service and stops none, and builds no class-data-sharing
 # archive (it uses one that exists).
 # CI (.ci/run) runs the whole suite, without --fast: in two parts, the tests not marked serial on
-# DSTREAMS_TEST_WORKERS pytest-xdist workers (default 3; `--dist loadgroup`, each worker with its own SparkContext;
-# most of a test's time is waiting on batch intervals, checkpoints and driver starts, not CPU), then the tests
+# DSTREAMS_TEST_WORKERS pytest-xdist workers (default 2; `--dist loadgroup`, each worker with its own SparkContext;
+# the fault tests one after another on one worker, the rest beside them: tests/conftest.py), then the tests
 # marked serial (they take a shared service down or compare timings) alone, one after another. Each part prints
 # its own slowest tests. DSTREAMS_TEST_WORKERS=1 runs everything in one pytest process, serial tests included.
 # Under CI=true (unless DSTREAMS_REQUIRE_SERVICES is set) it exports DSTREAMS_REQUIRE_SERVICES=1: a service
@@ -43,7 +43,7 @@ if [ "$fast" = 0 ]; then
   # a build that fails is reported by tests/integration/test_jvm_cds.py, which builds it again.
   "$VENV_PY" -m dstreams.spark.jvm_cds || echo "WARNING: no class-data-sharing archive (tests/integration/test_jvm_cds.py says why)" >&2
 fi
-workers="${DSTREAMS_TEST_WORKERS:-3}"
+workers="${DSTREAMS_TEST_WORKERS:-2}"
 case "$workers" in ''|*[!0-9]*) echo "ERROR: DSTREAMS_TEST_WORKERS=$workers is not a number" >&2; exit 2 ;; esac
 run_pytest() { "$VENV_PY" -m pytest -q -ra "$@" ${args[@]+"${args[@]}"}; }
 set +e

@@ -10,14 +10,14 @@ marked ``redis``; against PostgreSQL when it uses ``postgres_dsn``; against the 
 ``kafka_bootstrap`` or is marked ``kafka``. In required mode, tests of a server
 collected but none run against it fails the session.
 
-Parallel runs (pytest-xdist, ``scripts/test.sh``: ``-n 3 --dist loadgroup``): each worker has its own session
+Parallel runs (pytest-xdist, ``scripts/test.sh``: ``-n 2 --dist loadgroup``): each worker has its own session
 ``sc`` and counts the outcomes of the tests it ran per server; the workers send those counts to the controller
 (``pytest_testnodedown``), which prints the lines and applies the rule above to the whole run. Two markers say
 what may not overlap (``scripts/test.sh`` honours both): ``serial``, a test that takes a shared service down
 (the project's gateway, its Kafka broker) or compares timings, runs alone after the parallel part
-(``--serial-tests=skip`` leaves those out of a run, ``--serial-tests=only`` runs only them); and
-``xdist_group(name)``, tests that must run one after another on one worker (the standalone clusters of loopback
-hosts, the wheel built in the checkout: :data:`ONE_WORKER_MODULES`).
+(``--serial-tests=skip`` leaves those out of a run, ``--serial-tests=only`` runs only them); and the tests that
+run one after another on one worker, beside the rest (the fault tests, the standalone clusters of loopback hosts,
+the wheel built in the checkout: :data:`ONE_WORKER_FOLDERS`, :data:`ONE_WORKER_MODULES`).
 """
 
 from __future__ import annotations
@@ -133,8 +133,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "redis: runs against the Redis server (added automatically)")
     config.addinivalue_line("markers", "postgres: runs against the PostgreSQL server (added automatically)")
     config.addinivalue_line("markers", "kafka: runs against the Kafka broker (added automatically)")
-    config.addinivalue_line("markers", "xdist_group(name): tests that run one after another on one pytest-xdist "
-                            "worker (--dist loadgroup)")
     if config.getoption("--require-services"):
         os.environ[REQUIRE_ENV] = "1"  # also seen by subprocesses and tests/support.py
 
@@ -144,23 +142,47 @@ def pytest_configure(config: pytest.Config) -> None:
 S3_PARAMS = frozenset({"moto", "rgw"})
 
 
-#: Test modules that run on one pytest-xdist worker, one after another (group ``cluster-and-wheel``): those that
-#: start a Spark standalone cluster on the loopback hosts (tests/standalone_cluster.py: two clusters never run at
-#: once), and those that build the wheel in the checkout (``pip wheel`` writes ``build/`` and ``*.egg-info`` there).
+#: The tests that run on one pytest-xdist worker, one after another (scope ``heavy``): every test of
+#: ``tests/fault/`` (driver processes and their JVMs started, killed and started again, executors lost, clusters:
+#: three of them at once on two cores took three times as long and ran past their timeouts), and the modules
+#: that start a Spark standalone cluster on the loopback hosts (tests/standalone_cluster.py: two clusters never
+#: run at once) or build the wheel in the checkout (``pip wheel`` writes ``build/`` and ``*.egg-info`` there).
+#: The other workers run the rest beside them, each test on its own (:func:`pytest_xdist_make_scheduler`).
+ONE_WORKER_FOLDERS = ("tests/fault/",)
 ONE_WORKER_MODULES = frozenset({
-    "tests/fault/test_elastic.py",
-    "tests/fault/test_host_faults.py",
     "tests/integration/test_submit_packed.py",
     "tests/integration/test_wheel.py",
 })
+ONE_WORKER_SCOPE = "heavy"
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks (--dist loadgroup)
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work a pytest-xdist worker takes: :data:`ONE_WORKER_SCOPE` for the tests of
+    :data:`ONE_WORKER_FOLDERS` and :data:`ONE_WORKER_MODULES`, each other test on its own."""
+    module = nodeid.split("::", 1)[0]
+    return ONE_WORKER_SCOPE if module in ONE_WORKER_MODULES or module.startswith(ONE_WORKER_FOLDERS) else nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201 (xdist's Producer, scheduler)
+    """``--dist loadgroup``: xdist's load-scope scheduling with :func:`xdist_scope` as the scope. (Not the
+    ``xdist_group`` marks: pytest-xdist 3.8 puts the group in ``item._nodeid``, which pytest 9 no longer reads,
+    so those marks group nothing.) Other ``--dist`` modes: xdist's own scheduler."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class _OneWorkerScopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return _OneWorkerScopes(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _select_serial(config, items)
     for item in items:
-        if item.nodeid.split("::", 1)[0] in ONE_WORKER_MODULES and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group("cluster-and-wheel"))
         for service in _SERVICES:
             if not item.get_closest_marker(service.marker) and service.used_by(item):
                 item.add_marker(getattr(pytest.mark, service.marker))
