@@ -98,6 +98,7 @@ def _stop_driver(proc: subprocess.Popen) -> None:
 
 @pytest.mark.slow
 @pytest.mark.fault
+@pytest.mark.serial  # compares batch times with and without speculation
 @pytest.mark.timeout(CLUSTER_TIMEOUT_S + DRIVER_TIMEOUT_S + 60)
 def test_speculation_keeps_batches_fast_with_a_straggler_and_outputs_exactly_once(sc, tmp_path):
     cluster = StandaloneCluster(tmp_path / "cluster")
