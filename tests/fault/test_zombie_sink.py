@@ -149,9 +149,10 @@ def _running_executors(zombie: _Driver) -> dict[str, int]:
     return executor_pids(app)
 
 
+# The cluster case last: the module's cluster stops right after it (no JVM idle through the local case).
 @pytest.mark.parametrize("output_id, on_cluster", [
-    pytest.param(0, True, id="saveAsTextFiles-cluster", marks=ON_CLUSTER_MARKS),
     pytest.param(1, False, id="saveToStore"),
+    pytest.param(0, True, id="saveAsTextFiles-cluster", marks=ON_CLUSTER_MARKS),
 ])
 def test_zombie_paused_in_its_sink_neither_deletes_nor_commits(sc, tmp_path, request, output_id, on_cluster):
     """On ``local[2]``, or (``on_cluster``) with both drivers on the three-host standalone cluster, one core each:
