@@ -1,7 +1,8 @@
 """A whole host lost and replaced, and a host frozen, on a standalone cluster of three hosts (issue 42).
 
 The tests share one Spark standalone master and three workers on 127.0.0.2-.4 (:mod:`tests.standalone_cluster`,
-started once for the module: :class:`SharedCluster`; a host a test left killed or frozen is started again with an
+started once for the module: the ``host_cluster`` fixture of ``conftest.py``,
+:class:`~tests.fault.cluster_support.SharedCluster`; a host a test left killed or frozen is started again with an
 empty disk before the next), each worker a host with its own disk folder (Spark's local dirs, worker dir, temp, the
 executor state stores). Each test runs a driver process (:mod:`tests.fault.host_fault_app`) against it: word
 counts since the start (``updateStateByKey`` with an ``initialRDD``) and over the last 5 s (``reduceByKeyAndWindow``
@@ -27,12 +28,9 @@ batch that met the fault over the usual batch, and the batches until the usual t
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -45,16 +43,8 @@ from dstreams import faults as fault_points
 from dstreams.recovery import faults
 
 from ..process_support import s3_client, with_gateway
-from ..standalone_cluster import (
-    MASTER_HOST,
-    ClusterUnavailableError,
-    StandaloneCluster,
-    free_port,
-    hosts,
-    port_open,
-    stop_from_dir,
-)
 from ..support import RGW_ENDPOINT, service_unavailable
+from .cluster_support import CLUSTER_TIMEOUT_S, SharedCluster
 from .executor_loss_app import normalise
 from .host_fault_app import PARTITIONS, build, names, recovery_figures
 from .test_executor_loss import _read_batches, _read_status, _tail
@@ -73,7 +63,6 @@ HOST = 1
 #: executor registered 90-154 s after its worker started; the kill test took 649 s, the freeze test 470 s (the
 #: kill test 383 s at a load of 18-30). On the shared cluster, kill before the first checkpoint: both 311 s at a load
 #: of 5-17, 666 s at 15-34 (the freeze first, then the frozen host started again for the kill).
-CLUSTER_TIMEOUT_S = 180
 DRIVER_TIMEOUT_S = 420
 #: The batch that meets a frozen host ends within this many seconds more than the usual batch: the executor is
 #: declared lost 30-35 s after its last heartbeat (FROZEN_HOST_DEFAULTS), a fetch from it gives up after 32 s,
@@ -130,72 +119,6 @@ def _object_keys(url: str) -> list[str]:
     for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
         keys += [o["Key"][len(prefix) + 1:] for o in page.get("Contents", [])]
     return keys
-
-
-class SharedCluster:
-    """The module's three-host cluster (hosts 127.0.0.2-.4, a master on a port known before it starts), started once
-    in the background by the first test that asks (:meth:`master_listening`) so that its driver starts while the
-    workers do, stopped when the module ends. Each test finds every host running (:meth:`ready`): a host a test
-    left killed or frozen is started again with an empty disk (:meth:`StandaloneCluster.heal`)."""
-
-    def __init__(self) -> None:
-        # A short folder: the executors' java.io.tmpdir holds PySpark's Unix sockets (a path of at most 107 bytes).
-        self.base = Path(tempfile.mkdtemp(prefix="dsh-"))
-        self.cluster = StandaloneCluster(self.base, hosts(3), master_port=free_port(MASTER_HOST))
-        self.errors: list[BaseException] = []
-        self._starter: threading.Thread | None = None
-
-    def _start(self) -> None:
-        try:
-            self.cluster.start(CLUSTER_TIMEOUT_S)
-        except BaseException as e:  # noqa: BLE001 - re-raised by master_listening / ready
-            self.errors.append(e)
-
-    def _raise(self) -> None:
-        if self.errors and isinstance(self.errors[0], ClusterUnavailableError):
-            service_unavailable(f"no standalone Spark cluster here: {self.errors[0]}")
-        if self.errors:
-            raise self.errors[0]
-
-    def master_listening(self) -> str:
-        """Start the cluster (the first call), wait until its master listens; its URL. A cluster a test already
-        had is healed first (:meth:`StandaloneCluster.heal`)."""
-        if self._starter is None:
-            self._starter = threading.Thread(target=self._start, name="host-cluster-start", daemon=True)
-            self._starter.start()
-        elif not self._starter.is_alive() and not self.errors:
-            StandaloneCluster.attach(self.base).heal(CLUSTER_TIMEOUT_S)
-        deadline = time.monotonic() + CLUSTER_TIMEOUT_S
-        while not self.errors and not port_open(MASTER_HOST, self.cluster.master_port):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"master not listening after {CLUSTER_TIMEOUT_S} s\n{self.cluster.logs()}")
-            time.sleep(0.2)
-        self._raise()
-        return self.cluster.master_url
-
-    def ready(self) -> None:
-        """Wait until every worker registered (the first start)."""
-        assert self._starter is not None, "master_listening first"
-        self._starter.join(CLUSTER_TIMEOUT_S + 30)
-        self._raise()
-        assert not self._starter.is_alive(), "cluster start did not return"
-
-    def close(self) -> None:
-        if self._starter is not None:
-            self._starter.join(CLUSTER_TIMEOUT_S + 30)
-        stop_from_dir(self.base, grace_s=5)  # as the drivers left it: a worker a driver started again is there
-        self.cluster.stop(grace_s=5)
-        shutil.rmtree(self.base, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def host_cluster():
-    """One :class:`SharedCluster` for the module's tests (its start is the tests' slowest step)."""
-    shared = SharedCluster()
-    try:
-        yield shared
-    finally:
-        shared.close()
 
 
 def _run_with_fault(sc: Any, shared: SharedCluster, tmp_path: Path, fault: str, fault_after: int, after: int,

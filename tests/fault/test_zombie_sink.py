@@ -7,6 +7,10 @@ fence check before writing passed). A second driver takes over the checkpoint, r
 it. Then the first one resumes: a zombie in the middle of writing ``t``. It must fail on the fence without
 deleting or replacing what the new owner committed, and commit nothing itself; every committed batch must
 equal a fault-free run's.
+
+The ``saveAsTextFiles`` case runs both drivers on the three-host standalone cluster that the host-fault tests use
+(the ``host_cluster`` fixture: a master and three one-core workers on loopback addresses, started for this module),
+the ``saveToStore`` case on ``local[2]``; the fault-free run is the session's ``local[2]`` context.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from collections.abc import Callable
 
 import pytest
 
+from dstreams.recovery.faults import executor_pids, pid_alive
 from dstreams.testing import run_through
 
+from .cluster_support import CLUSTER_TIMEOUT_S
 from .zombie_sink_app import build, read_outputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
@@ -38,13 +44,13 @@ class _Driver:
     """A driver process whose output lines are collected (and copied to ``log_path``) by a reader thread;
     :meth:`wait_for` blocks on them with a timeout (no polling)."""
 
-    def __init__(self, ckpt: str, out: str, log_path: str, **env_extra: str) -> None:
+    def __init__(self, ckpt: str, out: str, log_path: str, master: str = "local[2]", **env_extra: str) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DSTREAMS_FAULT_")}
         env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, **env_extra)
         self.lines: list[str] = []
         self._cond = threading.Condition()
         self._log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the reader thread
-        self.proc = subprocess.Popen([sys.executable, APP, ckpt, out], env=env, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, APP, ckpt, out, master], env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, errors="replace",
                                      cwd=os.path.dirname(out))
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -132,18 +138,43 @@ def _reference(sc, tmp_path, zero_ms: int, last_ms: int) -> dict[str, list[str]]
     return read_outputs(str(out))
 
 
-@pytest.mark.parametrize("output_id", [0, 1], ids=["saveAsTextFiles", "saveToStore"])
-def test_zombie_paused_in_its_sink_neither_deletes_nor_commits(sc, tmp_path, output_id):
+#: The case on the three-host standalone cluster (``host_cluster``, tests/fault/conftest.py): its start, two drivers.
+ON_CLUSTER_MARKS = (pytest.mark.timeout(CLUSTER_TIMEOUT_S + 2 * START_S + 3 * STEP_S),
+                    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="loopback hosts and /proc"))
+
+
+def _running_executors(zombie: _Driver) -> dict[str, int]:
+    """Executor id -> pid of the zombie's executors on the cluster (its ``APP`` line names its application)."""
+    app = zombie.lines[zombie.wait_for(lambda line: line.startswith("APP "), 1, "its application id")].split()[1]
+    return executor_pids(app)
+
+
+# The cluster case last: the module's cluster stops right after it (no JVM idle through the local case).
+@pytest.mark.parametrize("output_id, on_cluster", [
+    pytest.param(1, False, id="saveToStore"),
+    pytest.param(0, True, id="saveAsTextFiles-cluster", marks=ON_CLUSTER_MARKS),
+])
+def test_zombie_paused_in_its_sink_neither_deletes_nor_commits(sc, tmp_path, request, output_id, on_cluster):
+    """On ``local[2]``, or (``on_cluster``) with both drivers on the three-host standalone cluster, one core each:
+    there the SIGSTOP halts the zombie's driver (its Python process) while its executor on a worker host goes on
+    running, as a driver frozen by a GC pause or a partition would leave it."""
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
     os.makedirs(out)
+    shared = request.getfixturevalue("host_cluster") if on_cluster else None
+    master = shared.master_listening() if shared is not None else "local[2]"
     # The third batch's output ``output_id``: the (2 * 2 + output_id + 1)-th pass through the fault point (a sink
     # that found its batch committed returns before the point).
-    zombie = _Driver(ckpt, out, str(tmp_path / "zombie.log"), DSTREAMS_FAULT_PAUSE="sink-write",
+    zombie = _Driver(ckpt, out, str(tmp_path / "zombie.log"), master, DSTREAMS_FAULT_PAUSE="sink-write",
                      DSTREAMS_FAULT_PAUSE_AFTER=str(5 + output_id))
     owner = None
     try:
+        if shared is not None:
+            shared.ready()  # the workers registered (the zombie's driver started meanwhile)
         zombie.wait_for(lambda line: "SIGSTOP at sink-write" in line, START_S, "the pause inside the sink")
         _wait_stopped(zombie.proc.pid, 30)
+        executors = _running_executors(zombie) if shared is not None else {}
+        # On the cluster the zombie's executor runs on while its driver is stopped.
+        assert shared is None or (executors and not any(_stopped(p) for p in executors.values())), executors
         with open(os.path.join(ckpt, "meta", "head.json")) as f:
             zero = json.load(f)["zero_ms"]
         t = _first_uncommitted(out, output_id, zero)  # the third batch, unless a batch was tried twice
@@ -151,7 +182,7 @@ def test_zombie_paused_in_its_sink_neither_deletes_nor_commits(sc, tmp_path, out
         # The batch's other output may have committed just before the pause, its "ok" line printed only after the
         # SIGCONT (the outputs of a batch run side by side; seen under load): that commit preceded the owner.
         done_before = {(t, i) for i in (0, 1) if _is_committed(out, i, t)}
-        owner = _Driver(ckpt, out, str(tmp_path / "owner.log"))
+        owner = _Driver(ckpt, out, str(tmp_path / "owner.log"), master)
         for i in (0, 1):
             owner.wait_for(_ok(t, i), START_S, f"the new owner to commit output {i} of batch {t}")
         with open(os.path.join(ckpt, "meta", "head.json")) as f:
@@ -159,6 +190,8 @@ def test_zombie_paused_in_its_sink_neither_deletes_nor_commits(sc, tmp_path, out
         assert head["epoch"] == 2
         committed = read_outputs(out)
         assert f"counts-{t}" in committed and f"store-{t}" in committed
+        # The zombie's executor outlived the new owner's commit: the zombie resumes with it (one core each).
+        assert all(pid_alive(p) for p in executors.values()), executors
         zombie.proc.send_signal(signal.SIGCONT)
         failed = zombie.wait_for(lambda line: line.startswith(f"OUTPUT {t} {output_id} failed"), STEP_S,
                                  f"the zombie's sink of batch {t} to fail", paused_at)

@@ -1,4 +1,5 @@
-"""The driver of the zombie-sink test (tests/fault/test_zombie_sink.py): ``python zombie_sink_app.py CKPT OUT``.
+"""The driver of the zombie-sink test (tests/fault/test_zombie_sink.py): ``python zombie_sink_app.py CKPT OUT [MASTER]``
+(the master: ``local[2]`` unless given).
 
 A word count over the deterministic generator source (1 s batches, a shuffle into 2 partitions), written
 with both exactly-once sinks: ``saveAsTextFiles(OUT/counts)`` (output 0) and
@@ -7,6 +8,11 @@ with both exactly-once sinks: ``saveAsTextFiles(OUT/counts)`` (output 0) and
 
 Prints ``OUTPUT <batch ms> <output id> ok`` (or ``failed: <first line of the error>``) as each output ends
 and ``BATCH <batch ms>`` as each batch ends, from a streaming listener.
+
+``MASTER`` is ``local[2]`` by default; on a standalone cluster (``spark://...``, :mod:`tests.standalone_cluster`:
+one core a worker) the driver takes one core (``spark.cores.max``: the zombie's executor then leaves cores to the
+driver that takes over), its executors run this interpreter's worker daemon, and it prints ``APP <application id>``
+once its context is up.
 """
 
 from __future__ import annotations
@@ -40,6 +46,17 @@ def build(sc: Any, checkpoint: str, out: str, clock: Clock | None = None) -> Str
     return ssc
 
 
+def cluster_conf() -> dict[str, str]:
+    """The Spark settings of a driver on a standalone cluster of one-core hosts (see the module docstring)."""
+    return {
+        "spark.cores.max": "1",
+        "spark.executor.memory": "512m",
+        "spark.ui.enabled": "false",
+        # The workers run this interpreter, where dstreams is installed (dstreams sets it for local masters only).
+        "spark.python.daemon.module": "dstreams.spark.worker_daemon",
+    }
+
+
 def read_outputs(out: str) -> dict[str, list[str]]:
     """Every committed batch of both outputs (``counts-<ms>`` folders and ``store/<ms>`` prefixes with a
     ``_SUCCESS``) -> its sorted lines."""
@@ -65,7 +82,11 @@ if __name__ == "__main__":
 
     faults.install(faults.FaultPlan.from_mapping(os.environ))  # the test's DSTREAMS_FAULT_*
     ckpt, out = sys.argv[1], sys.argv[2]
-    sc = create_spark_context("local[2]", "dstreams-zombie-sink")
+    master = sys.argv[3] if len(sys.argv) > 3 else "local[2]"
+    on_cluster = master.startswith("spark://")
+    sc = create_spark_context(master, "dstreams-zombie-sink", cluster_conf() if on_cluster else None)
+    if on_cluster:
+        print(f"APP {sc.applicationId}", flush=True)
     ssc = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out))
     ssc.addStreamingListener(_Report())
     ssc.start()
