@@ -48,7 +48,7 @@ import pytest
 
 from dstreams import ManualClock, StreamingContext
 from dstreams.nodes import store_state
-from dstreams.nodes.store_state import StoreStateNode
+from dstreams.nodes.store_state import ExecutorStore
 from dstreams.recovery.codec import encode_partition
 from dstreams.state_lineage import EMPTY
 from dstreams.statestore import DELTA, FILE_SNAPSHOT, PART_HEADER, PartitionStore, StateStoreError, file_rows
@@ -131,7 +131,8 @@ class Stream:
         pairs = self.ssc.generatorStream(6, 2, seed=1, recordFunc=words).map(lambda w: (w, 1))
         pairs.runningReduce(operator.add, PARTITIONS).foreachRDD(lambda rdd: None)
         self.ssc.start()
-        (self.node,) = [n for n in self.ssc._graph.nodes if isinstance(n, StoreStateNode)]
+        (self.node,) = [n for n in self.ssc._graph.nodes
+                       if isinstance(getattr(n, "backend", None), ExecutorStore)]
         self.changelog = _HeldChangelog(self.node.state_changelog())
         self.node._changelog = self.changelog  # what the task closures built from now on write through
         self.inputs: dict[int, list[dict[Any, int]]] = {}  # batch -> per partition, the batch's counts per key
@@ -232,7 +233,7 @@ class Stream:
 
     def store_and_vid(self, host: str, partition: int) -> tuple[int | None, str | None, dict[Any, Any], str | None]:
         """(version, run, state, the id of its version's history) of ``host``'s store of ``partition``."""
-        store = PartitionStore.open(str(self.host(host)), self.node.store_id(), partition)
+        store = PartitionStore.open(str(self.host(host)), self.node.backend.store_id(), partition)
         try:
             run, version = store.run, store.version
             vid = None if run is None or version is None else store.lineage.vid(run, version)
@@ -242,7 +243,7 @@ class Stream:
 
     def vid(self, version: int) -> str:
         """The id of ``version`` in the stream's history (the batches dropped so far at or before it)."""
-        return EMPTY.with_drops(self.dropped).vid(self.node._run, version)
+        return EMPTY.with_drops(self.dropped).vid(self.node.backend._run, version)
 
     def changelog_entries(self, version: int, partition: int) -> dict[Any, Any]:
         entries = self.changelog.inner.read(self.vid(version), version, partition)
@@ -263,7 +264,7 @@ class Stream:
         for host in hosts:
             for p in range(PARTITIONS):
                 at, run, state, vid = self.store_and_vid(host, p)
-                assert at in self.inputs and at <= version and run == self.node._run, (host, p, at, run)
+                assert at in self.inputs and at <= version and run == self.node.backend._run, (host, p, at, run)
                 assert vid == self.vid(at), (host, p, at, vid)
                 assert state == self.model(at, p), (host, p, at)
         for t in sorted(self.inputs):
@@ -280,7 +281,7 @@ class Stream:
         assert ours <= names, sorted(ours - names)
         for name in names - ours:
             t = int(name.split("/")[0])
-            assert name.split("/")[1].startswith(self.node._run), name  # one run
+            assert name.split("/")[1].startswith(self.node.backend._run), name  # one run
             assert t > version or any(d <= t for d in self.dropped), name  # another history: from before a drop
 
     def view(self, version: int, host: str) -> Callable[[int], dict[Any, Any]]:
@@ -492,7 +493,7 @@ def test_the_harness_sees_a_store_that_disagrees_with_the_model(stream):
     :meth:`Stream.assert_one_history`; and a task on a host without the store and without a changelog to catch up
     from refuses the batch."""
     stream.apply(1000, "a")
-    store = PartitionStore.open(str(stream.host("a")), stream.node.store_id(), 0)
+    store = PartitionStore.open(str(stream.host("a")), stream.node.backend.store_id(), 0)
     try:
         with store.transaction():
             kb, vb = next(store.items())
