@@ -38,6 +38,7 @@ from dstreams.nodes.event_time import EventTimeNode, timed_ancestors
 from dstreams.nodes.input import InputNode
 from dstreams.nodes.output import OutputNode
 from dstreams.nodes.state import StateNode
+from dstreams.nodes.store_state import ExecutorStore
 from dstreams.recovery.checkpointer import CheckpointError, load_manifest
 from dstreams.time import Duration
 
@@ -271,7 +272,7 @@ def kept_in(node: DStreamNode) -> dict[str, Any]:
     if isinstance(backend, AutoPolicy):
         return {"kept_in": "executor" if backend.switched_at is not None else "rdd", "picked_by_size": True,
                 "moved_at_ms": backend.switched_at}
-    return {"kept_in": "executor" if backend is not None and backend.on_store(0) else "rdd", "picked_by_size": False,
+    return {"kept_in": "executor" if isinstance(backend, ExecutorStore) else "rdd", "picked_by_size": False,
             "moved_at_ms": None}
 
 
