@@ -133,8 +133,8 @@ class Stream:
         self.ssc.start()
         (self.node,) = [n for n in self.ssc._graph.nodes
                        if isinstance(getattr(n, "backend", None), ExecutorStore)]
-        self.changelog = _HeldChangelog(self.node.state_changelog())
-        self.node._changelog = self.changelog  # what the task closures built from now on write through
+        self.changelog = _HeldChangelog(self.node.backend.state_changelog())
+        self.node.backend._changelog = self.changelog  # what the task closures built from now on write through
         self.inputs: dict[int, list[dict[Any, int]]] = {}  # batch -> per partition, the batch's counts per key
         self.dropped: set[int] = set()
         self._batch_rdd: Any = None  # the batch's records RDD of the last task function captured
@@ -172,7 +172,7 @@ class Stream:
         """Batch ``t``'s task function as the engine builds it for a task on ``host`` (``drop``: the batch's input
         dropped, as ``spark.dstreams.batch.onFailure=dropInput`` does after it failed): ``run(partition)``."""
         folder = str(self.host(host))
-        self.node.local_dir = folder  # captured by the closure, as the executor's folder would be
+        self.node.backend.local_dir = folder  # captured by the closure, as the executor's folder would be
         if drop:
             graph = self.ssc._graph
             apply = self._captured(lambda: graph.drop_input(BatchTime(t), []))
@@ -202,7 +202,7 @@ class Stream:
 
     def export(self, t: int, host: str) -> Callable[[int], list[Any]]:
         """The checkpoint of ``t``'s task function (:meth:`StoreCheckpointData.export`) on ``host``."""
-        self.node.local_dir = str(self.host(host))
+        self.node.backend.local_dir = str(self.host(host))
         captured: list[Callable[..., Any]] = []
 
         class Handle:
@@ -286,7 +286,7 @@ class Stream:
 
     def view(self, version: int, host: str) -> Callable[[int], dict[Any, Any]]:
         """The whole state at ``version`` as the view's task on ``host`` reads it (catching up where needed)."""
-        self.node.local_dir = str(self.host(host))
+        self.node.backend.local_dir = str(self.host(host))
         handle = self.node.get_or_compute(BatchTime(version))
         captured: list[Callable[..., Any]] = []
         original = handle.mapPartitionsWithIndex
@@ -436,7 +436,7 @@ def test_two_attempts_of_a_checkpoint_part_write_the_same_bytes(stream, kind):
     for t in range(1000, 5000, 1000):
         stream.apply(t, "a")
     if kind == "delta":
-        stream.node._chain = [2000]  # as the adoption of a committed checkpoint at 2000 leaves it
+        stream.node.backend._chain = [2000]  # as the adoption of a committed checkpoint at 2000 leaves it
     parts = {host: [stream.export(4000, host)(p) for p in range(PARTITIONS)] for host in ("a", "c")}
     for p in range(PARTITIONS):
         a, c = parts["a"][p], parts["c"][p]
@@ -502,6 +502,6 @@ def test_the_harness_sees_a_store_that_disagrees_with_the_model(stream):
         store.close()
     with pytest.raises(AssertionError):
         stream.assert_one_history(1000, ["a"])
-    stream.node._changelog = None  # no changelog: nothing to catch up from
+    stream.node.backend._changelog = None  # no changelog: nothing to catch up from
     with pytest.raises(StateStoreError, match="cannot be applied"):
         stream.task(2000, "d")(0)

@@ -262,10 +262,10 @@ def test_a_hosts_stale_copies_are_deleted_by_its_next_task_and_its_current_ones_
         ssc.start()
         run_until(ssc, 2000, flush_checkpoints=True)
         folder_a = os.path.join(host_a, node.backend.store_id())
-        node.local_dir = host_b  # the batches from 3 on run on host B
+        node.backend.local_dir = host_b  # the batches from 3 on run on host B
         run_until(ssc, 7000, flush_checkpoints=True)
         assert _versions(folder_a) == {p: 2000 for p in range(4)}  # A's copies, stale once A sweeps
-        node.local_dir = host_a
+        node.backend.local_dir = host_a
         run_until(ssc, 10_000, flush_checkpoints=True)
         attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
         metrics = node.store_metrics()
