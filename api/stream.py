@@ -999,8 +999,8 @@ class DStream(Generic[T_co]):
         ``onError="deadLetter"`` it goes instead, in the same transaction, to ``deadLetterTopic`` (default
         ``"<topic>.dead-letters"``; it must exist) as a JSON value (``output, batch_ms, part, row, record, error``).
         """
+        from dstreams import faults
         from dstreams.kafka.sink import EXACTLY_ONCE, claim_at_start, make_target, save_to_kafka, with_output
-        from dstreams.recovery import faults
 
         ssc = self._ssc
         if onError not in ("fail", "deadLetter"):

@@ -93,9 +93,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="no signal handler of the app's own: dstreams' graceful stop on SIGTERM/SIGINT")
     args = p.parse_args(argv)
 
-    from dstreams import StreamingContext
+    from dstreams import StreamingContext, faults
     from dstreams.spark.sparkconf import create_spark_context
 
+    faults.install(faults.FaultPlan.from_mapping(os.environ))  # the test's DSTREAMS_FAULT_*
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format="%(asctime)s %(levelname)s %(name)s [%(threadName)s]: %(message)s")
     for noisy in ("py4j", "botocore", "urllib3"):

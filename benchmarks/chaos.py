@@ -45,7 +45,7 @@ kinds drawn in rounds (each round a shuffled copy of every kind, so that each
 kind comes back every ``len(KINDS)`` faults). Kinds (:data:`KINDS`):
 
 * ``driver-kill``: SIGKILL of the driver's process group (Python driver, JVM, workers) at that moment;
-* ``driver-kill-in-output``: the driver kills itself at a fault point of ``dstreams.recovery.faults``
+* ``driver-kill-in-output``: the driver kills itself at a fault point of ``dstreams.faults``
   (``mid-batch``: an output is running; ``checkpoint-write``: a data checkpoint's parts are written, its
   manifest not; ``after-metadata-commit``; ``redis-sink-chunk``: ``saveToRedisStream`` wrote a chunk of a
   batch, about 3 chunks a batch; ``postgres-sink-commit``: ``saveToPostgres`` is inside its commit
@@ -67,7 +67,7 @@ kind comes back every ``len(KINDS)`` faults). Kinds (:data:`KINDS`):
   unavailable source: the driver waits), the exactly-once sink's tasks wait for it (every blocking call waits up to
   the transaction timeout, 60 s) or fail and are retried (Spark's task retries, the batch's retries);
 * ``kafka-kill`` (with ``--kafka``): the driver killed inside the Kafka output: armed through the environment of
-  the driver started before it (``DSTREAMS_FAULT_TASK_KILL=<point>:<marker>``, :mod:`dstreams.task_faults`), when
+  the driver started before it (``DSTREAMS_FAULT_TASK_KILL=<point>:<marker>``, :mod:`dstreams.faults`), when
   the fault is due the orchestrator writes the marker; the next ``saveToKafka`` task to reach the point SIGKILLs its
   Python worker (``kafka-before-commit``: its transaction open, the batch's records and ledger entry in it;
   ``kafka-after-commit``: just committed) and the driver SIGKILLs itself at once (chaos_app.py);

@@ -38,7 +38,8 @@ The pipeline (:func:`build`), on batches of ``batch_ms``:
   ``read_committed`` consumer of the output sees, per key, every committed input record of the ranges read once,
   in input order, with the counts 1, 2, 3, ...
   A driver started with ``CHAOS_DIE_WITH=<marker>`` (and ``DSTREAMS_FAULT_TASK_KILL=<point>:<marker>``, the
-  task-side kill of :mod:`dstreams.task_faults`) SIGKILLs itself as soon as a task took that kill: the
+  task-side kill of :mod:`dstreams.faults`, which the driver installs) SIGKILLs itself as soon as a task took that
+  kill: the
   ``kafka-kill`` fault (a driver killed while a partition's Kafka transaction is open, or just committed).
 
 Why every batch is the same in every run (the Kafka branch's aside): the Redis input is written in full
@@ -319,17 +320,13 @@ def spark_conf(cfg: dict[str, Any]) -> dict[str, str]:
     local_dir = os.path.join(cfg["local"], "spark-local")
     os.makedirs(local_dir, exist_ok=True)
     tmp = f"-Djava.io.tmpdir={local_dir}"
-    conf = {**BASE_CONF, "spark.local.dir": local_dir, "spark.driver.extraJavaOptions": tmp,
+    return {**BASE_CONF, "spark.local.dir": local_dir, "spark.driver.extraJavaOptions": tmp,
             "spark.executor.extraJavaOptions": tmp}
-    task_kill = os.environ.get("DSTREAMS_FAULT_TASK_KILL")
-    if task_kill:  # the Python workers of local-cluster executors too
-        conf["spark.executorEnv.DSTREAMS_FAULT_TASK_KILL"] = task_kill
-    return conf
 
 
 def _die_with_marker(marker: str, point: str) -> None:
     """The ``kafka-kill`` fault: once the orchestrator has written ``<marker>`` and then ``<marker>.set``, the first
-    task to reach ``point`` removes the marker and SIGKILLs its Python worker (:mod:`dstreams.task_faults`); this
+    task to reach ``point`` removes the marker and SIGKILLs its Python worker (:mod:`dstreams.faults`); this
     driver then SIGKILLs itself at once, the partition's transaction open (``kafka-before-commit``) or just committed
     (``kafka-after-commit``), the rest of the batch wherever it is."""
 
@@ -354,9 +351,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     with open(args.config) as f:
         cfg = json.load(f)
+    from dstreams import faults
+
+    # The orchestrator's fault points for this driver: its own, and its tasks' (carried with the batches' jobs to
+    # the executors, local-cluster's too).
+    plan = faults.FaultPlan.from_mapping(os.environ)
+    faults.install(plan)
     marker = os.environ.get("CHAOS_DIE_WITH")
     if marker:
-        _die_with_marker(marker, os.environ.get("DSTREAMS_FAULT_TASK_KILL", "").partition(":")[0])
+        _die_with_marker(marker, plan.tasks[0].point if plan.tasks else "")
 
     from dstreams import ManualClock, StreamingContext
     from dstreams.spark.sparkconf import create_spark_context

@@ -11,7 +11,7 @@ Run from the repository root::
    ``--intervals`` (default 2 s, 10 s, 30 s) a fresh StreamingContext runs a stateful windowed pipeline
    over the generator source (``runningReduce`` and an invertible ``reduceByKeyAndWindow`` over 5 s, both
    checkpointed every interval) on a ManualClock, one 1 s batch at a time. After batch ``--kill-after``
-   one executor JVM is SIGKILLed (``recovery.faults.kill_executor``); the run goes on to ``--batches``.
+   one executor JVM is SIGKILLed (``dstreams.recovery.faults.kill_executor``); the run goes on to ``--batches``.
    Each batch is labelled ``before`` (up to the kill), ``during`` (the application has fewer executors
    than it started with: Spark recomputes the lost state partitions from lineage since the last
    checkpoint, on the surviving executor) or ``after`` (the replacement executor registered).

@@ -15,8 +15,8 @@ Contract:
   ``spark.executorEnv.<VARIABLE>`` (local executors inherit the driver's environment).
 * :data:`SETTINGS` lists every setting; :data:`ENVIRONMENT_ONLY` and :data:`INTERNAL` dstreams' variables
   without a conf key; :data:`STANDARD` the variables of Spark, PySpark, Java, AWS and XDG that the library
-  reads; :data:`TEST_ONLY` the fault-injection variables that stay environment-only (read by
-  ``dstreams.recovery.faults``). :func:`markdown_table` renders them all as the settings page
+  reads (the test-only fault points are no settings: a test installs them, :mod:`dstreams.faults`).
+  :func:`markdown_table` renders them all as the settings page
   (docs/reference/settings.md; ``python -m dstreams.config`` prints it).
 
 This module imports the standard library only: executors import it, and it knows neither the api nor
@@ -63,7 +63,7 @@ class Setting:
 
 @dataclass(frozen=True)
 class EnvVar:
-    """An environment-only variable (test-only fault injection), listed on the settings page."""
+    """An environment-only variable, listed on the settings page."""
 
     env: str
     default: str
@@ -686,33 +686,6 @@ SETTINGS: tuple[Setting, ...] = (JVM_MODE, CLASS_DATA_SHARING, CHECKPOINT_GRAPH,
                                  STATE_STORE, STATE_AUTO_KEYS, STATE_LOCAL_DIR, STATE_SNAPSHOT_EVERY,
                                  STATE_CHANGELOG)
 
-#: Test-only fault injection (``dstreams.recovery.faults``, ``dstreams.task_faults``): environment variables, no conf
-#: key.
-TEST_ONLY: tuple[EnvVar, ...] = (
-    EnvVar("DSTREAMS_FAULT_KILL", "", "Test-only: the driver SIGKILLs itself at this point "
-           "(`mid-batch`, `checkpoint-write`, `after-metadata-commit`)."),
-    EnvVar("DSTREAMS_FAULT_KILL_AFTER", "1", "Test-only: the pass through `DSTREAMS_FAULT_KILL`'s point "
-           "that kills the driver."),
-    EnvVar("DSTREAMS_FAULT_PAUSE", "", "Test-only: the driver stops itself with SIGSTOP at this point (a zombie "
-           "for fencing tests, resumed by the test with SIGCONT)."),
-    EnvVar("DSTREAMS_FAULT_PAUSE_AFTER", "1", "Test-only: the pass through `DSTREAMS_FAULT_PAUSE`'s point that "
-           "pauses the driver."),
-    EnvVar("DSTREAMS_FAULT_SLOW_EXECUTOR", "", "Test-only: slow down the tasks on these executor ids "
-           "(comma-separated; `driver` in `local[N]`)."),
-    EnvVar("DSTREAMS_FAULT_SLOW_PARTITION", "", "Test-only: slow down the tasks of these partitions "
-           "(comma-separated indexes)."),
-    EnvVar("DSTREAMS_FAULT_SLOW_SECONDS", "", "Test-only: extra seconds per slowed task (1 when "
-           "neither this nor `DSTREAMS_FAULT_SLOW_FACTOR` is set)."),
-    EnvVar("DSTREAMS_FAULT_SLOW_FACTOR", "1", "Test-only: a slowed task takes this many times as long."),
-    EnvVar("DSTREAMS_FAULT_TASK_KILL", "", "Test-only: `<point>:<marker file>`: the first task to reach the point "
-           "(`state-export`, `state-reload`, `kafka-before-commit`, `kafka-after-commit`) while the marker file "
-           "exists removes it and SIGKILLs its Python worker (`dstreams.task_faults`)."),
-    EnvVar("DSTREAMS_FAULT_TASK_PAUSE", "", "Test-only: `<point>:<marker file>`: as `DSTREAMS_FAULT_TASK_KILL`, but "
-           "the task writes its process id into `<marker file>.paused` and stops its Python worker (SIGSTOP) until "
-           "a SIGCONT (`dstreams.task_faults`)."),
-)
-
-
 # --- reading ------------------------------------------------------------------------------------------
 
 
@@ -804,21 +777,21 @@ STANDARD: tuple[EnvVar, ...] = (
     EnvVar("AWS_ENDPOINT_URL", "", "The endpoint of `s3://` locations when neither `storeOptions` nor "
            "`AWS_ENDPOINT_URL_S3` name one (boto3's variable)."),
     EnvVar("SPARK_EXECUTOR_ID", "", "Set by Spark on some executors: the executor a Python task runs on, for the "
-           "test-only `DSTREAMS_FAULT_SLOW_EXECUTOR` (else the executor JVM's `--executor-id`)."),
+           "test-only straggler fault (`dstreams.faults`; else the executor JVM's `--executor-id`)."),
     EnvVar("SPARK_LOG_URL_STDERR", "", "Set by standalone workers: its `executorId=` names the executor when "
-           "nothing else does (for `DSTREAMS_FAULT_SLOW_EXECUTOR`)."),
+           "nothing else does (for the test-only straggler fault)."),
     EnvVar("SPARK_LOG_URL_STDOUT", "", "As `SPARK_LOG_URL_STDERR`, read after it."),
 )
 
 
 def markdown_table() -> str:
     """The settings page (docs/reference/settings.md): every setting, the environment-only and internal variables, the
-    other tools' variables dstreams reads, then the test-only variables."""
+    other tools' variables dstreams reads."""
     rows = ["| Spark conf key | environment variable | default | what it does |", "| --- | --- | --- | --- |"]
     for s in SETTINGS:
         doc = s.doc if s.spark_key is None else f"{s.doc} Spark's key `{s.spark_key}` counts when this one is unset."
         rows.append(f"| `{s.key}` | `{s.env}` | {_default_text(s.default)} | {doc} |")
-    for v in (*ENVIRONMENT_ONLY, *INTERNAL, *STANDARD, *TEST_ONLY):
+    for v in (*ENVIRONMENT_ONLY, *INTERNAL, *STANDARD):
         rows.append(f"| (none) | `{v.env}` | {_default_text(v.default or None)} | {v.doc} |")
     return "\n".join(rows)
 

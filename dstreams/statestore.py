@@ -58,10 +58,10 @@ from typing import Any
 
 from .contracts import FORMAT
 from .errors import DStreamsError
+from .faults import task_reached
 from .file_lock import describe_holder, flock_within
 from .pickling import dumps
 from .state_lineage import EMPTY, Lineage
-from .task_faults import task_reached
 
 #: Rows per ``IN (...)`` lookup (below SQLite's default limit of host parameters).
 LOOKUP_CHUNK = 900

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark import RDD, SparkContext
 from pyspark.core.rdd import Partitioner
 
+from dstreams import faults
 from dstreams.contracts import (
     FORMAT,
     CommitEvents,
@@ -392,6 +393,7 @@ class StoreCheckpointer:
         self.fence.check_owner()  # before the tasks replace parts of the same checkpoint another driver wrote
         group = f"dstreams-checkpoint-{node.key}-{t}"
         self.sc.setJobGroup(group, f"checkpoint of {node.name} at {t}")
+        faults.carry(self.sc)  # a test's task-side faults, to the checkpoint's tasks
         self._job_group = group
         try:
             parts = sorted(rdd.mapPartitionsWithIndex(write).collect(), key=lambda p: p["index"])

@@ -97,7 +97,7 @@ class MetadataLog:
                  fault_hook: FaultHook = no_fault) -> None:
         """``fingerprint``: the graph's (:meth:`dstreams.graph.DStreamGraph.fingerprint`), compared with the one a
         checkpoint's head holds; ``fault_hook``: called at the fault point ``after-metadata-commit`` (tests; the
-        runtime passes :func:`recovery.faults.reached`)."""
+        runtime passes :func:`dstreams.faults.reached`)."""
         self.fault_hook = fault_hook
         self.store = store
         self.app_name = app_name

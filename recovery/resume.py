@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD, SparkContext
 
+from dstreams import faults
 from dstreams.contracts import Checkpointer
 from dstreams.time import BatchTime
 
@@ -59,6 +60,7 @@ Restored = tuple[int, RDD, dict[str, Any]]
 
 
 def _restore_node(sc: SparkContext, spec: StoreSpec, node: DStreamNode, candidates: list[int]) -> Restored | None:
+    faults.carry(sc)  # a test's task-side faults, to the tasks of the reads (a pool thread of its own)
     store = spec.open()
     for t in candidates:
         try:

@@ -39,7 +39,7 @@ from typing import Any
 
 from pyspark import SparkContext
 
-from dstreams import config
+from dstreams import config, faults
 from dstreams.clock import Clock
 from dstreams.contracts import Fence, NoFence
 from dstreams.errors import DStreamsError
@@ -49,7 +49,6 @@ from dstreams.listener_bus import ListenerBus
 from dstreams.scheduler import JobScheduler, first_batch_time
 from dstreams.time import BatchTime
 
-from . import faults
 from .checkpointer import StoreCheckpointer, StoreWriteAheadLog
 from .graph_store import serialize_graph, write_graph
 from .journal import Journal

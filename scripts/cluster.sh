@@ -11,6 +11,7 @@
 #        scripts/cluster.sh kill-host I [--keep-disk]   # SIGKILL host I (0-based) and remove its disk folder
 #        scripts/cluster.sh freeze-host I | thaw-host I # SIGSTOP / SIGCONT host I's processes
 #        scripts/cluster.sh restart-host I              # start a killed host's worker again (empty disk folder)
+#        scripts/cluster.sh heal                        # every killed or frozen host started again (empty disk)
 # State, logs and scratch space go to $DSTREAMS_CLUSTER_DIR (default: .standalone/ in the repository).
 # 'start' prints the master URL (MASTER spark://127.0.0.1:7077); every wait is bounded (--timeout, 60 s).
 set -euo pipefail
@@ -20,8 +21,8 @@ PY="${PYTHON:-$ROOT/.venv/bin/python}"
 export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}"
 cmd="${1:-}"
 case "$cmd" in
-  start|stop|status|kill-host|freeze-host|thaw-host|restart-host) shift ;;
-  *) echo "usage: $0 start|stop|status|kill-host I|freeze-host I|thaw-host I|restart-host I [options]" >&2; exit 2 ;;
+  start|stop|status|heal|kill-host|freeze-host|thaw-host|restart-host) shift ;;
+  *) echo "usage: $0 start|stop|status|heal|kill-host I|freeze-host I|thaw-host I|restart-host I [options]" >&2; exit 2 ;;
 esac
 cd "$ROOT"
 exec "$PY" -m tests.standalone_cluster "$cmd" "$@" --dir "${DSTREAMS_CLUSTER_DIR:-$ROOT/.standalone}"  # a host index first

@@ -9,6 +9,15 @@ marked ``ceph``; against Redis when it uses the ``redis_url`` fixture (``redis_c
 marked ``redis``; against PostgreSQL when it uses ``postgres_dsn``; against the Kafka broker when it uses
 ``kafka_bootstrap`` or is marked ``kafka``. In required mode, tests of a server
 collected but none run against it fails the session.
+
+Parallel runs (pytest-xdist, ``scripts/test.sh``: ``-n 2 --dist loadgroup``): each worker has its own session
+``sc`` and counts the outcomes of the tests it ran per server; the workers send those counts to the controller
+(``pytest_testnodedown``), which prints the lines and applies the rule above to the whole run. Two markers say
+what may not overlap (``scripts/test.sh`` honours both): ``serial``, a test that takes a shared service down
+(the project's gateway, its Kafka broker) or compares timings, runs alone after the parallel part
+(``--serial-tests=skip`` leaves those out of a run, ``--serial-tests=only`` runs only them); and the tests that
+run one after another on one worker, beside the rest (the fault tests, the standalone clusters of loopback hosts,
+the wheel built in the checkout: :data:`ONE_WORKER_FOLDERS`, :data:`ONE_WORKER_MODULES`).
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ import os
 import tempfile
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -37,6 +46,8 @@ from .support import (
 
 if TYPE_CHECKING:
     import redis
+
+    from dstreams.faults import FaultPlan
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
@@ -63,6 +74,18 @@ class _Service:
         callspec = getattr(item, "callspec", None)
         params = callspec.params.values() if callspec is not None else ()
         return any(isinstance(value, str) and value == self.param for value in params)
+
+    def to_wire(self) -> dict[str, object]:
+        """What a pytest-xdist worker sends its controller (plain data): see :meth:`merge`."""
+        return {"collected": sorted(self.collected), "outcomes": dict(self.outcomes),
+                "skip_reasons": dict(self.skip_reasons)}
+
+    def merge(self, sent: dict) -> None:
+        """Adds a worker's :meth:`to_wire`: every worker collects every test, and reports the ones it ran."""
+        self.collected.update(sent["collected"])
+        self.outcomes.update(sent["outcomes"])
+        for reason, n in sent["skip_reasons"].items():
+            self.skip_reasons[reason] = self.skip_reasons.get(reason, 0) + n
 
     def counts(self) -> dict[str, int]:
         counts = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
@@ -98,6 +121,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help=f"fail (do not skip) tests whose server is not available; same as {REQUIRE_ENV}=1",
     )
+    parser.addoption(
+        "--serial-tests",
+        choices=("all", "skip", "only"),
+        default="all",
+        help="the tests marked serial (they must run alone): all (default) runs them with the rest, skip leaves "
+        "them out (the parallel part of scripts/test.sh), only runs only them (its serial part)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -114,8 +144,46 @@ def pytest_configure(config: pytest.Config) -> None:
 S3_PARAMS = frozenset({"moto", "rgw"})
 
 
+#: The tests that run on one pytest-xdist worker, one after another (scope ``heavy``): every test of
+#: ``tests/fault/`` (driver processes and their JVMs started, killed and started again, executors lost, clusters:
+#: three of them at once on two cores took three times as long and ran past their timeouts), and the modules
+#: that start a Spark standalone cluster on the loopback hosts (tests/standalone_cluster.py: two clusters never
+#: run at once) or build the wheel in the checkout (``pip wheel`` writes ``build/`` and ``*.egg-info`` there).
+#: The other workers run the rest beside them, each test on its own (:func:`pytest_xdist_make_scheduler`).
+ONE_WORKER_FOLDERS = ("tests/fault/",)
+ONE_WORKER_MODULES = frozenset({
+    "tests/integration/test_submit_packed.py",
+    "tests/integration/test_wheel.py",
+})
+ONE_WORKER_SCOPE = "heavy"
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work a pytest-xdist worker takes: :data:`ONE_WORKER_SCOPE` for the tests of
+    :data:`ONE_WORKER_FOLDERS` and :data:`ONE_WORKER_MODULES`, each other test on its own."""
+    module = nodeid.split("::", 1)[0]
+    return ONE_WORKER_SCOPE if module in ONE_WORKER_MODULES or module.startswith(ONE_WORKER_FOLDERS) else nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201 (xdist's Producer, scheduler)
+    """``--dist loadgroup``: xdist's load-scope scheduling with :func:`xdist_scope` as the scope. (Not the
+    ``xdist_group`` marks: pytest-xdist 3.8 puts the group in ``item._nodeid``, which pytest 9 no longer reads,
+    so those marks group nothing.) Other ``--dist`` modes: xdist's own scheduler."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class _OneWorkerScopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return _OneWorkerScopes(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _select_serial(config, items)
     for item in items:
         for service in _SERVICES:
             if not item.get_closest_marker(service.marker) and service.used_by(item):
@@ -124,6 +192,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         params = {v for v in callspec.params.values() if isinstance(v, str)} if callspec is not None else set()
         if not item.get_closest_marker("s3") and S3_PARAMS & params:
             item.add_marker(pytest.mark.s3)
+
+
+def _select_serial(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--serial-tests=skip|only``: deselect the tests marked ``serial``, or all the others."""
+    choice = config.getoption("--serial-tests")
+    if choice == "all":
+        return
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        (keep if (item.get_closest_marker("serial") is not None) == (choice == "only") else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -151,8 +233,21 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    worker_output = getattr(session.config, "workeroutput", None)
+    if worker_output is not None:  # a pytest-xdist worker: the controller judges the whole run
+        worker_output["dstreams_services"] = {service.marker: service.to_wire() for service in _SERVICES}
+        return
     if any(service.problem(session.config) for service in _SERVICES) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error: object) -> None:  # noqa: ANN001 (xdist's WorkerController)
+    """pytest-xdist's controller: a worker ended; add what its tests did against each server."""
+    sent = getattr(node, "workeroutput", {}).get("dstreams_services", {})
+    for service in _SERVICES:
+        if service.marker in sent:
+            service.merge(sent[service.marker])
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: ANN001
@@ -212,6 +307,17 @@ def _no_active_context_leak():
 
 
 # ---------------------------------------------------------------- Redis (scripts/services.sh starts it)
+
+
+@pytest.fixture
+def fault_plan() -> Iterator[Callable[[FaultPlan], None]]:
+    """Installs fault points in this process for the test (``dstreams.faults``): ``fault_plan(FaultPlan(...))``
+    (again to change the plan, ``fault_plan(NO_FAULTS)`` to take it out); the test's end takes it out. The task side
+    reaches the tasks of the batches (and checkpoints) that start after it."""
+    from dstreams import faults
+
+    yield faults.install
+    faults.install(faults.NO_FAULTS)
 
 
 @pytest.fixture

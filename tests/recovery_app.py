@@ -73,8 +73,10 @@ def read_outputs(out: str) -> dict[str, list[str]]:
 if __name__ == "__main__":  # driver process for the kill tests: python recovery_app.py CKPT OUT
     import logging
 
+    from dstreams import faults
     from dstreams.spark.sparkconf import create_spark_context
 
+    faults.install(faults.FaultPlan.from_mapping(os.environ))  # the test's DSTREAMS_FAULT_*
     # the kill tests read when a state picked by size moves into the executor state store
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("dstreams.nodes.auto_state").setLevel(logging.INFO)

@@ -36,9 +36,10 @@ def main(url: str, prefix: str, n_keys: int, checkpoint: str, out: str) -> int:
 def run_driver(app_name: str, checkpoint: str, setup) -> int:
     """Run ``getOrCreate(checkpoint, setup(sc))`` on ``local[2]`` until SIGTERM (a graceful stop, 0) or the stream
     fails (1); prints ``STARTED`` once started and ``EXIT <rc>`` at the end."""
-    from dstreams import StreamingContext
+    from dstreams import StreamingContext, faults
     from dstreams.spark.sparkconf import create_spark_context
 
+    faults.install(faults.FaultPlan.from_mapping(os.environ))  # the test's DSTREAMS_FAULT_*
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     sc = create_spark_context("local[2]", app_name, {"spark.default.parallelism": "2"})

@@ -41,7 +41,7 @@ As a script (``scripts/cluster.sh`` calls it)::
 
     python -m tests.standalone_cluster start --dir DIR [--hosts 3]   # prints MASTER spark://127.0.0.1:PORT
     python -m tests.standalone_cluster stop --dir DIR
-    python -m tests.standalone_cluster status --dir DIR
+    python -m tests.standalone_cluster status|heal --dir DIR   # heal: a killed or frozen host started again
     python -m tests.standalone_cluster kill-host|freeze-host|thaw-host|restart-host I --dir DIR
 """
 
@@ -371,6 +371,28 @@ class StandaloneCluster:
         pgid = self._pgids.get(self._name(i))
         return process_tree(pgid) if pgid is not None else []
 
+    def host_state(self, i: int) -> str:
+        """``"running"``, ``"frozen"`` (every process of host ``i`` stopped, :meth:`freeze_host`) or ``"gone"`` (no
+        process: :meth:`kill_host`, or never started)."""
+        pids = self.host_pids(i)
+        return "gone" if not pids else "frozen" if all(_frozen(p) for p in pids) else "running"
+
+    def heal(self, timeout: float = 60.0) -> list[int]:
+        """Bring every host back to running, for the next user of a shared cluster: a frozen host is killed with its
+        disk (a frozen worker may have been dropped by the master meanwhile), then it and every gone host start
+        again with an empty disk folder (:meth:`restart_host`). Returns the hosts started again."""
+        healed = []
+        for i in range(len(self.worker_hosts)):
+            state = self.host_state(i)
+            if state == "running":
+                continue
+            if state == "frozen":
+                self.kill_host(i, remove_disk=True)
+            self._pgids.pop(self._name(i), None)  # a gone host's stale group
+            self.restart_host(i, timeout)
+            healed.append(i)
+        return healed
+
     def kill_host(self, i: int, remove_disk: bool = True, timeout: float = 10.0) -> list[int]:
         """SIGKILL every process of host ``i`` (see :meth:`host_pids`), wait (at most ``timeout``) until they are
         gone, then (``remove_disk``) delete its disk folder. Returns the pids killed."""
@@ -473,7 +495,7 @@ def _status(base_dir: Path) -> int:
     print(f"master: {'running' if ok else 'gone'}")
     for i, host in enumerate(cluster.worker_hosts):
         pids = cluster.host_pids(i)
-        state = "gone" if not pids else "frozen" if all(_frozen(p) for p in pids) else "running"
+        state = cluster.host_state(i)
         ok = ok and state == "running"
         print(f"host {i} ({cluster._name(i)}, {host}): {state}, {len(pids)} processes, disk {cluster.host_dir(i)}")
     return 0 if ok else 1
@@ -481,7 +503,7 @@ def _status(base_dir: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Start/stop a Spark standalone cluster on loopback addresses.")
-    p.add_argument("command", choices=["start", "stop", "status", "kill-host", "freeze-host", "thaw-host",
+    p.add_argument("command", choices=["start", "stop", "status", "heal", "kill-host", "freeze-host", "thaw-host",
                                        "restart-host"])
     p.add_argument("host", nargs="?", type=int,
                    help="the host's index (0-based) for kill-host/freeze-host/thaw-host/restart-host")
@@ -501,6 +523,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "status":
         return _status(base)
+    if args.command == "heal":
+        try:
+            cluster = StandaloneCluster.attach(base)
+        except (OSError, ValueError, KeyError):
+            print(f"no cluster state in {base}", file=sys.stderr)
+            return 1
+        try:
+            healed = cluster.heal(args.timeout)
+        except (ClusterStartError, TimeoutError) as e:
+            print(f"ERROR: {e}", file=sys.stderr)
+            return 2
+        print(f"started again: hosts {healed}" if healed else "every host running")
+        return 0
     if args.command != "start":
         if args.host is None:
             p.error(f"{args.command} needs the host's index")

@@ -83,10 +83,10 @@ from typing import Any
 
 from pyspark import RDD
 
+from dstreams import faults
 from dstreams.errors import failed_in_jvm_with
 from dstreams.output_records import add_written
 from dstreams.pickling import dumps
-from dstreams.recovery import faults
 from dstreams.recovery.store import is_store_url, local_path
 from dstreams.recovery.storespec import StoreSpec
 

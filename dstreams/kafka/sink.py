@@ -52,7 +52,7 @@ Contract of :func:`save_to_kafka` (the sink behind ``DStream.saveToKafka``):
   invisible to ``read_committed`` readers); it waits a moment (:data:`FENCED_BACKOFF_S`), retries once with a new
   producer, finds the batch in the ledger and returns 0 (or, fenced a second time, fails: Spark keeps the other
   copy's result). Empty partitions write nothing and start no transaction. Kill (and pause) points for tests
-  (:mod:`dstreams.task_faults`): ``kafka-before-commit`` (the records and the ledger offset are in the open
+  (:mod:`dstreams.faults`): ``kafka-before-commit`` (the records and the ledger offset are in the open
   transaction) and ``kafka-after-commit`` (the commit returned).
 * **Visibility.** Each partition's transaction commits on its own: a batch becomes visible partition by partition,
   and a batch that failed may have some partitions visible; its retry (or its re-run after a restart) writes the
@@ -148,8 +148,8 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from dstreams.errors import DStreamsError
+from dstreams.faults import task_reached
 from dstreams.output_records import add_written
-from dstreams.task_faults import task_reached
 
 from .params import PRODUCER_ONLY, admin_config, client_error, normalize, producer_config, reader_config, require_client
 

@@ -56,6 +56,7 @@ from pyspark.accumulators import Accumulator, AccumulatorParam
 from .. import config
 from ..checkpoint_data import CheckpointData
 from ..errors import failed_with
+from ..faults import task_reached
 from ..node import DStreamNode, OneParentNode
 from ..spark.partitioned import partition_aligned_rdd, segmented_merge
 from ..state_lineage import EMPTY, Lineage
@@ -70,7 +71,6 @@ from ..statestore import (
     sweep_stale_once,
     value_bytes,
 )
-from ..task_faults import task_reached
 from ..time import BatchTime
 from .event_time import watermark_at
 from .keyed import DUE, store_partition

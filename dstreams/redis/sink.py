@@ -54,9 +54,9 @@ from typing import Any
 
 from pyspark import RDD
 
+from dstreams import faults
 from dstreams.errors import DStreamsError
 from dstreams.output_records import add_written
-from dstreams.recovery import faults
 from dstreams.recovery.retry import RetryPolicy
 from dstreams.recovery.store.errors import TransientStoreError
 

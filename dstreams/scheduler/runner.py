@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from .. import output_records
+from .. import faults, output_records
 from ..contracts import FaultHook, OutagePolicy
 from ..events import BatchCompleted, BatchDropped, EventLoop
 from ..graph import DStreamGraph, Job
@@ -128,6 +128,7 @@ class BatchRunner:
         sc = self.graph.sc
         try:
             sc.setJobGroup(info.job_group, f"dstreams batch {b.time.ms}", interruptOnCancel=False)
+            faults.carry(sc)  # a test's task-side faults, to this batch's tasks
         except Exception:
             log.debug("could not set the job group", exc_info=True)
         while True:

@@ -11,7 +11,7 @@ Contract of :func:`folder_lock`:
   (SIGSTOP, a long pause) replaces the key as soon as it runs again, and a writer that had taken the lock
   from it would have its newer write clobbered. Resuming or killing the holder is the way out.
 * :func:`folder_locks_held` counts the locks this process holds now (the test-only pause of
-  :mod:`dstreams.recovery.faults` waits for none to be held before it freezes a driver).
+  :mod:`dstreams.faults` waits for none to be held before it freezes a driver).
 
 Where ``/proc/locks`` is missing (not Linux) or does not list the holder (a process in another pid namespace,
 another host over NFS), the error says so instead of naming it.

@@ -122,9 +122,10 @@ def build_timers(timed: Any, out: str) -> None:
 
 
 def main(inbox: str, checkpoint: str, out: str) -> None:
-    from dstreams import StreamingContext
+    from dstreams import StreamingContext, faults
     from dstreams.spark.sparkconf import create_spark_context
 
+    faults.install(faults.FaultPlan.from_mapping(os.environ))  # the test's DSTREAMS_FAULT_*
     sc = create_spark_context("local[2]", "dstreams-event-time-app",
                               {"spark.default.parallelism": "2", "spark.dstreams.ui.enabled": "false"})
     ssc = StreamingContext.getOrCreate(checkpoint, lambda: build(sc, inbox, checkpoint, out))

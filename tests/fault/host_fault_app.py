@@ -20,9 +20,10 @@ Writes ``OUT_DIR/batches.jsonl`` (one ``{"t", "name", "rows"}`` line per output 
 executor stores' catch-ups so far (``caught_up``, per stream: how many times a task brought a partition's store up
 to date from the changelog, reloading it from the newest checkpoint where it was missing), the executors' timeline,
 when the driver dropped the faulty host's executor, the replacement's executor and how many tasks each executor ran,
-the Spark settings in force; ``"ok": true`` once every batch completed without a failed output operation. It does
-not wait for its SparkContext to stop cleanly when a host is frozen (the stop asks the frozen executor):
-``status.json`` is complete before the stop starts.
+the Spark settings in force, the task attempts that failed with a ``StateStoreError`` (``store_task_errors``: a
+store that could not be brought up to date, retried by Spark); ``"ok": true`` once every batch completed without a
+failed output operation. It does not wait for its SparkContext to stop cleanly when a host is frozen (the stop asks
+the frozen executor): ``status.json`` is complete before the stop starts.
 
     python tests/fault/host_fault_app.py OUT --master spark://127.0.0.1:PORT --cluster-dir DIR --fault kill --replace
 """
@@ -146,6 +147,24 @@ def executor_tasks(sc: Any) -> dict[str, int]:
         s = summaries.apply(i)
         if s.id() != "driver":
             out[s.id()] = int(s.totalTasks())
+    return out
+
+
+def task_errors(sc: Any, needle: str) -> list[str]:
+    """``executor id: last line`` of the error of every task attempt of this application whose error message holds
+    ``needle`` (retried attempts included), per the driver's status store (every stage it keeps: 1,000 by default)."""
+    store = sc._jsc.sc().statusStore()
+    stages = store.stageList(None, False, False, getattr(store, "stageList$default$4")(),
+                             getattr(store, "stageList$default$5")())
+    out = []
+    for i in range(stages.size()):
+        stage = stages.apply(i)
+        tasks = store.taskList(stage.stageId(), stage.attemptId(), 1_000_000)
+        for k in range(tasks.size()):
+            error = tasks.apply(k).errorMessage()
+            if error.isDefined() and needle in error.get():
+                lines = [x for x in str(error.get()).splitlines() if needle in x] or [""]
+                out.append(f"{tasks.apply(k).executorId()}: {lines[-1].strip()[:300]}")
     return out
 
 
@@ -363,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             gone = [at for at, ids in monitor.timeline if at >= status["fault_s"] and lost not in ids]
             status["executor_dropped_after_s"] = round(gone[0] - status["fault_s"], 2) if gone else None
         status["executor_tasks"] = executor_tasks(sc)
+        status["store_task_errors"] = task_errors(sc, "StateStoreError")
         status["ok"] = True
     finally:
         if monitor is not None:

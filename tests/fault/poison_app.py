@@ -18,7 +18,7 @@ an ``amount`` that is not a number is a dead letter); the parsed records then go
 
 ``ssc.deadLetters()`` (the parser's and the state's) is added to the Redis stream ``<PREFIX>dead`` as ``operator,
 record`` (its ``repr``), ``error``, ``batch_ms``. Resumes with ``getOrCreate(CHECKPOINT)``; SIGTERM stops gracefully
-and exits 0 (``tests/redis_app.py``'s ``run_driver``). ``DSTREAMS_FAULT_KILL`` (:mod:`dstreams.recovery.faults`) works
+and exits 0 (``tests/redis_app.py``'s ``run_driver``). ``DSTREAMS_FAULT_KILL`` (:mod:`dstreams.faults`) works
 as for any driver.
 """
 

@@ -2,8 +2,8 @@
 
 Pipeline (:func:`build`, kept cheap: one job of two stages per batch): deterministic generator source
 (2 partitions of 8 words per 1 s batch) -> ``(word, 1)`` -> ``runningReduce`` (state, 2 partitions) ->
-optionally ``mapPartitions(slowed_partition)`` (the fault-injection hook: a task sleeps when
-``DSTREAMS_FAULT_SLOW_EXECUTOR`` names the executor it runs on) -> ``saveAsTextFiles``. The slowed tasks are
+optionally ``mapPartitions(slowed_partition)`` (the fault-injection hook: a task sleeps when the installed fault
+plan's slowdown, :mod:`dstreams.faults`, names the executor it runs on) -> ``saveAsTextFiles``. The slowed tasks are
 the ones that write the text files, so their speculative copies show whether two attempts of one task
 both commit output.
 
@@ -48,7 +48,7 @@ def records(seed: int, t: int, partition: int, n: int) -> list[str]:
 
 
 def _slow_stage(rdd: Any) -> Any:
-    from dstreams.recovery.faults import slowed_partition
+    from dstreams.faults import slowed_partition
 
     return rdd.mapPartitions(slowed_partition, preservesPartitioning=True)
 
@@ -192,9 +192,13 @@ def main(argv: list[str] | None = None) -> int:
 def _run_apps(args: argparse.Namespace, out: str, short_tmp: str, status: dict[str, Any],
               save_status: Callable[[], None]) -> None:
     """Run the applications of ``args.apps`` one after the other (module doc), recording into ``status``."""
-    from dstreams.recovery import faults
+    from dstreams import faults
+    from dstreams.recovery.faults import warm_up_executors
     from dstreams.spark.sparkconf import create_spark_context
 
+    # The straggler: carried to the tasks of every batch (a Spark local property), on the standalone executors too.
+    faults.install(faults.FaultPlan(slow=faults.SlowSpec(frozenset({args.slow_executor}), None, args.slow_seconds,
+                                                         1.0)))
     for app in [a for a in args.apps.split(",") if a]:
         speculation = app == "speculation"
         app_dir = os.path.join(out, app)
@@ -211,8 +215,6 @@ def _run_apps(args: argparse.Namespace, out: str, short_tmp: str, status: dict[s
             # The executors run this very interpreter (one machine): its lean worker daemon saves 60-80 ms
             # per task (dstreams applies it by itself on local masters only).
             "spark.python.daemon.module": "dstreams.spark.worker_daemon",
-            f"spark.executorEnv.{faults.SLOW_EXECUTOR_ENV}": args.slow_executor,
-            f"spark.executorEnv.{faults.SLOW_SECONDS_ENV}": str(args.slow_seconds),
         }
         if not speculation:
             conf["spark.speculation"] = "false"  # the user's override of dstreams' default
@@ -228,7 +230,7 @@ def _run_apps(args: argparse.Namespace, out: str, short_tmp: str, status: dict[s
             app_status["executors_wait_s"] = _poll(lambda sc=sc: len(executor_ids(sc)) >= EXECUTORS, args.timeout,
                                                    f"{EXECUTORS} executors to register")
             # Start the Python workers of both executors and check which executor each task reports.
-            app_status["task_executor_ids"] = faults.warm_up_executors(sc, EXECUTORS, args.timeout)
+            app_status["task_executor_ids"] = warm_up_executors(sc, EXECUTORS, args.timeout)
             app_status["startup_s"] = round(time.monotonic() - t_app, 2)
             phases = [("baseline", False), ("straggler", True)] if speculation else [("straggler", True)]
             for name, slow in phases:

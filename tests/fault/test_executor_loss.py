@@ -27,6 +27,7 @@ import pyspark
 import pytest
 
 from dstreams import ManualClock
+from dstreams import faults as fault_points
 from dstreams.recovery import faults
 
 from ..process_support import s3_client, with_gateway
@@ -41,59 +42,9 @@ MOVE_AT = 2000  # the large state (``state-store``) moves into the store at this
 NAMES = ("counts", "window", "lengths", "total", "event_window", "late")
 REDIS_NAMES = ("counts", "window", "lengths", "total")  # the word outputs, over Redis Streams as well
 DRIVER_TIMEOUT_S = 330  # generous: the machine may be shared; ~75-100 s when quiet
-_FAULT_ENV = (faults.SLOW_EXECUTOR_ENV, faults.SLOW_PARTITION_ENV, faults.SLOW_SECONDS_ENV, faults.SLOW_FACTOR_ENV,
-              "DSTREAMS_FAULT_KILL", "DSTREAMS_FAULT_KILL_AFTER")
-# ------------------------------------------------------------------------------------ slowdown contract
-def test_slow_spec_is_off_unless_a_target_is_set():
-    assert faults.slow_spec({}) is None
-    assert faults.slow_spec({faults.SLOW_SECONDS_ENV: "3", faults.SLOW_FACTOR_ENV: "2"}) is None
-    assert faults.slow_spec({faults.SLOW_EXECUTOR_ENV: "", faults.SLOW_PARTITION_ENV: " , "}) is None
-
-
-def test_slow_spec_parses_targets_and_amounts():
-    spec = faults.slow_spec({faults.SLOW_PARTITION_ENV: "1, 3"})
-    assert spec == faults.SlowSpec(None, frozenset({1, 3}), 1.0, 1.0)  # 1 s by default
-    assert spec.matches("7", 3) and not spec.matches("7", 2)
-
-    spec = faults.slow_spec({faults.SLOW_EXECUTOR_ENV: "0,driver", faults.SLOW_SECONDS_ENV: "0.25"})
-    assert spec == faults.SlowSpec(frozenset({"0", "driver"}), None, 0.25, 1.0)
-    assert spec.matches("driver", 5) and not spec.matches("1", 5)
-
-    spec = faults.slow_spec({faults.SLOW_EXECUTOR_ENV: "2", faults.SLOW_PARTITION_ENV: "0",
-                             faults.SLOW_FACTOR_ENV: "3"})
-    assert spec == faults.SlowSpec(frozenset({"2"}), frozenset({0}), 0.0, 3.0)
-    assert spec.matches("2", 0) and not spec.matches("2", 1) and not spec.matches("1", 0)  # both must match
-    assert spec.delay(0.5) == pytest.approx(1.0)  # 3x as long: 2 x the elapsed 0.5 s more
-    both = faults.slow_spec({faults.SLOW_PARTITION_ENV: "0", faults.SLOW_SECONDS_ENV: "1", faults.SLOW_FACTOR_ENV: "2"})
-    assert both is not None and both.delay(0.5) == pytest.approx(1.5)
-
-
-@pytest.mark.parametrize("env", [
-    {faults.SLOW_PARTITION_ENV: "one"},
-    {faults.SLOW_PARTITION_ENV: "1", faults.SLOW_SECONDS_ENV: "-1"},
-    {faults.SLOW_PARTITION_ENV: "1", faults.SLOW_SECONDS_ENV: "nan"},
-    {faults.SLOW_PARTITION_ENV: "1", faults.SLOW_FACTOR_ENV: "0.5"},
-    {faults.SLOW_EXECUTOR_ENV: "1", faults.SLOW_SECONDS_ENV: "soon"},
-])
-def test_slow_spec_rejects_malformed_values(env):
-    with pytest.raises(ValueError):
-        faults.slow_spec(env)
-
-
-def test_maybe_slow_task_is_a_no_op_outside_tasks_and_when_off():
-    assert faults.maybe_slow_task(environ={faults.SLOW_PARTITION_ENV: "0", faults.SLOW_SECONDS_ENV: "30"}) == 0.0
-    assert faults.maybe_slow_task(environ={}) == 0.0
-
-
-def test_maybe_slow_task_slows_only_the_chosen_partition_in_local_mode(sc):
-    env = {faults.SLOW_PARTITION_ENV: "1", faults.SLOW_SECONDS_ENV: "0.05"}
-    slept = sc.parallelize(range(4), 2).mapPartitions(lambda it: [faults.maybe_slow_task(environ=env)]).collect()
-    assert slept == [0.0, 0.05]
-    env = {faults.SLOW_EXECUTOR_ENV: "driver", faults.SLOW_SECONDS_ENV: "0.01"}  # local[N]: tasks run on "driver"
-    ids = sc.parallelize(range(2), 2).mapPartitions(
-        lambda it: [(faults.current_executor_id(), faults.maybe_slow_task(environ=env))]).collect()
-    assert ids == [("driver", 0.01), ("driver", 0.01)]
-    assert sorted(sc.parallelize(range(6), 2).mapPartitions(faults.slowed_partition).collect()) == list(range(6))
+_FAULT_ENV = tuple(fault_points.VARIABLES)
+# ------------------------------------------------------------------------------------ executor tools
+# (the slowdown and the other fault points: tests/unit/test_faults.py)
 
 
 def test_warm_up_executors_reports_where_tasks_ran_and_gives_up_after_its_timeout(sc):

@@ -157,6 +157,7 @@ def _check_against_reference(sc, tmp_path, ckpt_url: str, out: str) -> None:
     assert got == expected
 
 
+@pytest.mark.timeout(1200)  # four driver starts and a reference run: over 300 s at a load of 15-37 (a helper's run)
 def test_driver_killed_at_several_points_resumes_with_exactly_once_outputs(sc, tmp_path, rgw_bucket):
     """One application, killed with SIGKILL three times at different points, restarted each time."""
     ckpt = f"s3://{rgw_bucket}/kills-{uuid.uuid4().hex[:6]}"
@@ -186,6 +187,7 @@ def test_driver_killed_at_several_points_resumes_with_exactly_once_outputs(sc, t
     _check_against_reference(sc, tmp_path, ckpt, out)
 
 
+@pytest.mark.timeout(900)  # two drivers, each wait up to 240 s, and a reference run
 def test_zombie_driver_is_fenced_and_outputs_stay_exactly_once(sc, tmp_path, rgw_bucket):
     ckpt = f"s3://{rgw_bucket}/zombie-{uuid.uuid4().hex[:6]}"
     out = str(tmp_path / "out")

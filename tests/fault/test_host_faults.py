@@ -1,20 +1,23 @@
 """A whole host lost and replaced, and a host frozen, on a standalone cluster of three hosts (issue 42).
 
-Each test starts a Spark standalone master and three workers on 127.0.0.2-.4 (:mod:`tests.standalone_cluster`),
-each worker a host with its own disk folder (Spark's local dirs, worker dir, temp, the executor state stores),
-and runs a driver process (:mod:`tests.fault.host_fault_app`) against it: word counts since the start
-(``updateStateByKey`` with an ``initialRDD``) and over the last 5 s (``reduceByKeyAndWindow`` with an inverse
-function), each twice side by side, on the RDD state and in the executor state store, checkpointed every 3 s,
-1 s batches on a ManualClock, one at a time. After batch ``FAULT_AFTER`` one host is
+The tests share one Spark standalone master and three workers on 127.0.0.2-.4 (:mod:`tests.standalone_cluster`,
+started once for the module: :class:`SharedCluster`; a host a test left killed or frozen is started again with an
+empty disk before the next), each worker a host with its own disk folder (Spark's local dirs, worker dir, temp, the
+executor state stores). Each test runs a driver process (:mod:`tests.fault.host_fault_app`) against it: word
+counts since the start (``updateStateByKey`` with an ``initialRDD``) and over the last 5 s (``reduceByKeyAndWindow``
+with an inverse function), each twice side by side, on the RDD state and in the executor state store, checkpointed
+every 3 s, 1 s batches on a ManualClock, one at a time. One host is
 
-* killed: its worker, executor and Python workers SIGKILLed and its disk folder (state stores, shuffle files,
-  cached blocks) removed, checkpoints and the stores' changelog on the Ceph gateway; after the next batch the host
-  starts again with an empty disk (a replacement), and two more batches run once its executor registered; or
-* frozen: the same processes SIGSTOPped, and left so until the test ends (what a long GC pause, a hung disk or a
-  network partition looks like to Spark); checkpoints in a local folder.
+* killed after batch ``KILL_AFTER`` (2: before the first regular state checkpoint, so the stores' partitions it held
+  are caught up from the state loaded at the zero time, the ``initialRDD``): its worker, executor and Python workers
+  SIGKILLed and its disk folder (state stores, shuffle files, cached blocks) removed, checkpoints and the stores'
+  changelog on the Ceph gateway; after the next batch the host starts again with an empty disk (a replacement), and
+  two more batches run once its executor registered; no task may fail with a ``StateStoreError``; or
+* frozen after batch ``FREEZE_AFTER``: the same processes SIGSTOPped, and left so until the test ends (what a long
+  GC pause, a hung disk or a network partition looks like to Spark); checkpoints in a local folder.
 
 Every batch must complete, every output equal that of a failure-free run of the same pipeline on the session's
-``local[2]`` context (computed once, while the first test's cluster starts). The killed host's replacement must
+``local[2]`` context (computed once, while the cluster starts). The killed host's replacement must
 take tasks without a reload storm (the stores' catch-ups after it joined are bounded); the batch that met the
 frozen host must end within the bound that dstreams' Spark settings give
 (:data:`dstreams.spark.sparkconf.FROZEN_HOST_DEFAULTS`; docs/guide/cluster.md). Each prints the extra time of the
@@ -38,6 +41,7 @@ from typing import Any
 import pytest
 
 from dstreams import ManualClock
+from dstreams import faults as fault_points
 from dstreams.recovery import faults
 
 from ..process_support import s3_client, with_gateway
@@ -56,15 +60,19 @@ from .host_fault_app import PARTITIONS, build, names, recovery_figures
 from .test_executor_loss import _read_batches, _read_status, _tail
 
 APP = os.path.join(os.path.dirname(__file__), "host_fault_app.py")
-FAULT_AFTER, AFTER, AFTER_JOIN = 4, 3, 2
-#: The kill test runs the most batches; the failure-free reference is computed once for it and shared.
-LAST_MS = (FAULT_AFTER + AFTER + AFTER_JOIN) * 1000
+#: The kill: after batch 2 (the first regular checkpoint is at 3 s), 3 batches, the replacement waited for, 2 more.
+KILL_AFTER, KILL_BATCHES_AFTER, AFTER_JOIN = 2, 3, 2
+#: The freeze: after batch 4, 3 batches more.
+FREEZE_AFTER, FREEZE_BATCHES_AFTER = 4, 3
+#: The failure-free reference is computed once, for the test with the most batches, and shared.
+LAST_MS = max(KILL_AFTER + KILL_BATCHES_AFTER + AFTER_JOIN, FREEZE_AFTER + FREEZE_BATCHES_AFTER) * 1000
 NAMES = names()
 HOST = 1
 #: Bounds that catch a hang, not timing targets. Measured at a load average of 30-75 (other suites beside): the
 #: master and workers up after more than 90 s, a first batch of 42-73 s, the others 10-28 s, the replacement's
 #: executor registered 90-154 s after its worker started; the kill test took 649 s, the freeze test 470 s (the
-#: kill test 383 s at a load of 18-30).
+#: kill test 383 s at a load of 18-30). On the shared cluster, kill before the first checkpoint: both 311 s at a load
+#: of 5-17, 666 s at 15-34 (the freeze first, then the frozen host started again for the kill).
 CLUSTER_TIMEOUT_S = 180
 DRIVER_TIMEOUT_S = 420
 #: The batch that meets a frozen host ends within this many seconds more than the usual batch: the executor is
@@ -74,11 +82,9 @@ FROZEN_BOUND_S = 75
 #: Catch-ups of the executor stores (a partition's store brought up to date from the newest checkpoint and the
 #: changelog on a host without it) in the AFTER_JOIN batches after the replacement host joined, at most: every
 #: partition of the two store streams moving once (to the new host, or by speculation) is 2 x PARTITIONS = 6; a
-#: storm (every partition reloaded every batch) is 2 x PARTITIONS x AFTER_JOIN = 12 and more. Measured: 1 and 2.
+#: storm (every partition reloaded every batch) is 2 x PARTITIONS x AFTER_JOIN = 12 and more. Measured: 1, 2, 2, 3.
 JOIN_CATCH_UPS_BOUND = 2 * PARTITIONS
-_FAULT_ENV = (faults.SLOW_EXECUTOR_ENV, faults.SLOW_PARTITION_ENV, faults.SLOW_SECONDS_ENV, faults.SLOW_FACTOR_ENV,
-              "DSTREAMS_FAULT_KILL", "DSTREAMS_FAULT_KILL_AFTER", "DSTREAMS_STATE_LOCAL_DIR", "SPARK_LOCAL_DIRS",
-              "DSTREAMS_STATE_STORE")
+_FAULT_ENV = (*fault_points.VARIABLES, "DSTREAMS_STATE_LOCAL_DIR", "SPARK_LOCAL_DIRS", "DSTREAMS_STATE_STORE")
 #: The failure-free outputs, batch 1 .. LAST_MS (each batch's output depends on the batch times only).
 _REFERENCE: dict[tuple[int, str], list[Any]] = {}
 
@@ -126,42 +132,87 @@ def _object_keys(url: str) -> list[str]:
     return keys
 
 
-def _run_with_fault(sc: Any, tmp_path: Path, fault: str, extra: list[str], last: int,
-                    checkpoint: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Start the cluster, run the driver with ``fault`` on host :data:`HOST` (and the ``extra`` arguments) for
-    ``last`` batches, compare its outputs with the reference; returns the driver's status and
-    :func:`recovery_figures`."""
-    # A short folder: the executors' java.io.tmpdir holds PySpark's Unix sockets (a path of at most 107 bytes).
-    base = Path(tempfile.mkdtemp(prefix="dsh-"))
-    # The master's port is known before it starts, so that the driver starts while the workers do.
-    cluster = StandaloneCluster(base, hosts(3), master_port=free_port(MASTER_HOST))
-    errors: list[BaseException] = []
+class SharedCluster:
+    """The module's three-host cluster (hosts 127.0.0.2-.4, a master on a port known before it starts), started once
+    in the background by the first test that asks (:meth:`master_listening`) so that its driver starts while the
+    workers do, stopped when the module ends. Each test finds every host running (:meth:`ready`): a host a test
+    left killed or frozen is started again with an empty disk (:meth:`StandaloneCluster.heal`)."""
 
-    def start() -> None:
+    def __init__(self) -> None:
+        # A short folder: the executors' java.io.tmpdir holds PySpark's Unix sockets (a path of at most 107 bytes).
+        self.base = Path(tempfile.mkdtemp(prefix="dsh-"))
+        self.cluster = StandaloneCluster(self.base, hosts(3), master_port=free_port(MASTER_HOST))
+        self.errors: list[BaseException] = []
+        self._starter: threading.Thread | None = None
+
+    def _start(self) -> None:
         try:
-            cluster.start(CLUSTER_TIMEOUT_S)
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            errors.append(e)
+            self.cluster.start(CLUSTER_TIMEOUT_S)
+        except BaseException as e:  # noqa: BLE001 - re-raised by master_listening / ready
+            self.errors.append(e)
 
-    starter = threading.Thread(target=start, name="host-cluster-start", daemon=True)
-    starter.start()
+    def _raise(self) -> None:
+        if self.errors and isinstance(self.errors[0], ClusterUnavailableError):
+            service_unavailable(f"no standalone Spark cluster here: {self.errors[0]}")
+        if self.errors:
+            raise self.errors[0]
+
+    def master_listening(self) -> str:
+        """Start the cluster (the first call), wait until its master listens; its URL. A cluster a test already
+        had is healed first (:meth:`StandaloneCluster.heal`)."""
+        if self._starter is None:
+            self._starter = threading.Thread(target=self._start, name="host-cluster-start", daemon=True)
+            self._starter.start()
+        elif not self._starter.is_alive() and not self.errors:
+            StandaloneCluster.attach(self.base).heal(CLUSTER_TIMEOUT_S)
+        deadline = time.monotonic() + CLUSTER_TIMEOUT_S
+        while not self.errors and not port_open(MASTER_HOST, self.cluster.master_port):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"master not listening after {CLUSTER_TIMEOUT_S} s\n{self.cluster.logs()}")
+            time.sleep(0.2)
+        self._raise()
+        return self.cluster.master_url
+
+    def ready(self) -> None:
+        """Wait until every worker registered (the first start)."""
+        assert self._starter is not None, "master_listening first"
+        self._starter.join(CLUSTER_TIMEOUT_S + 30)
+        self._raise()
+        assert not self._starter.is_alive(), "cluster start did not return"
+
+    def close(self) -> None:
+        if self._starter is not None:
+            self._starter.join(CLUSTER_TIMEOUT_S + 30)
+        stop_from_dir(self.base, grace_s=5)  # as the drivers left it: a worker a driver started again is there
+        self.cluster.stop(grace_s=5)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def host_cluster():
+    """One :class:`SharedCluster` for the module's tests (its start is the tests' slowest step)."""
+    shared = SharedCluster()
+    try:
+        yield shared
+    finally:
+        shared.close()
+
+
+def _run_with_fault(sc: Any, shared: SharedCluster, tmp_path: Path, fault: str, fault_after: int, after: int,
+                    extra: list[str], last: int, checkpoint: str | None = None
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run the driver on the shared cluster with ``fault`` on host :data:`HOST` after batch ``fault_after``, then
+    ``after`` batches (and the ``extra`` arguments), ``last`` batches in all, and compare its outputs with the
+    reference; returns the driver's status and :func:`recovery_figures`."""
     proc: subprocess.Popen | None = None
     out, log_path = tmp_path / "driver", tmp_path / "driver.log"
     status_path = out / "status.json"
     try:
-        deadline = time.monotonic() + CLUSTER_TIMEOUT_S
-        while not errors and not port_open(MASTER_HOST, cluster.master_port):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"master not listening after {CLUSTER_TIMEOUT_S} s\n{cluster.logs()}")
-            time.sleep(0.2)
-        if errors and isinstance(errors[0], ClusterUnavailableError):
-            service_unavailable(f"no standalone Spark cluster here: {errors[0]}")
-        if errors:
-            raise errors[0]
+        master = shared.master_listening()
         env = {k: v for k, v in os.environ.items() if k not in _FAULT_ENV}
         env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-        args = [sys.executable, APP, str(out), "--master", cluster.master_url, "--cluster-dir", str(base),
-                "--fault", fault, "--host", str(HOST), "--fault-after", str(FAULT_AFTER), "--after", str(AFTER),
+        args = [sys.executable, APP, str(out), "--master", master, "--cluster-dir", str(shared.base),
+                "--fault", fault, "--host", str(HOST), "--fault-after", str(fault_after), "--after", str(after),
                 "--timeout", "120", *extra]
         if checkpoint is not None:
             args += ["--checkpoint", checkpoint]
@@ -171,10 +222,7 @@ def _run_with_fault(sc: Any, tmp_path: Path, fault: str, extra: list[str], last:
             proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path),
                                     start_new_session=True)
         expected = _reference(sc, tmp_path)  # while the cluster and the driver start
-        starter.join(CLUSTER_TIMEOUT_S + 30)
-        if errors:
-            raise errors[0]
-        assert not starter.is_alive(), "cluster start did not return"
+        shared.ready()
         # status.json says "ok" before the driver stops its SparkContext, which may wait on a frozen executor.
         deadline = time.monotonic() + DRIVER_TIMEOUT_S
         while not _read_status(str(status_path)).get("ok") and proc.poll() is None:
@@ -184,16 +232,12 @@ def _run_with_fault(sc: Any, tmp_path: Path, fault: str, extra: list[str], last:
         status = _read_status(str(status_path))
         assert status.get("ok"), f"driver failed (rc={proc.poll()})\n{_tail(str(log_path))}"
     finally:
-        starter.join(CLUSTER_TIMEOUT_S + 30)
         if proc is not None and proc.poll() is None:
             try:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)  # the driver and its JVM
                 proc.wait(timeout=30)
-        stop_from_dir(base, grace_s=5)  # as the driver left it: a worker it started again is there
-        cluster.stop(grace_s=5)
-        shutil.rmtree(base, ignore_errors=True)
 
     times = list(range(1000, last * 1000 + 1, 1000))
     assert [b["t"] for b in status["batches"]] == times
@@ -208,7 +252,7 @@ def _run_with_fault(sc: Any, tmp_path: Path, fault: str, extra: list[str], last:
     for key in sorted(got):
         assert got[key] == expected[key], f"batch {key[0]} output {key[1]} differs"
 
-    figures = recovery_figures(status["batches"], FAULT_AFTER)
+    figures = recovery_figures(status["batches"], fault_after)
     print(f"host {fault}: batch that met it {figures['met_ms']} ms, usual {figures['usual_ms']:.0f} ms, extra "
           f"{figures['extra_ms'] / 1000:.1f} s, batches until the usual time returned {figures['batches_to_usual']}; "
           f"executor dropped {status.get('executor_dropped_after_s')} s after the fault; batches (ms) "
@@ -225,23 +269,28 @@ HOST_FAULT_MARKS = (pytest.mark.slow, pytest.mark.fault,
 
 @pytest.mark.parametrize("fault", [pytest.param("kill", marks=(*HOST_FAULT_MARKS, pytest.mark.s3, pytest.mark.ceph))])
 def test_a_whole_host_killed_with_its_disk_then_replaced_every_batch_matches_a_failure_free_run(
-        sc, tmp_path, record_property, fault):
+        sc, host_cluster, tmp_path, record_property, fault):
     """Item 2 of issue 42, in one driver: the RDD state and the executor state store side by side, each with the
     running counts (``initialRDD``) and an invertible window, checkpoints and the store's changelog on the Ceph
-    gateway. Host 1 is SIGKILLed with its disk folder removed after batch 4; after the next batch its worker starts
-    again with an empty disk; once its executor registered (waited for after batch 7) 2 more batches run. Every
-    output equals the failure-free run's, every batch runs in one try, the replacement takes tasks, and its joining
-    costs the stores at most :data:`JOIN_CATCH_UPS_BOUND` catch-ups (no reload storm)."""
+    gateway. Host 1 is SIGKILLed with its disk folder removed after batch 2, before the first regular checkpoint;
+    after the next batch its worker starts again with an empty disk; once its executor registered (waited for after
+    batch 5) 2 more batches run. Every output equals the failure-free run's, every batch runs in one try, no task
+    fails with a ``StateStoreError`` (the catch-up from the zero time's state with an ``initialRDD``, issue 42), the
+    replacement takes tasks, and its joining costs the stores at most :data:`JOIN_CATCH_UPS_BOUND` catch-ups (no
+    reload storm)."""
     checkpoint = _ceph_checkpoint()
     # The replacement's worker starts right after the batch that met the loss (its JVMs start while the batches
-    # go on: the test's minutes), its executor is waited for after AFTER batches.
-    extra = ["--replace", "--replace-at", str(FAULT_AFTER + 1), "--after-join", str(AFTER_JOIN)]
-    status, figures = _run_with_fault(sc, tmp_path, fault, extra, FAULT_AFTER + AFTER + AFTER_JOIN, checkpoint)
+    # go on: the test's minutes), its executor is waited for after KILL_BATCHES_AFTER batches.
+    extra = ["--replace", "--replace-at", str(KILL_AFTER + 1), "--after-join", str(AFTER_JOIN)]
+    status, figures = _run_with_fault(sc, host_cluster, tmp_path, fault, KILL_AFTER, KILL_BATCHES_AFTER, extra,
+                                      KILL_AFTER + KILL_BATCHES_AFTER + AFTER_JOIN, checkpoint)
     record_property("fault_batch_extra_s", figures["extra_ms"] / 1000)
     record_property("batches_to_usual", figures["batches_to_usual"])
     assert status["disk_removed"], "the host's disk folder is still there"
     assert not any(faults.pid_alive(p) for p in status["fault_pids"])
     assert [b["attempts"] for b in status["batches"]] == [1] * len(status["batches"]), status["batches"]
+    # Not even a task try failed bringing a store up to date (Spark would have retried it elsewhere).
+    assert status["store_task_errors"] == [], status["store_task_errors"]
 
     # The replacement host joined, and took work without reloading the stores batch after batch.
     replacement = status["replacement_executor"]
@@ -263,8 +312,9 @@ def test_a_whole_host_killed_with_its_disk_then_replaced_every_batch_matches_a_f
 
 @pytest.mark.parametrize("fault", [pytest.param("freeze", marks=HOST_FAULT_MARKS)])
 def test_a_frozen_host_is_declared_lost_within_the_bound_and_every_batch_matches(
-        sc, tmp_path, record_property, fault):
-    status, figures = _run_with_fault(sc, tmp_path, fault, [], FAULT_AFTER + AFTER)
+        sc, host_cluster, tmp_path, record_property, fault):
+    status, figures = _run_with_fault(sc, host_cluster, tmp_path, fault, FREEZE_AFTER, FREEZE_BATCHES_AFTER, [],
+                                      FREEZE_AFTER + FREEZE_BATCHES_AFTER)
     extra_s = figures["extra_ms"] / 1000
     record_property("fault_batch_extra_s", extra_s)
     assert status["conf"]["spark.network.timeoutInterval"] == "5s", status["conf"]  # dstreams' defaults in force

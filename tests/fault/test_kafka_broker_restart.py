@@ -16,7 +16,7 @@ from ..kafka_support import create_topic, produce, read_committed
 from ..support import kafka_is_external
 
 pytest.importorskip("confluent_kafka")
-pytestmark = [pytest.mark.fault]
+pytestmark = [pytest.mark.fault, pytest.mark.serial]  # serial: the shared broker stops and starts
 
 SERVICES = Path(__file__).resolve().parents[2] / "scripts" / "services.sh"
 

@@ -44,7 +44,8 @@ from ..process_support import (
 )
 from ..support import DEFAULT_RGW_ENDPOINT, RGW_ENDPOINT, service_unavailable
 
-pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.s3]
+# serial: the project's gateway is down for 60 s, which every other Ceph test running beside it would meet.
+pytestmark = [pytest.mark.slow, pytest.mark.fault, pytest.mark.s3, pytest.mark.serial]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SERVICES = os.path.join(ROOT, "scripts", "services.sh")

@@ -3,7 +3,7 @@
 A word count over the deterministic generator source (1 s batches, a shuffle into 2 partitions), written
 with both exactly-once sinks: ``saveAsTextFiles(OUT/counts)`` (output 0) and
 ``saveToStore(OUT/store, "json")`` (output 1), so the n-th pass through the ``sink-write`` fault point
-(:mod:`dstreams.recovery.faults`) is output ``(n - 1) % 2`` of the ``(n + 1) // 2``-th batch.
+(:mod:`dstreams.faults`) is output ``(n - 1) % 2`` of the ``(n + 1) // 2``-th batch.
 
 Prints ``OUTPUT <batch ms> <output id> ok`` (or ``failed: <first line of the error>``) as each output ends
 and ``BATCH <batch ms>`` as each batch ends, from a streaming listener.
@@ -60,8 +60,10 @@ class _Report(StreamingListener):
 
 
 if __name__ == "__main__":
+    from dstreams import faults
     from dstreams.spark.sparkconf import create_spark_context
 
+    faults.install(faults.FaultPlan.from_mapping(os.environ))  # the test's DSTREAMS_FAULT_*
     ckpt, out = sys.argv[1], sys.argv[2]
     sc = create_spark_context("local[2]", "dstreams-zombie-sink")
     ssc = StreamingContext.getOrCreate(ckpt, lambda: build(sc, ckpt, out))

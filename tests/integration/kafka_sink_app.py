@@ -5,12 +5,13 @@ partitions of :data:`PER_PARTITION` records, :func:`records`), each record ``(ke
 with ``saveToKafka`` (exactly once by default). Resumes with ``getOrCreate(CHECKPOINT)``; SIGTERM stops gracefully
 and exits 0 (``tests/redis_app.py``'s ``run_driver``).
 
-Faults, from the environment: ``DSTREAMS_FAULT_TASK_KILL=<point>:<marker>`` (:mod:`dstreams.task_faults`) reaches
-the Python workers; with ``KAFKA_SINK_APP_DIE_WITH=<marker>`` as well, the driver SIGKILLs itself as soon as that
-marker file is gone (a task reached the point and killed its worker): the driver dies while a partition of the batch
-is in its commit (``kafka-before-commit``: its transaction open) or just committed (``kafka-after-commit``).
+Faults, from the environment (installed by ``run_driver``, :mod:`dstreams.faults`):
+``DSTREAMS_FAULT_TASK_KILL=<point>:<marker>`` reaches the tasks (carried with the batches' jobs); with
+``KAFKA_SINK_APP_DIE_WITH=<marker>`` as well, the driver SIGKILLs itself as soon as that marker file is gone (a
+task reached the point and killed its worker): the driver dies while a partition of the batch is in its commit
+(``kafka-before-commit``: its transaction open) or just committed (``kafka-after-commit``).
 ``DSTREAMS_FAULT_TASK_PAUSE=<point>:<marker>`` stops (SIGSTOP) the task that reaches the point while the marker exists.
-``DSTREAMS_FAULT_PAUSE`` / ``DSTREAMS_FAULT_KILL`` (:mod:`dstreams.recovery.faults`) work as for any driver.
+``DSTREAMS_FAULT_PAUSE`` / ``DSTREAMS_FAULT_KILL`` work as for any driver.
 """
 
 from __future__ import annotations

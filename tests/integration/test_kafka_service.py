@@ -118,6 +118,7 @@ def test_transaction_commits_and_aborts(kafka_bootstrap: str, new_topic) -> None
     assert init_s < 30, f"init_transactions took {init_s:.1f} s"
 
 
+@pytest.mark.serial  # the shared broker restarts
 @pytest.mark.skipif(kafka_is_external(), reason="DSTREAMS_TEST_KAFKA_BOOTSTRAP names a broker not restarted here")
 def test_restart_keeps_data(kafka_bootstrap: str, new_topic) -> None:
     from confluent_kafka import Producer

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 import pytest
 
 from dstreams import ManualClock, StreamingContext
+from dstreams.faults import KILL, NO_FAULTS, TASK_KILL, Fault, FaultPlan
 from dstreams.kafka import sink
 from dstreams.kafka.params import KafkaConfigError
 from dstreams.kafka.sink import (
@@ -36,7 +37,6 @@ from dstreams.kafka.sink import (
     save_to_kafka,
     write_partition,
 )
-from dstreams.task_faults import TASK_KILL_ENV
 from dstreams.testing import manual_context, run_batches
 
 from ..kafka_support import create_topic, read_committed, values
@@ -164,15 +164,15 @@ def test_a_retried_write_counts_the_partitions_an_earlier_attempt_committed(kafk
 # ------------------------------------------------------------------------------------------ task faults
 
 
-def _arm(sc, monkeypatch, tmp_path, point: str):
+def _arm(fault_plan, tmp_path, point: str):
     marker = tmp_path / f"kill-{point}"
     marker.write_text(f"the first task to reach {point} removes this file and kills its Python worker\n")
-    monkeypatch.setitem(sc.environment, TASK_KILL_ENV, f"{point}:{marker}")
+    fault_plan(FaultPlan(tasks=(Fault(point, KILL, marker=str(marker)),)))
     return marker
 
 
 @pytest.mark.slow
-def test_a_worker_killed_inside_its_commit_loses_and_duplicates_nothing(sc, kafka_bootstrap, monkeypatch, tmp_path):
+def test_a_worker_killed_inside_its_commit_loses_and_duplicates_nothing(sc, kafka_bootstrap, fault_plan, tmp_path):
     """Batch 1: a task's Python worker is SIGKILLed with its records and ledger offset in the open transaction
     (``kafka-before-commit``); batch 2: right after its commit (``kafka-after-commit``). The batch's retry writes the
     first again (its ``init_transactions`` aborted the dead worker's transaction at once: the transaction timeout is
@@ -185,14 +185,14 @@ def test_a_worker_killed_inside_its_commit_loses_and_duplicates_nothing(sc, kafk
     def between(i: int) -> None:
         if i > 1:
             assert not markers[i - 1].exists(), f"no task of batch {i - 1} reached its kill point"
-        monkeypatch.delitem(sc.environment, TASK_KILL_ENV, raising=False)
+        fault_plan(NO_FAULTS)
         if i <= 2:
-            markers[i] = _arm(sc, monkeypatch, tmp_path, ["kafka-before-commit", "kafka-after-commit"][i - 1])
+            markers[i] = _arm(fault_plan, tmp_path, ["kafka-before-commit", "kafka-after-commit"][i - 1])
 
     params = _params(kafka_bootstrap, **{"transaction.timeout.ms": 120_000})
     started = time.monotonic()
     infos = _run(sc, batches, lambda s: s.saveToKafka(topic, params), between=between, check=False)  # tried again
-    monkeypatch.delitem(sc.environment, TASK_KILL_ENV, raising=False)
+    fault_plan(NO_FAULTS)
     assert [info.attempts for info in infos[:2]] == [2, 2], "each killed batch was tried again"
     assert _written(infos) == [[200], [200], [200]]
     _assert_exactly(_read(kafka_bootstrap, topic), [r for b in batches for r in b])
@@ -619,7 +619,7 @@ def test_killed_and_zombie_drivers_write_every_record_once(tmp_path, kafka_boots
             marker = tmp_path / f"kill-{i}"
             marker.write_text("removed by the task that reaches the kill point\n")
             proc, log_path = _start(tmp_path, kafka_bootstrap, topic, f"driver{i}.log",
-                                    **{TASK_KILL_ENV: f"{point}:{marker}", "KAFKA_SINK_APP_DIE_WITH": str(marker)})
+                                    **{TASK_KILL: f"{point}:{marker}", "KAFKA_SINK_APP_DIE_WITH": str(marker)})
             procs.append(proc)
             try:
                 proc.wait(timeout=240)

@@ -305,6 +305,7 @@ def _services(*args: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the shared server stops and starts
 def test_a_postgres_restart_between_batches_loses_and_repeats_nothing(sc, pg, monkeypatch):
     """The server is stopped after batch 1; batch 2 fails (no server) and is retried by the scheduler while the
     server starts again; every row is in the table once."""

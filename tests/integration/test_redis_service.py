@@ -56,6 +56,7 @@ def test_redis_streams_answer_xadd_and_xrange(redis_client: redis.Redis, redis_p
     assert [entry_id for entry_id, _ in redis_client.xrange(key, min=f"({ids[1]}", max="+", count=2)] == ids[2:4]
 
 
+@pytest.mark.serial  # the shared server restarts
 @pytest.mark.timeout(60)
 def test_entries_survive_a_restart_of_the_server(redis_client: redis.Redis, redis_url: str, redis_prefix: str) -> None:
     _require_project_server(redis_client)

@@ -524,23 +524,23 @@ def test_store_backed_state_gives_the_rdd_states_outputs_batch_by_batch(sc, tmp_
     assert any(m["state"]["chain"] for m in manifests.values())
 
 
-def _arm_task_kill(sc, monkeypatch, tmp_path, point: str):
-    """The first task to reach ``point`` (``dstreams.task_faults``) SIGKILLs its Python worker; returns the marker
-    file that task removes."""
-    from dstreams.task_faults import TASK_KILL_ENV
+def _arm_task_kill(fault_plan, tmp_path, point: str):
+    """The first task to reach ``point`` (a task-side point of ``dstreams.faults``) SIGKILLs its Python worker;
+    returns the marker file that task removes."""
+    from dstreams.faults import KILL, Fault, FaultPlan
 
     marker = tmp_path / f"kill-{point}"
     marker.write_text(f"the first task to reach {point} removes this file and kills itself\n")
-    monkeypatch.setitem(sc.environment, TASK_KILL_ENV, f"{point}:{marker}")
+    fault_plan(FaultPlan(tasks=(Fault(point, KILL, marker=str(marker)),)))
     return marker
 
 
-def _killed_and_swept(sc, monkeypatch, marker, local_dir, leftover: str) -> None:
+def _killed_and_swept(fault_plan, marker, local_dir, leftover: str) -> None:
     """The armed kill happened, is disarmed, and the killed task's ``leftover`` file is gone."""
-    from dstreams.task_faults import TASK_KILL_ENV
+    from dstreams.faults import NO_FAULTS
 
     assert not marker.exists(), f"no task reached the kill point ({marker.name})"
-    monkeypatch.delitem(sc.environment, TASK_KILL_ENV)
+    fault_plan(NO_FAULTS)
     left = [p.name for p in local_dir.rglob("*") if leftover in p.name]
     assert not left, left  # the killed task's file was swept when its partition's store was opened again
 
@@ -566,11 +566,12 @@ def restart_reference(sc, tmp_path_factory) -> dict[str, list[str]]:
 
 
 def _restart_case(sc, tmp_path, monkeypatch, expected: dict[str, list[str]], local: str, kill: str | None = None,
-                  caplog=None) -> None:
+                  caplog=None, fault_plan=None) -> None:
     """A store-backed run stopped after batch 7 and resumed from its checkpoint at 10.5 s (``local``: its stores
     kept, lost, or left as files of another format, which are deleted and rebuilt from the checkpoint) gives the
     outputs of an uninterrupted run on the RDD state (``expected``: the ``restart_reference`` fixture's). ``kill``: a
-    task point (``dstreams.task_faults``) at which the first task to reach it SIGKILLs its Python worker:
+    task point (``dstreams.faults``, installed with ``fault_plan``) at which the first task to reach it SIGKILLs its
+    Python worker:
     ``state-export`` in the first run (a checkpoint's snapshot written beside the store), ``state-reload`` in the
     second (a lost store's snapshot written beside it inside the reload's transaction); ``caplog`` sees the failure
     logged."""
@@ -579,22 +580,22 @@ def _restart_case(sc, tmp_path, monkeypatch, expected: dict[str, list[str]], loc
     local_dir = tmp_path / "local"
     monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(local_dir))
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
-    marker = _arm_task_kill(sc, monkeypatch, tmp_path, kill) if kill == "state-export" else None
+    marker = _arm_task_kill(fault_plan, tmp_path, kill) if kill == "state-export" else None
     with app_context(lambda clock: _app(sc, ckpt, out, clock), checkpoint=ckpt) as first:
         run_until(first, 7000, flush_checkpoints=True)
     # the driver "dies" after batch 7 (its stores are at 7 s)
     if marker is not None:
-        _killed_and_swept(sc, monkeypatch, marker, local_dir, ".snapshot-")
+        _killed_and_swept(fault_plan, marker, local_dir, ".snapshot-")
         assert any("failed (the next one will be tried)" in r.getMessage() for r in caplog.records
                    if r.name == "dstreams.recovery.checkpointer"), "the killed export failed no checkpoint"
     if local == "lost":
         shutil.rmtree(local_dir)  # the executors' disks are gone: every store is read back from checkpoints
     older = _as_another_format(local_dir) if local == "another format" else []
-    marker = _arm_task_kill(sc, monkeypatch, tmp_path, kill) if kill == "state-reload" else None
+    marker = _arm_task_kill(fault_plan, tmp_path, kill) if kill == "state-reload" else None
     with app_context(lambda clock: _app(sc, ckpt, out, clock), checkpoint=ckpt, start_ms=10_500) as second:
         run_until(second, 14_000, flush_checkpoints=True)
     if marker is not None:
-        _killed_and_swept(sc, monkeypatch, marker, local_dir, ".load-")
+        _killed_and_swept(fault_plan, marker, local_dir, ".load-")
         assert any("trying the batch again" in r.getMessage() for r in caplog.records
                    if r.name == "dstreams.scheduler"), "the killed reload failed no batch"
     got = read_outputs(out)
@@ -624,7 +625,7 @@ def test_restart_from_checkpoint_gives_the_uninterrupted_outputs(sc, tmp_path, m
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["state-export", "state-reload"])
 def test_a_task_killed_while_it_exports_or_reloads_a_snapshot_loses_nothing_and_leaves_nothing(
-        sc, tmp_path, monkeypatch, caplog, restart_reference, point):
+        sc, tmp_path, monkeypatch, caplog, restart_reference, point, fault_plan):
     """``state-export``: a task SIGKILLed inside a checkpoint's snapshot export (its store file written beside the
     store, not yet read): that checkpoint fails and the next one is tried; the outputs equal the RDD state's, the
     killed task's file is removed when the partition's store is opened again, and a restart with the stores lost,
@@ -632,7 +633,7 @@ def test_a_task_killed_while_it_exports_or_reloads_a_snapshot_loses_nothing_and_
     that restart, a task SIGKILLed while it reloads its lost store from the snapshot (the file written beside the
     store, inside the store's transaction): the batch's retry reloads it, the outputs are the same, the file is
     gone."""
-    _restart_case(sc, tmp_path, monkeypatch, restart_reference, "lost", point, caplog)
+    _restart_case(sc, tmp_path, monkeypatch, restart_reference, "lost", point, caplog, fault_plan)
 
 
 @pytest.mark.slow

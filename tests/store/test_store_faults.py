@@ -74,6 +74,7 @@ def test_conditional_writes_recover_from_a_lost_response() -> None:
         faulty.put_if_absent("epoch", b"3")
 
 
+@pytest.mark.serial  # times the retry bound to within 1.1 s
 def test_giving_up_after_the_time_bound_says_so(caplog: pytest.LogCaptureFixture) -> None:
     bound = RetryPolicy(total_seconds=0.4, initial=0.02, maximum=0.1)
     faulty = FaultyStore(MemoryStore(), fail_times=10_000, ops={"get"}, retry=bound)

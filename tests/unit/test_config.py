@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dstreams import config
+from dstreams import config, faults
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_ENV: dict[str, str] = {}
@@ -90,14 +90,12 @@ def test_seconds_accept_zero_and_infinity():
 
 def test_every_setting_is_a_spark_dstreams_key_with_a_dstreams_variable_and_a_doc():
     keys = [s.key for s in config.SETTINGS]
-    envs = [s.env for s in config.SETTINGS] + [v.env for v in config.TEST_ONLY]
+    envs = [s.env for s in config.SETTINGS]
     assert len(set(keys)) == len(keys) and len(set(envs)) == len(envs)
     for s in config.SETTINGS:
         assert s.key.startswith("spark.dstreams.") and s.env.startswith("DSTREAMS_") and s.doc
         if s.default is not None:
             assert config.get(s, None, {s.env: str(s.default)}) == s.default
-    for v in config.TEST_ONLY:
-        assert v.env.startswith("DSTREAMS_FAULT_") and v.doc.startswith("Test-only")
 
 
 def test_the_settings_page_is_generated_from_this_table():
@@ -116,8 +114,6 @@ def test_the_settings_page_is_generated_from_this_table():
     assert config.markdown_table() in rendered
     for s in config.SETTINGS:
         assert f"`{s.key}` | `{s.env}`" in rendered, s.key
-    for v in config.TEST_ONLY:
-        assert f"`{v.env}`" in rendered, v.env
 
 
 def _library_sources() -> list[Path]:
@@ -125,17 +121,19 @@ def _library_sources() -> list[Path]:
 
 
 def test_every_dstreams_variable_the_library_reads_is_in_the_table():
-    known = {s.env for s in config.SETTINGS} | {v.env for v in (*config.TEST_ONLY, *config.INTERNAL,
-                                                             *config.ENVIRONMENT_ONLY)}
+    """The test-only fault variables are no settings: only dstreams/faults.py names them (its FaultPlan.from_mapping
+    parses a test app's environment; tests/unit/test_faults.py checks that the library never reads them)."""
+    known = {s.env for s in config.SETTINGS} | {v.env for v in (*config.INTERNAL, *config.ENVIRONMENT_ONLY)}
     found = {}
     for path in _library_sources():
+        if path == ROOT / "dstreams" / "faults.py":
+            continue
         for name in re.findall(r"\bDSTREAMS_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()):
             found.setdefault(name, path.relative_to(ROOT).as_posix())
     unknown = {name: where for name, where in found.items() if name not in known}
     assert not unknown, f"DSTREAMS_* variables missing from dstreams/config.py: {unknown}"
-    faults = {name for path in (ROOT / "recovery" / "faults.py", ROOT / "dstreams" / "task_faults.py")
-              for name in re.findall(r"\bDSTREAMS_FAULT_[A-Z0-9_]*[A-Z0-9]\b", path.read_text())}
-    assert faults == {v.env for v in config.TEST_ONLY}
+    named = set(re.findall(r"\bDSTREAMS_[A-Z0-9_]*[A-Z0-9]\b", (ROOT / "dstreams" / "faults.py").read_text()))
+    assert named == set(faults.VARIABLES) and all(n.startswith("DSTREAMS_FAULT_") for n in named)
 
 
 #: How the library reads a variable: ``os.environ.get("X")``, ``os.environ["X"]``, ``"X" in os.environ``,
@@ -153,7 +151,7 @@ def test_every_environment_variable_the_library_reads_is_in_the_table():
     """Not only dstreams' own: Spark's, AWS's, XDG's... too (a user must find every variable that changes what the
     library does in the README's table)."""
     listed = {s.env for s in config.SETTINGS} | {v.env for v in (*config.ENVIRONMENT_ONLY, *config.INTERNAL,
-                                                                *config.STANDARD, *config.TEST_ONLY)}
+                                                                *config.STANDARD)}
     found: dict[str, str] = {}
     for path in _library_sources():
         text = path.read_text()
