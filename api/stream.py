@@ -14,6 +14,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, cast, overload
 
 from pyspark import RDD, StorageLevel
@@ -35,12 +36,12 @@ from dstreams.dead_letters import dead as dead_records
 from dstreams.dead_letters import good as good_records
 from dstreams.files.sink import save_text_exactly_once, save_to_store_exactly_once, sink_store_options
 from dstreams.node import DStreamNode
-from dstreams.nodes.auto_state import AutoStateNode
+from dstreams.nodes.auto_state import AutoPolicy
 from dstreams.nodes.keyed import KeyedOp
 from dstreams.nodes.output import OutputNode
 from dstreams.nodes.reduced_window import IncrementalWindow, ReducedWindowNode
-from dstreams.nodes.state import RunningReduce, StateNode, UpdateState
-from dstreams.nodes.store_state import StateChangesNode, StateViewNode, StoreStateNode, checkpointed_node
+from dstreams.nodes.state import RunningReduce, StateBackend, StateNode, UpdateState
+from dstreams.nodes.store_state import ExecutorStore, StateChangesNode, StateViewNode, checkpointed_node
 from dstreams.nodes.timers import Track
 from dstreams.nodes.transformed import TransformedNode, require_same_slide
 from dstreams.nodes.union import UnionNode
@@ -600,13 +601,15 @@ class DStream(Generic[T_co]):
         ``spark.dstreams.state.store`` names (``auto``, where ``auto`` allows it: picked by size; else the RDD
         state): the store's view, or the RDD state itself."""
         graph, parent = self._node.graph, parent or self._node
-        store = self._state_store()
+        store, by_size = self._state_store(), self._auto_state() if auto else None
+        backend: Callable[[StateNode], StateBackend]
         if store is not None:
-            return StateViewNode(graph, StoreStateNode(graph, parent, op, part, initial, *store))
-        by_size = self._auto_state() if auto else None
-        if by_size is not None:
-            return StateViewNode(graph, AutoStateNode(graph, parent, op, part, initial, *by_size))
-        return StateNode(graph, parent, op, part, initial)
+            backend = partial(ExecutorStore, local_dir=store[0], snapshot_every=store[1])
+        elif by_size is not None:
+            backend = partial(AutoPolicy, local_dir=by_size[0], snapshot_every=by_size[1], auto_keys=by_size[2])
+        else:
+            return StateNode(graph, parent, op, part, initial)
+        return StateViewNode(graph, StateNode(graph, parent, op, part, initial, backend))
 
     def changes(self: DStream[tuple[K, V]]) -> DStream[tuple[K, V | None]]:
         """On a stream made by ``runningReduce`` or ``updateStateByKey`` (dstreams only): per batch, the

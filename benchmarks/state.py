@@ -294,7 +294,8 @@ def run_dstreams(sc: Any, case: dict[str, Any], progress: Progress, memory: Any)
         steady = memory.peaks()
         writes = list(getattr(getattr(ssc, "_checkpointer", None), "recent_writes", []) or [])
         # dstreams-auto: the batch the state moved into the executor store at (ms after the first batch), if it did
-        moved = [n.switched_at for n in ssc._graph.nodes if getattr(n, "switched_at", None) is not None]
+        moved = [s for n in ssc._graph.nodes
+                 if (s := getattr(getattr(n, "backend", None), "switched_at", None)) is not None]
         moved_after_ms = (moved[0] - ssc.startTime.ms) if moved and ssc.startTime is not None else None
     finally:
         ssc.stop(stopSparkContext=False, stopGraceFully=False)

@@ -115,7 +115,7 @@ def child(case: dict[str, Any]) -> dict[str, Any]:
             ssc.awaitBatch(b * 1000, 3600)
         infos = sorted((i for i in ssc.batchInfos() if i.processing_end_time_ms is not None),
                        key=lambda i: i.batch_time_ms)
-        moved = [n.switched_at for n in ssc._graph.nodes if hasattr(n, "switched_at")]
+        moved = [n.backend.switched_at for n in ssc._graph.nodes if hasattr(getattr(n, "backend", None), "switched_at")]
     finally:
         ssc.stop(stopSparkContext=False)
         peaks = memory.peaks()

@@ -120,6 +120,15 @@ def state_keys() -> int:
     return CI_STATE_KEYS if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on") else FULL_STATE_KEYS
 
 
+def store_backed(node) -> bool:
+    """Whether ``node`` is a state whose backend is (or may move into) the executor state store: ``executor``, or
+    ``auto``."""
+    from dstreams.nodes.auto_state import AutoPolicy
+    from dstreams.nodes.store_state import ExecutorStore
+
+    return isinstance(getattr(node, "backend", None), (ExecutorStore, AutoPolicy))
+
+
 def state_node(stream):
     """The node holding a state stream's state: the stream's own node on the RDD state, the one behind its view
     when the state is picked by size or kept in the executor state store (``spark.dstreams.state.store``)."""

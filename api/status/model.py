@@ -33,11 +33,12 @@ from dstreams.clock import Clock
 from dstreams.listener import BatchInfo, StreamingListener
 from dstreams.listener_bus import ListenerBus
 from dstreams.node import DStreamNode
-from dstreams.nodes.auto_state import AutoStateNode
+from dstreams.nodes.auto_state import AutoPolicy
 from dstreams.nodes.event_time import EventTimeNode, timed_ancestors
 from dstreams.nodes.input import InputNode
 from dstreams.nodes.output import OutputNode
-from dstreams.nodes.store_state import StoreStateNode
+from dstreams.nodes.state import StateNode
+from dstreams.nodes.store_state import ExecutorStore
 from dstreams.recovery.checkpointer import CheckpointError, load_manifest
 from dstreams.time import Duration
 
@@ -267,10 +268,11 @@ def kept_in(node: DStreamNode) -> dict[str, Any]:
     """Where a stateful stream keeps its state: ``kept_in`` is ``rdd`` or ``executor`` (the executor state store),
     ``picked_by_size`` whether ``spark.dstreams.state.store=auto`` chose it (then ``moved_at_ms``: the batch it
     moved into the store at, or None)."""
-    if isinstance(node, AutoStateNode):
-        return {"kept_in": "executor" if node.switched_at is not None else "rdd", "picked_by_size": True,
-                "moved_at_ms": node.switched_at}
-    return {"kept_in": "executor" if isinstance(node, StoreStateNode) else "rdd", "picked_by_size": False,
+    backend = node.backend if isinstance(node, StateNode) else None
+    if isinstance(backend, AutoPolicy):
+        return {"kept_in": "executor" if backend.switched_at is not None else "rdd", "picked_by_size": True,
+                "moved_at_ms": backend.switched_at}
+    return {"kept_in": "executor" if isinstance(backend, ExecutorStore) else "rdd", "picked_by_size": False,
             "moved_at_ms": None}
 
 
@@ -469,7 +471,7 @@ class StatusModel:
         newest = times[-1] if times else None
         sizes = self.sizes.get(node.key, newest) if newest is not None else None
         now = self.sources.clock.time_ms()
-        store = node.store_metrics() if isinstance(node, StoreStateNode) else None
+        store = node.store_metrics() if isinstance(node, StateNode) else None
         kept = kept_in(node)
         if store is not None:  # the executor state store: live figures, not the checkpoint's (a delta)
             return {**kept,

@@ -9,7 +9,9 @@ executor state store (:mod:`.store_state`) costs a SQLite look-up and write per 
 idle key. The two cost the same when the state holds about ten times the keys a batch touches
 (``benchmarks/README.md``, "Picked by size", has the measurements), hence :data:`TOUCH_RATIO`.
 
-Contract:
+Contract: :class:`AutoPolicy` is a :class:`~.state.StateBackend` made of the two backends, an
+:class:`~.state.RDDState` and an :class:`~.store_state.ExecutorStore` of the same node, and of the rule that moves
+the state from the first to the second; it holds no state of its own.
 
 * One node for every operator (the operator's step is :class:`~.keyed.KeyedOp`'s, the same on both sides). A
   stream starts on the RDD state: its RDD at ``t`` is the state itself (:func:`~.state.rdd_state`), and each
@@ -20,9 +22,9 @@ Contract:
   state holds at least ``spark.dstreams.state.autoKeys`` keys and :data:`TOUCH_RATIO` times the most keys one of
   the last :data:`WINDOW` batches touched, the largest of them left out (:func:`should_move`,
   :func:`typical_touched`), the stream moves to the store at that batch
-  (:attr:`AutoStateNode.switched_at`) and stays there. That batch loads the RDD state of the batch before into
+  (:attr:`AutoPolicy.switched_at`) and stays there. That batch loads the RDD state of the batch before into
   each partition's store (as an initial state is loaded: :meth:`PartitionStore.ensure_base`) and applies itself;
-  from there on the node is the store's (:class:`~.store_state.StoreStateNode`). Batches before ``switched_at``
+  from there on the node is the store's (:class:`~.store_state.ExecutorStore`). Batches before ``switched_at``
   are RDD states, batches at or after it store handles, in every rebuild (a lineage cut, a retry, a restart's
   replay).
 * Both hold the same state, so the outputs are the same whenever the move happens: the move is not recorded in
@@ -39,24 +41,21 @@ from __future__ import annotations
 
 import logging
 import pickle
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD, StorageLevel
 from pyspark.accumulators import Accumulator
-from pyspark.core.rdd import Partitioner
 
+from ..checkpoint_data import CheckpointData
 from ..errors import failed_with
-from ..node import DStreamNode
-from ..spark.partitioned import ensure_partitioned
 from ..statestore import PAIRS_SNAPSHOT, PART_HEADER, StateStoreError
 from ..time import BatchTime
-from .keyed import KeyedOp
-from .state import rdd_state
-from .store_state import StoreCheckpointData, StoreStateNode, _LatestPerPartition, state_diff
+from .state import RDDState
+from .store_state import ExecutorStore, StoreCheckpointData, _LatestPerPartition
 
 if TYPE_CHECKING:
-    from ..graph import DStreamGraph
+    from .state import StateNode
 
 log = logging.getLogger(__name__)
 
@@ -86,57 +85,68 @@ def _moved_at(manifest: dict[str, Any]) -> int | None:
     return None if moved is None else int(moved)
 
 
-class AutoStateNode(StoreStateNode):
-    """A state stream picked by size (module docstring): ``op``'s step on the RDD state (:func:`~.state.rdd_state`)
-    until the stream moves, then on the store."""
 
-    prefix, backend_params = "Auto", ("store=auto",)
-    auto_keys: int
+
+class AutoPolicy:
+    """The state backend picked by size (module docstring): ``node``'s operator on :attr:`rdd` until the stream
+    moves, then on :attr:`store`; each call goes to the backend of the batch it is about."""
+
+    prefix: str = "Auto"
+    params: tuple[str, ...] = ("store=auto",)
+    initial_in_graph: bool = True
+
+    def __init__(self, node: StateNode, local_dir: str | None, snapshot_every: int, auto_keys: int) -> None:
+        self.node = node
+        #: The RDD state (which checkpoints the initial state at the zero time: a restart before the next checkpoint
+        #: reads it back) and the store (holding no version before the move).
+        self.rdd = RDDState(node, checkpoints_initial=True)
+        self.store = ExecutorStore(node, local_dir, snapshot_every, first_version=None)
+        self.auto_keys = max(1, int(auto_keys))
+        self.__dict__.update(self._runtime())
+
     #: The batch time from which the stream is on the store (None: still on the RDD state).
     switched_at: int | None
+    #: Per partition: (batch time, keys of the state, keys the batch touched), the newest batch's.
+    _rdd_stats: Accumulator | None
+    #: The keys touched by the newest batches (at most WINDOW), and the batch last sampled.
+    _touched: list[int]
+    _sampled: int
+    #: The newest handle that loaded the RDD state into the stores (the move), once built.
+    _moved_handle: RDD | None
 
-    def __init__(self, graph: DStreamGraph, parent: DStreamNode, op: KeyedOp, partitioner: Partitioner,
-                 initial: RDD | None, local_dir: str | None, snapshot_every: int, auto_keys: int) -> None:
-        super().__init__(graph, parent, op, partitioner, initial, local_dir, snapshot_every)
-        self.auto_keys = max(1, int(auto_keys))
-        self.switched_at = None
-        #: Per partition: (batch time, keys of the state, keys the batch touched), newest batch's.
-        self._rdd_stats: Accumulator | None = None
-        #: The keys touched by the newest batches (at most WINDOW), and the batch last sampled.
-        self._touched: list[int] = []
-        self._sampled = -1
-        #: The newest handle that loaded the RDD state into the stores (the move), once built.
-        self._moved_handle: RDD | None = None
-        #: Whether the initial state's zero-time checkpoint was marked (RDD state).
-        self._initial_marked = False
-
+    @staticmethod
+    def _runtime() -> dict[str, Any]:
+        return {"switched_at": None, "_rdd_stats": None, "_touched": [], "_sampled": -1, "_moved_handle": None}
 
     def __getstate__(self) -> dict[str, Any]:
-        """As the RDD state's, a stored graph holds the initial state's records (collected once, when the graph is
-        stored): a driver that dies before the zero time's checkpoint commits is restarted with it (the store's
-        own node relies on that checkpoint alone)."""
-        state = super().__getstate__()
-        state.update(switched_at=None, _rdd_stats=None, _touched=[], _sampled=-1, _moved_handle=None,
-                     _initial_marked=False)
-        if self.initial is not None:
-            state["_initial_records"] = self.initial.collect()
-        return state
+        """A stored graph has not moved: a restart learns the move from its checkpoint (:meth:`moved_at`)."""
+        return {**self.__dict__, **self._runtime()}
 
-    def catchup_valid(self, start_ms: int) -> bool:
-        """Only the batch before the move and later are in the store's versions and the changelog."""
-        return self.switched_at is not None and start_ms >= self.switched_at - self.slide_duration.ms
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.store.first_version = None  # nor has its store
+
+    def moved_at(self, time_ms: int) -> None:
+        """The stream is on the store from batch ``time_ms`` on (so the store holds the versions from the batch
+        before it on)."""
+        self.switched_at = time_ms
+        self.store.first_version = time_ms - self.node.slide_duration.ms
 
     def on_store(self, time_ms: int) -> bool:
         """Whether the stream's RDD at ``time_ms`` is a store handle (else an RDD state)."""
         return self.switched_at is not None and time_ms >= self.switched_at
 
-    def store_metrics(self) -> dict[str, Any] | None:
-        return super().store_metrics() if self.switched_at is not None else None
+    def metrics(self) -> dict[str, Any] | None:
+        return self.store.metrics() if self.switched_at is not None else None
+
+    def checkpoint_data(self) -> AutoCheckpointData:
+        """The RDD state's pairs before the move, the store's deltas and snapshots after it."""
+        return AutoCheckpointData(self)
 
     # ------------------------------------------------------------------ the move
     def _ready_to_move(self) -> bool:
         stats = dict(self._rdd_stats.value) if self._rdd_stats is not None else {}
-        if len(stats) < self.partitioner.numPartitions:
+        if len(stats) < self.node.partitioner.numPartitions:
             return False
         newest = min(s[0] for s in stats.values())
         if newest != self._sampled:
@@ -145,120 +155,83 @@ class AutoStateNode(StoreStateNode):
         return should_move(sum(s[1] for s in stats.values()), self._touched, self.auto_keys)
 
     def compute(self, time: BatchTime) -> RDD | None:
-        if self.switched_at is None and time.ms > max(self.generated, default=-1) and self._ready_to_move():
+        node = self.node
+        if self.switched_at is None and time.ms > max(node.generated, default=-1) and self._ready_to_move():
             # Only a new batch moves the stream: a rebuild of earlier ones (a lineage cut) keeps their kind.
-            self.switched_at = time.ms
+            self.moved_at(time.ms)
             log.info("%s moves into the executor state store at batch %d (state of at least %d keys, batches "
-                     "touching %d)", self.name, time.ms, self.auto_keys, typical_touched(self._touched))
-        if self.on_store(time.ms):
-            return super().compute(time)
-        return self._rdd_compute(time)
+                     "touching %d)", node.name, time.ms, self.auto_keys, typical_touched(self._touched))
+        if not self.on_store(time.ms):
+            return self.rdd.compute(time, self._report(time))
+        return self.store.compute(time, self._move(time) if time.ms == self.switched_at else None)
 
-    def previous_handle(self, time: BatchTime) -> RDD:
-        if time.ms == self.switched_at:
-            return self._move(time - self.slide_duration)
-        return super().previous_handle(time)
-
-    def _move(self, before: BatchTime) -> RDD:
-        """The handle at ``before`` (the batch before the move): every partition's store loaded with the RDD state
-        of ``before``."""
-        state, convert = self._rdd_previous(before + self.slide_duration), self.op.to_store(self, before.ms)
+    def _move(self, time: BatchTime) -> RDD:
+        """The handle batch ``time`` (the move) applies to: every partition's store loaded with the RDD state of the
+        batch before."""
+        before = time - self.node.slide_duration
+        state, convert = self.rdd.previous(time), self.node.op.to_store(self.node, before.ms)
         if state is not None and convert is not None:
             state = state.mapValues(convert)  # keeps the partitioning
-        handle = self._loaded_handle(before.ms, state)
-        self._moved_handle = handle
-        return handle
+        self._moved_handle = self.store.loaded_handle(before.ms, state)
+        return self._moved_handle
 
-    def before_batch_retry(self, time: BatchTime, error: BaseException) -> None:
-        super().before_batch_retry(time, error)
-        moved = self._moved_handle
-        if moved is not None and self.on_store(time.ms) and failed_with(error, StateStoreError):
-            moved.unpersist(blocking=True)
-            moved.persist(StorageLevel.MEMORY_ONLY)
-
-    # ------------------------------------------------------------------ the RDD state
-    def _rdd_initial(self) -> RDD | None:
-        """The state before the first batch: the initial RDD (its zero-time checkpoint marked once), or None."""
-        records = getattr(self, "_initial_records", None)
-        if self.initial is None and records is not None:  # a restored graph
-            self.initial = ensure_partitioned(self.graph.sc.parallelize(records), self.partitioner)
-            self._initial_records = None
-        if self.initial is None:
-            self._check_initial()
-            return None
-        checkpointer = self.graph.checkpointer
-        if checkpointer is not None and not self._initial_marked and self.zero_time is not None:
-            self._initial_marked = True  # the stored graph does not hold the initial state: its checkpoint does
-            checkpointer.mark(self, self.zero_time, self.initial)
-        return self.initial
-
-    def _rdd_previous(self, time: BatchTime) -> RDD | None:
-        """The RDD state batch ``time`` merges into (None: no state yet)."""
-        before = time - self.slide_duration
-        previous = self.get_or_compute(before)
-        if previous is None and self.zero_time is not None and before == self.zero_time:
-            previous = self.generated.get(before.ms)  # the zero time's checkpoint, read back by a restart
-        return previous if previous is not None else self._rdd_initial()
-
-    def _rdd_compute(self, time: BatchTime) -> RDD | None:
-        """The RDD state at ``time``, each partition reporting the keys of its state and the keys the batch touched as
-        the store would touch them (the operator's ``touched``)."""
+    def _report(self, time: BatchTime) -> Callable[[int, list[list[Any]], list[Any]], None]:
+        """Each partition of the RDD state at ``time`` reports the keys of its state and the keys the batch touched
+        as the store would touch them (the operator's ``touched``)."""
         if self._rdd_stats is None:
-            self._rdd_stats = self.graph.sc.accumulator({}, _LatestPerPartition())
-        stats, t, count = self._rdd_stats, time.ms, self.op.touched
+            self._rdd_stats = self.node.graph.sc.accumulator({}, _LatestPerPartition())
+        stats, t, count = self._rdd_stats, time.ms, self.node.op.touched
 
         def report(i: int, segments: list[list[Any]], out: list[Any]) -> None:
             keys = {kv[0] for segment in segments[1:] for kv in segment}
             stats.add({i: (t, len(out), count(segments[0], out, keys))})
 
-        return rdd_state(self, time, self._rdd_previous(time), report)
+        return report
 
-    # ------------------------------------------------------------------ views
-    def view(self, time: BatchTime) -> RDD | None:
-        current = self.get_or_compute(time)  # first: building batch ``time`` may be what moves the stream
-        if current is None or not self.on_store(time.ms):
-            return current
-        return super().view(time)
+    def retry(self, time: BatchTime, error: BaseException) -> None:
+        self.store.retry(time, error)
+        moved = self._moved_handle
+        if moved is not None and self.on_store(time.ms) and failed_with(error, StateStoreError):
+            moved.unpersist(blocking=True)
+            moved.persist(StorageLevel.MEMORY_ONLY)
 
-    def changes(self, time: BatchTime) -> RDD | None:
-        current = self.get_or_compute(time)
-        if current is None:
-            return None
-        if self.on_store(time.ms):
-            return super().changes(time)
-        changed = self.op.rdd_changes(current, time)
-        if changed is not None:
-            return changed
-        return state_diff(self.graph.sc, current, self._rdd_previous(time), self.partitioner)
-
-    # ------------------------------------------------------------------ checkpoints
-    @property
-    def checkpoint_data(self) -> AutoCheckpointData:
-        """The state's checkpoint data: the RDD state's pairs before the move, the store's after it."""
-        return AutoCheckpointData(self)
-
-    def release_own_rdds(self) -> None:
-        super().release_own_rdds()  # the zero time's handle
+    def release(self) -> None:
+        self.store.release()  # the zero time's handle
         if self._moved_handle is not None:
             self._moved_handle.unpersist(blocking=False)
 
+    # ------------------------------------------------------------------ views
+    def view(self, time: BatchTime) -> RDD | None:
+        current = self.node.get_or_compute(time)  # first: building batch ``time`` may be what moves the stream
+        if current is None or not self.on_store(time.ms):
+            return current
+        return self.store.view(time)
 
-class AutoCheckpointData(StoreCheckpointData):
+    def changes(self, time: BatchTime) -> RDD | None:
+        if self.node.get_or_compute(time) is None:
+            return None
+        return (self.store if self.on_store(time.ms) else self.rdd).changes(time)
+
+
+class AutoCheckpointData(CheckpointData):
     """The checkpoint data of a state picked by size (module docstring): every checkpoint in the store's format,
-    its manifest saying when the stream moved (``state.auto.switched_at``)."""
+    its manifest saying when the stream moved (``state.auto.switched_at``); after the move, the store's
+    (:class:`~.store_state.StoreCheckpointData`, to which the chain's bookkeeping always goes)."""
 
-    node: AutoStateNode
+    def __init__(self, policy: AutoPolicy) -> None:
+        super().__init__(policy.node, policy.node.partitioner)
+        self.policy, self.stored = policy, StoreCheckpointData(policy.store)
 
     def export(self, time_ms: int, rdd: RDD) -> tuple[RDD, dict[str, Any]]:
         """Before the move: a snapshot of the RDD state's pairs (a store's chain may build on it); after it, the store's
         delta or snapshot. The manifest says when the stream moved."""
-        node = self.node
-        if node.on_store(time_ms):
-            out, entries = super().export(time_ms, rdd)
-            entries["state"]["auto"] = {"switched_at": node.switched_at}
+        policy = self.policy
+        if policy.on_store(time_ms):
+            out, entries = self.stored.export(time_ms, rdd)
+            entries["state"]["auto"] = {"switched_at": policy.switched_at}
             return out, entries
-        node._exported[time_ms] = []
-        convert = node.op.to_store(node, time_ms) or (lambda v: v)
+        policy.store._exported[time_ms] = []
+        convert = policy.node.op.to_store(policy.node, time_ms) or (lambda v: v)
 
         def export(it: Iterable[Any]) -> Iterable[Any]:
             yield (PART_HEADER, PAIRS_SNAPSHOT)  # the pairs as they are: as compact as the RDD state's checkpoint
@@ -275,24 +248,29 @@ class AutoCheckpointData(StoreCheckpointData):
 
     def manifest(self, time_ms: int, manifest: dict[str, Any]) -> None:
         """A restart resumes on the store from the batch its checkpoint says the stream moved at."""
-        super().manifest(time_ms, manifest)
-        node = self.node
-        moved = _moved_at(manifest)
-        if moved is not None and (node.switched_at is None or moved < node.switched_at):
-            node.switched_at = moved
+        self.stored.manifest(time_ms, manifest)
+        policy, moved = self.policy, _moved_at(manifest)
+        if moved is not None and (policy.switched_at is None or moved < policy.switched_at):
+            policy.moved_at(moved)
 
     def restore(self, time: BatchTime, reader: RDD) -> None:
         """After the move: the store's. Before it: the RDD state read back (its pairs as they were)."""
-        node = self.node
-        if node.on_store(time.ms):
-            super().restore(time, reader)
+        policy, node = self.policy, self.node
+        if policy.on_store(time.ms):
+            self.stored.restore(time, reader)
             return
-        convert = node.op.from_store() or (lambda v: v)
+        convert = policy.node.op.from_store() or (lambda v: v)
         pairs = reader.map(lambda kv: (pickle.loads(kv[0]), convert(pickle.loads(kv[1]))), preservesPartitioning=True)
         node.restore_from_checkpoint(time, pairs)
-        node._catchup_starts(time.ms)  # a checkpoint of the batch before the move is where the store starts
+        policy.store.catchup_starts(time.ms)  # a checkpoint of the batch before the move is where the store starts
         if reader.is_cached:  # read whole to verify it (a restart): released with the RDD it feeds
             node._retired.setdefault(time.ms, []).append(reader)
 
+    def restored(self, time_ms: int, chain: list[int]) -> None:
+        self.stored.restored(time_ms, chain)
 
-__all__ = ["TOUCH_RATIO", "WINDOW", "AutoCheckpointData", "AutoStateNode", "should_move", "typical_touched"]
+    def adopt(self, time: BatchTime, reader: RDD) -> int:
+        return self.stored.adopt(time, reader)
+
+
+__all__ = ["TOUCH_RATIO", "WINDOW", "AutoCheckpointData", "AutoPolicy", "should_move", "typical_touched"]

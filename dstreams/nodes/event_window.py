@@ -1,6 +1,6 @@
 """Event-time windows (tumbling, sliding, sessions) over event time, closed by the low watermark.
 
-Contract of :class:`EventWindowNode` (``reduceByKeyAndEventWindow``/``reduceByEventWindow``). The parent's
+Contract of :class:`EventWindow` (``reduceByKeyAndEventWindow``/``reduceByEventWindow``). The parent's
 records are ``(event_ms, (key, value))`` (an event-time stream, :mod:`dstreams.nodes.event_time`); the late
 ones are already gone. Windows are ``[j * slide, j * slide + window)`` for every integer ``j`` (aligned to the
 epoch, as Structured Streaming's), ``window`` a multiple of ``slide`` (equal: tumbling). A window's value is
@@ -26,11 +26,11 @@ carried in the state across batches (and kept up to date with the records that l
 emitting a window costs two calls instead of ``window / slide``. Without it, each window is the reduce of
 its panes. Both give the same values (``tests/property/test_event_time_windows.py``).
 
-Session windows (:class:`SessionWindowNode`, ``sessionWindow``) are the same kind of state node: per key,
+Session windows (:class:`SessionWindow`, ``sessionWindow``) are the same kind of keyed operator: per key,
 the records of the open sessions, re-cut with each batch's records (so a late record that bridges two
 sessions merges them) and emitted once the watermark passes a session's end.
 
-Records of this node: ``(key, (panes_or_windows, carry, emitted))``; ``emitted`` lists the ``(j, value)``
+Entries of this operator: ``(key, (panes_or_windows, carry, emitted))``; ``emitted`` lists the ``(j, value)``
 windows batch ``t`` emits; :func:`emitted_windows` turns them into the public records.
 """
 
@@ -352,7 +352,7 @@ SessionStep = Callable[[list[list[tuple[int, Any]]], list[tuple[int, Any]] | Non
 
 
 def session_step(gap: int, aggregate: Callable[[list[Any]], Any], wm: int | None) -> SessionStep:
-    """One key's step of :class:`SessionWindowNode` in a batch with watermark ``wm``: ``(open sessions, the
+    """One key's step of :class:`SessionWindow` in a batch with watermark ``wm``: ``(open sessions, the
     batch's records or None) -> (open sessions, emitted (start, end, aggregate), late records)``."""
 
     def step(sessions: list[list[tuple[int, Any]]], records: list[tuple[int, Any]] | None

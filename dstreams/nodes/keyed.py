@@ -22,8 +22,6 @@ from typing import Any
 from pyspark import RDD
 from pyspark.core.rdd import Partitioner
 
-from ..checkpoint_data import CheckpointData
-from ..node import DStreamNode, OneParentNode
 from ..spark import jvm
 from ..statestore import Indexer, PartitionStore, key_bytes, value_bytes
 from ..time import BatchTime, Duration
@@ -133,50 +131,6 @@ class KeyedOp:
         return None
 
 
-class KeyedNode(OneParentNode):
-    """What the node of a keyed operator shares on every backend: the operator ``op`` (it names the node's
-    key, :attr:`prefix` + ``op.kind``), the state's partitioner, the state's slide and what the parent remembers (a
-    window's), and the fingerprint's parameters (the operator's, the partitions, the backend's)."""
-
-    must_checkpoint = True
-    #: The backend's prefix of the key's name, and its parameters in the fingerprint.
-    prefix: str = ""
-    backend_params: tuple[str, ...] = ()
-
-    def __init__(self, graph: Any, parent: DStreamNode, op: KeyedOp, partitioner: Partitioner) -> None:
-        self.op = op
-        super().__init__(graph, parent, key_name=f"{self.prefix}{op.kind}")
-        self.partitioner = partitioner
-        self.label = op.label
-
-    def describe_params(self) -> list[str]:
-        return [*self.op.params(), f"partitions={self.partitioner.numPartitions}", *self.backend_params]
-
-    @property
-    def checkpoint_data(self) -> CheckpointData:
-        """The state's checkpoint: its RDD's pairs, read back in the state's partitioner."""
-        return CheckpointData(self, self.partitioner)
-
-    @property
-    def slide_duration(self) -> Duration:
-        slide = self.op.state_slide
-        return slide if slide is not None else self.parent.slide_duration
-
-    @property
-    def parent_remember_duration(self) -> Duration:
-        assert self.remember_duration is not None
-        window = self.op.parent_window
-        return self.remember_duration + window if window is not None else self.remember_duration
-
-    def prepare(self, batch: RDD) -> RDD:
-        """The batch's records in the state's partitioner (the operator's)."""
-        return self.op.prepare(batch, self.partitioner)
-
-    def on_store(self, time_ms: int) -> bool:
-        """Whether the state at ``time_ms`` is in the executor store (else an RDD state)."""
-        return False
-
-
 def bytes_deadline(deadline: Deadline) -> Indexer:
     """``deadline`` over stored entry bytes (the store's index)."""
     return lambda vb: deadline(pickle.loads(vb))
@@ -226,5 +180,5 @@ def store_partition(op: KeyedOp, step: KeyStep, store: PartitionStore, segments:
     return writes, old
 
 
-__all__ = ["ALL", "DUE", "NEXT_BATCH", "TOUCHED", "Deadline", "KeyStep", "KeyedNode", "KeyedOp", "bytes_deadline",
+__all__ = ["ALL", "DUE", "NEXT_BATCH", "TOUCHED", "Deadline", "KeyStep", "KeyedOp", "bytes_deadline",
            "rdd_partition", "store_partition"]

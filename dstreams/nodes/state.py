@@ -1,21 +1,31 @@
-"""The per-key operators ``runningReduce`` and ``updateStateByKey`` (:class:`~.keyed.KeyedOp`), and the RDD state.
+"""The stateful node: one class, :class:`StateNode`, runs any keyed operator (:class:`~.keyed.KeyedOp`) against a
+state backend (:class:`StateBackend`); here with the RDD state backend (:class:`RDDState`) and the operators
+``runningReduce`` and ``updateStateByKey``.
 
-The RDD state (:class:`StateNode`, :func:`rdd_state`): a chain of hash-partitioned state RDDs, the one at ``t``
-the partition-wise merge of the one at ``t - slide`` (or the initial state) with the batch brought into the state's
-partitioner by the operator's ``prepare`` (the only shuffle of a batch): the state itself is never shuffled again.
-State RDDs are cached and, every checkpoint interval, checkpointed so that the lineage stays bounded.
+The backends, picked by ``spark.dstreams.state.store`` (``docs/internals/state-backends.md``):
+
+* :class:`RDDState` (``rdd``): a chain of hash-partitioned state RDDs, the one at ``t`` the partition-wise merge of
+  the one at ``t - slide`` (or the initial state) with the batch brought into the state's partitioner by the
+  operator's ``prepare`` (the only shuffle of a batch): the state itself is never shuffled again. State RDDs are
+  cached and, every checkpoint interval, checkpointed so that the lineage stays bounded. The node is the public
+  stream.
+* :class:`~.store_state.ExecutorStore` (``executor``): the executor state store; the node's RDDs are handles of
+  store versions and a :class:`~.store_state.StateViewNode` is the public stream.
+* :class:`~.auto_state.AutoPolicy` (``auto``): not a third store but a policy over the two, which starts on the RDD
+  state and moves the state into the store once it is large next to what a batch touches.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pyspark import RDD, StorageLevel
 from pyspark.core.rdd import Partitioner
 
+from ..checkpoint_data import CheckpointData
 from ..dead_letters import for_batch
-from ..node import DStreamNode
+from ..node import DStreamNode, OneParentNode
 from ..spark.partitioned import (
     ensure_partitioned,
     fold,
@@ -24,11 +34,13 @@ from ..spark.partitioned import (
     segmented_merge,
     shuffle_ordered,
 )
-from ..time import BatchTime
-from .keyed import ALL, TOUCHED, KeyedNode, KeyedOp, KeyStep, rdd_partition
+from ..statestore import StateStoreError
+from ..time import BatchTime, Duration
+from .keyed import ALL, TOUCHED, KeyedOp, KeyStep, rdd_partition
 
 if TYPE_CHECKING:
     from ..graph import DStreamGraph
+
 
 class RunningReduce(KeyedOp):
     """``runningReduce(f)``: per key, the reduce of every value seen so far. The batch is reduced on its own first,
@@ -82,13 +94,50 @@ class UpdateState(KeyedOp):
         return lambda k, state, values: update(values if values is not None else [], state)
 
 
-def rdd_state(node: Any, time: BatchTime, previous: RDD | None,
+class StateBackend(Protocol):
+    """Where a :class:`StateNode` keeps its state; built from the node (``backend(node)``) and bound to it. Within a
+    partition a backend reads the keys a batch touches and the keys that are due and writes the changes
+    (:func:`~.keyed.rdd_partition`, :func:`~.keyed.store_partition`); for the stream it gives:"""
+
+    #: The node key's prefix (``Store`` + ``RunningReduceNode``) and the backend's parameters in the fingerprint.
+    prefix: str
+    params: tuple[str, ...]
+    #: Whether a stored graph holds the initial state's records (else only that there was one: a checkpoint at
+    #: the zero time holds it).
+    initial_in_graph: bool
+
+    def compute(self, time: BatchTime) -> RDD | None:
+        """The node's RDD at ``time``: batch ``time`` applied to the state (the state's pairs, or a store handle)."""
+
+    def on_store(self, time_ms: int) -> bool:
+        """Whether the node's RDD at ``time_ms`` is a handle of the executor store (else the state's pairs)."""
+
+    def view(self, time: BatchTime) -> RDD | None:
+        """The whole state at ``time`` as (key, value) pairs."""
+
+    def changes(self, time: BatchTime) -> RDD | None:
+        """The (key, value) pairs batch ``time`` changed, (key, None) for a key it removed."""
+
+    def checkpoint_data(self) -> CheckpointData:
+        """How the state is checkpointed, exported and restored (the node's ``checkpoint_data``)."""
+
+    def metrics(self) -> dict[str, Any] | None:
+        """The executor store's figures (keys, bytes on disk...), None: none (the RDD state, no report yet)."""
+
+    def retry(self, time: BatchTime, error: BaseException) -> None:
+        """Drop what made a try of batch ``time`` fail before it is tried again (``error``: the try's)."""
+
+    def release(self) -> None:
+        """The context stopped: unpersist the RDDs the backend persisted itself."""
+
+
+def rdd_state(node: StateNode, time: BatchTime, previous: RDD | None,
               report: Callable[[int, list[list[Any]], list[Any]], None] | None = None) -> RDD | None:
-    """The RDD state of ``node`` (its ``op``, ``parent`` and ``partitioner``) at ``time``: ``previous`` (None: no
-    state yet) merged partition-wise with the batch's prepared records by :func:`rdd_partition`; ``previous`` itself
-    when the batch applies nothing (none, or without partitions for a :data:`TOUCHED` operator). ``report(partition,
-    segments, out)`` sees each partition's work (the auto policy's counts)."""
-    op: KeyedOp = node.op
+    """The RDD state of ``node`` at ``time``: ``previous`` (None: no state yet) merged partition-wise with the
+    batch's prepared records by :func:`rdd_partition`; ``previous`` itself when the batch applies nothing (none, or
+    without partitions for a :data:`TOUCHED` operator). ``report(partition, segments, out)`` sees each partition's
+    work (the auto policy's counts)."""
+    op = node.op
     batches = op.batches(node, time, skip_empty=previous is not None)
     if batches is None or (previous is None and not batches):
         return previous
@@ -104,32 +153,193 @@ def rdd_state(node: Any, time: BatchTime, previous: RDD | None,
     return segmented_merge(node.graph.sc, groups, node.partitioner, merge, with_index=True)
 
 
-class StateNode(KeyedNode):
-    """The RDD state of the operator ``op`` (module docstring): its step applied by :func:`rdd_state`."""
+def state_diff(sc: Any, current: RDD, previous: RDD | None, partitioner: Partitioner) -> RDD:
+    """The (key, state) pairs of ``current`` that ``previous`` (None: no state before) does not hold, and
+    (key, None) for its keys ``current`` lacks: two RDD states of one partitioner compared partition by
+    partition (no shuffle)."""
+    if previous is None:
+        return current
+    if previous is current:
+        return current.filter(lambda _: False)
+    missing = object()
+
+    def diff(segments: list[list[Any]]) -> Iterable[Any]:
+        before = dict(segments[1])
+        out = []
+        for k, v in segments[0]:
+            if before.pop(k, missing) != v:
+                out.append((k, v))
+        out.extend((k, None) for k in before)
+        return out
+
+    return segmented_merge(sc, [[current], [previous]], partitioner, diff)
+
+
+class RDDState:
+    """The RDD state backend (module docstring): the operator's step applied by :func:`rdd_state`. With
+    ``checkpoints_initial`` (the auto policy's) the initial state is checkpointed at the zero time, as the store's."""
+
+    prefix: str = ""
+    params: tuple[str, ...] = ()
+    initial_in_graph: bool = True
+
+    def __init__(self, node: StateNode, checkpoints_initial: bool = False) -> None:
+        self.node = node
+        self.checkpoints_initial = checkpoints_initial
+        self._initial_marked = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_initial_marked": False}
+
+    def start(self) -> RDD | None:
+        """The state before the first batch: the initial state (checkpointed at the zero time once, where asked)."""
+        node = self.node
+        initial, checkpointer = node.initial_state(), node.graph.checkpointer
+        if initial is not None and self.checkpoints_initial and not self._initial_marked and checkpointer is not None:
+            assert node.zero_time is not None
+            self._initial_marked = True  # a restart before the next checkpoint reads it back
+            checkpointer.mark(node, node.zero_time, initial)
+        return initial
+
+    def previous(self, time: BatchTime) -> RDD | None:
+        """The RDD state batch ``time`` merges into (None: no state yet)."""
+        previous = self.node.previous(time)
+        return previous if previous is not None else self.start()
+
+    def compute(self, time: BatchTime, report: Callable[[int, list[list[Any]], list[Any]], None] | None = None
+                ) -> RDD | None:
+        return rdd_state(self.node, time, self.previous(time), report)
+
+    def on_store(self, time_ms: int) -> bool:
+        return False
+
+    def view(self, time: BatchTime) -> RDD | None:
+        return self.node.get_or_compute(time)
+
+    def changes(self, time: BatchTime) -> RDD | None:
+        """The operator's reading of its changes (:meth:`~.keyed.KeyedOp.rdd_changes`), else the state compared with
+        the one before, partition by partition (the whole state)."""
+        node = self.node
+        current = node.get_or_compute(time)
+        if current is None:
+            return None
+        changed = node.op.rdd_changes(current, time)
+        return changed if changed is not None else state_diff(node.graph.sc, current, self.previous(time),
+                                                              node.partitioner)
+
+    def checkpoint_data(self) -> CheckpointData:
+        """The state's checkpoint: its RDD's pairs, read back in the state's partitioner."""
+        return CheckpointData(self.node, self.node.partitioner)
+
+    def metrics(self) -> dict[str, Any] | None:
+        return None
+
+    def retry(self, time: BatchTime, error: BaseException) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+class StateNode(OneParentNode):
+    """The state of the keyed operator ``op`` over ``parent`` in ``partitioner``, from ``initial`` (None: empty),
+    on the backend ``backend`` builds from the node (module docstring; default the RDD state). The node's key names
+    the backend and the operator (``StoreRunningReduceNode``); its fingerprint has the operator's parameters, the
+    partitions and the backend's; its slide and what its parent remembers are the operator's (a window's)."""
+
+    must_checkpoint = True
 
     def __init__(self, graph: DStreamGraph, parent: DStreamNode, op: KeyedOp, partitioner: Partitioner,
-                 initial: RDD | None = None) -> None:
-        super().__init__(graph, parent, op, partitioner)
+                 initial: RDD | None = None, backend: Callable[[StateNode], StateBackend] = RDDState) -> None:
+        self.op, self.partitioner, self.label = op, partitioner, op.label
         self.initial = ensure_partitioned(initial, partitioner) if initial is not None else None
-        #: The initial state's records when restored from a checkpointed graph (an RDD is not stored).
+        #: Whether the stream was defined with an initial state, and its records once a stored graph holds them.
+        self._had_initial = initial is not None
         self._initial_records: list[Any] | None = None
+        self.backend = backend(self)
+        super().__init__(graph, parent, key_name=f"{self.backend.prefix}{op.kind}")
         self.persist(StorageLevel.MEMORY_ONLY)
 
     def __getstate__(self) -> dict[str, Any]:
-        """The initial state RDD is stored as its records (collected once, when the graph is checkpointed)."""
+        """The initial state RDD is stored as its records (collected once, when the graph is stored) where the
+        backend says so (:attr:`StateBackend.initial_in_graph`), else only that there was one."""
         state = super().__getstate__()
         if self.initial is not None:
-            state["_initial_records"] = self.initial.collect()
-            state["initial"] = None
+            records = self.initial.collect() if self.backend.initial_in_graph else None
+            state.update(initial=None, _had_initial=True, _initial_records=records)
         return state
 
+    def describe_params(self) -> list[str]:
+        return [*self.op.params(), f"partitions={self.partitioner.numPartitions}", *self.backend.params]
+
+    @property
+    def checkpoint_data(self) -> CheckpointData:
+        return self.backend.checkpoint_data()
+
+    @property
+    def slide_duration(self) -> Duration:
+        slide = self.op.state_slide
+        return slide if slide is not None else self.parent.slide_duration
+
+    @property
+    def parent_remember_duration(self) -> Duration:
+        assert self.remember_duration is not None
+        window = self.op.parent_window
+        return self.remember_duration + window if window is not None else self.remember_duration
+
+    def compute(self, time: BatchTime) -> RDD | None:
+        return self.backend.compute(time)
+
     def initial_state(self) -> RDD | None:
-        """The state before the first batch (the initial RDD, or None)."""
+        """The state before the first batch (None: none), rebuilt from a stored graph's records. Raises
+        :class:`~dstreams.statestore.StateStoreError` for a stream defined with one that neither the stored graph
+        nor a checkpoint holds."""
         if self.initial is None and self._initial_records is not None:
             self.initial = ensure_partitioned(self.graph.sc.parallelize(self._initial_records), self.partitioner)
             self._initial_records = None
+        if self.initial is None and self._had_initial:
+            raise StateStoreError(
+                f"{self.name}: the driver stopped before the initial state (updateStateByKey's initialRDD) was "
+                "checkpointed (right after the first batch), and a restored graph does not hold it: start the "
+                "application on a new checkpoint location, or delete this one, so that setupFunc defines it again")
         return self.initial
 
-    def compute(self, time: BatchTime) -> RDD | None:
-        previous = self.get_or_compute(time - self.slide_duration)
-        return rdd_state(self, time, previous if previous is not None else self.initial_state())
+    def previous(self, time: BatchTime) -> RDD | None:
+        """The node's RDD batch ``time`` builds on: the one of the batch before, or the zero time's checkpoint read
+        back by a restart (None: neither; the backend starts from the initial state)."""
+        before = time - self.slide_duration
+        previous = self.get_or_compute(before)
+        if previous is None and before == self.zero_time:
+            previous = self.generated.get(before.ms)
+        return previous
+
+    def on_store(self, time_ms: int) -> bool:
+        """Whether the node's RDD at ``time_ms`` is a handle of the executor store (else an RDD state)."""
+        return self.backend.on_store(time_ms)
+
+    def prepare(self, batch: RDD) -> RDD:
+        """The batch's records in the state's partitioner (the operator's)."""
+        return self.op.prepare(batch, self.partitioner)
+
+    def view(self, time: BatchTime) -> RDD | None:
+        """The whole state at ``time`` as (key, value) pairs (the public stream's RDD)."""
+        return self.backend.view(time)
+
+    def changes(self, time: BatchTime) -> RDD | None:
+        """The (key, value) pairs batch ``time`` changed, (key, None) for a key it removed."""
+        return self.backend.changes(time)
+
+    def store_metrics(self) -> dict[str, Any] | None:
+        """The executor store's figures (:meth:`StateBackend.metrics`)."""
+        return self.backend.metrics()
+
+    def before_batch_retry(self, time: BatchTime, error: BaseException) -> None:
+        """The scheduler's ``RetryAware``: the backend drops what made the try fail."""
+        self.backend.retry(time, error)
+
+    def release_own_rdds(self) -> None:
+        """The graph's ``HoldsOwnRDDs``: the backend's own RDDs (a store's handle at the zero time)."""
+        self.backend.release()
+
+
+__all__ = ["RDDState", "RunningReduce", "StateBackend", "StateNode", "UpdateState", "rdd_state", "state_diff"]

@@ -136,9 +136,9 @@ def executor_tasks(sc: Any) -> dict[str, dict[str, Any]]:
 
 
 def state_node(ssc: StreamingContext) -> Any:
-    from dstreams.nodes.store_state import StoreStateNode
+    from dstreams.nodes.store_state import ExecutorStore
 
-    (node,) = [n for n in ssc._graph.nodes if isinstance(n, StoreStateNode)]
+    (node,) = [n for n in ssc._graph.nodes if isinstance(getattr(n, "backend", None), ExecutorStore)]
     return node
 
 
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                 _join(sc, cluster, args.join_address, args.timeout, status)
             if i == args.kill_after:
                 _kill_executor(sc, cluster, args.kill_host, args.timeout, status)
-        status["node_key"], status["store_id"], status["run"] = node.key, node.store_id(), node._run
+        status["node_key"], status["store_id"], status["run"] = node.key, node.backend.store_id(), node.backend._run
         status["store_metrics"] = node.store_metrics()
         status["task_attempts"] = task_attempts(sc, groups)
         status["executor_tasks"] = executor_tasks(sc)

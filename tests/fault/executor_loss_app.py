@@ -292,10 +292,12 @@ def main(argv: list[str] | None = None) -> int:
                 status["executors_after"] = faults.executor_pids(sc.applicationId)
             if i == last:
                 status["rdd_blocks_at_end"] = _rdd_blocks(sc)
-        from dstreams.nodes.auto_state import AutoStateNode
+        from dstreams.nodes.auto_state import AutoPolicy
 
-        status["state_moves"] = {n.label: n.switched_at for n in ssc._graph.nodes if isinstance(n, AutoStateNode)}
-        status["state_stores"] = {n.label: n.store_metrics() for n in ssc._graph.nodes if isinstance(n, AutoStateNode)}
+        status["state_moves"] = {n.label: n.backend.switched_at for n in ssc._graph.nodes
+                                  if isinstance(getattr(n, "backend", None), AutoPolicy)}
+        status["state_stores"] = {n.label: n.store_metrics() for n in ssc._graph.nodes
+                                   if isinstance(getattr(n, "backend", None), AutoPolicy)}
         err = ssc.awaitTerminationOrTimeout(0.01)  # raises a batch's error, if any
         status["terminated"] = err
         status["ok"] = True

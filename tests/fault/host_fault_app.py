@@ -121,9 +121,11 @@ def build(sc: Any, clock: Clock, sink: Sink, checkpoint: str, stores: Sequence[s
 
 def store_streams(ssc: StreamingContext) -> dict[str, Any]:
     """Label -> node of every stream of ``ssc`` whose state is in the executor state store."""
-    from dstreams.nodes.store_state import StoreStateNode
+    from dstreams.nodes.auto_state import AutoPolicy
+    from dstreams.nodes.store_state import ExecutorStore
 
-    return {n.label: n for n in ssc._graph.nodes if isinstance(n, StoreStateNode)}
+    return {n.label: n for n in ssc._graph.nodes
+            if isinstance(getattr(n, "backend", None), (ExecutorStore, AutoPolicy))}
 
 
 def catch_ups(ssc: StreamingContext) -> dict[str, int]:

@@ -48,7 +48,7 @@ import pytest
 
 from dstreams import ManualClock, StreamingContext
 from dstreams.nodes import store_state
-from dstreams.nodes.store_state import StoreStateNode
+from dstreams.nodes.store_state import ExecutorStore
 from dstreams.recovery.codec import encode_partition
 from dstreams.state_lineage import EMPTY
 from dstreams.statestore import DELTA, FILE_SNAPSHOT, PART_HEADER, PartitionStore, StateStoreError, file_rows
@@ -131,9 +131,10 @@ class Stream:
         pairs = self.ssc.generatorStream(6, 2, seed=1, recordFunc=words).map(lambda w: (w, 1))
         pairs.runningReduce(operator.add, PARTITIONS).foreachRDD(lambda rdd: None)
         self.ssc.start()
-        (self.node,) = [n for n in self.ssc._graph.nodes if isinstance(n, StoreStateNode)]
-        self.changelog = _HeldChangelog(self.node.state_changelog())
-        self.node._changelog = self.changelog  # what the task closures built from now on write through
+        (self.node,) = [n for n in self.ssc._graph.nodes
+                       if isinstance(getattr(n, "backend", None), ExecutorStore)]
+        self.changelog = _HeldChangelog(self.node.backend.state_changelog())
+        self.node.backend._changelog = self.changelog  # what the task closures built from now on write through
         self.inputs: dict[int, list[dict[Any, int]]] = {}  # batch -> per partition, the batch's counts per key
         self.dropped: set[int] = set()
         self._batch_rdd: Any = None  # the batch's records RDD of the last task function captured
@@ -171,7 +172,7 @@ class Stream:
         """Batch ``t``'s task function as the engine builds it for a task on ``host`` (``drop``: the batch's input
         dropped, as ``spark.dstreams.batch.onFailure=dropInput`` does after it failed): ``run(partition)``."""
         folder = str(self.host(host))
-        self.node.local_dir = folder  # captured by the closure, as the executor's folder would be
+        self.node.backend.local_dir = folder  # captured by the closure, as the executor's folder would be
         if drop:
             graph = self.ssc._graph
             apply = self._captured(lambda: graph.drop_input(BatchTime(t), []))
@@ -201,7 +202,7 @@ class Stream:
 
     def export(self, t: int, host: str) -> Callable[[int], list[Any]]:
         """The checkpoint of ``t``'s task function (:meth:`StoreCheckpointData.export`) on ``host``."""
-        self.node.local_dir = str(self.host(host))
+        self.node.backend.local_dir = str(self.host(host))
         captured: list[Callable[..., Any]] = []
 
         class Handle:
@@ -232,7 +233,7 @@ class Stream:
 
     def store_and_vid(self, host: str, partition: int) -> tuple[int | None, str | None, dict[Any, Any], str | None]:
         """(version, run, state, the id of its version's history) of ``host``'s store of ``partition``."""
-        store = PartitionStore.open(str(self.host(host)), self.node.store_id(), partition)
+        store = PartitionStore.open(str(self.host(host)), self.node.backend.store_id(), partition)
         try:
             run, version = store.run, store.version
             vid = None if run is None or version is None else store.lineage.vid(run, version)
@@ -242,7 +243,7 @@ class Stream:
 
     def vid(self, version: int) -> str:
         """The id of ``version`` in the stream's history (the batches dropped so far at or before it)."""
-        return EMPTY.with_drops(self.dropped).vid(self.node._run, version)
+        return EMPTY.with_drops(self.dropped).vid(self.node.backend._run, version)
 
     def changelog_entries(self, version: int, partition: int) -> dict[Any, Any]:
         entries = self.changelog.inner.read(self.vid(version), version, partition)
@@ -263,7 +264,7 @@ class Stream:
         for host in hosts:
             for p in range(PARTITIONS):
                 at, run, state, vid = self.store_and_vid(host, p)
-                assert at in self.inputs and at <= version and run == self.node._run, (host, p, at, run)
+                assert at in self.inputs and at <= version and run == self.node.backend._run, (host, p, at, run)
                 assert vid == self.vid(at), (host, p, at, vid)
                 assert state == self.model(at, p), (host, p, at)
         for t in sorted(self.inputs):
@@ -280,12 +281,12 @@ class Stream:
         assert ours <= names, sorted(ours - names)
         for name in names - ours:
             t = int(name.split("/")[0])
-            assert name.split("/")[1].startswith(self.node._run), name  # one run
+            assert name.split("/")[1].startswith(self.node.backend._run), name  # one run
             assert t > version or any(d <= t for d in self.dropped), name  # another history: from before a drop
 
     def view(self, version: int, host: str) -> Callable[[int], dict[Any, Any]]:
         """The whole state at ``version`` as the view's task on ``host`` reads it (catching up where needed)."""
-        self.node.local_dir = str(self.host(host))
+        self.node.backend.local_dir = str(self.host(host))
         handle = self.node.get_or_compute(BatchTime(version))
         captured: list[Callable[..., Any]] = []
         original = handle.mapPartitionsWithIndex
@@ -435,7 +436,7 @@ def test_two_attempts_of_a_checkpoint_part_write_the_same_bytes(stream, kind):
     for t in range(1000, 5000, 1000):
         stream.apply(t, "a")
     if kind == "delta":
-        stream.node._chain = [2000]  # as the adoption of a committed checkpoint at 2000 leaves it
+        stream.node.backend._chain = [2000]  # as the adoption of a committed checkpoint at 2000 leaves it
     parts = {host: [stream.export(4000, host)(p) for p in range(PARTITIONS)] for host in ("a", "c")}
     for p in range(PARTITIONS):
         a, c = parts["a"][p], parts["c"][p]
@@ -492,7 +493,7 @@ def test_the_harness_sees_a_store_that_disagrees_with_the_model(stream):
     :meth:`Stream.assert_one_history`; and a task on a host without the store and without a changelog to catch up
     from refuses the batch."""
     stream.apply(1000, "a")
-    store = PartitionStore.open(str(stream.host("a")), stream.node.store_id(), 0)
+    store = PartitionStore.open(str(stream.host("a")), stream.node.backend.store_id(), 0)
     try:
         with store.transaction():
             kb, vb = next(store.items())
@@ -501,6 +502,6 @@ def test_the_harness_sees_a_store_that_disagrees_with_the_model(stream):
         store.close()
     with pytest.raises(AssertionError):
         stream.assert_one_history(1000, ["a"])
-    stream.node._changelog = None  # no changelog: nothing to catch up from
+    stream.node.backend._changelog = None  # no changelog: nothing to catch up from
     with pytest.raises(StateStoreError, match="cannot be applied"):
         stream.task(2000, "d")(0)

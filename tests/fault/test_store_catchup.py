@@ -23,11 +23,12 @@ import shutil
 import pytest
 
 from dstreams import ManualClock, StreamingContext
-from dstreams.nodes.store_state import StoreStateNode
+from dstreams.nodes.store_state import ExecutorStore
 from dstreams.statestore import PartitionStore, key_bytes, store_path
 from dstreams.testing import run_until
 
 from ..recovery_app import read_outputs
+from ..support import store_backed
 
 LAST_MS = 5000
 
@@ -111,7 +112,7 @@ def _run(sc, tmp_path, monkeypatch, store: str, **folder) -> tuple[dict[str, lis
         run_until(ssc, LAST_MS, flush_checkpoints=True)
         attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
         caught_up = sum((n.store_metrics() or {}).get("caught_up", 0) for n in ssc._graph.nodes
-                        if isinstance(n, StoreStateNode))
+                        if store_backed(n))
         errors = [str(e) for e in ssc._checkpointer.errors]
         written = {(w.node_key.split("-")[1], w.time_ms) for w in ssc._checkpointer.recent_writes if w.committed}
     finally:
@@ -256,15 +257,15 @@ def test_a_hosts_stale_copies_are_deleted_by_its_next_task_and_its_current_ones_
     ssc.checkpoint(ckpt)
     pairs = ssc.generatorStream(6, 2, seed=1, recordFunc=_words).map(lambda w: (w, 1))
     pairs.runningReduce(operator.add, 4).checkpoint("2s").saveAsTextFiles(os.path.join(out, "running"))
-    (node,) = [n for n in ssc._graph.nodes if isinstance(n, StoreStateNode)]
+    (node,) = [n for n in ssc._graph.nodes if isinstance(getattr(n, "backend", None), ExecutorStore)]
     try:
         ssc.start()
         run_until(ssc, 2000, flush_checkpoints=True)
-        folder_a = os.path.join(host_a, node.store_id())
-        node.local_dir = host_b  # the batches from 3 on run on host B
+        folder_a = os.path.join(host_a, node.backend.store_id())
+        node.backend.local_dir = host_b  # the batches from 3 on run on host B
         run_until(ssc, 7000, flush_checkpoints=True)
         assert _versions(folder_a) == {p: 2000 for p in range(4)}  # A's copies, stale once A sweeps
-        node.local_dir = host_a
+        node.backend.local_dir = host_a
         run_until(ssc, 10_000, flush_checkpoints=True)
         attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
         metrics = node.store_metrics()

@@ -23,7 +23,7 @@ import urllib.request
 import pytest
 
 from dstreams import StreamingContext, TrackUpdate
-from dstreams.nodes.auto_state import TOUCH_RATIO, AutoStateNode, should_move
+from dstreams.nodes.auto_state import TOUCH_RATIO, AutoPolicy, should_move
 from dstreams.nodes.timers import Track
 from dstreams.recovery.checkpointer import list_checkpoints, load_manifest
 from dstreams.recovery.store import open_store
@@ -145,7 +145,7 @@ def _env(monkeypatch, tmp_path, store: str) -> None:
 def _moves(ssc: StreamingContext) -> dict[str, int | None]:
     """When each state moved into the store (None: it has not), by operator (``track-plain``, ``track-timers``)."""
     return {n.label + ({True: "-plain", False: "-timers"}[n.op.plain] if isinstance(n.op, Track) else ""):
-            n.switched_at for n in ssc._graph.nodes if isinstance(n, AutoStateNode)}
+            n.backend.switched_at for n in ssc._graph.nodes if isinstance(getattr(n, "backend", None), AutoPolicy)}
 
 
 @pytest.mark.slow

@@ -32,7 +32,6 @@ import pytest
 from py4j.java_gateway import is_instance_of
 
 from dstreams import ManualClock, StreamingContext
-from dstreams.nodes.auto_state import AutoStateNode
 from dstreams.nodes.reduced_window import IncrementalWindow, ReducedWindowNode
 from dstreams.nodes.state import StateNode
 
@@ -124,7 +123,7 @@ def _previous_reached(sc, current, previous) -> tuple[bool, bool]:
 def _state_node(stream):
     """The state (or window) node behind a public stream (``track`` adds a mapValues on top)."""
     node = stream._node
-    while not isinstance(node, (StateNode, AutoStateNode, ReducedWindowNode)):
+    while not isinstance(node, (StateNode, ReducedWindowNode)):
         (node,) = node.dependencies
     return node
 

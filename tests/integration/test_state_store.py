@@ -26,13 +26,13 @@ import pytest
 
 from dstreams import StreamingContext
 from dstreams.contracts import FORMAT
-from dstreams.nodes.store_state import StoreStateNode
 from dstreams.recovery.checkpointer import list_checkpoints, load_manifest
 from dstreams.recovery.store import open_store
 from dstreams.statestore import PartitionStore, StateStoreError, key_bytes
 from dstreams.testing import app_context, manual_context, run_until
 
 from ..recovery_app import read_outputs
+from ..support import store_backed
 
 
 def _kv(store: PartitionStore, version: int | None = None) -> dict:
@@ -834,7 +834,7 @@ def _run_with_store_fault(sc, tmp_path, monkeypatch, fault: str) -> tuple[dict[i
                 store.delete(key)
         run_until(ssc, 10_000, flush_checkpoints=True)
         attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
-        stores = {n.key: n.store_metrics() for n in ssc._graph.nodes if isinstance(n, StoreStateNode)}
+        stores = {n.key: n.store_metrics() for n in ssc._graph.nodes if store_backed(n)}
         metrics = ""
         if ssc.uiWebUrl:
             with urllib.request.urlopen(f"{ssc.uiWebUrl}/metrics", timeout=30) as r:
@@ -851,7 +851,7 @@ def _block_changelog_writes(ssc, ckpt: str, version: int, retried: list[tuple[in
     """Make every store-backed stream's changelog writes of batch ``version`` fail (a file where the batch's folder
     of changelog objects goes: the store's put fails, as a store that refuses the write would), until the batch's
     first try failed: the blockers go just before its retry (the scheduler's ``before_batch_retry``)."""
-    nodes = [n for n in ssc._graph.nodes if isinstance(n, StoreStateNode)]
+    nodes = [n for n in ssc._graph.nodes if store_backed(n)]
     blockers = [os.path.join(ckpt, "changelogs", n.key, f"{version:015d}") for n in nodes]
     for path in blockers:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -962,7 +962,7 @@ def test_stores_removed_before_the_first_checkpoint_catch_up_from_the_initial_st
         shutil.rmtree(local_dir)
         run_until(ssc, 4000, flush_checkpoints=True)  # before the checkpoint of 6000
         attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
-        caught_up = sum(n.store_metrics()["caught_up"] for n in ssc._graph.nodes if isinstance(n, StoreStateNode))
+        caught_up = sum(n.store_metrics()["caught_up"] for n in ssc._graph.nodes if store_backed(n))
     assert set(attempts.values()) == {1}, attempts
     assert caught_up >= 1
     _assert_same_outputs(out, reference)

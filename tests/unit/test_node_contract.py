@@ -105,8 +105,8 @@ def test_no_node_of_the_library_overrides_a_member_outside_the_six():
     nodes = _library_nodes()
     names = {c.__name__ for c in nodes}
     # the walk reached every kind: sources, state backends, windows, event time, outputs
-    assert {"InputNode", "KafkaInputNode", "RedisStreamsInputNode", "FileInputNode", "StoreStateNode",
-            "AutoStateNode", "ReducedWindowNode", "EventTimeNode", "OutputNode", "TransformedNode",
+    assert {"InputNode", "KafkaInputNode", "RedisStreamsInputNode", "FileInputNode", "StateNode",
+            "ReducedWindowNode", "EventTimeNode", "OutputNode", "TransformedNode",
             "StateViewNode"} <= names, sorted(names)
     violations = [v for cls in nodes for v in _violations(cls)]
     assert not violations, "\n".join(violations)
