@@ -290,20 +290,29 @@ def carry(sc: SparkContext) -> None:
     _carried.set = text is not None
 
 
+#: Counts of locks held that a pause waits out (:func:`hold_pauses_while`).
+_pause_guards: list[Callable[[], int]] = []
+
+
+def hold_pauses_while(held: Callable[[], int]) -> None:
+    """Register ``held`` (how many locks of some kind this process holds now): a pause of the plan waits, up to 10 s,
+    until every registered count is 0 before it stops the process, so that a frozen test driver holds none of them.
+    The recovery layer registers its folder locks' count (the engine does not import that layer)."""
+    if held not in _pause_guards:
+        _pause_guards.append(held)
+
+
 def _signal_self(sig: signal.Signals, what: str) -> None:
     sys.stderr.write(f"dstreams fault injection: {sig.name} {what}\n")
     sys.stderr.flush()
     if sig == signal.SIGSTOP:
-        # A stop while another thread holds a local store's folder lock (its journal or checkpointer writing)
-        # would make the driver the test starts next on the same folder wait for that lock, then fail its start
-        # (the lock's bound, recovery/store/folder_lock.py; a frozen holder is never overridden): wait (bounded)
-        # for a moment when none is held. A zombie frozen holding a lock is tests/fault/test_frozen_lock_holder.py's
-        # case, not what the zombie-sink tests are about. The engine does not import the recovery layer: when its
-        # folder-lock module is not loaded, this process holds no such lock.
-        folder_lock = sys.modules.get("dstreams.recovery.store.folder_lock")
-        held: Callable[[], int] = getattr(folder_lock, "folder_locks_held", lambda: 0)
+        # A stop while another thread holds a lock that a driver started next would wait for (a local store's
+        # folder lock, its journal or checkpointer writing, then failing that driver's start: a frozen holder is
+        # never overridden) waits (bounded) for a moment when none is held: the layers that own such locks
+        # register their count (:func:`hold_pauses_while`). A zombie frozen holding a lock is
+        # tests/fault/test_frozen_lock_holder.py's case, not what the zombie-sink tests are about.
         deadline = time.monotonic() + 10.0
-        while held() and time.monotonic() < deadline:
+        while any(held() for held in _pause_guards) and time.monotonic() < deadline:
             time.sleep(0.001)
         # Aimed at this thread: it stops before it returns. Sent to the process, the stop is taken by whichever
         # thread the kernel wakes, and this one may go on for milliseconds (past the point) before it halts.

@@ -10,8 +10,8 @@ Contract of :func:`folder_lock`:
   host) and what to do. A lock held by a live process is never broken: a holder frozen after its check
   (SIGSTOP, a long pause) replaces the key as soon as it runs again, and a writer that had taken the lock
   from it would have its newer write clobbered. Resuming or killing the holder is the way out.
-* :func:`folder_locks_held` counts the locks this process holds now (the test-only pause of
-  :mod:`dstreams.faults` waits for none to be held before it freezes a driver).
+* :func:`folder_locks_held` counts the locks this process holds now; it is registered with
+  :func:`dstreams.faults.hold_pauses_while` (a test-only pause waits for none to be held before it freezes a driver).
 
 Where ``/proc/locks`` is missing (not Linux) or does not list the holder (a process in another pid namespace,
 another host over NFS), the error says so instead of naming it.
@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+from dstreams.faults import hold_pauses_while
 from dstreams.file_lock import describe_holder, flock_within
 
 from .errors import TransientStoreError
@@ -36,6 +37,9 @@ _locks_held = 0
 def folder_locks_held() -> int:
     """How many folder locks this process holds at the moment."""
     return _locks_held
+
+
+hold_pauses_while(folder_locks_held)
 
 
 @contextlib.contextmanager

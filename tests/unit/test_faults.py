@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -191,6 +193,31 @@ def test_where_narrows_the_passes_that_count(fault_plan, signals):
     assert signals == []
     faults.reached("sink-write", batch=3000)
     assert signals == [("SIGSTOP", "at sink-write #1")]
+
+
+def test_a_pause_waits_until_no_folder_lock_of_the_recovery_layer_is_held(monkeypatch, tmp_path):
+    """The recovery layer registers its folder locks' count: a pause taken while another thread holds one stops
+    the process only once that lock is released (the stop itself is recorded instead of sent)."""
+    from recovery.store.folder_lock import folder_lock, folder_locks_held
+
+    assert folder_locks_held in faults._pause_guards
+    stopped: list[int] = []
+    monkeypatch.setattr(faults.signal, "pthread_kill", lambda tid, sig: stopped.append(folder_locks_held()))
+    release, taken = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with folder_lock(str(tmp_path), timeout_s=5.0):
+            taken.set()
+            release.wait(5.0)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert taken.wait(5.0)
+    threading.Timer(0.3, release.set).start()
+    started = time.monotonic()
+    faults._signal_self(signal.SIGSTOP, "at test")
+    holder.join(5.0)
+    assert stopped == [0] and time.monotonic() - started >= 0.25
 
 
 def test_the_fixture_took_the_plan_out():
