@@ -45,10 +45,9 @@ from pyspark.core.rdd import Partitioner
 from ..node import DStreamNode, OneParentNode
 from ..spark import jvm
 from ..spark.partitioned import pre_group_ordered, require_pair
-from ..statestore import Indexer
 from ..time import BatchTime, Duration
 from .event_time import previous_watermark_at, seconds, watermark_at
-from .keyed import DUE, NEXT_BATCH, Deadline, KeyedOp, KeyStep, bytes_deadline
+from .keyed import DUE, NEXT_BATCH, Deadline, KeyedOp, KeyStep, entry_records
 
 if TYPE_CHECKING:
     from ..graph import DStreamGraph
@@ -83,20 +82,14 @@ def pane_batch(batch: RDD, func: Callable[[Any, Any], Any], s: int, partitioner:
         acc: dict[Any, dict[int, Any]] = {}
         for ts, kv in it:
             k, v = require_pair(kv, "reduceByKeyAndEventWindow")
-            panes = acc.get(k)
-            if panes is None:
-                acc[k] = {ts // s: v}
-            else:
-                _add(func, panes, ts // s, v)
+            _add(func, acc.setdefault(k, {}), ts // s, v)
         return acc.items()
 
     def merge(it: Iterable[tuple[Any, dict[int, Any]]]) -> Iterable[tuple[Any, dict[int, Any]]]:
         acc: dict[Any, dict[int, Any]] = {}
         for k, panes in it:
-            cur = acc.get(k)
-            if cur is None:
-                acc[k] = panes
-            else:
+            cur = acc.setdefault(k, panes)
+            if cur is not panes:
                 for p, v in panes.items():
                     _add(func, cur, p, v)
         return acc.items()
@@ -184,11 +177,6 @@ def window_deadline(window_ms: int, slide_ms: int) -> Deadline:
     return deadline
 
 
-def window_deadlines(window_ms: int, slide_ms: int) -> Indexer:
-    """:func:`window_deadline` over stored entry bytes (the store's index)."""
-    return bytes_deadline(window_deadline(window_ms, slide_ms))
-
-
 Step = Callable[[dict[int, Any], Any, dict[int, Any]], tuple[dict[int, Any], Any, list[tuple[int, Any]]]]
 
 
@@ -262,16 +250,15 @@ def updates_step(func: Callable[[Any, Any], Any], n: int, jmax: int | None) -> S
 
 
 def emitted_windows(window_ms: int, slide_ms: int, keyed: bool) -> Callable[[Iterable[Any]], Iterator[Any]]:
-    """Partition function: the public records of the windows emitted in a batch:
+    """Partition function over the state or its changes: the public records of the windows emitted in a batch:
     ``((key, (start, end)), value)`` (keyed) or ``((start, end), value)``, bounds in seconds since the epoch."""
 
-    def run(it: Iterable[Any]) -> Iterator[Any]:
-        for k, st in it:
-            for j, value in st[2]:
-                bounds = (seconds(j * slide_ms), seconds(j * slide_ms + window_ms))
-                yield ((k, bounds), value) if keyed else (bounds, value)
+    def record(k: Any, window: tuple[int, Any]) -> Any:
+        j, value = window
+        bounds = (seconds(j * slide_ms), seconds(j * slide_ms + window_ms))
+        return ((k, bounds), value) if keyed else (bounds, value)
 
-    return run
+    return entry_records(2, record)
 
 
 def session_batch(batch: RDD, partitioner: Partitioner) -> RDD:
@@ -342,11 +329,6 @@ def session_deadline(gap_ms: int) -> Deadline:
     return deadline
 
 
-def session_deadlines(gap_ms: int) -> Indexer:
-    """:func:`session_deadline` over stored entry bytes (the store's index)."""
-    return bytes_deadline(session_deadline(gap_ms))
-
-
 SessionStep = Callable[[list[list[tuple[int, Any]]], list[tuple[int, Any]] | None],
                        tuple[list[list[tuple[int, Any]]], list[tuple[int, int, Any]], list[tuple[int, Any]]]]
 
@@ -388,34 +370,16 @@ def _sessions(events: list[tuple[int, Any]], gap: int) -> list[list[tuple[int, A
     return out
 
 
-def written(view: Callable[[Iterable[Any]], Iterator[Any]]) -> Callable[[Iterable[Any]], Iterator[Any]]:
-    """``view`` over what a batch wrote (``changes``: ``(key, entry)``, ``(key, None)`` for a key removed),
-    skipping the removals."""
-
-    def run(it: Iterable[Any]) -> Iterator[Any]:
-        return view((k, e) for k, e in it if e is not None)
-
-    return run
-
-
-def emitted_sessions(it: Iterable[Any]) -> Iterator[Any]:
-    """Partition function: ``((key, (start, end)), aggregate)`` for the sessions emitted in a batch."""
-    for k, st in it:
-        for start, end, value in st[1]:
-            yield (k, (seconds(start), seconds(end))), value
+#: Partition function over the state or its changes: ``((key, (start, end)), aggregate)`` for the sessions emitted
+#: in a batch.
+emitted_sessions = entry_records(1, lambda k, s: ((k, (seconds(s[0]), seconds(s[1]))), s[2]))
 
 
 def late_session_records(gap_ms: int) -> Callable[[Iterable[Any]], Iterator[Any]]:
-    """Partition function: ``((key, value), event time, [(event time, event time + gap)])`` for each record
-    a batch's sessions dropped as late (the session it alone would have opened had closed already), times in
-    seconds since the epoch."""
-
-    def run(it: Iterable[Any]) -> Iterator[Any]:
-        for k, st in it:
-            for ts, v in (st[2] if len(st) > 2 else ()):
-                yield (k, v), seconds(ts), [(seconds(ts), seconds(ts + gap_ms))]
-
-    return run
+    """Partition function over the state or its changes: ``((key, value), event time, [(event time, event time +
+    gap)])`` for each record a batch's sessions dropped as late (the session it alone would have opened had closed
+    already), times in seconds since the epoch."""
+    return entry_records(2, lambda k, r: ((k, r[1]), seconds(r[0]), [(seconds(r[0]), seconds(r[0] + gap_ms))]))
 
 
 def late_window_records(window_ms: int, slide_ms: int, jmax: int | None, keyed: bool

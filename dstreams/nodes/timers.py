@@ -52,10 +52,9 @@ from pyspark import RDD
 from pyspark.core.rdd import Partitioner
 
 from ..spark.partitioned import pre_group_ordered
-from ..statestore import Indexer
 from ..time import BatchTime, Duration
 from .event_time import seconds, watermark_at
-from .keyed import DUE, NEXT_BATCH, Deadline, KeyedOp, KeyStep, bytes_deadline, rdd_partition
+from .keyed import DUE, NEXT_BATCH, Deadline, KeyedOp, KeyStep, entry_records, rdd_partition
 
 EVENT, PROCESSING = "event", "processing"
 #: The firing order of the kinds (event-time timers first).
@@ -236,11 +235,6 @@ def track_deadline(timeout_ms: int) -> Deadline:
     return deadline
 
 
-def track_deadlines(timeout_ms: int) -> Indexer:
-    """:func:`track_deadline` over stored entry bytes (the store's index)."""
-    return bytes_deadline(track_deadline(timeout_ms))
-
-
 def plain_track_step(init: Callable[[Any, Any], Any], update: Callable[[Any, Any, Any], Any], now: int,
                      timeout: int) -> KeyStep:
     """Plain ``track``'s step at batch ``now`` ms: per event, in input order, ``init`` for a key without state, else
@@ -344,31 +338,19 @@ def _apply(result: Any, timers: TimerTable, emitted: list[Any], changed: set[str
     return result.state
 
 
-# The public streams read the last three fields, ``emitted, alive, touched``.
+# The public streams read the last three fields, ``emitted, alive, touched``; over what a batch wrote (``changes``)
+# a removed key is ``(key, None)``.
 def live_states(it: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
-    """Partition function: ``(key, state)`` of the live keys (an entry of :class:`TrackNode`'s layout,
+    """Partition function over the state: ``(key, state)`` of the live keys (an entry of the plain layout,
     ``(state, last_event_ms)``, is always live)."""
     return ((k, e[0]) for k, e in it if len(e) == 2 or e[-2])
 
 
 def updated_states(it: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
-    """Partition function: ``(key, state)`` of the live keys that had events or fired timers in the batch."""
-    return ((k, e[0]) for k, e in it if e[-2] and e[-1])
-
-
-def emitted_records(it: Iterable[Any]) -> Iterator[Any]:
-    """Partition function: the records the batch's functions emitted."""
-    for _, e in it:
-        yield from e[-3]
-
-
-def updated_entries(it: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
-    """Partition function over what a batch wrote (``changes``): ``(key, state)`` of the live keys it touched."""
+    """Partition function over the state or its changes: ``(key, state)`` of the live keys that had events or fired
+    timers in the batch."""
     return ((k, e[0]) for k, e in it if e is not None and e[-2] and e[-1])
 
 
-def emitted_entries(it: Iterable[Any]) -> Iterator[Any]:
-    """Partition function over what a batch wrote: the records its functions emitted."""
-    for _, e in it:
-        if e is not None:
-            yield from e[-3]
+#: Partition function over the state or its changes: the records the batch's functions emitted.
+emitted_records = entry_records(-3, lambda k, record: record)
