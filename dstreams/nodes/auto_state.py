@@ -14,7 +14,7 @@ Contract: :class:`AutoPolicy` is a :class:`~.state.StateBackend` made of the two
 the state from the first to the second; it holds no state of its own.
 
 * One node for every operator (the operator's step is :class:`~.keyed.KeyedOp`'s, the same on both sides). A
-  stream starts on the RDD state: its RDD at ``t`` is the state itself (:func:`~.state.rdd_state`), and each
+  stream starts on the RDD state: its RDD at ``t`` is the state itself (:meth:`~.state.RDDState.compute`), and each
   partition also reports (an accumulator) the keys of its state and the keys the batch touched as the store would
   touch them (:meth:`~.keyed.KeyedOp.touched`: the keys with values; for ``track`` also the keys that timed out,
   ended or fired a timer).

@@ -101,7 +101,7 @@ def pane_batch(batch: RDD, func: Callable[[Any, Any], Any], s: int, partitioner:
 class EventWindow(KeyedOp):
     """``reduceByKeyAndEventWindow`` (module docstring). Entries ``(panes or windows, carry, emitted)``, and on the
     store also the window closed through (``jmax``) and the mode, which its deadline reads
-    (:func:`window_deadline`); the public records read ``entry[2]`` (:func:`emitted_windows`)."""
+    (:meth:`deadline`); the public records read ``entry[2]`` (:func:`emitted_windows`)."""
 
     kind, label, visits = "EventWindowNode", "reduceByKeyAndEventWindow", DUE
 
@@ -136,7 +136,30 @@ class EventWindow(KeyedOp):
         return key_step
 
     def deadline(self) -> Deadline:
-        return window_deadline(self.window.ms, self.slide.ms)
+        """An entry's deadline (the store's layout): by watermark the end of the key's next window to close
+        (``emit="final"``: the first window after the last one closed, ``jmax``, holding data, or the window after
+        the carried one, whose carry then goes; ``"updates"``: the first window still held); the next batch for an
+        entry holding emitted windows."""
+        window_ms, slide_ms = self.window.ms, self.slide.ms
+        n = window_ms // slide_ms
+
+        def deadline(entry: Any) -> tuple[int | None, int | None]:
+            held, carry, emitted, jmax, mode = entry
+            if emitted:
+                return NEXT_BATCH, None
+            if mode == "updates":  # windows j held until the watermark passes their end
+                j = min(held) if held else None
+            else:  # panes p: the first window after jmax with data, or the one after the carried one
+                j = None
+                if held:
+                    j = min(held) - n + 1
+                    if jmax is not None:
+                        j = max(j, jmax + 1)
+                if carry is not None and (j is None or carry[0] + 1 < j):
+                    j = carry[0] + 1
+            return None, None if j is None else j * slide_ms + window_ms
+
+        return deadline
 
     def to_store(self, node: Any, time_ms: int) -> Callable[[Any], Any] | None:
         """An RDD entry of batch ``t`` gets ``t``'s ``jmax``: on the RDD state every key steps every batch, so every
@@ -149,32 +172,6 @@ class EventWindow(KeyedOp):
 
     def rdd_changes(self, current: RDD, time: BatchTime) -> RDD | None:
         return current.filter(lambda kv: kv[1][2])  # the entries holding windows the batch emitted
-
-
-def window_deadline(window_ms: int, slide_ms: int) -> Deadline:
-    """An event-window entry's deadline (store layout): by watermark the end of the key's next window to close
-    (``emit="final"``: the first window after the last one closed, ``jmax``, holding data, or the window after the
-    carried one, whose carry then goes; ``"updates"``: the first window still held); the next batch for an entry
-    holding emitted windows."""
-    n = window_ms // slide_ms
-
-    def deadline(entry: Any) -> tuple[int | None, int | None]:
-        held, carry, emitted, jmax, mode = entry
-        if emitted:
-            return NEXT_BATCH, None
-        if mode == "updates":  # windows j held until the watermark passes their end
-            j = min(held) if held else None
-        else:  # panes p: the first window after jmax with data, or the one after the carried window
-            j = None
-            if held:
-                j = min(held) - n + 1
-                if jmax is not None:
-                    j = max(j, jmax + 1)
-            if carry is not None and (j is None or carry[0] + 1 < j):
-                j = carry[0] + 1
-        return None, None if j is None else j * slide_ms + window_ms
-
-    return deadline
 
 
 Step = Callable[[dict[int, Any], Any, dict[int, Any]], tuple[dict[int, Any], Any, list[tuple[int, Any]]]]
@@ -301,62 +298,45 @@ class SessionWindow(KeyedOp):
         return session_batch(batch, partitioner)
 
     def step(self, node: Any, time: BatchTime) -> KeyStep:
-        step = session_step(self.gap.ms, self.aggregate, watermark_at(node, time))
+        """A key's step in batch ``time``, with watermark ``W(t)``: its open sessions, the batch's records (None:
+        none) -> ``(open sessions, emitted (start, end, aggregate), late records)`` (the class docstring's rule)."""
+        gap, aggregate, wm = self.gap.ms, self.aggregate, watermark_at(node, time)
 
-        def key_step(k: Any, entry: Any, new: Any) -> Any:
-            kept, emitted, late = step(entry[0] if entry else [], new)
+        def step(k: Any, entry: Any, records: list[tuple[int, Any]] | None) -> Any:
+            kept, emitted, late = [], [], []
+            for session in entry[0] if entry else []:  # first the sessions W(t) closes, as the batches before left them
+                end = session[-1][0] + gap
+                if wm is not None and end <= wm:
+                    emitted.append((session[0][0], end, aggregate([e[1] for e in session])))
+                else:
+                    kept.append(session)
+            if records is not None:  # re-cut the open sessions with the new records (merging those they bridge)
+                events = sorted([*(e for session in kept for e in session), *records], key=lambda e: e[0])
+                kept = []
+                for session in _sessions(events, gap):
+                    if wm is not None and session[-1][0] + gap <= wm:
+                        late.extend(session)  # the batch's records alone, in a session closed already
+                    else:
+                        kept.append(session)
             return (kept, emitted, late) if kept or emitted or late else None
 
-        return key_step
+        return step
 
     def deadline(self) -> Deadline:
-        return session_deadline(self.gap.ms)
+        """By watermark the end of the entry's first open session; the next batch for an entry holding emitted
+        sessions or late records."""
+        gap = self.gap.ms
+
+        def deadline(entry: Any) -> tuple[int | None, int | None]:
+            sessions, emitted, late = entry
+            if emitted or late:
+                return NEXT_BATCH, None
+            return None, min(s[-1][0] for s in sessions) + gap if sessions else None
+
+        return deadline
 
     def rdd_changes(self, current: RDD, time: BatchTime) -> RDD | None:
         return current.filter(lambda kv: kv[1][1] or kv[1][2])  # sessions emitted or records found late
-
-
-def session_deadline(gap_ms: int) -> Deadline:
-    """A session entry's deadline: by watermark the end of its first open session; the next batch for an entry
-    holding emitted sessions or late records."""
-
-    def deadline(entry: Any) -> tuple[int | None, int | None]:
-        sessions, emitted, late = entry
-        if emitted or late:
-            return NEXT_BATCH, None
-        return None, min(s[-1][0] for s in sessions) + gap_ms if sessions else None
-
-    return deadline
-
-
-SessionStep = Callable[[list[list[tuple[int, Any]]], list[tuple[int, Any]] | None],
-                       tuple[list[list[tuple[int, Any]]], list[tuple[int, int, Any]], list[tuple[int, Any]]]]
-
-
-def session_step(gap: int, aggregate: Callable[[list[Any]], Any], wm: int | None) -> SessionStep:
-    """One key's step of :class:`SessionWindow` in a batch with watermark ``wm``: ``(open sessions, the
-    batch's records or None) -> (open sessions, emitted (start, end, aggregate), late records)``."""
-
-    def step(sessions: list[list[tuple[int, Any]]], records: list[tuple[int, Any]] | None
-             ) -> tuple[list[list[tuple[int, Any]]], list[tuple[int, int, Any]], list[tuple[int, Any]]]:
-        kept, emitted, late = [], [], []
-        for session in sessions:  # first the sessions W(t) closes, as the batches before left them
-            end = session[-1][0] + gap
-            if wm is not None and end <= wm:
-                emitted.append((session[0][0], end, aggregate([e[1] for e in session])))
-            else:
-                kept.append(session)
-        if records is not None:  # re-cut the open sessions with the new records (merging those they bridge)
-            events = sorted([*(e for session in kept for e in session), *records], key=lambda e: e[0])
-            kept = []
-            for session in _sessions(events, gap):
-                if wm is not None and session[-1][0] + gap <= wm:
-                    late.extend(session)  # the batch's records alone, in a session closed already
-                else:
-                    kept.append(session)
-        return kept, emitted, late
-
-    return step
 
 
 def _sessions(events: list[tuple[int, Any]], gap: int) -> list[list[tuple[int, Any]]]:

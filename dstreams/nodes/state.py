@@ -131,28 +131,6 @@ class StateBackend(Protocol):
         """The context stopped: unpersist the RDDs the backend persisted itself."""
 
 
-def rdd_state(node: StateNode, time: BatchTime, previous: RDD | None,
-              report: Callable[[int, list[list[Any]], list[Any]], None] | None = None) -> RDD | None:
-    """The RDD state of ``node`` at ``time``: ``previous`` (None: no state yet) merged partition-wise with the
-    batch's prepared records by :func:`rdd_partition`; ``previous`` itself when the batch applies nothing (none, or
-    without partitions for a :data:`TOUCHED` operator). ``report(partition, segments, out)`` sees each partition's
-    work (the auto policy's counts)."""
-    op = node.op
-    batches = op.batches(node, time, skip_empty=previous is not None)
-    if batches is None or (previous is None and not batches):
-        return previous
-    step, group = op.step(node, time), op.grouper(node, time)
-
-    def merge(i: int, segments: list[list[Any]]) -> Iterable[Any]:
-        out = rdd_partition(op, step, segments[0], segments[1:], group)
-        if report is not None:
-            report(i, segments, out)
-        return out
-
-    groups = [[previous] if previous is not None else [], *([b] for b in batches)]
-    return segmented_merge(node.graph.sc, groups, node.partitioner, merge, with_index=True)
-
-
 def state_diff(sc: Any, current: RDD, previous: RDD | None, partitioner: Partitioner) -> RDD:
     """The (key, state) pairs of ``current`` that ``previous`` (None: no state before) does not hold, and
     (key, None) for its keys ``current`` lacks: two RDD states of one partitioner compared partition by
@@ -176,8 +154,9 @@ def state_diff(sc: Any, current: RDD, previous: RDD | None, partitioner: Partiti
 
 
 class RDDState:
-    """The RDD state backend (module docstring): the operator's step applied by :func:`rdd_state`. With
-    ``checkpoints_initial`` (the auto policy's) the initial state is checkpointed at the zero time, as the store's."""
+    """The RDD state backend (module docstring): each partition of the state at ``t`` is the one before merged with
+    batch ``t``'s prepared records by :func:`~.keyed.rdd_partition`. With ``checkpoints_initial`` (the auto policy's)
+    the initial state is checkpointed at the zero time, as the store's."""
 
     prefix: str = ""
     params: tuple[str, ...] = ()
@@ -191,9 +170,13 @@ class RDDState:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_initial_marked": False}
 
-    def start(self) -> RDD | None:
-        """The state before the first batch: the initial state (checkpointed at the zero time once, where asked)."""
+    def previous(self, time: BatchTime) -> RDD | None:
+        """The RDD state batch ``time`` merges into: the node's before, else the initial state (checkpointed at the
+        zero time once, where asked); None: no state yet."""
         node = self.node
+        previous = node.previous(time)
+        if previous is not None:
+            return previous
         initial, checkpointer = node.initial_state(), node.graph.checkpointer
         if initial is not None and self.checkpoints_initial and not self._initial_marked and checkpointer is not None:
             assert node.zero_time is not None
@@ -201,14 +184,25 @@ class RDDState:
             checkpointer.mark(node, node.zero_time, initial)
         return initial
 
-    def previous(self, time: BatchTime) -> RDD | None:
-        """The RDD state batch ``time`` merges into (None: no state yet)."""
-        previous = self.node.previous(time)
-        return previous if previous is not None else self.start()
-
     def compute(self, time: BatchTime, report: Callable[[int, list[list[Any]], list[Any]], None] | None = None
                 ) -> RDD | None:
-        return rdd_state(self.node, time, self.previous(time), report)
+        """The state at ``time``; the one before itself when the batch applies nothing (none, or without partitions
+        for a :data:`~.keyed.TOUCHED` operator). ``report(partition, segments, out)`` sees each partition's work
+        (the auto policy's counts)."""
+        node, op, previous = self.node, self.node.op, self.previous(time)
+        batches = op.batches(node, time, skip_empty=previous is not None)
+        if batches is None or (previous is None and not batches):
+            return previous
+        step, group = op.step(node, time), op.grouper(node, time)
+
+        def merge(i: int, segments: list[list[Any]]) -> Iterable[Any]:
+            out = rdd_partition(op, step, segments[0], segments[1:], group)
+            if report is not None:
+                report(i, segments, out)
+            return out
+
+        groups = [[previous] if previous is not None else [], *([b] for b in batches)]
+        return segmented_merge(node.graph.sc, groups, node.partitioner, merge, with_index=True)
 
     def on_store(self, time_ms: int) -> bool:
         return False
@@ -342,4 +336,4 @@ class StateNode(OneParentNode):
         self.backend.release()
 
 
-__all__ = ["RDDState", "RunningReduce", "StateBackend", "StateNode", "UpdateState", "rdd_state", "state_diff"]
+__all__ = ["RDDState", "RunningReduce", "StateBackend", "StateNode", "UpdateState", "state_diff"]

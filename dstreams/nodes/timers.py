@@ -167,7 +167,7 @@ class Track(KeyedOp):
     """``track(init, update, timeout, timers=on_timer, emit=...)`` (module docstring): entries ``(state,
     last_event_ms, timers, emitted, alive, touched)`` (:func:`timer_track_step`), or, ``plain`` (no timers, every live
     key emitted) on the RDD state, the lighter ``(state, last_event_ms)`` (:func:`plain_track_step`; converted when
-    the state moves into the store, which holds the timers' layout). Deadlines: :func:`track_deadline`."""
+    the state moves into the store, which holds the timers' layout). Deadlines: :meth:`deadline`."""
 
     kind, label, visits = "TrackNode", "track", DUE
 
@@ -189,7 +189,24 @@ class Track(KeyedOp):
                                 watermark_at(node, time))
 
     def deadline(self) -> Deadline:
-        return track_deadline(self.timeout.ms)
+        """An entry's deadlines (the timers' layout): by batch time the timeout (``last_event_ms + timeout``), the
+        earliest processing-time timer, or the next batch for an entry holding emitted records or a dropped key's;
+        by watermark the earliest event-time timer."""
+        timeout_ms = self.timeout.ms
+
+        def deadline(entry: Any) -> tuple[int | None, int | None]:
+            _, last, timers, emitted, alive, _ = entry
+            if not alive or emitted:
+                return NEXT_BATCH, None
+            p, e = last + timeout_ms, None
+            for kind, ms in timers.values():
+                if kind == EVENT:
+                    e = ms if e is None or ms < e else e
+                elif ms < p:
+                    p = ms
+            return p, e
+
+        return deadline
 
     def to_store(self, node: Any, time_ms: int) -> Callable[[Any], Any] | None:
         return (lambda e: (e[0], e[1], {}, [], True, False)) if self.plain else None
@@ -213,26 +230,6 @@ class Track(KeyedOp):
             return current.filter(lambda kv: kv[1][-1] or kv[1][-3] or not kv[1][-2])
         now = time.ms
         return current.filter(lambda kv: kv[1][1] == now).mapValues(lambda e: (e[0], e[1], {}, [], True, True))
-
-
-def track_deadline(timeout_ms: int) -> Deadline:
-    """A ``track`` entry's deadlines (timers' layout): by batch time the timeout (``last_event_ms + timeout``), the
-    earliest processing-time timer, or the next batch for an entry holding emitted records or a dropped key's; by
-    watermark the earliest event-time timer."""
-
-    def deadline(entry: Any) -> tuple[int | None, int | None]:
-        _, last, timers, emitted, alive, _ = entry
-        if not alive or emitted:
-            return NEXT_BATCH, None
-        p, e = last + timeout_ms, None
-        for kind, ms in timers.values():
-            if kind == EVENT:
-                e = ms if e is None or ms < e else e
-            elif ms < p:
-                p = ms
-        return p, e
-
-    return deadline
 
 
 def plain_track_step(init: Callable[[Any, Any], Any], update: Callable[[Any, Any, Any], Any], now: int,
