@@ -201,16 +201,16 @@ class AutoPolicy:
             self._moved_handle.unpersist(blocking=False)
 
     # ------------------------------------------------------------------ views
+    def _backend_at(self, time: BatchTime) -> RDDState | ExecutorStore:
+        """The backend batch ``time`` is on, once it is built (building it may be what moves the stream)."""
+        self.node.get_or_compute(time)
+        return self.store if self.on_store(time.ms) else self.rdd
+
     def view(self, time: BatchTime) -> RDD | None:
-        current = self.node.get_or_compute(time)  # first: building batch ``time`` may be what moves the stream
-        if current is None or not self.on_store(time.ms):
-            return current
-        return self.store.view(time)
+        return self._backend_at(time).view(time)
 
     def changes(self, time: BatchTime) -> RDD | None:
-        if self.node.get_or_compute(time) is None:
-            return None
-        return (self.store if self.on_store(time.ms) else self.rdd).changes(time)
+        return self._backend_at(time).changes(time)
 
 
 class AutoCheckpointData(CheckpointData):

@@ -46,7 +46,7 @@ import pickle
 import sqlite3
 import uuid
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -160,15 +160,12 @@ class StoreAccess:
         """Partition ``i``'s store, closed after; with ``version``, first brought there from the changelog where it
         is not this run's, has not got that far or holds another history of it (when the stream writes a changelog;
         else the read raises as it would)."""
-        store = PartitionStore.open(self.local_dir, self.store_id, i, self.indexer)
-        try:
+        with closing(PartitionStore.open(self.local_dir, self.store_id, i, self.indexer)) as store:
             if version is not None and self.catchup is not None and not self._holds(store, version):
                 with store.transaction():
                     if not self._holds(store, version) and self._catch_up(store, i, version):
                         self.caught_up.add(1)
             yield store
-        finally:
-            store.close()
 
     def _holds(self, store: PartitionStore, version: int) -> bool:
         current = store.version
@@ -313,8 +310,8 @@ class ExecutorStore:
 
     def _checkpoint_seen(self, time_ms: int) -> None:
         """A checkpoint of this stream at ``time_ms`` was adopted or read back in this run."""
-        if self._newest_checkpoint is None or time_ms > self._newest_checkpoint:
-            self._newest_checkpoint = time_ms
+        newest = self._newest_checkpoint
+        self._newest_checkpoint = time_ms if newest is None else max(newest, time_ms)
 
     def cleanup_horizon(self, time_ms: int) -> int | None:
         """Below this version a store copy on any host is stale when batch ``time_ms`` is applied (None: no copy is
@@ -462,12 +459,7 @@ class ExecutorStore:
         in the remember window needs it."""
         node = self.node
         assert node.remember_duration is not None
-        floor = t - node.remember_duration.ms - node.slide_duration.ms
-        if self._chain:
-            floor = min(floor, self._chain[-1])
-        if self._marked:
-            floor = min(floor, min(self._marked))
-        return floor
+        return min(t - node.remember_duration.ms - node.slide_duration.ms, *self._chain[-1:], *self._marked)
 
     def compute(self, time: BatchTime, previous: RDD | None = None) -> RDD | None:
         """The handle at ``time``: batch ``time`` applied to ``previous`` (default: the node's RDD before, or the
@@ -497,14 +489,13 @@ class ExecutorStore:
             base = segments[0][0] if segments[0] else None
             with access.open(i) as store:
                 with store.transaction():
-                    version, owner = store.version, store.run
                     ready = access.to_base(store, i, t, base)
                     if ready is False:
                         return [t]  # applied already (a recomputed handle, a retried or speculative task) or superseded
                     if ready is None:
                         raise StateStoreError(
-                            f"{name}: the state store of partition {i} ({store.path}) is at version {version} "
-                            f"of run {owner}, not at {base} of this run ({run}), so batch {t} cannot be "
+                            f"{name}: the state store of partition {i} ({store.path}) is at version {store.version} "
+                            f"of run {store.run}, not at {base} of this run ({run}), so batch {t} cannot be "
                             "applied. Another driver may be writing the same checkpoint location's state, the "
                             "store's folder was removed while the stream ran, or the task runs on another host "
                             "than the partition's store (spark.dstreams.state.changelog=on lets it catch up); "
