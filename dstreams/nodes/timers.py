@@ -265,9 +265,12 @@ def timer_track_step(init: Callable[[Any, Any], Any], update: Callable[[Any, Any
     (or None) with its events (None: none) applied and its due timers fired (the rule of the module
     docstring)."""
 
+    def due(kind: str, ms: int) -> bool:
+        return ms <= now_ms if kind == PROCESSING else watermark_ms is not None and ms <= watermark_ms
+
     def step(k: Any, entry: Any, events: Any) -> Any:
         if (entry is not None and len(entry) == 6 and entry[4] and not entry[3] and not entry[5] and events is None
-                and now_ms - entry[1] < timeout_ms and not (entry[2] and _any_due(entry[2], now_ms, watermark_ms))):
+                and now_ms - entry[1] < timeout_ms and not any(due(*timer) for timer in entry[2].values())):
             # An idle key: a live entry holding no emitted record, not touched by the batch
             # before (its flag stays False), not timed out, no timer due. The rule below gives the same entry.
             return entry
@@ -280,36 +283,26 @@ def timer_track_step(init: Callable[[Any, Any], Any], update: Callable[[Any, Any
             s = _apply(init(k, ev) if s is None else update(k, s, ev), timers, emitted, None)
             last = now_ms
             if s is None:
-                timers.clear()
+                timers.clear()  # dropped with its timers: a later event of the batch starts the key again
         if s is not None and now_ms - last >= timeout_ms:
             s = None  # timed out (track's contract)
-            timers.clear()
         touched = events is not None
         if s is not None and timers:
-            due = sorted((KINDS.index(kind), ms, tag) for tag, (kind, ms) in timers.items()
-                         if kind == EVENT and watermark_ms is not None and ms <= watermark_ms
-                         or kind == PROCESSING and ms <= now_ms)
+            due_now = sorted((KINDS.index(kind), ms, tag) for tag, (kind, ms) in timers.items() if due(kind, ms))
             changed: set[str] = set()  # tags set, replaced or deleted by this batch's callbacks
-            for rank, ms, tag in due:
+            for rank, ms, tag in due_now:
                 if tag in changed:
                     continue
                 del timers[tag]
                 touched = True
                 s = _apply(_fire(on_timer, k, s, Timer(KINDS[rank], seconds(ms), tag)), timers, emitted, changed)
                 if s is None:
-                    timers.clear()
                     break
-        return (s, last, timers, emitted, s is not None, touched) if s is not None or emitted else None
+        if s is None:
+            return (None, last, {}, emitted, False, touched) if emitted else None  # the key goes with its timers
+        return s, last, timers, emitted, True, touched
 
     return step
-
-
-def _any_due(timers: TimerTable, now_ms: int, watermark_ms: int | None) -> bool:
-    """Whether a timer of ``timers`` is due at batch time ``now_ms`` with the watermark ``watermark_ms``."""
-    for kind, ms in timers.values():
-        if ms <= now_ms if kind == PROCESSING else (watermark_ms is not None and ms <= watermark_ms):
-            return True
-    return False
 
 
 def _fire(on_timer: Callable[[Any, Any, Timer], Any] | None, key: Any, state: Any, timer: Timer) -> Any:
