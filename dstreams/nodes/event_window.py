@@ -37,6 +37,7 @@ windows batch ``t`` emits; :func:`emitted_windows` turns them into the public re
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD
@@ -189,7 +190,21 @@ def final_step(func: Callable[[Any, Any], Any], inv: Callable[[Any, Any], Any] |
         panes = dict(old)
         emitted: list[tuple[int, Any]] = []
         if jmax is not None:  # first the windows W(t) closes, from the records of the batches before t
-            panes, carry, emitted = _emit_closed(panes, carry)
+            low = None if jprev is None else jprev + 1
+            for j in sorted({j for p in panes for j in range(p - n + 1 if low is None else max(p - n + 1, low),
+                                                            min(p, jmax) + 1)}):
+                if inv is not None and carry is not None and carry[0] == j - 1:  # slid from the window before
+                    value = inv(carry[1], carry[3]) if carry[2] else carry[1]
+                    if j + n - 1 in panes:
+                        value = func(value, panes[j + n - 1])
+                else:  # the reduce of its panes (at least one holds data)
+                    value = reduce(func, [panes[q] for q in range(j, j + n) if q in panes])
+                emitted.append((j, value))
+                if inv is not None:
+                    carry = (j, value, j in panes, panes.get(j))
+            panes = {p: v for p, v in panes.items() if p > jmax}
+            if carry is not None and carry[0] != jmax:
+                carry = None  # the next window cannot slide from it (the windows between had no data)
         for p in sorted(new):  # then the batch's records, in the windows still open
             if jmax is not None and p <= jmax:
                 continue  # every window of pane p has closed: late for all of them
@@ -197,32 +212,6 @@ def final_step(func: Callable[[Any, Any], Any], inv: Callable[[Any, Any], Any] |
             _add(func, panes, p, v)
             if carry is not None and carry[0] < p < carry[0] + n:
                 carry = (carry[0], func(carry[1], v), carry[2], carry[3])
-        return panes, carry, emitted
-
-    def _emit_closed(panes: dict[int, Any], carry: Any) -> tuple[dict[int, Any], Any, list[tuple[int, Any]]]:
-        assert jmax is not None
-        low = None if jprev is None else jprev + 1
-        candidates = sorted({j for p in panes for j in range(p - n + 1 if low is None else max(p - n + 1, low),
-                                                           min(p, jmax) + 1)})
-        emitted = []
-        for j in candidates:
-            if inv is not None and carry is not None and carry[0] == j - 1:
-                value = inv(carry[1], carry[3]) if carry[2] else carry[1]
-                entering = panes.get(j + n - 1, _MISSING)
-                if entering is not _MISSING:
-                    value = func(value, entering)
-            else:
-                value = _MISSING
-                for q in range(j, j + n):
-                    v = panes.get(q, _MISSING)
-                    if v is not _MISSING:
-                        value = v if value is _MISSING else func(value, v)
-            emitted.append((j, value))
-            if inv is not None:
-                carry = (j, value, j in panes, panes.get(j))
-        panes = {p: v for p, v in panes.items() if p > jmax}
-        if carry is not None and carry[0] != jmax:
-            carry = None  # the next window cannot slide from it (the windows between had no data)
         return panes, carry, emitted
 
     return step
