@@ -100,7 +100,7 @@ class AutoPolicy:
         #: The RDD state (which checkpoints the initial state at the zero time: a restart before the next checkpoint
         #: reads it back) and the store (holding no version before the move).
         self.rdd = RDDState(node, checkpoints_initial=True)
-        self.store = ExecutorStore(node, local_dir, snapshot_every, first_version=None)
+        self.store = ExecutorStore(node, local_dir, snapshot_every)
         self.auto_keys = max(1, int(auto_keys))
         self.__dict__.update(self._runtime())
 
@@ -119,18 +119,9 @@ class AutoPolicy:
         return {"switched_at": None, "_rdd_stats": None, "_touched": [], "_sampled": -1, "_moved_handle": None}
 
     def __getstate__(self) -> dict[str, Any]:
-        """A stored graph has not moved: a restart learns the move from its checkpoint (:meth:`moved_at`)."""
+        """A stored graph has not moved: a restart learns the move from its checkpoint
+        (:meth:`AutoCheckpointData.manifest`)."""
         return {**self.__dict__, **self._runtime()}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.store.first_version = None  # nor has its store
-
-    def moved_at(self, time_ms: int) -> None:
-        """The stream is on the store from batch ``time_ms`` on (so the store holds the versions from the batch
-        before it on)."""
-        self.switched_at = time_ms
-        self.store.first_version = time_ms - self.node.slide_duration.ms
 
     def on_store(self, time_ms: int) -> bool:
         """Whether the stream's RDD at ``time_ms`` is a store handle (else an RDD state)."""
@@ -158,7 +149,7 @@ class AutoPolicy:
         node = self.node
         if self.switched_at is None and time.ms > max(node.generated, default=-1) and self._ready_to_move():
             # Only a new batch moves the stream: a rebuild of earlier ones (a lineage cut) keeps their kind.
-            self.moved_at(time.ms)
+            self.switched_at = time.ms
             log.info("%s moves into the executor state store at batch %d (state of at least %d keys, batches "
                      "touching %d)", node.name, time.ms, self.auto_keys, typical_touched(self._touched))
         if not self.on_store(time.ms):
@@ -251,7 +242,7 @@ class AutoCheckpointData(CheckpointData):
         self.stored.manifest(time_ms, manifest)
         policy, moved = self.policy, _moved_at(manifest)
         if moved is not None and (policy.switched_at is None or moved < policy.switched_at):
-            policy.moved_at(moved)
+            policy.switched_at = moved
 
     def restore(self, time: BatchTime, reader: RDD) -> None:
         """After the move: the store's. Before it: the RDD state read back (its pairs as they were)."""

@@ -222,9 +222,7 @@ def _sweep_host(folder: str, horizon: int, swept: Accumulator) -> None:
 
 class ExecutorStore:
     """The executor store backend of a :class:`~.state.StateNode` (module docstring): the node's RDDs are handles,
-    the operator's step applied by :func:`~.keyed.store_partition` to the keys each batch touches and the due ones.
-    ``first_version``: the oldest version of the stream the stores hold, from which a store may be caught up from the
-    changelog (the auto policy's store: None until the state moves, then the batch before the move)."""
+    the operator's step applied by :func:`~.keyed.store_partition` to the keys each batch touches and the due ones."""
 
     prefix: str = "Store"
     params: tuple[str, ...] = ("store=executor",)
@@ -253,12 +251,10 @@ class ExecutorStore:
     #: the versions this run applied after ``_catchup_from`` (oldest first).
     _applied: list[int]
 
-    def __init__(self, node: StateNode, local_dir: str | None, snapshot_every: int,
-                 first_version: int | None = 0) -> None:
+    def __init__(self, node: StateNode, local_dir: str | None, snapshot_every: int) -> None:
         self.node = node
         self.local_dir = local_dir
         self.snapshot_every = max(1, int(snapshot_every))
-        self.first_version = first_version
         #: This driver run: a store another run wrote is trusted only once brought back to a checkpoint.
         self._run = uuid.uuid4().hex
         self.__dict__.update(self._runtime())
@@ -349,9 +345,9 @@ class ExecutorStore:
 
     def _catchup_plan(self, upto_ms: int) -> tuple[StateChangelog, CatchUp] | None:
         """What a task needs to bring a store to a version up to ``upto_ms`` from the changelog, or None (no
-        changelog, no start yet, or one before :attr:`first_version`)."""
+        changelog, or no start yet)."""
         changelog, start = self.state_changelog(), self._catchup_from
-        if changelog is None or start is None or self.first_version is None or start[0] < self.first_version:
+        if changelog is None or start is None:
             return None
         begin, empty = start
         return changelog, (begin, empty, tuple(v for v in self._applied
