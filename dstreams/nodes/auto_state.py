@@ -51,7 +51,7 @@ from ..checkpoint_data import CheckpointData
 from ..errors import failed_with
 from ..statestore import PAIRS_SNAPSHOT, PART_HEADER, StateStoreError
 from ..time import BatchTime
-from .state import RDDState
+from .state import RDDState, StateBackend
 from .store_state import ExecutorStore, StoreCheckpointData, _LatestPerPartition
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def _moved_at(manifest: dict[str, Any]) -> int | None:
 
 
 
-class AutoPolicy:
+class AutoPolicy(StateBackend):
     """The state backend picked by size (module docstring): ``node``'s operator on :attr:`rdd` until the stream
     moves, then on :attr:`store`; each call goes to the backend of the batch it is about."""
 

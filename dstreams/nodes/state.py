@@ -18,7 +18,7 @@ The backends, picked by ``spark.dstreams.state.store`` (``docs/internals/state-b
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD, StorageLevel
 from pyspark.core.rdd import Partitioner
@@ -94,35 +94,42 @@ class UpdateState(KeyedOp):
         return lambda k, state, values: update(values if values is not None else [], state)
 
 
-class StateBackend(Protocol):
+class StateBackend:
     """Where a :class:`StateNode` keeps its state; built from the node (``backend(node)``) and bound to it. Within a
     partition a backend reads the keys a batch touches and the keys that are due and writes the changes
-    (:func:`~.keyed.rdd_partition`, :func:`~.keyed.store_partition`); for the stream it gives:"""
+    (:func:`~.keyed.rdd_partition`, :func:`~.keyed.store_partition`); for the stream it gives the members below.
+    The defaults are the RDD state's."""
 
     #: The node key's prefix (``Store`` + ``RunningReduceNode``) and the backend's parameters in the fingerprint.
-    prefix: str
-    params: tuple[str, ...]
+    prefix: str = ""
+    params: tuple[str, ...] = ()
     #: Whether a stored graph holds the initial state's records (else only that there was one: a checkpoint at
     #: the zero time holds it).
-    initial_in_graph: bool
+    initial_in_graph: bool = True
 
     def compute(self, time: BatchTime) -> RDD | None:
         """The node's RDD at ``time``: batch ``time`` applied to the state (the state's pairs, or a store handle)."""
+        raise NotImplementedError
 
     def on_store(self, time_ms: int) -> bool:
         """Whether the node's RDD at ``time_ms`` is a handle of the executor store (else the state's pairs)."""
+        return False
 
     def view(self, time: BatchTime) -> RDD | None:
         """The whole state at ``time`` as (key, value) pairs."""
+        raise NotImplementedError
 
     def changes(self, time: BatchTime) -> RDD | None:
         """The (key, value) pairs batch ``time`` changed, (key, None) for a key it removed."""
+        raise NotImplementedError
 
     def checkpoint_data(self) -> CheckpointData:
         """How the state is checkpointed, exported and restored (the node's ``checkpoint_data``)."""
+        raise NotImplementedError
 
     def metrics(self) -> dict[str, Any] | None:
         """The executor store's figures (keys, bytes on disk...), None: none (the RDD state, no report yet)."""
+        return None
 
     def retry(self, time: BatchTime, error: BaseException) -> None:
         """Drop what made a try of batch ``time`` fail before it is tried again (``error``: the try's)."""
@@ -153,14 +160,10 @@ def state_diff(sc: Any, current: RDD, previous: RDD | None, partitioner: Partiti
     return segmented_merge(sc, [[current], [previous]], partitioner, diff)
 
 
-class RDDState:
+class RDDState(StateBackend):
     """The RDD state backend (module docstring): each partition of the state at ``t`` is the one before merged with
     batch ``t``'s prepared records by :func:`~.keyed.rdd_partition`. With ``checkpoints_initial`` (the auto policy's)
     the initial state is checkpointed at the zero time, as the store's."""
-
-    prefix: str = ""
-    params: tuple[str, ...] = ()
-    initial_in_graph: bool = True
 
     def __init__(self, node: StateNode, checkpoints_initial: bool = False) -> None:
         self.node = node
@@ -204,9 +207,6 @@ class RDDState:
         groups = [[previous] if previous is not None else [], *([b] for b in batches)]
         return segmented_merge(node.graph.sc, groups, node.partitioner, merge, with_index=True)
 
-    def on_store(self, time_ms: int) -> bool:
-        return False
-
     def view(self, time: BatchTime) -> RDD | None:
         return self.node.get_or_compute(time)
 
@@ -224,15 +224,6 @@ class RDDState:
     def checkpoint_data(self) -> CheckpointData:
         """The state's checkpoint: its RDD's pairs, read back in the state's partitioner."""
         return CheckpointData(self.node, self.node.partitioner)
-
-    def metrics(self) -> dict[str, Any] | None:
-        return None
-
-    def retry(self, time: BatchTime, error: BaseException) -> None:
-        pass
-
-    def release(self) -> None:
-        pass
 
 
 class StateNode(OneParentNode):

@@ -74,6 +74,7 @@ from ..statestore import (
 from ..time import BatchTime
 from .event_time import watermark_at
 from .keyed import DUE, store_partition
+from .state import StateBackend
 
 if TYPE_CHECKING:
     from ..contracts import StateChangelog
@@ -220,7 +221,7 @@ def _sweep_host(folder: str, horizon: int, swept: Accumulator) -> None:
         swept.add(len(removed))
 
 
-class ExecutorStore:
+class ExecutorStore(StateBackend):
     """The executor store backend of a :class:`~.state.StateNode` (module docstring): the node's RDDs are handles,
     the operator's step applied by :func:`~.keyed.store_partition` to the keys each batch touches and the due ones."""
 
