@@ -67,38 +67,6 @@ def _closed_through(watermark: int | None, window: int, slide: int) -> int | Non
     return None if watermark is None else (watermark - window) // slide
 
 
-def check_event_window(emit: str, window: Duration, slide: Duration) -> None:
-    """Raise ``ValueError`` for an ``emit`` mode or a window and slide an event-time window cannot have."""
-    if emit not in EMIT_MODES:
-        raise ValueError(f"emit must be one of {EMIT_MODES}, got {emit!r}")
-    if window.ms <= 0 or slide.ms <= 0 or not window.is_multiple_of(slide):
-        raise ValueError(f"the event-time window ({window}) must be a positive multiple of its slide ({slide})")
-
-
-def pane_batch(batch: RDD, func: Callable[[Any, Any], Any], s: int, partitioner: Partitioner) -> RDD:
-    """``(key, {pane: value})`` per key of an event-time batch (panes of ``s`` ms), in ``partitioner`` (one
-    shuffle)."""
-
-    def combine(it: Iterable[Any]) -> Iterable[tuple[Any, dict[int, Any]]]:
-        acc: dict[Any, dict[int, Any]] = {}
-        for ts, kv in it:
-            k, v = require_pair(kv, "reduceByKeyAndEventWindow")
-            _add(func, acc.setdefault(k, {}), ts // s, v)
-        return acc.items()
-
-    def merge(it: Iterable[tuple[Any, dict[int, Any]]]) -> Iterable[tuple[Any, dict[int, Any]]]:
-        acc: dict[Any, dict[int, Any]] = {}
-        for k, panes in it:
-            cur = acc.setdefault(k, panes)
-            if cur is not panes:
-                for p, v in panes.items():
-                    _add(func, cur, p, v)
-        return acc.items()
-
-    return jvm.shuffle(batch.mapPartitions(combine), partitioner).mapPartitions(
-        merge, preservesPartitioning=True)
-
-
 class EventWindow(KeyedOp):
     """``reduceByKeyAndEventWindow`` (module docstring). Entries ``(panes or windows, carry, emitted)``, and on the
     store also the window closed through (``jmax``) and the mode, which its deadline reads
@@ -108,7 +76,10 @@ class EventWindow(KeyedOp):
 
     def __init__(self, func: Callable[[Any, Any], Any], inv_func: Callable[[Any, Any], Any] | None, window: Duration,
                  slide: Duration, emit: str) -> None:
-        check_event_window(emit, window, slide)
+        if emit not in EMIT_MODES:
+            raise ValueError(f"emit must be one of {EMIT_MODES}, got {emit!r}")
+        if window.ms <= 0 or slide.ms <= 0 or not window.is_multiple_of(slide):
+            raise ValueError(f"the event-time window ({window}) must be a positive multiple of its slide ({slide})")
         self.func, self.inv_func, self.window, self.slide, self.emit = func, inv_func, window, slide, emit
 
     def params(self) -> list[str]:
@@ -116,8 +87,27 @@ class EventWindow(KeyedOp):
         return [f"window={self.window.ms}", f"eventSlide={self.slide.ms}", f"emit={self.emit}", *inverse]
 
     def prepare(self, batch: RDD, partitioner: Partitioner) -> RDD:
-        """``(key, {pane: value})`` per key of the batch, in the state's partitioner (one shuffle)."""
-        return pane_batch(batch, self.func, self.slide.ms, partitioner)
+        """``(key, {pane: value})`` per key of the batch (panes of one slide), in the state's partitioner (one
+        shuffle)."""
+        func, s = self.func, self.slide.ms
+
+        def combine(it: Iterable[Any]) -> Iterable[tuple[Any, dict[int, Any]]]:
+            acc: dict[Any, dict[int, Any]] = {}
+            for ts, kv in it:
+                k, v = require_pair(kv, "reduceByKeyAndEventWindow")
+                _add(func, acc.setdefault(k, {}), ts // s, v)
+            return acc.items()
+
+        def merge(it: Iterable[tuple[Any, dict[int, Any]]]) -> Iterable[tuple[Any, dict[int, Any]]]:
+            acc: dict[Any, dict[int, Any]] = {}
+            for k, panes in it:
+                cur = acc.setdefault(k, panes)
+                if cur is not panes:
+                    for p, v in panes.items():
+                        _add(func, cur, p, v)
+            return acc.items()
+
+        return jvm.shuffle(batch.mapPartitions(combine), partitioner).mapPartitions(merge, preservesPartitioning=True)
 
     def _jmax(self, node: Any, time_ms: int) -> int | None:
         return _closed_through(watermark_at(node, BatchTime(time_ms)), self.window.ms, self.slide.ms)
@@ -247,17 +237,6 @@ def emitted_windows(window_ms: int, slide_ms: int, keyed: bool) -> Callable[[Ite
     return entry_records(2, record)
 
 
-def session_batch(batch: RDD, partitioner: Partitioner) -> RDD:
-    """``(key, [(event_ms, value), ...])`` per key of an event-time batch, in arrival order, in ``partitioner``."""
-
-    def by_key(it: Iterable[Any]) -> Iterable[tuple[Any, tuple[int, Any]]]:
-        for ts, kv in it:
-            k, v = require_pair(kv, "sessionWindow")
-            yield k, (ts, v)
-
-    return pre_group_ordered(batch.mapPartitions(by_key), partitioner, "sessionWindow")
-
-
 class SessionWindow(KeyedOp):
     """``sessionWindow(gap, aggregate)``: per key, sessions of records closer than ``gap`` in event time.
 
@@ -284,7 +263,14 @@ class SessionWindow(KeyedOp):
         return [f"gap={self.gap.ms}"]
 
     def prepare(self, batch: RDD, partitioner: Partitioner) -> RDD:
-        return session_batch(batch, partitioner)
+        """``(key, [(event_ms, value), ...])`` per key of the batch, in arrival order, in the state's partitioner."""
+
+        def by_key(it: Iterable[Any]) -> Iterable[tuple[Any, tuple[int, Any]]]:
+            for ts, kv in it:
+                k, v = require_pair(kv, "sessionWindow")
+                yield k, (ts, v)
+
+        return pre_group_ordered(batch.mapPartitions(by_key), partitioner, "sessionWindow")
 
     def step(self, node: Any, time: BatchTime) -> KeyStep:
         """A key's step in batch ``time``, with watermark ``W(t)``: its open sessions, the batch's records (None:
@@ -351,31 +337,10 @@ def late_session_records(gap_ms: int) -> Callable[[Iterable[Any]], Iterator[Any]
     return entry_records(2, lambda k, r: ((k, r[1]), seconds(r[0]), [(seconds(r[0]), seconds(r[0] + gap_ms))]))
 
 
-def late_window_records(window_ms: int, slide_ms: int, jmax: int | None, keyed: bool
-                        ) -> Callable[[Iterable[Any]], Iterator[Any]]:
-    """Partition function over a batch's ``(event_ms, (key, value))`` records: for each record with a window
-    closed through index ``jmax`` (None: none closed), ``(record, event time, [(start, end), ...])``: ``record``
-    is ``(key, value)`` (``value`` when not ``keyed``), the windows it missed in time order, times in seconds
-    since the epoch."""
-    n = window_ms // slide_ms
-
-    def run(it: Iterable[Any]) -> Iterator[Any]:
-        if jmax is None:
-            return
-        for ts, kv in it:
-            p = ts // slide_ms
-            missed = range(p - n + 1, min(p, jmax) + 1)
-            if missed:
-                yield (kv if keyed else kv[1], seconds(ts),
-                       [(seconds(j * slide_ms), seconds(j * slide_ms + window_ms)) for j in missed])
-
-    return run
-
-
 class WindowLateRecordsNode(OneParentNode):
     """``lateRecords()`` of an event-time window stream: per batch, the records of the window operator's input
     that missed at least one of their windows (it had closed: its end at or below the batch's watermark),
-    with the windows they missed (:func:`late_window_records`). A pure function of the batch's records and
+    with the windows they missed (:meth:`compute`). A pure function of the batch's records and
     its recorded watermark, so a replayed batch reports the same records."""
 
     label = "windowLateRecords"
@@ -391,8 +356,22 @@ class WindowLateRecordsNode(OneParentNode):
         return [f"window={self.window.ms}", f"eventSlide={self.slide.ms}", "keyed" if self.keyed else "unkeyed"]
 
     def compute(self, time: BatchTime) -> RDD | None:
+        """Per record ``(event_ms, (key, value))`` of batch ``time`` with a window closed through index ``jmax`` (by
+        its watermark): ``(record, event time, [(start, end), ...])``, ``record`` the ``(key, value)`` (the value when
+        not ``keyed``), the windows it missed in time order, times in seconds since the epoch."""
         rdd = self.parent.get_or_compute(time)
-        jmax = _closed_through(watermark_at(self, time), self.window.ms, self.slide.ms)
+        w, s, keyed = self.window.ms, self.slide.ms, self.keyed
+        jmax = _closed_through(watermark_at(self, time), w, s)
         if rdd is None:
             return None
-        return rdd.mapPartitions(late_window_records(self.window.ms, self.slide.ms, jmax, self.keyed))
+
+        def late(it: Iterable[Any]) -> Iterator[Any]:
+            if jmax is None:
+                return
+            for ts, kv in it:
+                p = ts // s
+                missed = range(p - w // s + 1, min(p, jmax) + 1)
+                if missed:
+                    yield kv if keyed else kv[1], seconds(ts), [(seconds(j * s), seconds(j * s + w)) for j in missed]
+
+        return rdd.mapPartitions(late)

@@ -268,9 +268,8 @@ class StateNode(OneParentNode):
 
     @property
     def parent_remember_duration(self) -> Duration:
-        assert self.remember_duration is not None
-        window = self.op.parent_window
-        return self.remember_duration + window if window is not None else self.remember_duration
+        remember, window = super().parent_remember_duration, self.op.parent_window
+        return remember + window if window is not None else remember
 
     def compute(self, time: BatchTime) -> RDD | None:
         return self.backend.compute(time)

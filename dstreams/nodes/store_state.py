@@ -284,8 +284,7 @@ class ExecutorStore(StateBackend):
         """The folder of this stream's stores on every executor: the same for every driver run on the same
         checkpoint location (so a restarted driver finds its stores), distinct for two locations."""
         node = self.node
-        checkpointer = node.graph.checkpointer
-        location = getattr(checkpointer, "location", "") if checkpointer is not None else ""
+        location = getattr(node.graph.checkpointer, "location", "")  # none without a checkpointer
         digest = hashlib.sha256(f"{location}\0{node.key}".encode()).hexdigest()[:20]
         return f"{node.key}-{digest}"
 
