@@ -85,8 +85,6 @@ def _moved_at(manifest: dict[str, Any]) -> int | None:
     return None if moved is None else int(moved)
 
 
-
-
 class AutoPolicy(StateBackend):
     """The state backend picked by size (module docstring): ``node``'s operator on :attr:`rdd` until the stream
     moves, then on :attr:`store`; each call goes to the backend of the batch it is about."""

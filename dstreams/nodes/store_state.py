@@ -139,8 +139,6 @@ def catch_up(store: PartitionStore, changelog: StateChangelog, run: str, partiti
     return True
 
 
-
-
 @dataclass(frozen=True)
 class StoreAccess:
     """What a task needs to reach a stream's stores, built on the driver for one job and shipped with it: the
