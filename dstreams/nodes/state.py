@@ -1,18 +1,9 @@
 """The stateful node: one class, :class:`StateNode`, runs any keyed operator (:class:`~.keyed.KeyedOp`) against a
-state backend (:class:`StateBackend`); here with the RDD state backend (:class:`RDDState`) and the operators
+state backend (:class:`StateBackend`), picked by ``spark.dstreams.state.store`` (``docs/internals/state-backends.md``):
+the RDD state (``rdd``, :class:`RDDState`, here), the executor state store (``executor``,
+:class:`~.store_state.ExecutorStore`) or the policy that starts on the first and moves the state into the second once
+it is large next to what a batch touches (``auto``, :class:`~.auto_state.AutoPolicy`). Here too the operators
 ``runningReduce`` and ``updateStateByKey``.
-
-The backends, picked by ``spark.dstreams.state.store`` (``docs/internals/state-backends.md``):
-
-* :class:`RDDState` (``rdd``): a chain of hash-partitioned state RDDs, the one at ``t`` the partition-wise merge of
-  the one at ``t - slide`` (or the initial state) with the batch brought into the state's partitioner by the
-  operator's ``prepare`` (the only shuffle of a batch): the state itself is never shuffled again. State RDDs are
-  cached and, every checkpoint interval, checkpointed so that the lineage stays bounded. The node is the public
-  stream.
-* :class:`~.store_state.ExecutorStore` (``executor``): the executor state store; the node's RDDs are handles of
-  store versions and a :class:`~.store_state.StateViewNode` is the public stream.
-* :class:`~.auto_state.AutoPolicy` (``auto``): not a third store but a policy over the two, which starts on the RDD
-  state and moves the state into the store once it is large next to what a batch touches.
 """
 
 from __future__ import annotations
@@ -161,9 +152,12 @@ def state_diff(sc: Any, current: RDD, previous: RDD | None, partitioner: Partiti
 
 
 class RDDState(StateBackend):
-    """The RDD state backend (module docstring): each partition of the state at ``t`` is the one before merged with
-    batch ``t``'s prepared records by :func:`~.keyed.rdd_partition`. With ``checkpoints_initial`` (the auto policy's)
-    the initial state is checkpointed at the zero time, as the store's."""
+    """The RDD state backend: a chain of hash-partitioned state RDDs, each partition of the one at ``t`` the one at
+    ``t - slide`` (or the initial state) merged with batch ``t``'s records, brought into the state's partitioner by the
+    operator's ``prepare`` (the only shuffle of a batch: the state itself is never shuffled again), by
+    :func:`~.keyed.rdd_partition`. State RDDs are cached and, every checkpoint interval, checkpointed so that the
+    lineage stays bounded; the node is the public stream. With ``checkpoints_initial`` (the auto policy's) the initial
+    state is checkpointed at the zero time, as the store's."""
 
     def __init__(self, node: StateNode, checkpoints_initial: bool = False) -> None:
         self.node = node
