@@ -26,12 +26,7 @@ carried in the state across batches (and kept up to date with the records that l
 emitting a window costs two calls instead of ``window / slide``. Without it, each window is the reduce of
 its panes. Both give the same values (``tests/property/test_event_time_windows.py``).
 
-Session windows (:class:`SessionWindow`, ``sessionWindow``) are the same kind of keyed operator: per key,
-the records of the open sessions, re-cut with each batch's records (so a late record that bridges two
-sessions merges them) and emitted once the watermark passes a session's end.
-
-Entries of this operator: ``(key, (panes_or_windows, carry, emitted))``; ``emitted`` lists the ``(j, value)``
-windows batch ``t`` emits; :func:`emitted_windows` turns them into the public records.
+Session windows are the same kind of keyed operator (:class:`SessionWindow`, ``sessionWindow``).
 """
 
 from __future__ import annotations
