@@ -42,7 +42,6 @@ the ``emitted`` records.
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,7 +52,7 @@ from pyspark.core.rdd import Partitioner
 
 from ..spark.partitioned import pre_group_ordered
 from ..time import BatchTime, Duration
-from .event_time import seconds, watermark_at
+from .event_time import event_ms, seconds, watermark_at
 from .keyed import DUE, NEXT_BATCH, Deadline, KeyedOp, KeyStep, entry_records, rdd_partition
 
 EVENT, PROCESSING = "event", "processing"
@@ -67,19 +66,18 @@ TimerTable = dict[str, tuple[str, int]]
 #: A change of a key's timers: (tag, (kind, time ms)) sets or replaces, (tag, None) deletes.
 TimerChange = tuple[str, tuple[str, int] | None]
 
+
 def _time_ms(value: Any, what: str) -> int:
-    """A timer time as integer ms: ``value`` is seconds since the epoch (int or float) or a ``datetime``."""
-    if isinstance(value, _dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=_dt.timezone.utc)
-        return round(value.timestamp() * 1000)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """A timer time as integer ms, by the event times' rule (:func:`~.event_time.event_ms`): ``value`` is seconds
+    since the epoch (int or float) or a ``datetime``; ``what`` names it in the error."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number of seconds since the epoch, got {value!r}")
+    try:
+        return event_ms(value)
+    except TypeError:
         raise TypeError(f"{what} must be seconds since the epoch (int or float) or a datetime, got {value!r:.100} "
                         f"({type(value).__name__}): e.g. Timer('event', ts + 60) for a minute of event time after "
-                        "an event's time ts")
-    if not math.isfinite(value):
-        raise ValueError(f"{what} must be a finite number of seconds since the epoch, got {value!r}")
-    return round(value * 1000)
+                        "an event's time ts") from None
 
 
 def _check_tag(tag: Any) -> str:
