@@ -453,7 +453,7 @@ class ExecutorStore(StateBackend):
         in the remember window needs it."""
         node = self.node
         assert node.remember_duration is not None
-        return min(t - node.remember_duration.ms - node.slide_duration.ms, *self._chain[-1:], *self._marked)
+        return min([t - node.remember_duration.ms - node.slide_duration.ms, *self._chain[-1:], *self._marked])
 
     def compute(self, time: BatchTime, previous: RDD | None = None) -> RDD | None:
         """The handle at ``time``: batch ``time`` applied to ``previous`` (default: the node's RDD before, or the
