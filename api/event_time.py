@@ -246,13 +246,12 @@ class TimedDStream(DStream[T_co]):
                     invFunc: Callable[[Any, Any], Any] | None, w: Duration, s: Duration, emit: str, part: Any,
                     keyed: bool, late: Callable[[], DStreamNode]) -> EventWindowView[Any]:
         """The event-window operator over ``timed`` on the state backend in force."""
-        from dstreams.nodes.event_window import EventWindow, emitted_windows, written
+        from dstreams.nodes.event_window import EventWindow, emitted_windows
 
         node = self._state_node(EventWindow(func, invFunc, w, s, emit), part, parent=timed)
-        if isinstance(node, StateViewNode):
-            return EventWindowView(node, written(emitted_windows(w.ms, s.ms, keyed=keyed)), "eventWindows",
-                                   self._ssc, late, source=StateChangesNode(node.graph, node))
-        return EventWindowView(node, emitted_windows(w.ms, s.ms, keyed=keyed), "eventWindows", self._ssc, late)
+        changes = StateChangesNode(node.graph, node) if isinstance(node, StateViewNode) else None
+        return EventWindowView(node, emitted_windows(w.ms, s.ms, keyed=keyed), "eventWindows", self._ssc, late,
+                               source=changes)
 
     def reduceByEventWindow(self: TimedDStream[T], reduceFunc: Callable[[T, T], T], windowDuration: DurationLike,
                             slideDuration: DurationLike | None = None,
@@ -316,30 +315,20 @@ class TimedDStream(DStream[T_co]):
         ``GuardedAggregate``, whose failed sessions the view leaves out (``_all_sessions`` is the node of every
         emitted session, failed ones included)."""
         from dstreams.dead_letters import sessions_without_failures
-        from dstreams.nodes.event_window import SessionWindow, emitted_sessions, written
+        from dstreams.nodes.event_window import SessionWindow, emitted_sessions
 
         graph = self._timed.graph
         emitted: Callable[[Iterable[Any]], Iterator[Any]] = emitted_sessions
         if guarded:
             emitted = lambda it: sessions_without_failures(emitted_sessions(it))  # noqa: E731
         node = self._state_node(SessionWindow(g, aggregate), part, parent=self._timed)
-        if isinstance(node, StateViewNode):
-            view = node
-            changes = StateChangesNode(graph, view)
-            late_written, all_written = written(late), written(emitted_sessions)
-            out = EventWindowView(view, written(emitted), "sessions", self._ssc,
-                                  lambda: TransformedNode(graph, [changes],
-                                                          lambda rdds, t: rdds[0].mapPartitions(late_written),
-                                                          "sessionLate"), source=changes)
-            if guarded:
-                out._all_sessions = TransformedNode(graph, [changes],
-                                                    lambda rdds, t: rdds[0].mapPartitions(all_written), "sessions")
-            return out
+        # On the executor store the outputs are read from what each batch wrote, else from the state.
+        source = StateChangesNode(graph, node) if isinstance(node, StateViewNode) else node
         out = EventWindowView(node, emitted, "sessions", self._ssc,
-                              lambda: TransformedNode(node.graph, [node],
-                                                      lambda rdds, t: rdds[0].mapPartitions(late), "sessionLate"))
+                              lambda: TransformedNode(graph, [source], lambda rdds, t: rdds[0].mapPartitions(late),
+                                                      "sessionLate"), source=source)
         if guarded:
-            out._all_sessions = TransformedNode(graph, [node],
+            out._all_sessions = TransformedNode(graph, [source],
                                                 lambda rdds, t: rdds[0].mapPartitions(emitted_sessions), "sessions")
         return out
 
@@ -369,15 +358,11 @@ class TrackedDStream(StateView[tuple[Any, Any]]):
 
     def __init__(self, node: DStreamNode, ssc: GraphOwner, updated_only: bool = False,
                  changes: DStreamNode | None = None) -> None:
-        from dstreams.nodes.timers import live_states, updated_entries, updated_states
+        from dstreams.nodes.timers import live_states, updated_states
 
         self._changes = changes
-        if changes is None:
-            super().__init__(node, updated_states if updated_only else live_states, "trackStates", ssc)
-        elif updated_only:
-            super().__init__(node, updated_entries, "trackStates", ssc, source=changes)
-        else:
-            super().__init__(node, live_states, "trackStates", ssc)
+        super().__init__(node, updated_states if updated_only else live_states, "trackStates", ssc,
+                         source=changes if updated_only else None)
 
     def emitted(self) -> DStream[Any]:
         """The records ``init``/``update``/``on_timer`` emitted with ``TrackUpdate(..., emit=[...])``, per batch."""
@@ -405,11 +390,7 @@ class TrackedDStream(StateView[tuple[Any, Any]]):
         return self
 
     def _all_emitted(self) -> DStream[Any]:
-        if self._changes is not None:
-            from dstreams.nodes.timers import emitted_entries
-
-            return StateView(self._state, emitted_entries, "trackEmitted", self._ssc, source=self._changes)
         from dstreams.nodes.timers import emitted_records
 
-        return StateView(self._state, emitted_records, "trackEmitted", self._ssc)
+        return StateView(self._state, emitted_records, "trackEmitted", self._ssc, source=self._changes)
 

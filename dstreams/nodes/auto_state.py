@@ -14,7 +14,7 @@ Contract: :class:`AutoPolicy` is a :class:`~.state.StateBackend` made of the two
 the state from the first to the second; it holds no state of its own.
 
 * One node for every operator (the operator's step is :class:`~.keyed.KeyedOp`'s, the same on both sides). A
-  stream starts on the RDD state: its RDD at ``t`` is the state itself (:func:`~.state.rdd_state`), and each
+  stream starts on the RDD state: its RDD at ``t`` is the state itself (:meth:`~.state.RDDState.compute`), and each
   partition also reports (an accumulator) the keys of its state and the keys the batch touched as the store would
   touch them (:meth:`~.keyed.KeyedOp.touched`: the keys with values; for ``track`` also the keys that timed out,
   ended or fired a timer).
@@ -51,7 +51,7 @@ from ..checkpoint_data import CheckpointData
 from ..errors import failed_with
 from ..statestore import PAIRS_SNAPSHOT, PART_HEADER, StateStoreError
 from ..time import BatchTime
-from .state import RDDState
+from .state import RDDState, StateBackend
 from .store_state import ExecutorStore, StoreCheckpointData, _LatestPerPartition
 
 if TYPE_CHECKING:
@@ -85,9 +85,7 @@ def _moved_at(manifest: dict[str, Any]) -> int | None:
     return None if moved is None else int(moved)
 
 
-
-
-class AutoPolicy:
+class AutoPolicy(StateBackend):
     """The state backend picked by size (module docstring): ``node``'s operator on :attr:`rdd` until the stream
     moves, then on :attr:`store`; each call goes to the backend of the batch it is about."""
 
@@ -100,7 +98,7 @@ class AutoPolicy:
         #: The RDD state (which checkpoints the initial state at the zero time: a restart before the next checkpoint
         #: reads it back) and the store (holding no version before the move).
         self.rdd = RDDState(node, checkpoints_initial=True)
-        self.store = ExecutorStore(node, local_dir, snapshot_every, first_version=None)
+        self.store = ExecutorStore(node, local_dir, snapshot_every)
         self.auto_keys = max(1, int(auto_keys))
         self.__dict__.update(self._runtime())
 
@@ -119,18 +117,9 @@ class AutoPolicy:
         return {"switched_at": None, "_rdd_stats": None, "_touched": [], "_sampled": -1, "_moved_handle": None}
 
     def __getstate__(self) -> dict[str, Any]:
-        """A stored graph has not moved: a restart learns the move from its checkpoint (:meth:`moved_at`)."""
+        """A stored graph has not moved: a restart learns the move from its checkpoint
+        (:meth:`AutoCheckpointData.manifest`)."""
         return {**self.__dict__, **self._runtime()}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.store.first_version = None  # nor has its store
-
-    def moved_at(self, time_ms: int) -> None:
-        """The stream is on the store from batch ``time_ms`` on (so the store holds the versions from the batch
-        before it on)."""
-        self.switched_at = time_ms
-        self.store.first_version = time_ms - self.node.slide_duration.ms
 
     def on_store(self, time_ms: int) -> bool:
         """Whether the stream's RDD at ``time_ms`` is a store handle (else an RDD state)."""
@@ -158,7 +147,7 @@ class AutoPolicy:
         node = self.node
         if self.switched_at is None and time.ms > max(node.generated, default=-1) and self._ready_to_move():
             # Only a new batch moves the stream: a rebuild of earlier ones (a lineage cut) keeps their kind.
-            self.moved_at(time.ms)
+            self.switched_at = time.ms
             log.info("%s moves into the executor state store at batch %d (state of at least %d keys, batches "
                      "touching %d)", node.name, time.ms, self.auto_keys, typical_touched(self._touched))
         if not self.on_store(time.ms):
@@ -201,16 +190,16 @@ class AutoPolicy:
             self._moved_handle.unpersist(blocking=False)
 
     # ------------------------------------------------------------------ views
+    def _backend_at(self, time: BatchTime) -> RDDState | ExecutorStore:
+        """The backend batch ``time`` is on, once it is built (building it may be what moves the stream)."""
+        self.node.get_or_compute(time)
+        return self.store if self.on_store(time.ms) else self.rdd
+
     def view(self, time: BatchTime) -> RDD | None:
-        current = self.node.get_or_compute(time)  # first: building batch ``time`` may be what moves the stream
-        if current is None or not self.on_store(time.ms):
-            return current
-        return self.store.view(time)
+        return self._backend_at(time).view(time)
 
     def changes(self, time: BatchTime) -> RDD | None:
-        if self.node.get_or_compute(time) is None:
-            return None
-        return (self.store if self.on_store(time.ms) else self.rdd).changes(time)
+        return self._backend_at(time).changes(time)
 
 
 class AutoCheckpointData(CheckpointData):
@@ -251,7 +240,7 @@ class AutoCheckpointData(CheckpointData):
         self.stored.manifest(time_ms, manifest)
         policy, moved = self.policy, _moved_at(manifest)
         if moved is not None and (policy.switched_at is None or moved < policy.switched_at):
-            policy.moved_at(moved)
+            policy.switched_at = moved
 
     def restore(self, time: BatchTime, reader: RDD) -> None:
         """After the move: the store's. Before it: the RDD state read back (its pairs as they were)."""

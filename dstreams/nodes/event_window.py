@@ -26,17 +26,13 @@ carried in the state across batches (and kept up to date with the records that l
 emitting a window costs two calls instead of ``window / slide``. Without it, each window is the reduce of
 its panes. Both give the same values (``tests/property/test_event_time_windows.py``).
 
-Session windows (:class:`SessionWindow`, ``sessionWindow``) are the same kind of keyed operator: per key,
-the records of the open sessions, re-cut with each batch's records (so a late record that bridges two
-sessions merges them) and emitted once the watermark passes a session's end.
-
-Entries of this operator: ``(key, (panes_or_windows, carry, emitted))``; ``emitted`` lists the ``(j, value)``
-windows batch ``t`` emits; :func:`emitted_windows` turns them into the public records.
+Session windows are the same kind of keyed operator (:class:`SessionWindow`, ``sessionWindow``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD
@@ -45,10 +41,9 @@ from pyspark.core.rdd import Partitioner
 from ..node import DStreamNode, OneParentNode
 from ..spark import jvm
 from ..spark.partitioned import pre_group_ordered, require_pair
-from ..statestore import Indexer
 from ..time import BatchTime, Duration
 from .event_time import previous_watermark_at, seconds, watermark_at
-from .keyed import DUE, NEXT_BATCH, Deadline, KeyedOp, KeyStep, bytes_deadline
+from .keyed import DUE, NEXT_BATCH, Deadline, KeyedOp, KeyStep, entry_records
 
 if TYPE_CHECKING:
     from ..graph import DStreamGraph
@@ -67,54 +62,19 @@ def _closed_through(watermark: int | None, window: int, slide: int) -> int | Non
     return None if watermark is None else (watermark - window) // slide
 
 
-def check_event_window(emit: str, window: Duration, slide: Duration) -> None:
-    """Raise ``ValueError`` for an ``emit`` mode or a window and slide an event-time window cannot have."""
-    if emit not in EMIT_MODES:
-        raise ValueError(f"emit must be one of {EMIT_MODES}, got {emit!r}")
-    if window.ms <= 0 or slide.ms <= 0 or not window.is_multiple_of(slide):
-        raise ValueError(f"the event-time window ({window}) must be a positive multiple of its slide ({slide})")
-
-
-def pane_batch(batch: RDD, func: Callable[[Any, Any], Any], s: int, partitioner: Partitioner) -> RDD:
-    """``(key, {pane: value})`` per key of an event-time batch (panes of ``s`` ms), in ``partitioner`` (one
-    shuffle)."""
-
-    def combine(it: Iterable[Any]) -> Iterable[tuple[Any, dict[int, Any]]]:
-        acc: dict[Any, dict[int, Any]] = {}
-        for ts, kv in it:
-            k, v = require_pair(kv, "reduceByKeyAndEventWindow")
-            panes = acc.get(k)
-            if panes is None:
-                acc[k] = {ts // s: v}
-            else:
-                _add(func, panes, ts // s, v)
-        return acc.items()
-
-    def merge(it: Iterable[tuple[Any, dict[int, Any]]]) -> Iterable[tuple[Any, dict[int, Any]]]:
-        acc: dict[Any, dict[int, Any]] = {}
-        for k, panes in it:
-            cur = acc.get(k)
-            if cur is None:
-                acc[k] = panes
-            else:
-                for p, v in panes.items():
-                    _add(func, cur, p, v)
-        return acc.items()
-
-    return jvm.shuffle(batch.mapPartitions(combine), partitioner).mapPartitions(
-        merge, preservesPartitioning=True)
-
-
 class EventWindow(KeyedOp):
     """``reduceByKeyAndEventWindow`` (module docstring). Entries ``(panes or windows, carry, emitted)``, and on the
     store also the window closed through (``jmax``) and the mode, which its deadline reads
-    (:func:`window_deadline`); the public records read ``entry[2]`` (:func:`emitted_windows`)."""
+    (:meth:`deadline`); the public records read ``entry[2]`` (:func:`emitted_windows`)."""
 
     kind, label, visits = "EventWindowNode", "reduceByKeyAndEventWindow", DUE
 
     def __init__(self, func: Callable[[Any, Any], Any], inv_func: Callable[[Any, Any], Any] | None, window: Duration,
                  slide: Duration, emit: str) -> None:
-        check_event_window(emit, window, slide)
+        if emit not in EMIT_MODES:
+            raise ValueError(f"emit must be one of {EMIT_MODES}, got {emit!r}")
+        if window.ms <= 0 or slide.ms <= 0 or not window.is_multiple_of(slide):
+            raise ValueError(f"the event-time window ({window}) must be a positive multiple of its slide ({slide})")
         self.func, self.inv_func, self.window, self.slide, self.emit = func, inv_func, window, slide, emit
 
     def params(self) -> list[str]:
@@ -122,8 +82,27 @@ class EventWindow(KeyedOp):
         return [f"window={self.window.ms}", f"eventSlide={self.slide.ms}", f"emit={self.emit}", *inverse]
 
     def prepare(self, batch: RDD, partitioner: Partitioner) -> RDD:
-        """``(key, {pane: value})`` per key of the batch, in the state's partitioner (one shuffle)."""
-        return pane_batch(batch, self.func, self.slide.ms, partitioner)
+        """``(key, {pane: value})`` per key of the batch (panes of one slide), in the state's partitioner (one
+        shuffle)."""
+        func, s = self.func, self.slide.ms
+
+        def combine(it: Iterable[Any]) -> Iterable[tuple[Any, dict[int, Any]]]:
+            acc: dict[Any, dict[int, Any]] = {}
+            for ts, kv in it:
+                k, v = require_pair(kv, "reduceByKeyAndEventWindow")
+                _add(func, acc.setdefault(k, {}), ts // s, v)
+            return acc.items()
+
+        def merge(it: Iterable[tuple[Any, dict[int, Any]]]) -> Iterable[tuple[Any, dict[int, Any]]]:
+            acc: dict[Any, dict[int, Any]] = {}
+            for k, panes in it:
+                cur = acc.setdefault(k, panes)
+                if cur is not panes:
+                    for p, v in panes.items():
+                        _add(func, cur, p, v)
+            return acc.items()
+
+        return jvm.shuffle(batch.mapPartitions(combine), partitioner).mapPartitions(merge, preservesPartitioning=True)
 
     def _jmax(self, node: Any, time_ms: int) -> int | None:
         return _closed_through(watermark_at(node, BatchTime(time_ms)), self.window.ms, self.slide.ms)
@@ -143,7 +122,30 @@ class EventWindow(KeyedOp):
         return key_step
 
     def deadline(self) -> Deadline:
-        return window_deadline(self.window.ms, self.slide.ms)
+        """An entry's deadline (the store's layout): by watermark the end of the key's next window to close
+        (``emit="final"``: the first window after the last one closed, ``jmax``, holding data, or the window after
+        the carried one, whose carry then goes; ``"updates"``: the first window still held); the next batch for an
+        entry holding emitted windows."""
+        window_ms, slide_ms = self.window.ms, self.slide.ms
+        n = window_ms // slide_ms
+
+        def deadline(entry: Any) -> tuple[int | None, int | None]:
+            held, carry, emitted, jmax, mode = entry
+            if emitted:
+                return NEXT_BATCH, None
+            if mode == "updates":  # windows j held until the watermark passes their end
+                j = min(held) if held else None
+            else:  # panes p: the first window after jmax with data, or the one after the carried one
+                j = None
+                if held:
+                    j = min(held) - n + 1
+                    if jmax is not None:
+                        j = max(j, jmax + 1)
+                if carry is not None and (j is None or carry[0] + 1 < j):
+                    j = carry[0] + 1
+            return None, None if j is None else j * slide_ms + window_ms
+
+        return deadline
 
     def to_store(self, node: Any, time_ms: int) -> Callable[[Any], Any] | None:
         """An RDD entry of batch ``t`` gets ``t``'s ``jmax``: on the RDD state every key steps every batch, so every
@@ -156,37 +158,6 @@ class EventWindow(KeyedOp):
 
     def rdd_changes(self, current: RDD, time: BatchTime) -> RDD | None:
         return current.filter(lambda kv: kv[1][2])  # the entries holding windows the batch emitted
-
-
-def window_deadline(window_ms: int, slide_ms: int) -> Deadline:
-    """An event-window entry's deadline (store layout): by watermark the end of the key's next window to close
-    (``emit="final"``: the first window after the last one closed, ``jmax``, holding data, or the window after the
-    carried one, whose carry then goes; ``"updates"``: the first window still held); the next batch for an entry
-    holding emitted windows."""
-    n = window_ms // slide_ms
-
-    def deadline(entry: Any) -> tuple[int | None, int | None]:
-        held, carry, emitted, jmax, mode = entry
-        if emitted:
-            return NEXT_BATCH, None
-        if mode == "updates":  # windows j held until the watermark passes their end
-            j = min(held) if held else None
-        else:  # panes p: the first window after jmax with data, or the one after the carried window
-            j = None
-            if held:
-                j = min(held) - n + 1
-                if jmax is not None:
-                    j = max(j, jmax + 1)
-            if carry is not None and (j is None or carry[0] + 1 < j):
-                j = carry[0] + 1
-        return None, None if j is None else j * slide_ms + window_ms
-
-    return deadline
-
-
-def window_deadlines(window_ms: int, slide_ms: int) -> Indexer:
-    """:func:`window_deadline` over stored entry bytes (the store's index)."""
-    return bytes_deadline(window_deadline(window_ms, slide_ms))
 
 
 Step = Callable[[dict[int, Any], Any, dict[int, Any]], tuple[dict[int, Any], Any, list[tuple[int, Any]]]]
@@ -204,7 +175,21 @@ def final_step(func: Callable[[Any, Any], Any], inv: Callable[[Any, Any], Any] |
         panes = dict(old)
         emitted: list[tuple[int, Any]] = []
         if jmax is not None:  # first the windows W(t) closes, from the records of the batches before t
-            panes, carry, emitted = _emit_closed(panes, carry)
+            low = None if jprev is None else jprev + 1
+            for j in sorted({j for p in panes for j in range(p - n + 1 if low is None else max(p - n + 1, low),
+                                                            min(p, jmax) + 1)}):
+                if inv is not None and carry is not None and carry[0] == j - 1:  # slid from the window before
+                    value = inv(carry[1], carry[3]) if carry[2] else carry[1]
+                    if j + n - 1 in panes:
+                        value = func(value, panes[j + n - 1])
+                else:  # the reduce of its panes (at least one holds data)
+                    value = reduce(func, [panes[q] for q in range(j, j + n) if q in panes])
+                emitted.append((j, value))
+                if inv is not None:
+                    carry = (j, value, j in panes, panes.get(j))
+            panes = {p: v for p, v in panes.items() if p > jmax}
+            if carry is not None and carry[0] != jmax:
+                carry = None  # the next window cannot slide from it (the windows between had no data)
         for p in sorted(new):  # then the batch's records, in the windows still open
             if jmax is not None and p <= jmax:
                 continue  # every window of pane p has closed: late for all of them
@@ -212,32 +197,6 @@ def final_step(func: Callable[[Any, Any], Any], inv: Callable[[Any, Any], Any] |
             _add(func, panes, p, v)
             if carry is not None and carry[0] < p < carry[0] + n:
                 carry = (carry[0], func(carry[1], v), carry[2], carry[3])
-        return panes, carry, emitted
-
-    def _emit_closed(panes: dict[int, Any], carry: Any) -> tuple[dict[int, Any], Any, list[tuple[int, Any]]]:
-        assert jmax is not None
-        low = None if jprev is None else jprev + 1
-        candidates = sorted({j for p in panes for j in range(p - n + 1 if low is None else max(p - n + 1, low),
-                                                           min(p, jmax) + 1)})
-        emitted = []
-        for j in candidates:
-            if inv is not None and carry is not None and carry[0] == j - 1:
-                value = inv(carry[1], carry[3]) if carry[2] else carry[1]
-                entering = panes.get(j + n - 1, _MISSING)
-                if entering is not _MISSING:
-                    value = func(value, entering)
-            else:
-                value = _MISSING
-                for q in range(j, j + n):
-                    v = panes.get(q, _MISSING)
-                    if v is not _MISSING:
-                        value = v if value is _MISSING else func(value, v)
-            emitted.append((j, value))
-            if inv is not None:
-                carry = (j, value, j in panes, panes.get(j))
-        panes = {p: v for p, v in panes.items() if p > jmax}
-        if carry is not None and carry[0] != jmax:
-            carry = None  # the next window cannot slide from it (the windows between had no data)
         return panes, carry, emitted
 
     return step
@@ -262,27 +221,15 @@ def updates_step(func: Callable[[Any, Any], Any], n: int, jmax: int | None) -> S
 
 
 def emitted_windows(window_ms: int, slide_ms: int, keyed: bool) -> Callable[[Iterable[Any]], Iterator[Any]]:
-    """Partition function: the public records of the windows emitted in a batch:
+    """Partition function over the state or its changes: the public records of the windows emitted in a batch:
     ``((key, (start, end)), value)`` (keyed) or ``((start, end), value)``, bounds in seconds since the epoch."""
 
-    def run(it: Iterable[Any]) -> Iterator[Any]:
-        for k, st in it:
-            for j, value in st[2]:
-                bounds = (seconds(j * slide_ms), seconds(j * slide_ms + window_ms))
-                yield ((k, bounds), value) if keyed else (bounds, value)
+    def record(k: Any, window: tuple[int, Any]) -> Any:
+        j, value = window
+        bounds = (seconds(j * slide_ms), seconds(j * slide_ms + window_ms))
+        return ((k, bounds), value) if keyed else (bounds, value)
 
-    return run
-
-
-def session_batch(batch: RDD, partitioner: Partitioner) -> RDD:
-    """``(key, [(event_ms, value), ...])`` per key of an event-time batch, in arrival order, in ``partitioner``."""
-
-    def by_key(it: Iterable[Any]) -> Iterable[tuple[Any, tuple[int, Any]]]:
-        for ts, kv in it:
-            k, v = require_pair(kv, "sessionWindow")
-            yield k, (ts, v)
-
-    return pre_group_ordered(batch.mapPartitions(by_key), partitioner, "sessionWindow")
+    return entry_records(2, record)
 
 
 class SessionWindow(KeyedOp):
@@ -311,70 +258,55 @@ class SessionWindow(KeyedOp):
         return [f"gap={self.gap.ms}"]
 
     def prepare(self, batch: RDD, partitioner: Partitioner) -> RDD:
-        return session_batch(batch, partitioner)
+        """``(key, [(event_ms, value), ...])`` per key of the batch, in arrival order, in the state's partitioner."""
+
+        def by_key(it: Iterable[Any]) -> Iterable[tuple[Any, tuple[int, Any]]]:
+            for ts, kv in it:
+                k, v = require_pair(kv, "sessionWindow")
+                yield k, (ts, v)
+
+        return pre_group_ordered(batch.mapPartitions(by_key), partitioner, "sessionWindow")
 
     def step(self, node: Any, time: BatchTime) -> KeyStep:
-        step = session_step(self.gap.ms, self.aggregate, watermark_at(node, time))
+        """A key's step in batch ``time``, with watermark ``W(t)``: its open sessions, the batch's records (None:
+        none) -> ``(open sessions, emitted (start, end, aggregate), late records)`` (the class docstring's rule)."""
+        gap, aggregate, wm = self.gap.ms, self.aggregate, watermark_at(node, time)
 
-        def key_step(k: Any, entry: Any, new: Any) -> Any:
-            kept, emitted, late = step(entry[0] if entry else [], new)
+        def step(k: Any, entry: Any, records: list[tuple[int, Any]] | None) -> Any:
+            kept, emitted, late = [], [], []
+            for session in entry[0] if entry else []:  # first the sessions W(t) closes, as the batches before left them
+                end = session[-1][0] + gap
+                if wm is not None and end <= wm:
+                    emitted.append((session[0][0], end, aggregate([e[1] for e in session])))
+                else:
+                    kept.append(session)
+            if records is not None:  # re-cut the open sessions with the new records (merging those they bridge)
+                events = sorted([*(e for session in kept for e in session), *records], key=lambda e: e[0])
+                kept = []
+                for session in _sessions(events, gap):
+                    if wm is not None and session[-1][0] + gap <= wm:
+                        late.extend(session)  # the batch's records alone, in a session closed already
+                    else:
+                        kept.append(session)
             return (kept, emitted, late) if kept or emitted or late else None
 
-        return key_step
+        return step
 
     def deadline(self) -> Deadline:
-        return session_deadline(self.gap.ms)
+        """By watermark the end of the entry's first open session; the next batch for an entry holding emitted
+        sessions or late records."""
+        gap = self.gap.ms
+
+        def deadline(entry: Any) -> tuple[int | None, int | None]:
+            sessions, emitted, late = entry
+            if emitted or late:
+                return NEXT_BATCH, None
+            return None, min(s[-1][0] for s in sessions) + gap if sessions else None
+
+        return deadline
 
     def rdd_changes(self, current: RDD, time: BatchTime) -> RDD | None:
         return current.filter(lambda kv: kv[1][1] or kv[1][2])  # sessions emitted or records found late
-
-
-def session_deadline(gap_ms: int) -> Deadline:
-    """A session entry's deadline: by watermark the end of its first open session; the next batch for an entry
-    holding emitted sessions or late records."""
-
-    def deadline(entry: Any) -> tuple[int | None, int | None]:
-        sessions, emitted, late = entry
-        if emitted or late:
-            return NEXT_BATCH, None
-        return None, min(s[-1][0] for s in sessions) + gap_ms if sessions else None
-
-    return deadline
-
-
-def session_deadlines(gap_ms: int) -> Indexer:
-    """:func:`session_deadline` over stored entry bytes (the store's index)."""
-    return bytes_deadline(session_deadline(gap_ms))
-
-
-SessionStep = Callable[[list[list[tuple[int, Any]]], list[tuple[int, Any]] | None],
-                       tuple[list[list[tuple[int, Any]]], list[tuple[int, int, Any]], list[tuple[int, Any]]]]
-
-
-def session_step(gap: int, aggregate: Callable[[list[Any]], Any], wm: int | None) -> SessionStep:
-    """One key's step of :class:`SessionWindow` in a batch with watermark ``wm``: ``(open sessions, the
-    batch's records or None) -> (open sessions, emitted (start, end, aggregate), late records)``."""
-
-    def step(sessions: list[list[tuple[int, Any]]], records: list[tuple[int, Any]] | None
-             ) -> tuple[list[list[tuple[int, Any]]], list[tuple[int, int, Any]], list[tuple[int, Any]]]:
-        kept, emitted, late = [], [], []
-        for session in sessions:  # first the sessions W(t) closes, as the batches before left them
-            end = session[-1][0] + gap
-            if wm is not None and end <= wm:
-                emitted.append((session[0][0], end, aggregate([e[1] for e in session])))
-            else:
-                kept.append(session)
-        if records is not None:  # re-cut the open sessions with the new records (merging those they bridge)
-            events = sorted([*(e for session in kept for e in session), *records], key=lambda e: e[0])
-            kept = []
-            for session in _sessions(events, gap):
-                if wm is not None and session[-1][0] + gap <= wm:
-                    late.extend(session)  # the batch's records alone, in a session closed already
-                else:
-                    kept.append(session)
-        return kept, emitted, late
-
-    return step
 
 
 def _sessions(events: list[tuple[int, Any]], gap: int) -> list[list[tuple[int, Any]]]:
@@ -388,61 +320,22 @@ def _sessions(events: list[tuple[int, Any]], gap: int) -> list[list[tuple[int, A
     return out
 
 
-def written(view: Callable[[Iterable[Any]], Iterator[Any]]) -> Callable[[Iterable[Any]], Iterator[Any]]:
-    """``view`` over what a batch wrote (``changes``: ``(key, entry)``, ``(key, None)`` for a key removed),
-    skipping the removals."""
-
-    def run(it: Iterable[Any]) -> Iterator[Any]:
-        return view((k, e) for k, e in it if e is not None)
-
-    return run
-
-
-def emitted_sessions(it: Iterable[Any]) -> Iterator[Any]:
-    """Partition function: ``((key, (start, end)), aggregate)`` for the sessions emitted in a batch."""
-    for k, st in it:
-        for start, end, value in st[1]:
-            yield (k, (seconds(start), seconds(end))), value
+#: Partition function over the state or its changes: ``((key, (start, end)), aggregate)`` for the sessions emitted
+#: in a batch.
+emitted_sessions = entry_records(1, lambda k, s: ((k, (seconds(s[0]), seconds(s[1]))), s[2]))
 
 
 def late_session_records(gap_ms: int) -> Callable[[Iterable[Any]], Iterator[Any]]:
-    """Partition function: ``((key, value), event time, [(event time, event time + gap)])`` for each record
-    a batch's sessions dropped as late (the session it alone would have opened had closed already), times in
-    seconds since the epoch."""
-
-    def run(it: Iterable[Any]) -> Iterator[Any]:
-        for k, st in it:
-            for ts, v in (st[2] if len(st) > 2 else ()):
-                yield (k, v), seconds(ts), [(seconds(ts), seconds(ts + gap_ms))]
-
-    return run
-
-
-def late_window_records(window_ms: int, slide_ms: int, jmax: int | None, keyed: bool
-                        ) -> Callable[[Iterable[Any]], Iterator[Any]]:
-    """Partition function over a batch's ``(event_ms, (key, value))`` records: for each record with a window
-    closed through index ``jmax`` (None: none closed), ``(record, event time, [(start, end), ...])``: ``record``
-    is ``(key, value)`` (``value`` when not ``keyed``), the windows it missed in time order, times in seconds
-    since the epoch."""
-    n = window_ms // slide_ms
-
-    def run(it: Iterable[Any]) -> Iterator[Any]:
-        if jmax is None:
-            return
-        for ts, kv in it:
-            p = ts // slide_ms
-            missed = range(p - n + 1, min(p, jmax) + 1)
-            if missed:
-                yield (kv if keyed else kv[1], seconds(ts),
-                       [(seconds(j * slide_ms), seconds(j * slide_ms + window_ms)) for j in missed])
-
-    return run
+    """Partition function over the state or its changes: ``((key, value), event time, [(event time, event time +
+    gap)])`` for each record a batch's sessions dropped as late (the session it alone would have opened had closed
+    already), times in seconds since the epoch."""
+    return entry_records(2, lambda k, r: ((k, r[1]), seconds(r[0]), [(seconds(r[0]), seconds(r[0] + gap_ms))]))
 
 
 class WindowLateRecordsNode(OneParentNode):
     """``lateRecords()`` of an event-time window stream: per batch, the records of the window operator's input
     that missed at least one of their windows (it had closed: its end at or below the batch's watermark),
-    with the windows they missed (:func:`late_window_records`). A pure function of the batch's records and
+    with the windows they missed (:meth:`compute`). A pure function of the batch's records and
     its recorded watermark, so a replayed batch reports the same records."""
 
     label = "windowLateRecords"
@@ -458,8 +351,22 @@ class WindowLateRecordsNode(OneParentNode):
         return [f"window={self.window.ms}", f"eventSlide={self.slide.ms}", "keyed" if self.keyed else "unkeyed"]
 
     def compute(self, time: BatchTime) -> RDD | None:
+        """Per record ``(event_ms, (key, value))`` of batch ``time`` with a window closed through index ``jmax`` (by
+        its watermark): ``(record, event time, [(start, end), ...])``, ``record`` the ``(key, value)`` (the value when
+        not ``keyed``), the windows it missed in time order, times in seconds since the epoch."""
         rdd = self.parent.get_or_compute(time)
-        jmax = _closed_through(watermark_at(self, time), self.window.ms, self.slide.ms)
+        w, s, keyed = self.window.ms, self.slide.ms, self.keyed
+        jmax = _closed_through(watermark_at(self, time), w, s)
         if rdd is None:
             return None
-        return rdd.mapPartitions(late_window_records(self.window.ms, self.slide.ms, jmax, self.keyed))
+
+        def late(it: Iterable[Any]) -> Iterator[Any]:
+            if jmax is None:
+                return
+            for ts, kv in it:
+                p = ts // s
+                missed = range(p - w // s + 1, min(p, jmax) + 1)
+                if missed:
+                    yield kv if keyed else kv[1], seconds(ts), [(seconds(j * s), seconds(j * s + w)) for j in missed]
+
+        return rdd.mapPartitions(late)

@@ -16,7 +16,7 @@ with values and the due ones read, the changed ones written).
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pyspark import RDD
@@ -108,9 +108,9 @@ class KeyedOp:
                 entries[k] = new
 
     def indexer(self) -> Indexer | None:
-        """The store's deadline index over entry bytes (from :meth:`deadline`)."""
+        """The store's deadline index: :meth:`deadline` over stored entry bytes."""
         deadline = self.deadline()
-        return None if deadline is None else bytes_deadline(deadline)
+        return None if deadline is None else lambda vb: deadline(pickle.loads(vb))
 
     # ------------------------------------------------------------------ the auto policy's hooks
     def to_store(self, node: Any, time_ms: int) -> Callable[[Any], Any] | None:
@@ -131,9 +131,17 @@ class KeyedOp:
         return None
 
 
-def bytes_deadline(deadline: Deadline) -> Indexer:
-    """``deadline`` over stored entry bytes (the store's index)."""
-    return lambda vb: deadline(pickle.loads(vb))
+def entry_records(field: int, record: Callable[[Any, Any], Any]) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    """Partition function over the state or what a batch wrote (``changes``, ``(key, None)`` for a removed key):
+    ``record(key, item)`` for each item of each entry's ``field`` (the outputs a batch put in its entries)."""
+
+    def run(it: Iterable[Any]) -> Iterator[Any]:
+        for k, entry in it:
+            if entry is not None:
+                for item in entry[field]:
+                    yield record(k, item)
+
+    return run
 
 
 def rdd_partition(op: KeyedOp, step: KeyStep, previous: Iterable[Any], segments: list[list[Any]],
@@ -158,14 +166,10 @@ def store_partition(op: KeyedOp, step: KeyStep, store: PartitionStore, segments:
     kbs = {key_bytes(k): k for k in batch}
     if op.visits == ALL:
         old = dict(store.items())
-        for kb in old:
-            if kb not in kbs:
-                kbs[kb] = pickle.loads(kb)
+        kbs.update((kb, pickle.loads(kb)) for kb in old if kb not in kbs)
     else:
         if op.visits == DUE:
-            for kb in store.due_keys(now, watermark):
-                if kb not in kbs:
-                    kbs[kb] = pickle.loads(kb)
+            kbs.update((kb, pickle.loads(kb)) for kb in store.due_keys(now, watermark) if kb not in kbs)
         old = store.get_many(kbs)
     entries = {kbs[kb]: pickle.loads(vb) for kb, vb in old.items()}
     op.apply(step, entries, batch, list(kbs.values()))
@@ -180,5 +184,5 @@ def store_partition(op: KeyedOp, step: KeyStep, store: PartitionStore, segments:
     return writes, old
 
 
-__all__ = ["ALL", "DUE", "NEXT_BATCH", "TOUCHED", "Deadline", "KeyStep", "KeyedOp", "bytes_deadline",
+__all__ = ["ALL", "DUE", "NEXT_BATCH", "TOUCHED", "Deadline", "KeyStep", "KeyedOp", "entry_records",
            "rdd_partition", "store_partition"]

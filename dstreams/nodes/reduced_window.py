@@ -27,11 +27,11 @@ from pyspark import RDD, StorageLevel
 from pyspark.core.rdd import Partitioner
 
 from ..checkpoint_data import CheckpointData
-from ..node import DStreamNode, OneParentNode
+from ..node import DStreamNode
 from ..spark.partitioned import fold, segmented_merge
 from ..time import BatchTime, Duration
 from .keyed import KeyedOp, KeyStep
-from .windowed import check_window
+from .windowed import WindowedNode
 
 if TYPE_CHECKING:
     from ..graph import DStreamGraph
@@ -120,21 +120,17 @@ class IncrementalWindow(KeyedOp):
                 entries[k] = new[0]
 
 
-class ReducedWindowNode(OneParentNode):
+class ReducedWindowNode(WindowedNode):
+    """``reduceByKeyAndWindow`` without a keyed state (module docstring): the window of :class:`WindowedNode` reduced
+    per key, in ``partitioner``."""
+
     label = "reduceByKeyAndWindow"
 
     def __init__(self, graph: DStreamGraph, parent: DStreamNode, func: Callable[[Any, Any], Any],
                  inv_func: Callable[[Any, Any], Any] | None, window: Duration, slide: Duration,
                  partitioner: Partitioner, filter_func: Callable[[Any], bool] | None) -> None:
-        super().__init__(graph, parent)
-        check_window(parent.slide_duration, window, slide)
-        self.func = func
-        self.inv_func = inv_func
-        self.window = window
-        self._slide = slide
-        self.partitioner = partitioner
-        self.filter_func = filter_func
-        parent.persist(StorageLevel.MEMORY_ONLY)
+        super().__init__(graph, parent, window, slide)
+        self.func, self.inv_func, self.partitioner, self.filter_func = func, inv_func, partitioner, filter_func
         self.persist(StorageLevel.MEMORY_ONLY)
         #: With an inverse function the window's RDD at ``t`` builds on the one at ``t - slide``: a state chain.
         self.must_checkpoint = inv_func is not None
@@ -156,16 +152,7 @@ class ReducedWindowNode(OneParentNode):
 
     def describe_params(self) -> list[str]:
         inverse = ["inverse"] if self.inv_func is not None else []
-        return [f"window={self.window.ms}", f"partitions={self.partitioner.numPartitions}", *inverse]
-
-    @property
-    def slide_duration(self) -> Duration:
-        return self._slide
-
-    @property
-    def parent_remember_duration(self) -> Duration:
-        assert self.remember_duration is not None
-        return self.remember_duration + self.window
+        return [*super().describe_params(), f"partitions={self.partitioner.numPartitions}", *inverse]
 
     def compute(self, time: BatchTime) -> RDD | None:
         """The reduce of the cached per-batch reductions in the window, partition-wise (no shuffle)."""

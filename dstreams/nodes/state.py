@@ -1,24 +1,15 @@
 """The stateful node: one class, :class:`StateNode`, runs any keyed operator (:class:`~.keyed.KeyedOp`) against a
-state backend (:class:`StateBackend`); here with the RDD state backend (:class:`RDDState`) and the operators
+state backend (:class:`StateBackend`), picked by ``spark.dstreams.state.store`` (``docs/internals/state-backends.md``):
+the RDD state (``rdd``, :class:`RDDState`, here), the executor state store (``executor``,
+:class:`~.store_state.ExecutorStore`) or the policy that starts on the first and moves the state into the second once
+it is large next to what a batch touches (``auto``, :class:`~.auto_state.AutoPolicy`). Here too the operators
 ``runningReduce`` and ``updateStateByKey``.
-
-The backends, picked by ``spark.dstreams.state.store`` (``docs/internals/state-backends.md``):
-
-* :class:`RDDState` (``rdd``): a chain of hash-partitioned state RDDs, the one at ``t`` the partition-wise merge of
-  the one at ``t - slide`` (or the initial state) with the batch brought into the state's partitioner by the
-  operator's ``prepare`` (the only shuffle of a batch): the state itself is never shuffled again. State RDDs are
-  cached and, every checkpoint interval, checkpointed so that the lineage stays bounded. The node is the public
-  stream.
-* :class:`~.store_state.ExecutorStore` (``executor``): the executor state store; the node's RDDs are handles of
-  store versions and a :class:`~.store_state.StateViewNode` is the public stream.
-* :class:`~.auto_state.AutoPolicy` (``auto``): not a third store but a policy over the two, which starts on the RDD
-  state and moves the state into the store once it is large next to what a batch touches.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from pyspark import RDD, StorageLevel
 from pyspark.core.rdd import Partitioner
@@ -94,63 +85,48 @@ class UpdateState(KeyedOp):
         return lambda k, state, values: update(values if values is not None else [], state)
 
 
-class StateBackend(Protocol):
+class StateBackend:
     """Where a :class:`StateNode` keeps its state; built from the node (``backend(node)``) and bound to it. Within a
     partition a backend reads the keys a batch touches and the keys that are due and writes the changes
-    (:func:`~.keyed.rdd_partition`, :func:`~.keyed.store_partition`); for the stream it gives:"""
+    (:func:`~.keyed.rdd_partition`, :func:`~.keyed.store_partition`); for the stream it gives the members below.
+    The defaults are the RDD state's."""
 
     #: The node key's prefix (``Store`` + ``RunningReduceNode``) and the backend's parameters in the fingerprint.
-    prefix: str
-    params: tuple[str, ...]
+    prefix: str = ""
+    params: tuple[str, ...] = ()
     #: Whether a stored graph holds the initial state's records (else only that there was one: a checkpoint at
     #: the zero time holds it).
-    initial_in_graph: bool
+    initial_in_graph: bool = True
 
     def compute(self, time: BatchTime) -> RDD | None:
         """The node's RDD at ``time``: batch ``time`` applied to the state (the state's pairs, or a store handle)."""
+        raise NotImplementedError
 
     def on_store(self, time_ms: int) -> bool:
         """Whether the node's RDD at ``time_ms`` is a handle of the executor store (else the state's pairs)."""
+        return False
 
     def view(self, time: BatchTime) -> RDD | None:
         """The whole state at ``time`` as (key, value) pairs."""
+        raise NotImplementedError
 
     def changes(self, time: BatchTime) -> RDD | None:
         """The (key, value) pairs batch ``time`` changed, (key, None) for a key it removed."""
+        raise NotImplementedError
 
     def checkpoint_data(self) -> CheckpointData:
         """How the state is checkpointed, exported and restored (the node's ``checkpoint_data``)."""
+        raise NotImplementedError
 
     def metrics(self) -> dict[str, Any] | None:
         """The executor store's figures (keys, bytes on disk...), None: none (the RDD state, no report yet)."""
+        return None
 
     def retry(self, time: BatchTime, error: BaseException) -> None:
         """Drop what made a try of batch ``time`` fail before it is tried again (``error``: the try's)."""
 
     def release(self) -> None:
         """The context stopped: unpersist the RDDs the backend persisted itself."""
-
-
-def rdd_state(node: StateNode, time: BatchTime, previous: RDD | None,
-              report: Callable[[int, list[list[Any]], list[Any]], None] | None = None) -> RDD | None:
-    """The RDD state of ``node`` at ``time``: ``previous`` (None: no state yet) merged partition-wise with the
-    batch's prepared records by :func:`rdd_partition`; ``previous`` itself when the batch applies nothing (none, or
-    without partitions for a :data:`TOUCHED` operator). ``report(partition, segments, out)`` sees each partition's
-    work (the auto policy's counts)."""
-    op = node.op
-    batches = op.batches(node, time, skip_empty=previous is not None)
-    if batches is None or (previous is None and not batches):
-        return previous
-    step, group = op.step(node, time), op.grouper(node, time)
-
-    def merge(i: int, segments: list[list[Any]]) -> Iterable[Any]:
-        out = rdd_partition(op, step, segments[0], segments[1:], group)
-        if report is not None:
-            report(i, segments, out)
-        return out
-
-    groups = [[previous] if previous is not None else [], *([b] for b in batches)]
-    return segmented_merge(node.graph.sc, groups, node.partitioner, merge, with_index=True)
 
 
 def state_diff(sc: Any, current: RDD, previous: RDD | None, partitioner: Partitioner) -> RDD:
@@ -175,13 +151,13 @@ def state_diff(sc: Any, current: RDD, previous: RDD | None, partitioner: Partiti
     return segmented_merge(sc, [[current], [previous]], partitioner, diff)
 
 
-class RDDState:
-    """The RDD state backend (module docstring): the operator's step applied by :func:`rdd_state`. With
-    ``checkpoints_initial`` (the auto policy's) the initial state is checkpointed at the zero time, as the store's."""
-
-    prefix: str = ""
-    params: tuple[str, ...] = ()
-    initial_in_graph: bool = True
+class RDDState(StateBackend):
+    """The RDD state backend: a chain of hash-partitioned state RDDs, each partition of the one at ``t`` the one at
+    ``t - slide`` (or the initial state) merged with batch ``t``'s records, brought into the state's partitioner by the
+    operator's ``prepare`` (the only shuffle of a batch: the state itself is never shuffled again), by
+    :func:`~.keyed.rdd_partition`. State RDDs are cached and, every checkpoint interval, checkpointed so that the
+    lineage stays bounded; the node is the public stream. With ``checkpoints_initial`` (the auto policy's) the initial
+    state is checkpointed at the zero time, as the store's."""
 
     def __init__(self, node: StateNode, checkpoints_initial: bool = False) -> None:
         self.node = node
@@ -191,9 +167,13 @@ class RDDState:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_initial_marked": False}
 
-    def start(self) -> RDD | None:
-        """The state before the first batch: the initial state (checkpointed at the zero time once, where asked)."""
+    def previous(self, time: BatchTime) -> RDD | None:
+        """The RDD state batch ``time`` merges into: the node's before, else the initial state (checkpointed at the
+        zero time once, where asked); None: no state yet."""
         node = self.node
+        previous = node.previous(time)
+        if previous is not None:
+            return previous
         initial, checkpointer = node.initial_state(), node.graph.checkpointer
         if initial is not None and self.checkpoints_initial and not self._initial_marked and checkpointer is not None:
             assert node.zero_time is not None
@@ -201,17 +181,25 @@ class RDDState:
             checkpointer.mark(node, node.zero_time, initial)
         return initial
 
-    def previous(self, time: BatchTime) -> RDD | None:
-        """The RDD state batch ``time`` merges into (None: no state yet)."""
-        previous = self.node.previous(time)
-        return previous if previous is not None else self.start()
-
     def compute(self, time: BatchTime, report: Callable[[int, list[list[Any]], list[Any]], None] | None = None
                 ) -> RDD | None:
-        return rdd_state(self.node, time, self.previous(time), report)
+        """The state at ``time``; the one before itself when the batch applies nothing (none, or without partitions
+        for a :data:`~.keyed.TOUCHED` operator). ``report(partition, segments, out)`` sees each partition's work
+        (the auto policy's counts)."""
+        node, op, previous = self.node, self.node.op, self.previous(time)
+        batches = op.batches(node, time, skip_empty=previous is not None)
+        if batches is None or (previous is None and not batches):
+            return previous
+        step, group = op.step(node, time), op.grouper(node, time)
 
-    def on_store(self, time_ms: int) -> bool:
-        return False
+        def merge(i: int, segments: list[list[Any]]) -> Iterable[Any]:
+            out = rdd_partition(op, step, segments[0], segments[1:], group)
+            if report is not None:
+                report(i, segments, out)
+            return out
+
+        groups = [[previous] if previous is not None else [], *([b] for b in batches)]
+        return segmented_merge(node.graph.sc, groups, node.partitioner, merge, with_index=True)
 
     def view(self, time: BatchTime) -> RDD | None:
         return self.node.get_or_compute(time)
@@ -230,15 +218,6 @@ class RDDState:
     def checkpoint_data(self) -> CheckpointData:
         """The state's checkpoint: its RDD's pairs, read back in the state's partitioner."""
         return CheckpointData(self.node, self.node.partitioner)
-
-    def metrics(self) -> dict[str, Any] | None:
-        return None
-
-    def retry(self, time: BatchTime, error: BaseException) -> None:
-        pass
-
-    def release(self) -> None:
-        pass
 
 
 class StateNode(OneParentNode):
@@ -283,9 +262,8 @@ class StateNode(OneParentNode):
 
     @property
     def parent_remember_duration(self) -> Duration:
-        assert self.remember_duration is not None
-        window = self.op.parent_window
-        return self.remember_duration + window if window is not None else self.remember_duration
+        remember, window = super().parent_remember_duration, self.op.parent_window
+        return remember + window if window is not None else remember
 
     def compute(self, time: BatchTime) -> RDD | None:
         return self.backend.compute(time)
@@ -342,4 +320,4 @@ class StateNode(OneParentNode):
         self.backend.release()
 
 
-__all__ = ["RDDState", "RunningReduce", "StateBackend", "StateNode", "UpdateState", "rdd_state", "state_diff"]
+__all__ = ["RDDState", "RunningReduce", "StateBackend", "StateNode", "UpdateState", "state_diff"]

@@ -46,7 +46,7 @@ import pickle
 import sqlite3
 import uuid
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +74,7 @@ from ..statestore import (
 from ..time import BatchTime
 from .event_time import watermark_at
 from .keyed import DUE, store_partition
+from .state import StateBackend
 
 if TYPE_CHECKING:
     from ..contracts import StateChangelog
@@ -138,8 +139,6 @@ def catch_up(store: PartitionStore, changelog: StateChangelog, run: str, partiti
     return True
 
 
-
-
 @dataclass(frozen=True)
 class StoreAccess:
     """What a task needs to reach a stream's stores, built on the driver for one job and shipped with it: the
@@ -160,15 +159,12 @@ class StoreAccess:
         """Partition ``i``'s store, closed after; with ``version``, first brought there from the changelog where it
         is not this run's, has not got that far or holds another history of it (when the stream writes a changelog;
         else the read raises as it would)."""
-        store = PartitionStore.open(self.local_dir, self.store_id, i, self.indexer)
-        try:
+        with closing(PartitionStore.open(self.local_dir, self.store_id, i, self.indexer)) as store:
             if version is not None and self.catchup is not None and not self._holds(store, version):
                 with store.transaction():
                     if not self._holds(store, version) and self._catch_up(store, i, version):
                         self.caught_up.add(1)
             yield store
-        finally:
-            store.close()
 
     def _holds(self, store: PartitionStore, version: int) -> bool:
         current = store.version
@@ -223,11 +219,9 @@ def _sweep_host(folder: str, horizon: int, swept: Accumulator) -> None:
         swept.add(len(removed))
 
 
-class ExecutorStore:
+class ExecutorStore(StateBackend):
     """The executor store backend of a :class:`~.state.StateNode` (module docstring): the node's RDDs are handles,
-    the operator's step applied by :func:`~.keyed.store_partition` to the keys each batch touches and the due ones.
-    ``first_version``: the oldest version of the stream the stores hold, from which a store may be caught up from the
-    changelog (the auto policy's store: None until the state moves, then the batch before the move)."""
+    the operator's step applied by :func:`~.keyed.store_partition` to the keys each batch touches and the due ones."""
 
     prefix: str = "Store"
     params: tuple[str, ...] = ("store=executor",)
@@ -256,12 +250,10 @@ class ExecutorStore:
     #: the versions this run applied after ``_catchup_from`` (oldest first).
     _applied: list[int]
 
-    def __init__(self, node: StateNode, local_dir: str | None, snapshot_every: int,
-                 first_version: int | None = 0) -> None:
+    def __init__(self, node: StateNode, local_dir: str | None, snapshot_every: int) -> None:
         self.node = node
         self.local_dir = local_dir
         self.snapshot_every = max(1, int(snapshot_every))
-        self.first_version = first_version
         #: This driver run: a store another run wrote is trusted only once brought back to a checkpoint.
         self._run = uuid.uuid4().hex
         self.__dict__.update(self._runtime())
@@ -290,8 +282,7 @@ class ExecutorStore:
         """The folder of this stream's stores on every executor: the same for every driver run on the same
         checkpoint location (so a restarted driver finds its stores), distinct for two locations."""
         node = self.node
-        checkpointer = node.graph.checkpointer
-        location = getattr(checkpointer, "location", "") if checkpointer is not None else ""
+        location = getattr(node.graph.checkpointer, "location", "")  # none without a checkpointer
         digest = hashlib.sha256(f"{location}\0{node.key}".encode()).hexdigest()[:20]
         return f"{node.key}-{digest}"
 
@@ -313,8 +304,8 @@ class ExecutorStore:
 
     def _checkpoint_seen(self, time_ms: int) -> None:
         """A checkpoint of this stream at ``time_ms`` was adopted or read back in this run."""
-        if self._newest_checkpoint is None or time_ms > self._newest_checkpoint:
-            self._newest_checkpoint = time_ms
+        newest = self._newest_checkpoint
+        self._newest_checkpoint = time_ms if newest is None else max(newest, time_ms)
 
     def cleanup_horizon(self, time_ms: int) -> int | None:
         """Below this version a store copy on any host is stale when batch ``time_ms`` is applied (None: no copy is
@@ -352,9 +343,9 @@ class ExecutorStore:
 
     def _catchup_plan(self, upto_ms: int) -> tuple[StateChangelog, CatchUp] | None:
         """What a task needs to bring a store to a version up to ``upto_ms`` from the changelog, or None (no
-        changelog, no start yet, or one before :attr:`first_version`)."""
+        changelog, or no start yet)."""
         changelog, start = self.state_changelog(), self._catchup_from
-        if changelog is None or start is None or self.first_version is None or start[0] < self.first_version:
+        if changelog is None or start is None:
             return None
         begin, empty = start
         return changelog, (begin, empty, tuple(v for v in self._applied
@@ -462,12 +453,7 @@ class ExecutorStore:
         in the remember window needs it."""
         node = self.node
         assert node.remember_duration is not None
-        floor = t - node.remember_duration.ms - node.slide_duration.ms
-        if self._chain:
-            floor = min(floor, self._chain[-1])
-        if self._marked:
-            floor = min(floor, min(self._marked))
-        return floor
+        return min([t - node.remember_duration.ms - node.slide_duration.ms, *self._chain[-1:], *self._marked])
 
     def compute(self, time: BatchTime, previous: RDD | None = None) -> RDD | None:
         """The handle at ``time``: batch ``time`` applied to ``previous`` (default: the node's RDD before, or the
@@ -497,14 +483,13 @@ class ExecutorStore:
             base = segments[0][0] if segments[0] else None
             with access.open(i) as store:
                 with store.transaction():
-                    version, owner = store.version, store.run
                     ready = access.to_base(store, i, t, base)
                     if ready is False:
                         return [t]  # applied already (a recomputed handle, a retried or speculative task) or superseded
                     if ready is None:
                         raise StateStoreError(
-                            f"{name}: the state store of partition {i} ({store.path}) is at version {version} "
-                            f"of run {owner}, not at {base} of this run ({run}), so batch {t} cannot be "
+                            f"{name}: the state store of partition {i} ({store.path}) is at version {store.version} "
+                            f"of run {store.run}, not at {base} of this run ({run}), so batch {t} cannot be "
                             "applied. Another driver may be writing the same checkpoint location's state, the "
                             "store's folder was removed while the stream ran, or the task runs on another host "
                             "than the partition's store (spark.dstreams.state.changelog=on lets it catch up); "

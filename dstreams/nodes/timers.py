@@ -42,7 +42,6 @@ the ``emitted`` records.
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,10 +51,9 @@ from pyspark import RDD
 from pyspark.core.rdd import Partitioner
 
 from ..spark.partitioned import pre_group_ordered
-from ..statestore import Indexer
 from ..time import BatchTime, Duration
-from .event_time import seconds, watermark_at
-from .keyed import DUE, NEXT_BATCH, Deadline, KeyedOp, KeyStep, bytes_deadline, rdd_partition
+from .event_time import event_ms, seconds, watermark_at
+from .keyed import DUE, NEXT_BATCH, Deadline, KeyedOp, KeyStep, entry_records, rdd_partition
 
 EVENT, PROCESSING = "event", "processing"
 #: The firing order of the kinds (event-time timers first).
@@ -68,19 +66,18 @@ TimerTable = dict[str, tuple[str, int]]
 #: A change of a key's timers: (tag, (kind, time ms)) sets or replaces, (tag, None) deletes.
 TimerChange = tuple[str, tuple[str, int] | None]
 
+
 def _time_ms(value: Any, what: str) -> int:
-    """A timer time as integer ms: ``value`` is seconds since the epoch (int or float) or a ``datetime``."""
-    if isinstance(value, _dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=_dt.timezone.utc)
-        return round(value.timestamp() * 1000)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """A timer time as integer ms, by the event times' rule (:func:`~.event_time.event_ms`): ``value`` is seconds
+    since the epoch (int or float) or a ``datetime``; ``what`` names it in the error."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number of seconds since the epoch, got {value!r}")
+    try:
+        return event_ms(value)
+    except TypeError:
         raise TypeError(f"{what} must be seconds since the epoch (int or float) or a datetime, got {value!r:.100} "
                         f"({type(value).__name__}): e.g. Timer('event', ts + 60) for a minute of event time after "
-                        "an event's time ts")
-    if not math.isfinite(value):
-        raise ValueError(f"{what} must be a finite number of seconds since the epoch, got {value!r}")
-    return round(value * 1000)
+                        "an event's time ts") from None
 
 
 def _check_tag(tag: Any) -> str:
@@ -168,7 +165,7 @@ class Track(KeyedOp):
     """``track(init, update, timeout, timers=on_timer, emit=...)`` (module docstring): entries ``(state,
     last_event_ms, timers, emitted, alive, touched)`` (:func:`timer_track_step`), or, ``plain`` (no timers, every live
     key emitted) on the RDD state, the lighter ``(state, last_event_ms)`` (:func:`plain_track_step`; converted when
-    the state moves into the store, which holds the timers' layout). Deadlines: :func:`track_deadline`."""
+    the state moves into the store, which holds the timers' layout). Deadlines: :meth:`deadline`."""
 
     kind, label, visits = "TrackNode", "track", DUE
 
@@ -190,7 +187,24 @@ class Track(KeyedOp):
                                 watermark_at(node, time))
 
     def deadline(self) -> Deadline:
-        return track_deadline(self.timeout.ms)
+        """An entry's deadlines (the timers' layout): by batch time the timeout (``last_event_ms + timeout``), the
+        earliest processing-time timer, or the next batch for an entry holding emitted records or a dropped key's;
+        by watermark the earliest event-time timer."""
+        timeout_ms = self.timeout.ms
+
+        def deadline(entry: Any) -> tuple[int | None, int | None]:
+            _, last, timers, emitted, alive, _ = entry
+            if not alive or emitted:
+                return NEXT_BATCH, None
+            p, e = last + timeout_ms, None
+            for kind, ms in timers.values():
+                if kind == EVENT:
+                    e = ms if e is None or ms < e else e
+                elif ms < p:
+                    p = ms
+            return p, e
+
+        return deadline
 
     def to_store(self, node: Any, time_ms: int) -> Callable[[Any], Any] | None:
         return (lambda e: (e[0], e[1], {}, [], True, False)) if self.plain else None
@@ -214,31 +228,6 @@ class Track(KeyedOp):
             return current.filter(lambda kv: kv[1][-1] or kv[1][-3] or not kv[1][-2])
         now = time.ms
         return current.filter(lambda kv: kv[1][1] == now).mapValues(lambda e: (e[0], e[1], {}, [], True, True))
-
-
-def track_deadline(timeout_ms: int) -> Deadline:
-    """A ``track`` entry's deadlines (timers' layout): by batch time the timeout (``last_event_ms + timeout``), the
-    earliest processing-time timer, or the next batch for an entry holding emitted records or a dropped key's; by
-    watermark the earliest event-time timer."""
-
-    def deadline(entry: Any) -> tuple[int | None, int | None]:
-        _, last, timers, emitted, alive, _ = entry
-        if not alive or emitted:
-            return NEXT_BATCH, None
-        p, e = last + timeout_ms, None
-        for kind, ms in timers.values():
-            if kind == EVENT:
-                e = ms if e is None or ms < e else e
-            elif ms < p:
-                p = ms
-        return p, e
-
-    return deadline
-
-
-def track_deadlines(timeout_ms: int) -> Indexer:
-    """:func:`track_deadline` over stored entry bytes (the store's index)."""
-    return bytes_deadline(track_deadline(timeout_ms))
 
 
 def plain_track_step(init: Callable[[Any, Any], Any], update: Callable[[Any, Any, Any], Any], now: int,
@@ -274,9 +263,12 @@ def timer_track_step(init: Callable[[Any, Any], Any], update: Callable[[Any, Any
     (or None) with its events (None: none) applied and its due timers fired (the rule of the module
     docstring)."""
 
+    def due(kind: str, ms: int) -> bool:
+        return ms <= now_ms if kind == PROCESSING else watermark_ms is not None and ms <= watermark_ms
+
     def step(k: Any, entry: Any, events: Any) -> Any:
         if (entry is not None and len(entry) == 6 and entry[4] and not entry[3] and not entry[5] and events is None
-                and now_ms - entry[1] < timeout_ms and not (entry[2] and _any_due(entry[2], now_ms, watermark_ms))):
+                and now_ms - entry[1] < timeout_ms and not any(due(*timer) for timer in entry[2].values())):
             # An idle key: a live entry holding no emitted record, not touched by the batch
             # before (its flag stays False), not timed out, no timer due. The rule below gives the same entry.
             return entry
@@ -289,36 +281,26 @@ def timer_track_step(init: Callable[[Any, Any], Any], update: Callable[[Any, Any
             s = _apply(init(k, ev) if s is None else update(k, s, ev), timers, emitted, None)
             last = now_ms
             if s is None:
-                timers.clear()
+                timers.clear()  # dropped with its timers: a later event of the batch starts the key again
         if s is not None and now_ms - last >= timeout_ms:
             s = None  # timed out (track's contract)
-            timers.clear()
         touched = events is not None
         if s is not None and timers:
-            due = sorted((KINDS.index(kind), ms, tag) for tag, (kind, ms) in timers.items()
-                         if kind == EVENT and watermark_ms is not None and ms <= watermark_ms
-                         or kind == PROCESSING and ms <= now_ms)
+            due_now = sorted((KINDS.index(kind), ms, tag) for tag, (kind, ms) in timers.items() if due(kind, ms))
             changed: set[str] = set()  # tags set, replaced or deleted by this batch's callbacks
-            for rank, ms, tag in due:
+            for rank, ms, tag in due_now:
                 if tag in changed:
                     continue
                 del timers[tag]
                 touched = True
                 s = _apply(_fire(on_timer, k, s, Timer(KINDS[rank], seconds(ms), tag)), timers, emitted, changed)
                 if s is None:
-                    timers.clear()
                     break
-        return (s, last, timers, emitted, s is not None, touched) if s is not None or emitted else None
+        if s is None:
+            return (None, last, {}, emitted, False, touched) if emitted else None  # the key goes with its timers
+        return s, last, timers, emitted, True, touched
 
     return step
-
-
-def _any_due(timers: TimerTable, now_ms: int, watermark_ms: int | None) -> bool:
-    """Whether a timer of ``timers`` is due at batch time ``now_ms`` with the watermark ``watermark_ms``."""
-    for kind, ms in timers.values():
-        if ms <= now_ms if kind == PROCESSING else (watermark_ms is not None and ms <= watermark_ms):
-            return True
-    return False
 
 
 def _fire(on_timer: Callable[[Any, Any, Timer], Any] | None, key: Any, state: Any, timer: Timer) -> Any:
@@ -344,31 +326,19 @@ def _apply(result: Any, timers: TimerTable, emitted: list[Any], changed: set[str
     return result.state
 
 
-# The public streams read the last three fields, ``emitted, alive, touched``.
+# The public streams read the last three fields, ``emitted, alive, touched``; over what a batch wrote (``changes``)
+# a removed key is ``(key, None)``.
 def live_states(it: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
-    """Partition function: ``(key, state)`` of the live keys (an entry of :class:`TrackNode`'s layout,
+    """Partition function over the state: ``(key, state)`` of the live keys (an entry of the plain layout,
     ``(state, last_event_ms)``, is always live)."""
     return ((k, e[0]) for k, e in it if len(e) == 2 or e[-2])
 
 
 def updated_states(it: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
-    """Partition function: ``(key, state)`` of the live keys that had events or fired timers in the batch."""
-    return ((k, e[0]) for k, e in it if e[-2] and e[-1])
-
-
-def emitted_records(it: Iterable[Any]) -> Iterator[Any]:
-    """Partition function: the records the batch's functions emitted."""
-    for _, e in it:
-        yield from e[-3]
-
-
-def updated_entries(it: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
-    """Partition function over what a batch wrote (``changes``): ``(key, state)`` of the live keys it touched."""
+    """Partition function over the state or its changes: ``(key, state)`` of the live keys that had events or fired
+    timers in the batch."""
     return ((k, e[0]) for k, e in it if e is not None and e[-2] and e[-1])
 
 
-def emitted_entries(it: Iterable[Any]) -> Iterator[Any]:
-    """Partition function over what a batch wrote: the records its functions emitted."""
-    for _, e in it:
-        if e is not None:
-            yield from e[-3]
+#: Partition function over the state or its changes: the records the batch's functions emitted.
+emitted_records = entry_records(-3, lambda k, record: record)

@@ -20,10 +20,11 @@ import shutil
 import pytest
 
 from dstreams import StreamingContext, Timer, TrackUpdate
-from dstreams.nodes.event_window import session_deadlines, window_deadlines
-from dstreams.nodes.timers import NEXT_BATCH, track_deadlines
+from dstreams.nodes.event_window import EventWindow, SessionWindow
+from dstreams.nodes.timers import NEXT_BATCH, Track
 from dstreams.statestore import PartitionStore, key_bytes, value_bytes
 from dstreams.testing import app_context, run_until
+from dstreams.time import Duration
 
 from ..recovery_app import read_outputs
 
@@ -32,7 +33,7 @@ BATCHES = 14
 
 # ---------------------------------------------------------------------------------------------- the index alone
 def test_the_deadline_index_follows_writes_rollback_and_reload(tmp_path):
-    deadlines = track_deadlines(3000)
+    deadlines = Track(None, None, Duration(3000), None, False).indexer()  # the store's index over entry bytes
     store = PartitionStore(str(tmp_path / "p.sqlite"), deadlines)
 
     def entry(last, timers=None, emitted=(), alive=True):
@@ -69,7 +70,7 @@ def test_the_deadline_index_follows_writes_rollback_and_reload(tmp_path):
 
 
 def test_event_window_and_session_deadlines_are_the_next_close():
-    final = window_deadlines(4000, 1000)  # 4 panes per window
+    final = EventWindow(operator.add, None, Duration(4000), Duration(1000), "final").indexer()  # 4 panes a window
     # Panes 10 and 12, windows through 8 closed: the next window with data is 9 ([9 s, 13 s)), due at W >= 13 s.
     assert final(value_bytes(({10: 1, 12: 1}, None, [], 8, "final"))) == (None, 13_000)
     # No window closed yet: the first window holding pane 10 is 7, due at W >= 11 s.
@@ -79,7 +80,7 @@ def test_event_window_and_session_deadlines_are_the_next_close():
     assert final(value_bytes(({}, (9, 5, True, 1), [], 9, "final"))) == (None, 14_000)
     assert final(value_bytes(({10: 1}, None, [(6, 2)], 6, "final"))) == (NEXT_BATCH, None)
     assert final(value_bytes(({7: 3, 9: 1}, None, [], 6, "updates"))) == (None, 11_000)  # windows held: 7, 9
-    sessions = session_deadlines(2000)
+    sessions = SessionWindow(Duration(2000), list).indexer()
     assert sessions(value_bytes(([[(5000, "a"), (6000, "b")], [(9000, "c")]], [], []))) == (None, 8000)
     assert sessions(value_bytes(([[(9000, "c")]], [(1000, 3000, ["a"])], []))) == (NEXT_BATCH, None)
     assert sessions(value_bytes(([], [], [(1000, "late")]))) == (NEXT_BATCH, None)
