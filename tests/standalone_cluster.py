@@ -143,6 +143,15 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+def _start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), None: no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -224,6 +233,9 @@ class StandaloneCluster:
     master_port: int = 0
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
     _pgids: dict[str, int] = field(default_factory=dict, repr=False)
+    #: When each group's leader started: a group id whose leader is a later process is another group (pids are
+    #: reused, and a killed host's id stays here until it is healed), never signalled.
+    _starts: dict[str, int] = field(default_factory=dict, repr=False)
     _links: list[str] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -239,6 +251,7 @@ class StandaloneCluster:
         port = int(state["master_url"].rsplit(":", 1)[1])
         cluster = cls(base, tuple(state.get("worker_hosts", ())), master_port=port)
         cluster._pgids = {k: int(v) for k, v in state["pgids"].items()}
+        cluster._starts = {k: int(v) for k, v in state.get("starts", {}).items()}
         cluster._links = list(state.get("links", []))
         return cluster
 
@@ -298,10 +311,14 @@ class StandaloneCluster:
                                     stdin=subprocess.DEVNULL, cwd=str(self.base_dir), start_new_session=True)
         self._procs[name] = proc
         self._pgids[name] = proc.pid  # a new session: its pid is its process group id
+        start = _start_time(proc.pid)
+        if start is not None:
+            self._starts[name] = start
         self._save_state()
 
     def _save_state(self) -> None:
-        state = {"master_url": self.master_url, "pgids": self._pgids, "worker_hosts": list(self.worker_hosts),
+        state = {"master_url": self.master_url, "pgids": self._pgids, "starts": self._starts,
+                 "worker_hosts": list(self.worker_hosts),
                  "links": self._links}
         tmp = self.base_dir / (_STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(state))
@@ -368,8 +385,17 @@ class StandaloneCluster:
 
     def host_pids(self, i: int) -> list[int]:
         """The live processes of host ``i``: its worker JVM, executor JVMs, their Python daemons and workers."""
-        pgid = self._pgids.get(self._name(i))
+        pgid = self._group(self._name(i))
         return process_tree(pgid) if pgid is not None else []
+
+    def _group(self, name: str) -> int | None:
+        """The process group of daemon ``name``, None when there is none or its id now belongs to another group (its
+        leader a process started later than the one this cluster started)."""
+        pgid = self._pgids.get(name)
+        if pgid is None:
+            return None
+        start, recorded = _start_time(pgid), self._starts.get(name)
+        return None if start is not None and recorded is not None and start != recorded else pgid
 
     def host_state(self, i: int) -> str:
         """``"running"``, ``"frozen"`` (every process of host ``i`` stopped, :meth:`freeze_host`) or ``"gone"`` (no
@@ -389,6 +415,7 @@ class StandaloneCluster:
             if state == "frozen":
                 self.kill_host(i, remove_disk=True)
             self._pgids.pop(self._name(i), None)  # a gone host's stale group
+            self._starts.pop(self._name(i), None)
             self.restart_host(i, timeout)
             healed.append(i)
         return healed
@@ -446,7 +473,8 @@ class StandaloneCluster:
     def stop(self, grace_s: float = 15.0) -> list[int]:
         """Stop every daemon of the cluster, their executors and Python workers (frozen ones too). Idempotent.
         Returns the process groups signalled."""
-        pgids = [self._pgids[n] for n in reversed(list(self._pgids))]  # workers first, then the master
+        # workers first, then the master; a group id reused by another process group is left alone
+        pgids = [g for n in reversed(list(self._pgids)) if (g := self._group(n)) is not None]
         _stop_groups(pgids, grace_s)
         for proc in self._procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
