@@ -15,12 +15,14 @@ unless a task holds it open (:func:`dstreams.statestore.sweep_stale`).
 
 from __future__ import annotations
 
+import ast
 import operator
 import os
 import pickle
 import shutil
 
 import pytest
+from pyspark import StorageLevel
 
 from dstreams import ManualClock, StreamingContext
 from dstreams.nodes.store_state import ExecutorStore
@@ -301,3 +303,77 @@ def test_a_host_is_swept_once_per_horizon_and_copies_written_since_its_last_swee
     os.utime(second, (1, 1))
     assert sweep_stale_once(folder, 4000) == [1]
     assert sorted(os.listdir(folder)) == ["swept"]
+
+
+# ---------------------------------------------------------------------------------------------- a lost host
+def _add_up(values, state):
+    return (state or 0) + sum(values)
+
+
+def _lineage(rdd) -> str:
+    """Spark's description of ``rdd``'s lineage (every RDD it reads, ``Name[id]``)."""
+    text = rdd.toDebugString()
+    return text.decode() if isinstance(text, bytes) else text
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("changelog", ["on", "off"])
+def test_a_lost_hosts_store_partitions_catch_up_once_instead_of_replaying_the_handle_chain(sc, tmp_path, monkeypatch,
+                                                                                          changelog):
+    """A host lost after six batches, before any regular checkpoint: the stores' folder and every cached handle
+    (the zero time's included) gone. With the changelog, a handle reads only its batch once the one before is applied
+    everywhere (it names that version): batch 7 brings each partition's store up to date once, from the changelog
+    (the ``initialRDD`` logged at the zero time and batches 1-6), instead of Spark replaying the chain of handles
+    since the zero time (which catches nothing up: it loads the initial state and applies every batch again). Without
+    it the handle reads the one before, as before, and the lineage replays the batches. Either way every batch runs
+    once and the outputs are the exact counts."""
+    monkeypatch.setenv("DSTREAMS_STATE_STORE", "executor")
+    monkeypatch.setenv("DSTREAMS_STATE_CHANGELOG", changelog)
+    local_dir = str(tmp_path / "host")
+    monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", local_dir)
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    initial = [("w1", 100), ("w4", 200), ("only-initial", 7)]
+    ssc = StreamingContext(sc, 1, clock=ManualClock())
+    ssc.checkpoint(ckpt)
+    pairs = ssc.generatorStream(6, 2, seed=1, recordFunc=_words).map(lambda w: (w, 1))
+    counts = pairs.updateStateByKey(_add_up, 2, initialRDD=sc.parallelize(initial, 2), updateIdleKeys=False)
+    counts.checkpoint("30s").saveAsTextFiles(os.path.join(out, "counts"))
+    pairs.runningReduce(operator.add, 2).checkpoint("30s").saveAsTextFiles(os.path.join(out, "running"))
+    nodes = [n for n in ssc._graph.nodes if isinstance(getattr(n, "backend", None), ExecutorStore)]
+    assert len(nodes) == 2
+    try:
+        run_until(ssc, 6000, flush_checkpoints=True)
+        before = {n.name: (n.store_metrics() or {}).get("caught_up", 0) for n in nodes}
+        for node in nodes:  # the host's cached blocks go (the RDDs stay persisted, as after an executor loss)
+            handles = [*node.generated.values(), node.backend._zero_handle]
+            for rdd in handles:
+                if rdd is not None:
+                    rdd.unpersist(blocking=True)
+                    rdd.persist(StorageLevel.MEMORY_ONLY)
+        shutil.rmtree(local_dir)  # ... and its disk
+        run_until(ssc, 8000, flush_checkpoints=True)
+        attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
+        caught_up = {n.name: (n.store_metrics() or {}).get("caught_up", 0) - before[n.name] for n in nodes}
+        lineages = {n.name: (_lineage(n.generated[7000]), [n.generated[t].id() for t in range(1000, 7000, 1000)])
+                    for n in nodes}
+    finally:
+        ssc.stop(stopSparkContext=False)
+    assert set(attempts.values()) == {1}, attempts
+    for name, (lineage, older) in lineages.items():
+        chained = [rdd_id for rdd_id in older if f"[{rdd_id}]" in lineage]
+        if changelog == "on":
+            assert caught_up[name] == 2, caught_up  # each partition once, in batch 7
+            assert chained == [], (name, lineage)
+        else:
+            assert caught_up[name] == 0, caught_up
+            assert chained == older, (name, lineage)  # the handle at 7000 reads those of 1000-6000
+    got = read_outputs(out)
+    for t in range(1000, 8001, 1000):
+        running = _counts_through(t)
+        assert got[f"running-{t}"] == running, t
+        counts_t = dict(ast.literal_eval(line) for line in running)
+        for k, v in initial:
+            counts_t[k] = counts_t.get(k, 0) + v
+        assert got[f"counts-{t}"] == sorted(str(kv) for kv in counts_t.items()), t
