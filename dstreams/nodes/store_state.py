@@ -8,15 +8,13 @@ Chosen with ``spark.dstreams.state.store=executor`` (and by ``auto`` once a stat
 * the :class:`~.state.StateNode` on this backend owns the chain of **handle** RDDs. Partition ``p`` of the handle
   at ``t`` applies batch ``t``'s records of partition ``p`` to the partition's store (reading and writing only the
   keys the batch touches) and yields one record, the store version it stands for. The handle at ``t`` depends
-  narrowly on the batch, shuffled once into the state's partitioner, and on the handle before it, so that
-  Spark's lineage replays missing batches in order after a lost executor, as with RDD state; except where a
-  store can be brought to the version it builds on from the changelog (below): once every partition of the handle
-  before is known applied (its version is in the changelog), the handle at ``t`` names that version instead of
-  reading it, and a lost partition costs its own batch and one catch-up, not the chain of batches since the last
-  checkpoint (:meth:`ExecutorStore.direct_base`, issue 42). Handles are cached (a few bytes each). A handle whose
-  store already holds its version, in the same driver run and history (the batches dropped at or before it:
-  :mod:`dstreams.state_lineage`), applies nothing (a recomputed or retried
-  task, a speculative copy). A batch with no records keeps the previous handle.
+  narrowly on the handle before it and on the batch, shuffled once into the state's partitioner, so that
+  Spark's lineage replays missing batches in order after a lost executor, as with RDD state. Handles are
+  cached (a few bytes each), off a single-process master on two executors (:func:`handle_level`): one lost host
+  leaves the handles readable, so its partitions' stores are caught up once from the changelog instead of rebuilt
+  through the chain of handles since the newest checkpoint. A handle whose store already holds its version, in the
+  same driver run and history (the batches dropped at or before it: :mod:`dstreams.state_lineage`), applies nothing
+  (a recomputed or retried task, a speculative copy). A batch with no records keeps the previous handle.
 * :class:`StateViewNode` (the public stream) reads the whole state as of each handle's version, lazily:
   an output that reads every key costs the whole state, one that reads nothing costs nothing.
 
@@ -49,7 +47,6 @@ import os
 import pickle
 import sqlite3
 import uuid
-import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -63,6 +60,7 @@ from ..checkpoint_data import CheckpointData
 from ..errors import failed_with
 from ..faults import task_reached
 from ..node import DStreamNode, OneParentNode
+from ..spark import jvm
 from ..spark.partitioned import partition_aligned_rdd, segmented_merge
 from ..state_lineage import EMPTY, Lineage
 from ..statestore import (
@@ -96,6 +94,18 @@ PartitionStats = dict[int, tuple[int, int, int]]
 CatchUp = tuple[int, bool, tuple[int, ...]]
 
 
+def handle_level(master: str) -> StorageLevel:
+    """How the handles are cached under ``master``: in memory, and off a single-process master (``local``,
+    ``local[N]``) on two executors, so that a lost host (its executors' cached blocks, its disk) leaves every handle's
+    partition readable. Else Spark recomputes a lost partition of the handle a batch builds on through the chain of
+    handles since the newest checkpoint, one nested task per batch re-applying it, where a catch-up from the
+    changelog brings the store there at once (issue 42: 2.5 s of one task, and as much in its speculative copy, for
+    16 batches on the three-host test cluster). A handle is a few bytes per partition; a second lost host before
+    the next batch falls back to the chain (still correct)."""
+    single = master == "local" or master.startswith("local[")
+    return StorageLevel.MEMORY_ONLY if single else StorageLevel.MEMORY_ONLY_2
+
+
 class _LatestPerPartition(AccumulatorParam):
     """Merges the stores' reports: per partition, the one of the newest version (a retried or recomputed task
     reports the same or an older one, so counting twice is impossible)."""
@@ -107,23 +117,6 @@ class _LatestPerPartition(AccumulatorParam):
         for p, stats in b.items():
             if p not in a or a[p][0] <= stats[0]:
                 a[p] = stats
-        return a
-
-
-#: Per version of a history (its changelog object's ``(vid, version)``): the partitions a task applied it to with the
-#: changelog on (so it is in the changelog, written before the store committed it).
-AppliedVersions = dict[tuple[str, int], set[int]]
-
-
-class _AppliedPartitions(AccumulatorParam):
-    """Merges the reports of :data:`AppliedVersions`: the union (a retried or recomputed task adds what is there)."""
-
-    def zero(self, value: AppliedVersions) -> AppliedVersions:
-        return {}
-
-    def addInPlace(self, a: AppliedVersions, b: AppliedVersions) -> AppliedVersions:  # noqa: N802 - PySpark's name
-        for key, parts in b.items():
-            a.setdefault(key, set()).update(parts)
         return a
 
 
@@ -269,10 +262,8 @@ class ExecutorStore(StateBackend):
     _changelog: StateChangelog | None | bool
     #: where a store brought up to date from the changelog starts: (time, the empty state), None: nowhere;
     _catchup_from: tuple[int, bool] | None
-    #: the versions this run applied after ``_catchup_from`` (oldest first);
+    #: the versions this run applied after ``_catchup_from`` (oldest first).
     _applied: list[int]
-    #: the version each handle of this run stands for (those built by :meth:`compute` and :meth:`loaded_handle`).
-    _versions: weakref.WeakKeyDictionary[RDD, int]
 
     def __init__(self, node: StateNode, local_dir: str | None, snapshot_every: int) -> None:
         self.node = node
@@ -285,15 +276,13 @@ class ExecutorStore(StateBackend):
     @staticmethod
     def _runtime() -> dict[str, Any]:
         return {"_chain": [], "_exported": {}, "_marked": set(), "_accs": {}, "_newest_checkpoint": None,
-                "_zero_handle": None, "_inherited": EMPTY, "_changelog": False, "_catchup_from": None, "_applied": [],
-                "_versions": weakref.WeakKeyDictionary()}
+                "_zero_handle": None, "_inherited": EMPTY, "_changelog": False, "_catchup_from": None, "_applied": []}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, **self._runtime(), "_versions": None}  # a weak dictionary does not pickle
+        return {**self.__dict__, **self._runtime()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._versions = weakref.WeakKeyDictionary()
         self._run = uuid.uuid4().hex  # a restored graph is a new run
 
     # ------------------------------------------------------------------ definition
@@ -316,8 +305,7 @@ class ExecutorStore(StateBackend):
         """The driver's accumulator ``name`` (:attr:`_accs`), created on first use."""
         if name not in self._accs:
             sc = self.node.graph.sc
-            params = {"stats": _LatestPerPartition, "applied": _AppliedPartitions}
-            self._accs[name] = sc.accumulator({}, params[name]()) if name in params else sc.accumulator(0)
+            self._accs[name] = sc.accumulator({}, _LatestPerPartition()) if name == "stats" else sc.accumulator(0)
         return self._accs[name]
 
     def access(self, time_ms: int, upto: int | None = None, lineage: Lineage | None = None) -> StoreAccess:
@@ -351,7 +339,7 @@ class ExecutorStore(StateBackend):
         stats: PartitionStats = dict(self._accs["stats"].value) if "stats" in self._accs else {}
         if not stats:
             return None
-        count = {name: acc.value for name, acc in self._accs.items() if name not in ("stats", "applied")}
+        count = {name: acc.value for name, acc in self._accs.items() if name != "stats"}
         return {"keys": sum(s[1] for s in stats.values()), "disk_bytes": sum(s[2] for s in stats.values()),
                 "partitions_reported": len(stats), "partitions": self.node.partitioner.numPartitions,
                 "as_of_ms": min(s[0] for s in stats.values()), "changelog": self.state_changelog() is not None,
@@ -428,34 +416,28 @@ class ExecutorStore(StateBackend):
         changelog = self.state_changelog() if state is not None and not read_back else None
         access = self.access(version, lineage=self._loaded_lineage(version))
         vid = access.lineage.vid(access.run, version)
-        applied = self._acc("applied") if changelog is not None else None
 
         def load(i: int, records: Iterable[Any]) -> list[int]:
-            wrote = []
             with access.open(i) as store:
                 def logged() -> None:  # inside the store's transaction: a loaded store is in the changelog
                     assert changelog is not None
                     changelog.write(vid, version, i, list(store.items()))
-                    wrote.append(version)
 
                 pairs = records if read_back else ((key_bytes(k), value_bytes(v)) for k, v in records)
                 store.ensure_base(version, access.run, lambda: pairs, reuse_other_runs=read_back,
                                   loaded=logged if changelog is not None else None, lineage=access.lineage)
                 access.report(i, store)
-            if applied is not None and wrote:
-                applied.add({(vid, version): {i}})
             return [version]
 
         self.catchup_starts(version, empty=not read_back, logged=changelog is not None)
         if state is None:
-            handle = partition_aligned_rdd(self.node.graph.sc, self.node.partitioner.numPartitions,
-                                           lambda i: load(i, ()))
-        else:
-            handle = state.mapPartitionsWithIndex(load, preservesPartitioning=True)
-            if not read_back:
-                handle.persist(StorageLevel.MEMORY_ONLY)
-        self._versions[handle] = version
-        return handle
+            return partition_aligned_rdd(self.node.graph.sc, self.node.partitioner.numPartitions,
+                                         lambda i: load(i, ()))
+        return jvm.persist(state.mapPartitionsWithIndex(load, preservesPartitioning=True), self.handle_level())
+
+    def handle_level(self) -> StorageLevel:
+        """How this stream's handles are cached (:func:`handle_level`)."""
+        return handle_level(str(self.node.graph.sc.master))
 
     def release(self) -> None:
         """The context stopped: unpersist the handle at the zero time (the handles of batches are the engine's,
@@ -478,9 +460,10 @@ class ExecutorStore(StateBackend):
             handles = [rdd for t, rdd in node.generated.items() if (floor is None or t >= floor) and t <= time.ms]
             if floor is None and self._zero_handle is not None:
                 handles.append(self._zero_handle)
+        level = self.handle_level()
         for rdd in handles:
             rdd.unpersist(blocking=True)
-            rdd.persist(StorageLevel.MEMORY_ONLY)
+            rdd.persist(level)
 
     def _log_floor(self, t: int) -> int:
         """Below this version the store's log may go: no checkpoint still to write, no delta's base and no RDD
@@ -506,10 +489,6 @@ class ExecutorStore(StateBackend):
             self._marked.add(t)
         access, floor, name = self.access(t, upto=t - 1), self._log_floor(t), node.name
         changelog, horizon, swept = self.state_changelog(), self.cleanup_horizon(t), self._acc("swept")
-        applied = self._acc("applied") if changelog is not None else None
-        # The version this batch builds on, where a store can be brought there from the changelog: then the handle
-        # does not read the one before (no chain of batches for Spark to recompute after a lost partition).
-        direct = self.direct_base(previous, access) if batches else None
         # Which history of t this is (a batch at or before t whose input was dropped, onFailure=dropInput, makes
         # another one): a store holding t or its base of another history is not taken for this one.
         run, lineage = access.run, access.lineage
@@ -518,7 +497,7 @@ class ExecutorStore(StateBackend):
             bisect.insort(self._applied, t)
 
         def apply(i: int, segments: list[list[Any]]) -> list[int]:
-            base = direct if direct is not None else segments[0][0] if segments[0] else None
+            base = segments[0][0] if segments[0] else None
             with access.open(i) as store:
                 with store.transaction():
                     ready = access.to_base(store, i, t, base)
@@ -540,39 +519,13 @@ class ExecutorStore(StateBackend):
                     store.prune_log(floor)
                 access.report(i, store)
                 path = store.path
-            if applied is not None:  # in the changelog: a later handle may build on t without reading this one
-                applied.add({(vid, t): {i}})
             if horizon is not None:
                 _sweep_host(os.path.dirname(path), horizon, swept)
             return [t]
 
-        groups = [[previous] if direct is None else [], *([b] for b in batches)]
+        groups = [[previous], *([b] for b in batches)]
         handle = segmented_merge(node.graph.sc, groups, node.partitioner, apply, with_index=True)
-        self._versions[handle] = t
-        return handle
-
-    def direct_base(self, previous: RDD, access: StoreAccess) -> int | None:
-        """The version the handle ``previous`` stands for, when a task with ``access`` can bring a partition's store
-        there from the changelog (:func:`catch_up`) on any host, so that the handle built on it need not read it:
-        the start of the catch-up plan (a checkpoint, or the empty state), or a version of the plan that tasks of
-        this run applied to every partition with the changelog on (the ``applied`` accumulator: its changelog objects
-        were written before the stores committed it, and those of the plan's versions before it too, as each store
-        got to it through them). None otherwise (no changelog, a handle of this run not built here, one not yet
-        applied everywhere: a batch built before the one before it ran): the new handle reads ``previous``, and
-        Spark's lineage orders the batches."""
-        version = self._versions.get(previous)
-        if version is None or access.catchup is None:
-            return None
-        start, empty, plan = access.catchup[1]
-        if version == start and not (empty and start in plan):
-            return version  # reloaded from the checkpoint, or emptied, by the catch-up itself
-        if version not in plan:
-            return None
-        known: AppliedVersions = self._acc("applied").value
-        for key in [key for key in list(known) if key[1] < start]:  # below the plan: never asked again
-            known.pop(key, None)
-        parts = known.get((access.lineage.vid(access.run, version), version), ())
-        return version if len(parts) >= self.node.partitioner.numPartitions else None
+        return jvm.persist(handle, self.handle_level())  # the engine keeps it persisted (its own level otherwise)
 
     def view(self, time: BatchTime) -> RDD | None:
         """The whole state at ``time`` as (key, value) pairs, read lazily from the stores."""
@@ -730,4 +683,4 @@ class StateChangesNode(OneParentNode):
 
 
 __all__ = ["PART_HEADER", "ExecutorStore", "StateChangesNode", "StateViewNode", "StoreAccess", "StoreCheckpointData",
-           "catch_up", "checkpointed_node"]
+           "catch_up", "checkpointed_node", "handle_level"]
