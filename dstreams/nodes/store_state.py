@@ -10,9 +10,11 @@ Chosen with ``spark.dstreams.state.store=executor`` (and by ``auto`` once a stat
   keys the batch touches) and yields one record, the store version it stands for. The handle at ``t`` depends
   narrowly on the handle before it and on the batch, shuffled once into the state's partitioner, so that
   Spark's lineage replays missing batches in order after a lost executor, as with RDD state. Handles are
-  cached (a few bytes each). A handle whose store already holds its version, in the same driver run and history
-  (the batches dropped at or before it: :mod:`dstreams.state_lineage`), applies nothing (a recomputed or retried
-  task, a speculative copy). A batch with no records keeps the previous handle.
+  cached (a few bytes each), off a single-process master on two executors (:func:`handle_level`): one lost host
+  leaves the handles readable, so its partitions' stores are caught up once from the changelog instead of rebuilt
+  through the chain of handles since the newest checkpoint. A handle whose store already holds its version, in the
+  same driver run and history (the batches dropped at or before it: :mod:`dstreams.state_lineage`), applies nothing
+  (a recomputed or retried task, a speculative copy). A batch with no records keeps the previous handle.
 * :class:`StateViewNode` (the public stream) reads the whole state as of each handle's version, lazily:
   an output that reads every key costs the whole state, one that reads nothing costs nothing.
 
@@ -58,6 +60,7 @@ from ..checkpoint_data import CheckpointData
 from ..errors import failed_with
 from ..faults import task_reached
 from ..node import DStreamNode, OneParentNode
+from ..spark import jvm
 from ..spark.partitioned import partition_aligned_rdd, segmented_merge
 from ..state_lineage import EMPTY, Lineage
 from ..statestore import (
@@ -89,6 +92,18 @@ PartitionStats = dict[int, tuple[int, int, int]]
 #: time it starts from, whether that start is the empty state at that time instead, the versions this run wrote to
 #: the changelog from it on, oldest first: with an empty start, the start itself when a state was loaded there).
 CatchUp = tuple[int, bool, tuple[int, ...]]
+
+
+def handle_level(master: str) -> StorageLevel:
+    """How the handles are cached under ``master``: in memory, and off a single-process master (``local``,
+    ``local[N]``) on two executors, so that a lost host (its executors' cached blocks, its disk) leaves every handle's
+    partition readable. Else Spark recomputes a lost partition of the handle a batch builds on through the chain of
+    handles since the newest checkpoint, one nested task per batch re-applying it, where a catch-up from the
+    changelog brings the store there at once (issue 42: 2.5 s of one task, and as much in its speculative copy, for
+    16 batches on the three-host test cluster). A handle is a few bytes per partition; a second lost host before
+    the next batch falls back to the chain (still correct)."""
+    single = master == "local" or master.startswith("local[")
+    return StorageLevel.MEMORY_ONLY if single else StorageLevel.MEMORY_ONLY_2
 
 
 class _LatestPerPartition(AccumulatorParam):
@@ -418,10 +433,11 @@ class ExecutorStore(StateBackend):
         if state is None:
             return partition_aligned_rdd(self.node.graph.sc, self.node.partitioner.numPartitions,
                                          lambda i: load(i, ()))
-        handle = state.mapPartitionsWithIndex(load, preservesPartitioning=True)
-        if not read_back:
-            handle.persist(StorageLevel.MEMORY_ONLY)
-        return handle
+        return jvm.persist(state.mapPartitionsWithIndex(load, preservesPartitioning=True), self.handle_level())
+
+    def handle_level(self) -> StorageLevel:
+        """How this stream's handles are cached (:func:`handle_level`)."""
+        return handle_level(str(self.node.graph.sc.master))
 
     def release(self) -> None:
         """The context stopped: unpersist the handle at the zero time (the handles of batches are the engine's,
@@ -444,9 +460,10 @@ class ExecutorStore(StateBackend):
             handles = [rdd for t, rdd in node.generated.items() if (floor is None or t >= floor) and t <= time.ms]
             if floor is None and self._zero_handle is not None:
                 handles.append(self._zero_handle)
+        level = self.handle_level()
         for rdd in handles:
             rdd.unpersist(blocking=True)
-            rdd.persist(StorageLevel.MEMORY_ONLY)
+            rdd.persist(level)
 
     def _log_floor(self, t: int) -> int:
         """Below this version the store's log may go: no checkpoint still to write, no delta's base and no RDD
@@ -507,7 +524,8 @@ class ExecutorStore(StateBackend):
             return [t]
 
         groups = [[previous], *([b] for b in batches)]
-        return segmented_merge(node.graph.sc, groups, node.partitioner, apply, with_index=True)
+        handle = segmented_merge(node.graph.sc, groups, node.partitioner, apply, with_index=True)
+        return jvm.persist(handle, self.handle_level())  # the engine keeps it persisted (its own level otherwise)
 
     def view(self, time: BatchTime) -> RDD | None:
         """The whole state at ``time`` as (key, value) pairs, read lazily from the stores."""
@@ -665,4 +683,4 @@ class StateChangesNode(OneParentNode):
 
 
 __all__ = ["PART_HEADER", "ExecutorStore", "StateChangesNode", "StateViewNode", "StoreAccess", "StoreCheckpointData",
-           "catch_up", "checkpointed_node"]
+           "catch_up", "checkpointed_node", "handle_level"]
