@@ -44,12 +44,11 @@ import pickle
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pyspark import RDD, StorageLevel
+from pyspark import RDD
 from pyspark.accumulators import Accumulator
 
 from ..checkpoint_data import CheckpointData
-from ..errors import failed_with
-from ..statestore import PAIRS_SNAPSHOT, PART_HEADER, StateStoreError
+from ..statestore import PAIRS_SNAPSHOT, PART_HEADER
 from ..time import BatchTime
 from .state import RDDState, StateBackend
 from .store_state import ExecutorStore, StoreCheckpointData, _LatestPerPartition
@@ -109,12 +108,10 @@ class AutoPolicy(StateBackend):
     #: The keys touched by the newest batches (at most WINDOW), and the batch last sampled.
     _touched: list[int]
     _sampled: int
-    #: The newest handle that loaded the RDD state into the stores (the move), once built.
-    _moved_handle: RDD | None
 
     @staticmethod
     def _runtime() -> dict[str, Any]:
-        return {"switched_at": None, "_rdd_stats": None, "_touched": [], "_sampled": -1, "_moved_handle": None}
+        return {"switched_at": None, "_rdd_stats": None, "_touched": [], "_sampled": -1}
 
     def __getstate__(self) -> dict[str, Any]:
         """A stored graph has not moved: a restart learns the move from its checkpoint
@@ -161,8 +158,7 @@ class AutoPolicy(StateBackend):
         state, convert = self.rdd.previous(time), self.node.op.to_store(self.node, before.ms)
         if state is not None and convert is not None:
             state = state.mapValues(convert)  # keeps the partitioning
-        self._moved_handle = self.store.loaded_handle(before.ms, state)
-        return self._moved_handle
+        return self.store.loaded_handle(before.ms, state)
 
     def _report(self, time: BatchTime) -> Callable[[int, list[list[Any]], list[Any]], None]:
         """Each partition of the RDD state at ``time`` reports the keys of its state and the keys the batch touched
@@ -178,16 +174,10 @@ class AutoPolicy(StateBackend):
         return report
 
     def retry(self, time: BatchTime, error: BaseException) -> None:
-        self.store.retry(time, error)
-        moved = self._moved_handle
-        if moved is not None and self.on_store(time.ms) and failed_with(error, StateStoreError):
-            moved.unpersist(blocking=True)
-            moved.persist(StorageLevel.MEMORY_ONLY)
+        self.store.retry(time, error)  # the handle of the move among the store's
 
     def release(self) -> None:
-        self.store.release()  # the zero time's handle
-        if self._moved_handle is not None:
-            self._moved_handle.unpersist(blocking=False)
+        self.store.release()  # the handle of the move
 
     # ------------------------------------------------------------------ views
     def _backend_at(self, time: BatchTime) -> RDDState | ExecutorStore:
