@@ -128,6 +128,17 @@ class StateBackend:
     def release(self) -> None:
         """The context stopped: unpersist the RDDs the backend persisted itself."""
 
+    def _runtime(self) -> dict[str, Any]:
+        """What the backend keeps for one driver run, as it starts: a stored graph holds none of it, and a graph
+        read back is a new run."""
+        return {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, **self._runtime()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({**state, **self._runtime()})
+
 
 def state_diff(sc: Any, current: RDD, previous: RDD | None, partitioner: Partitioner) -> RDD:
     """The (key, state) pairs of ``current`` that ``previous`` (None: no state before) does not hold, and
@@ -162,10 +173,10 @@ class RDDState(StateBackend):
     def __init__(self, node: StateNode, checkpoints_initial: bool = False) -> None:
         self.node = node
         self.checkpoints_initial = checkpoints_initial
-        self._initial_marked = False
+        self.__dict__.update(self._runtime())
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_initial_marked": False}
+    def _runtime(self) -> dict[str, Any]:
+        return {"_initial_marked": False}
 
     def previous(self, time: BatchTime) -> RDD | None:
         """The RDD state batch ``time`` merges into: the node's before, else the initial state (checkpointed at the

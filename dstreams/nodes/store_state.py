@@ -243,7 +243,9 @@ class ExecutorStore(StateBackend):
     params: tuple[str, ...] = ("store=executor",)
     initial_in_graph: bool = False
 
-    # What a driver run keeps (:meth:`_runtime`; a stored graph holds none of it):
+    # What a driver run keeps (:meth:`_runtime`):
+    #: this driver run: a store another run wrote is trusted only once brought back to a checkpoint;
+    _run: str
     #: committed checkpoints since the newest snapshot (oldest first): what the next delta builds on;
     _chain: list[int]
     #: checkpoint time -> the chain it was written on (known once exported, used when adopted);
@@ -271,21 +273,12 @@ class ExecutorStore(StateBackend):
         self.node = node
         self.local_dir = local_dir
         self.snapshot_every = max(1, int(snapshot_every))
-        #: This driver run: a store another run wrote is trusted only once brought back to a checkpoint.
-        self._run = uuid.uuid4().hex
         self.__dict__.update(self._runtime())
 
-    @staticmethod
-    def _runtime() -> dict[str, Any]:
-        return {"_chain": [], "_exported": {}, "_marked": set(), "_accs": {}, "_newest_checkpoint": None,
-                "_loaded": {}, "_inherited": EMPTY, "_changelog": False, "_catchup_from": None, "_applied": []}
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, **self._runtime()}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._run = uuid.uuid4().hex  # a restored graph is a new run
+    def _runtime(self) -> dict[str, Any]:
+        return {"_run": uuid.uuid4().hex, "_chain": [], "_exported": {}, "_marked": set(), "_accs": {},
+                "_newest_checkpoint": None, "_loaded": {}, "_inherited": EMPTY, "_changelog": False,
+                "_catchup_from": None, "_applied": []}
 
     # ------------------------------------------------------------------ definition
     def on_store(self, time_ms: int) -> bool:
