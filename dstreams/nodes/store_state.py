@@ -5,30 +5,27 @@ Chosen with ``spark.dstreams.state.store=executor`` (and by ``auto`` once a stat
 (:class:`~.keyed.KeyedOp`): the operator's step runs on the keys a batch touches and the due ones
 (:func:`~.keyed.store_partition`, the deadlines in the store's index). Two nodes:
 
-* the :class:`~.state.StateNode` on this backend owns the chain of **handle** RDDs. Partition ``p`` of the handle
-  at ``t`` applies batch ``t``'s records of partition ``p`` to the partition's store (reading and writing only the
-  keys the batch touches) and yields one record, the store version it stands for. The handle at ``t`` depends
-  narrowly on the handle before it and on the batch, shuffled once into the state's partitioner, so that
-  Spark's lineage replays missing batches in order after a lost executor, as with RDD state. Handles are
-  cached (a few bytes each), off a single-process master on two executors (:func:`handle_level`): one lost host
-  leaves the handles readable, so its partitions' stores are caught up once from the changelog instead of rebuilt
-  through the chain of handles since the newest checkpoint. A handle whose store already holds its version, in the
-  same driver run and history (the batches dropped at or before it: :mod:`dstreams.state_lineage`), applies nothing
-  (a recomputed or retried task, a speculative copy). A batch with no records keeps the previous handle.
-* :class:`StateViewNode` (the public stream) reads the whole state as of each handle's version, lazily:
-  an output that reads every key costs the whole state, one that reads nothing costs nothing.
+* the :class:`~.state.StateNode` on this backend owns the chain of **handle** RDDs. Partition ``p`` of the handle at
+  ``t`` applies batch ``t``'s records of partition ``p`` to the partition's store (reading and writing only the keys
+  the batch touches) and yields one record, the store version it stands for. The handle at ``t`` depends narrowly on
+  the handle before it and on the batch, shuffled once into the state's partitioner, so that Spark's lineage replays
+  missing batches in order after a lost executor, as with RDD state. Handles are cached (a few bytes each; on two
+  executors off a single-process master, :func:`handle_level`). A handle whose store already holds its version, in
+  the same driver run and history (the batches dropped at or before it: :mod:`dstreams.state_lineage`), applies
+  nothing (a recomputed or retried task, a speculative copy). A batch with no records keeps the previous handle.
+* :class:`StateViewNode` (the public stream) reads the whole state as of each handle's version, lazily: an output
+  that reads every key costs the whole state, one that reads nothing costs nothing.
 
-Checkpoints go through the engine's checkpointer (same manifest commit, fencing and outage rule): the
-checkpoint of ``t`` writes, per partition, the keys changed since the previous committed checkpoint (a
-**delta**, with deletions) or, every ``spark.dstreams.state.snapshotEvery`` checkpoints and where the store's
-log no longer reaches the previous checkpoint, the whole partition (a **snapshot**: the store's file copied as of the
-checkpoint's version, :meth:`PartitionStore.export_file`); a restarted driver goes on
-with the chain it resumed from (:meth:`StoreCheckpointData.restored`). Its
-manifest names the chain of checkpoints it builds on; the reader rebuilds a partition from its newest
-snapshot and the deltas after it, and the checkpointer deletes no checkpoint a kept one builds on. A
-checkpoint read back (a restart, or the lineage cut of a running stream) brings each partition's store to
-that version: kept when this driver run's store is already there or past it, rolled back through the
-store's log when an earlier run's store is past it, else reloaded from the checkpoint.
+Checkpoints go through the engine's checkpointer (same manifest commit, fencing and outage rule): the checkpoint of
+``t`` writes, per partition, the keys changed since the previous committed checkpoint (a **delta**, with deletions)
+or, every ``spark.dstreams.state.snapshotEvery`` checkpoints and where the store's log no longer reaches the previous
+checkpoint, the whole partition (a **snapshot**: the store's file copied as of the checkpoint's version,
+:meth:`PartitionStore.export_file`); a restarted driver goes on with the chain it resumed from
+(:meth:`StoreCheckpointData.restored`). Its manifest names the chain of checkpoints it builds on; the reader rebuilds
+a partition from its newest snapshot and the deltas after it, and the checkpointer deletes no checkpoint a kept one
+builds on. A checkpoint read back (a restart, or the lineage cut of a running stream) brings each partition's store
+to that version: kept when this driver run's store is already there or past it, rolled back through the store's log
+when an earlier run's store is past it, else reloaded from the checkpoint.
 
 With the changelog (``spark.dstreams.state.changelog``) a task whose store is missing or behind on its host catches up
 inside the task (:func:`catch_up`) from the newest checkpoint adopted or read back, or, before any, from the state
