@@ -364,10 +364,6 @@ class ExecutorStore(StateBackend):
         floor = catchup[1][0] if catchup is not None else self._log_floor(t)
         return self._inherited.with_drops(self.node.graph.dropped_times).pruned(min(floor, t))
 
-    def _loaded_lineage(self, version: int) -> Lineage:
-        """The history of a state loaded or read back at ``version``."""
-        return self._inherited.with_drops(self.node.graph.dropped_times).upto(version).pruned(version)
-
     def catchup_starts(self, time_ms: int, empty: bool = False, logged: bool = False) -> None:
         """Stores can be brought up to date from the state at ``time_ms`` (a checkpoint read back or adopted; with
         ``empty``, the empty state) and this run's changelog after it; ``logged``: the state loaded at ``time_ms``
@@ -405,7 +401,8 @@ class ExecutorStore(StateBackend):
         batch writes its changes): a task on a host without the partition's store rebuilds it from the changelog
         alone, before the zero time's checkpoint (or any later one) is written (issue 42)."""
         changelog = self.state_changelog() if state is not None and not read_back else None
-        access = self.access(version, lineage=self._loaded_lineage(version))
+        history = self._inherited.with_drops(self.node.graph.dropped_times).upto(version).pruned(version)
+        access = self.access(version, lineage=history)  # the history of the state loaded or read back
         vid = access.lineage.vid(access.run, version)
 
         def load(i: int, records: Iterable[Any]) -> list[int]:
