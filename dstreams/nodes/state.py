@@ -91,6 +91,8 @@ class StateBackend:
     (:func:`~.keyed.rdd_partition`, :func:`~.keyed.store_partition`); for the stream it gives the members below.
     The defaults are the RDD state's."""
 
+    #: The node the backend is bound to.
+    node: StateNode
     #: The node key's prefix (``Store`` + ``RunningReduceNode``) and the backend's parameters in the fingerprint.
     prefix: str = ""
     params: tuple[str, ...] = ()
@@ -107,16 +109,17 @@ class StateBackend:
         return False
 
     def view(self, time: BatchTime) -> RDD | None:
-        """The whole state at ``time`` as (key, value) pairs."""
-        raise NotImplementedError
+        """The whole state at ``time`` as (key, value) pairs (default: the node's RDD, the state itself)."""
+        return self.node.get_or_compute(time)
 
     def changes(self, time: BatchTime) -> RDD | None:
         """The (key, value) pairs batch ``time`` changed, (key, None) for a key it removed."""
         raise NotImplementedError
 
     def checkpoint_data(self) -> CheckpointData:
-        """How the state is checkpointed, exported and restored (the node's ``checkpoint_data``)."""
-        raise NotImplementedError
+        """How the state is checkpointed, exported and restored (the node's ``checkpoint_data``; default: its RDD's
+        pairs, read back in the state's partitioner)."""
+        return CheckpointData(self.node, self.node.partitioner)
 
     def metrics(self) -> dict[str, Any] | None:
         """The executor store's figures (keys, bytes on disk...), None: none (the RDD state, no report yet)."""
@@ -212,9 +215,6 @@ class RDDState(StateBackend):
         groups = [[previous] if previous is not None else [], *([b] for b in batches)]
         return segmented_merge(node.graph.sc, groups, node.partitioner, merge, with_index=True)
 
-    def view(self, time: BatchTime) -> RDD | None:
-        return self.node.get_or_compute(time)
-
     def changes(self, time: BatchTime) -> RDD | None:
         """The operator's reading of its changes (:meth:`~.keyed.KeyedOp.rdd_changes`), else the state compared with
         the one before, partition by partition (the whole state)."""
@@ -225,10 +225,6 @@ class RDDState(StateBackend):
         changed = node.op.rdd_changes(current, time)
         return changed if changed is not None else state_diff(node.graph.sc, current, self.previous(time),
                                                               node.partitioner)
-
-    def checkpoint_data(self) -> CheckpointData:
-        """The state's checkpoint: its RDD's pairs, read back in the state's partitioner."""
-        return CheckpointData(self.node, self.node.partitioner)
 
 
 class StateNode(OneParentNode):
