@@ -166,10 +166,10 @@ class AutoPolicy(StateBackend):
         return report
 
     def retry(self, time: BatchTime, error: BaseException) -> None:
-        self.store.retry(time, error)  # the handle of the move among the store's
+        self.store.retry(time, error)  # the move's handle is the store's
 
     def release(self) -> None:
-        self.store.release()  # the handle of the move
+        self.store.release()  # its own handles: the zero time's, the move's
 
     # ------------------------------------------------------------------ views
     def _backend_at(self, time: BatchTime) -> RDDState | ExecutorStore:
