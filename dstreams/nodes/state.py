@@ -173,6 +173,9 @@ class RDDState(StateBackend):
     lineage stays bounded; the node is the public stream. With ``checkpoints_initial`` (the auto policy's) the initial
     state is checkpointed at the zero time, as the store's."""
 
+    #: Whether this run marked the initial state for its checkpoint at the zero time.
+    _initial_marked: bool
+
     def __init__(self, node: StateNode, checkpoints_initial: bool = False) -> None:
         self.node = node
         self.checkpoints_initial = checkpoints_initial
