@@ -1,40 +1,37 @@
 """State picked by size (``spark.dstreams.state.store=auto``, the default): ``runningReduce``,
-``updateStateByKey(..., updateIdleKeys=False)``, ``track`` (every form), the incremental
-``reduceByKeyAndWindow``, the event-time windows and ``sessionWindow`` start on the RDD state and move into the
-executor state store once the state is large next to what a batch touches (for a window: the keys of the batches
-entering and leaving it).
+``updateStateByKey(..., updateIdleKeys=False)``, ``track`` (every form), the incremental ``reduceByKeyAndWindow``,
+the event-time windows and ``sessionWindow`` start on the RDD state and move into the executor state store once the
+state is large next to what a batch touches (for a window: the keys of the batches entering and leaving it).
 
-Why: the RDD state (:mod:`.state`) rebuilds every key each batch and is the faster one for small state; the
-executor state store (:mod:`.store_state`) costs a SQLite look-up and write per key a batch touches and nothing per
-idle key. The two cost the same when the state holds about ten times the keys a batch touches
-(``benchmarks/README.md``, "Picked by size", has the measurements), hence :data:`TOUCH_RATIO`.
+Why: the RDD state (:mod:`.state`) rebuilds every key each batch and is the faster one for small state; the executor
+state store (:mod:`.store_state`) costs a SQLite look-up and write per key a batch touches and nothing per idle key.
+The two cost the same when the state holds about ten times the keys a batch touches (``benchmarks/README.md``,
+"Picked by size", has the measurements), hence :data:`TOUCH_RATIO`.
 
 Contract: :class:`AutoPolicy` is a :class:`~.state.StateBackend` made of the two backends, an
 :class:`~.state.RDDState` and an :class:`~.store_state.ExecutorStore` of the same node, and of the rule that moves
 the state from the first to the second; it holds no state of its own.
 
-* One node for every operator (the operator's step is :class:`~.keyed.KeyedOp`'s, the same on both sides). A
-  stream starts on the RDD state: its RDD at ``t`` is the state itself (:meth:`~.state.RDDState.compute`), and each
+* One node for every operator (the operator's step is :class:`~.keyed.KeyedOp`'s, the same on both sides). A stream
+  starts on the RDD state: its RDD at ``t`` is the state itself (:meth:`~.state.RDDState.compute`), and each
   partition also reports (an accumulator) the keys of its state and the keys the batch touched as the store would
   touch them (:meth:`~.keyed.KeyedOp.touched`: the keys with values; for ``track`` also the keys that timed out,
   ended or fired a timer).
-* When the driver builds a new batch, it reads the newest reports: once every partition has reported and the
-  state holds at least ``spark.dstreams.state.autoKeys`` keys and :data:`TOUCH_RATIO` times the most keys one of
-  the last :data:`WINDOW` batches touched, the largest of them left out (:func:`should_move`,
-  :func:`typical_touched`), the stream moves to the store at that batch
-  (:attr:`AutoPolicy.switched_at`) and stays there. That batch loads the RDD state of the batch before into
-  each partition's store (as an initial state is loaded: :meth:`PartitionStore.ensure_base`) and applies itself;
-  from there on the node is the store's (:class:`~.store_state.ExecutorStore`). Batches before ``switched_at``
-  are RDD states, batches at or after it store handles, in every rebuild (a lineage cut, a retry, a restart's
-  replay).
-* Both hold the same state, so the outputs are the same whenever the move happens: the move is not recorded in
-  the metadata log. Where the two layouts of an operator differ (plain ``track``, event windows), the operator's
-  ``to_store``/``from_store`` convert. Checkpoints carry the move: every checkpoint is written in the store's
-  format (one before the
-  move is a snapshot of the RDD state's pairs as they are, :data:`~dstreams.statestore.PAIRS_SNAPSHOT`, which the
-  store's chain reader takes as a base), its manifest's ``state.auto.switched_at`` says when the stream moved
-  (None: not yet), and a restarted driver resumes in the representation its checkpoint was written in
-  (:meth:`AutoCheckpointData.manifest`); one resumed before the move decides again.
+* When the driver builds a new batch, it reads the newest reports: once every partition has reported and the state
+  holds at least ``spark.dstreams.state.autoKeys`` keys and :data:`TOUCH_RATIO` times the most keys one of the last
+  :data:`WINDOW` batches touched, the largest of them left out (:func:`should_move`, :func:`typical_touched`), the
+  stream moves to the store at that batch (:attr:`AutoPolicy.switched_at`) and stays there. That batch loads the RDD
+  state of the batch before into each partition's store (as an initial state is loaded:
+  :meth:`PartitionStore.ensure_base`) and applies itself. Batches before ``switched_at`` are RDD states, batches at
+  or after it store handles, in every rebuild (a lineage cut, a retry, a restart's replay).
+* Both hold the same state, so the outputs are the same whenever the move happens: the move is not recorded in the
+  metadata log. Where the two layouts of an operator differ (plain ``track``, event windows), the operator's
+  ``to_store``/``from_store`` convert. Checkpoints carry the move: every checkpoint is written in the store's format
+  (one before the move is a snapshot of the RDD state's pairs as they are,
+  :data:`~dstreams.statestore.PAIRS_SNAPSHOT`, which the store's chain reader takes as a base), its manifest's
+  ``state.auto.switched_at`` says when the stream moved (None: not yet), and a restarted driver resumes in the
+  representation its checkpoint was written in (:meth:`AutoCheckpointData.manifest`); one resumed before the move
+  decides again.
 """
 
 from __future__ import annotations
@@ -44,12 +41,11 @@ import pickle
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pyspark import RDD, StorageLevel
+from pyspark import RDD
 from pyspark.accumulators import Accumulator
 
 from ..checkpoint_data import CheckpointData
-from ..errors import failed_with
-from ..statestore import PAIRS_SNAPSHOT, PART_HEADER, StateStoreError
+from ..statestore import PAIRS_SNAPSHOT, PART_HEADER
 from ..time import BatchTime
 from .state import RDDState, StateBackend
 from .store_state import ExecutorStore, StoreCheckpointData, _LatestPerPartition
@@ -91,7 +87,6 @@ class AutoPolicy(StateBackend):
 
     prefix: str = "Auto"
     params: tuple[str, ...] = ("store=auto",)
-    initial_in_graph: bool = True
 
     def __init__(self, node: StateNode, local_dir: str | None, snapshot_every: int, auto_keys: int) -> None:
         self.node = node
@@ -109,17 +104,11 @@ class AutoPolicy(StateBackend):
     #: The keys touched by the newest batches (at most WINDOW), and the batch last sampled.
     _touched: list[int]
     _sampled: int
-    #: The newest handle that loaded the RDD state into the stores (the move), once built.
-    _moved_handle: RDD | None
 
-    @staticmethod
-    def _runtime() -> dict[str, Any]:
-        return {"switched_at": None, "_rdd_stats": None, "_touched": [], "_sampled": -1, "_moved_handle": None}
-
-    def __getstate__(self) -> dict[str, Any]:
+    def _runtime(self) -> dict[str, Any]:
         """A stored graph has not moved: a restart learns the move from its checkpoint
         (:meth:`AutoCheckpointData.manifest`)."""
-        return {**self.__dict__, **self._runtime()}
+        return {"switched_at": None, "_rdd_stats": None, "_touched": [], "_sampled": -1}
 
     def on_store(self, time_ms: int) -> bool:
         """Whether the stream's RDD at ``time_ms`` is a store handle (else an RDD state)."""
@@ -161,8 +150,7 @@ class AutoPolicy(StateBackend):
         state, convert = self.rdd.previous(time), self.node.op.to_store(self.node, before.ms)
         if state is not None and convert is not None:
             state = state.mapValues(convert)  # keeps the partitioning
-        self._moved_handle = self.store.loaded_handle(before.ms, state)
-        return self._moved_handle
+        return self.store.loaded_handle(before.ms, state)
 
     def _report(self, time: BatchTime) -> Callable[[int, list[list[Any]], list[Any]], None]:
         """Each partition of the RDD state at ``time`` reports the keys of its state and the keys the batch touched
@@ -178,16 +166,10 @@ class AutoPolicy(StateBackend):
         return report
 
     def retry(self, time: BatchTime, error: BaseException) -> None:
-        self.store.retry(time, error)
-        moved = self._moved_handle
-        if moved is not None and self.on_store(time.ms) and failed_with(error, StateStoreError):
-            moved.unpersist(blocking=True)
-            moved.persist(StorageLevel.MEMORY_ONLY)
+        self.store.retry(time, error)  # the move's handle is the store's
 
     def release(self) -> None:
-        self.store.release()  # the zero time's handle
-        if self._moved_handle is not None:
-            self._moved_handle.unpersist(blocking=False)
+        self.store.release()  # its own handles: the zero time's, the move's
 
     # ------------------------------------------------------------------ views
     def _backend_at(self, time: BatchTime) -> RDDState | ExecutorStore:

@@ -56,11 +56,6 @@ class KeyedOp:
     state_slide: Duration | None = None
     parent_window: Duration | None = None
 
-    @property
-    def every_batch(self) -> bool:
-        """Whether a batch without records is applied too (deadlines and idle updates come due without them)."""
-        return self.visits != TOUCHED
-
     def params(self) -> list[str]:
         """The operator's parameters in the graph fingerprint (before the backend's)."""
         return []
@@ -71,12 +66,13 @@ class KeyedOp:
 
     def batches(self, node: Any, time: BatchTime, skip_empty: bool = False) -> list[RDD] | None:
         """The prepared RDDs batch ``time`` applies, one segment each (None: nothing, the state stands). Default:
-        the parent's batch through :meth:`prepare`; without one, none where :attr:`every_batch` (else None); with
-        ``skip_empty`` (the RDD state, once there is one), None for a batch without partitions that touches no key
-        (an empty folder listing, a catch-up's empty intervals: no Spark stage)."""
+        the parent's batch through :meth:`prepare`; without one, none (deadlines and idle updates come due without
+        records), or None for a :data:`TOUCHED` operator; with ``skip_empty`` (the RDD state, once there is one), None
+        for a batch without partitions that touches no key (an empty folder listing, a catch-up's empty intervals: no
+        Spark stage)."""
         batch = node.parent.get_or_compute(time)
         if batch is None:
-            return [] if self.every_batch else None
+            return [] if self.visits != TOUCHED else None
         if skip_empty and self.visits == TOUCHED and jvm.has_no_partitions(batch):
             return None
         return [self.prepare(batch, node.partitioner)]

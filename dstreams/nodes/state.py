@@ -91,6 +91,8 @@ class StateBackend:
     (:func:`~.keyed.rdd_partition`, :func:`~.keyed.store_partition`); for the stream it gives the members below.
     The defaults are the RDD state's."""
 
+    #: The node the backend is bound to.
+    node: StateNode
     #: The node key's prefix (``Store`` + ``RunningReduceNode``) and the backend's parameters in the fingerprint.
     prefix: str = ""
     params: tuple[str, ...] = ()
@@ -107,16 +109,17 @@ class StateBackend:
         return False
 
     def view(self, time: BatchTime) -> RDD | None:
-        """The whole state at ``time`` as (key, value) pairs."""
-        raise NotImplementedError
+        """The whole state at ``time`` as (key, value) pairs (default: the node's RDD, the state itself)."""
+        return self.node.get_or_compute(time)
 
     def changes(self, time: BatchTime) -> RDD | None:
         """The (key, value) pairs batch ``time`` changed, (key, None) for a key it removed."""
         raise NotImplementedError
 
     def checkpoint_data(self) -> CheckpointData:
-        """How the state is checkpointed, exported and restored (the node's ``checkpoint_data``)."""
-        raise NotImplementedError
+        """How the state is checkpointed, exported and restored (the node's ``checkpoint_data``; default: its RDD's
+        pairs, read back in the state's partitioner)."""
+        return CheckpointData(self.node, self.node.partitioner)
 
     def metrics(self) -> dict[str, Any] | None:
         """The executor store's figures (keys, bytes on disk...), None: none (the RDD state, no report yet)."""
@@ -127,6 +130,17 @@ class StateBackend:
 
     def release(self) -> None:
         """The context stopped: unpersist the RDDs the backend persisted itself."""
+
+    def _runtime(self) -> dict[str, Any]:
+        """What the backend keeps for one driver run, as it starts: a stored graph holds none of it, and a graph
+        read back is a new run."""
+        return {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, **self._runtime()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({**state, **self._runtime()})
 
 
 def state_diff(sc: Any, current: RDD, previous: RDD | None, partitioner: Partitioner) -> RDD:
@@ -159,13 +173,16 @@ class RDDState(StateBackend):
     lineage stays bounded; the node is the public stream. With ``checkpoints_initial`` (the auto policy's) the initial
     state is checkpointed at the zero time, as the store's."""
 
+    #: Whether this run marked the initial state for its checkpoint at the zero time.
+    _initial_marked: bool
+
     def __init__(self, node: StateNode, checkpoints_initial: bool = False) -> None:
         self.node = node
         self.checkpoints_initial = checkpoints_initial
-        self._initial_marked = False
+        self.__dict__.update(self._runtime())
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_initial_marked": False}
+    def _runtime(self) -> dict[str, Any]:
+        return {"_initial_marked": False}
 
     def previous(self, time: BatchTime) -> RDD | None:
         """The RDD state batch ``time`` merges into: the node's before, else the initial state (checkpointed at the
@@ -201,9 +218,6 @@ class RDDState(StateBackend):
         groups = [[previous] if previous is not None else [], *([b] for b in batches)]
         return segmented_merge(node.graph.sc, groups, node.partitioner, merge, with_index=True)
 
-    def view(self, time: BatchTime) -> RDD | None:
-        return self.node.get_or_compute(time)
-
     def changes(self, time: BatchTime) -> RDD | None:
         """The operator's reading of its changes (:meth:`~.keyed.KeyedOp.rdd_changes`), else the state compared with
         the one before, partition by partition (the whole state)."""
@@ -214,10 +228,6 @@ class RDDState(StateBackend):
         changed = node.op.rdd_changes(current, time)
         return changed if changed is not None else state_diff(node.graph.sc, current, self.previous(time),
                                                               node.partitioner)
-
-    def checkpoint_data(self) -> CheckpointData:
-        """The state's checkpoint: its RDD's pairs, read back in the state's partitioner."""
-        return CheckpointData(self.node, self.node.partitioner)
 
 
 class StateNode(OneParentNode):

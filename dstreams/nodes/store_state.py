@@ -5,30 +5,27 @@ Chosen with ``spark.dstreams.state.store=executor`` (and by ``auto`` once a stat
 (:class:`~.keyed.KeyedOp`): the operator's step runs on the keys a batch touches and the due ones
 (:func:`~.keyed.store_partition`, the deadlines in the store's index). Two nodes:
 
-* the :class:`~.state.StateNode` on this backend owns the chain of **handle** RDDs. Partition ``p`` of the handle
-  at ``t`` applies batch ``t``'s records of partition ``p`` to the partition's store (reading and writing only the
-  keys the batch touches) and yields one record, the store version it stands for. The handle at ``t`` depends
-  narrowly on the handle before it and on the batch, shuffled once into the state's partitioner, so that
-  Spark's lineage replays missing batches in order after a lost executor, as with RDD state. Handles are
-  cached (a few bytes each), off a single-process master on two executors (:func:`handle_level`): one lost host
-  leaves the handles readable, so its partitions' stores are caught up once from the changelog instead of rebuilt
-  through the chain of handles since the newest checkpoint. A handle whose store already holds its version, in the
-  same driver run and history (the batches dropped at or before it: :mod:`dstreams.state_lineage`), applies nothing
-  (a recomputed or retried task, a speculative copy). A batch with no records keeps the previous handle.
-* :class:`StateViewNode` (the public stream) reads the whole state as of each handle's version, lazily:
-  an output that reads every key costs the whole state, one that reads nothing costs nothing.
+* the :class:`~.state.StateNode` on this backend owns the chain of **handle** RDDs. Partition ``p`` of the handle at
+  ``t`` applies batch ``t``'s records of partition ``p`` to the partition's store (reading and writing only the keys
+  the batch touches) and yields one record, the store version it stands for. The handle at ``t`` depends narrowly on
+  the handle before it and on the batch, shuffled once into the state's partitioner, so that Spark's lineage replays
+  missing batches in order after a lost executor, as with RDD state. Handles are cached (a few bytes each; on two
+  executors off a single-process master, :func:`handle_level`). A handle whose store already holds its version, in
+  the same driver run and history (the batches dropped at or before it: :mod:`dstreams.state_lineage`), applies
+  nothing (a recomputed or retried task, a speculative copy). A batch with no records keeps the previous handle.
+* :class:`StateViewNode` (the public stream) reads the whole state as of each handle's version, lazily: an output
+  that reads every key costs the whole state, one that reads nothing costs nothing.
 
-Checkpoints go through the engine's checkpointer (same manifest commit, fencing and outage rule): the
-checkpoint of ``t`` writes, per partition, the keys changed since the previous committed checkpoint (a
-**delta**, with deletions) or, every ``spark.dstreams.state.snapshotEvery`` checkpoints and where the store's
-log no longer reaches the previous checkpoint, the whole partition (a **snapshot**: the store's file copied as of the
-checkpoint's version, :meth:`PartitionStore.export_file`); a restarted driver goes on
-with the chain it resumed from (:meth:`StoreCheckpointData.restored`). Its
-manifest names the chain of checkpoints it builds on; the reader rebuilds a partition from its newest
-snapshot and the deltas after it, and the checkpointer deletes no checkpoint a kept one builds on. A
-checkpoint read back (a restart, or the lineage cut of a running stream) brings each partition's store to
-that version: kept when this driver run's store is already there or past it, rolled back through the
-store's log when an earlier run's store is past it, else reloaded from the checkpoint.
+Checkpoints go through the engine's checkpointer (same manifest commit, fencing and outage rule): the checkpoint of
+``t`` writes, per partition, the keys changed since the previous committed checkpoint (a **delta**, with deletions)
+or, every ``spark.dstreams.state.snapshotEvery`` checkpoints and where the store's log no longer reaches the previous
+checkpoint, the whole partition (a **snapshot**: the store's file copied as of the checkpoint's version,
+:meth:`PartitionStore.export_file`); a restarted driver goes on with the chain it resumed from
+(:meth:`StoreCheckpointData.restored`). Its manifest names the chain of checkpoints it builds on; the reader rebuilds
+a partition from its newest snapshot and the deltas after it, and the checkpointer deletes no checkpoint a kept one
+builds on. A checkpoint read back (a restart, or the lineage cut of a running stream) brings each partition's store
+to that version: kept when this driver run's store is already there or past it, rolled back through the store's log
+when an earlier run's store is past it, else reloaded from the checkpoint.
 
 With the changelog (``spark.dstreams.state.changelog``) a task whose store is missing or behind on its host catches up
 inside the task (:func:`catch_up`) from the newest checkpoint adopted or read back, or, before any, from the state
@@ -177,8 +174,8 @@ class StoreAccess:
         with closing(PartitionStore.open(self.local_dir, self.store_id, i, self.indexer)) as store:
             if version is not None and self.catchup is not None and not self._holds(store, version):
                 with store.transaction():
-                    if not self._holds(store, version) and self._catch_up(store, i, version):
-                        self.caught_up.add(1)
+                    if not self._holds(store, version):
+                        self._catch_up(store, i, version)
             yield store
 
     def _holds(self, store: PartitionStore, version: int) -> bool:
@@ -187,8 +184,12 @@ class StoreAccess:
                 and self.lineage.agrees(store.lineage, version))
 
     def _catch_up(self, store: PartitionStore, i: int, version: int) -> bool:
-        assert self.catchup is not None
-        return catch_up(store, self.catchup[0], self.run, i, version, self.catchup[1], self.lineage)
+        """Inside a transaction: :func:`catch_up`, counted (False: no changelog, or the plan does not reach)."""
+        plan = self.catchup
+        done = plan is not None and catch_up(store, plan[0], self.run, i, version, plan[1], self.lineage)
+        if done:
+            self.caught_up.add(1)
+        return done
 
     def to_base(self, store: PartitionStore, i: int, t: int, base: int | None) -> bool | None:
         """Inside a transaction, before batch ``t`` is applied to partition ``i``'s ``store`` on ``base``: True when
@@ -209,10 +210,7 @@ class StoreAccess:
                 if floor is not None and floor <= base:
                     store.rollback(base)  # what it applied after base is of another history (the dropped input's)
                     return True
-        if self.catchup is not None and base is not None and self._catch_up(store, i, base):
-            self.caught_up.add(1)
-            return True
-        return None
+        return True if base is not None and self._catch_up(store, i, base) else None
 
     def report(self, i: int, store: PartitionStore) -> None:
         """Partition ``i``'s figures for the driver (:meth:`ExecutorStore.metrics`)."""
@@ -242,7 +240,9 @@ class ExecutorStore(StateBackend):
     params: tuple[str, ...] = ("store=executor",)
     initial_in_graph: bool = False
 
-    # What a driver run keeps (:meth:`_runtime`; a stored graph holds none of it):
+    # What a driver run keeps (:meth:`_runtime`):
+    #: this driver run: a store another run wrote is trusted only once brought back to a checkpoint;
+    _run: str
     #: committed checkpoints since the newest snapshot (oldest first): what the next delta builds on;
     _chain: list[int]
     #: checkpoint time -> the chain it was written on (known once exported, used when adopted);
@@ -254,8 +254,9 @@ class ExecutorStore(StateBackend):
     _accs: dict[str, Accumulator]
     #: the newest checkpoint of this stream adopted or read back in this run (None: none yet);
     _newest_checkpoint: int | None
-    #: the handle at the zero time (the initial state loaded), once built;
-    _zero_handle: RDD | None
+    #: the handles that loaded a state into the stores, by version (the zero time's, the auto policy's move): the
+    #: backend's own RDDs (a batch's handle is the node's);
+    _loaded: dict[int, RDD]
     #: the dropped batches of the history of the checkpoint a restart read back (its manifest's ``lineage``);
     _inherited: Lineage
     #: this run's changelog (``spark.dstreams.state.changelog``), resolved with the first batch (False: not yet);
@@ -269,21 +270,12 @@ class ExecutorStore(StateBackend):
         self.node = node
         self.local_dir = local_dir
         self.snapshot_every = max(1, int(snapshot_every))
-        #: This driver run: a store another run wrote is trusted only once brought back to a checkpoint.
-        self._run = uuid.uuid4().hex
         self.__dict__.update(self._runtime())
 
-    @staticmethod
-    def _runtime() -> dict[str, Any]:
-        return {"_chain": [], "_exported": {}, "_marked": set(), "_accs": {}, "_newest_checkpoint": None,
-                "_zero_handle": None, "_inherited": EMPTY, "_changelog": False, "_catchup_from": None, "_applied": []}
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, **self._runtime()}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._run = uuid.uuid4().hex  # a restored graph is a new run
+    def _runtime(self) -> dict[str, Any]:
+        return {"_run": uuid.uuid4().hex, "_chain": [], "_exported": {}, "_marked": set(), "_accs": {},
+                "_newest_checkpoint": None, "_loaded": {}, "_inherited": EMPTY, "_changelog": False,
+                "_catchup_from": None, "_applied": []}
 
     # ------------------------------------------------------------------ definition
     def on_store(self, time_ms: int) -> bool:
@@ -322,16 +314,15 @@ class ExecutorStore(StateBackend):
         newest = self._newest_checkpoint
         self._newest_checkpoint = time_ms if newest is None else max(newest, time_ms)
 
-    def cleanup_horizon(self, time_ms: int) -> int | None:
-        """Below this version a store copy on any host is stale when batch ``time_ms`` is applied (None: no copy is
-        yet): the newest checkpoint adopted or read back in this run, or the oldest version a kept RDD, a checkpoint
-        still to write or a delta's base may read (:meth:`_log_floor`), whichever is older. A copy below it is read
-        again on no path: a catch-up starts from that checkpoint or a later one (a copy of this run at or after it may
-        serve, so it is kept), a read-back reloads a store behind the checkpoint it restores, and no job reads a
-        version below the log floor."""
-        if self._newest_checkpoint is None:
-            return None
-        return min(self._newest_checkpoint, self._log_floor(time_ms))
+    def cleanup_horizon(self, log_floor: int) -> int | None:
+        """Below this version a store copy on any host is stale (None: no copy is yet) when a batch is applied whose
+        :meth:`_log_floor` (the oldest version a kept RDD, a checkpoint still to write or a delta's base may read) is
+        ``log_floor``: that or the newest checkpoint adopted or read back in this run, whichever is older. A copy
+        below it is read again on no path: a catch-up starts from that checkpoint or a later one (a copy of this run
+        at or after it may serve, so it is kept), a read-back reloads a store behind the checkpoint it restores, and
+        no job reads a version below the log floor."""
+        newest = self._newest_checkpoint
+        return None if newest is None else min(newest, log_floor)
 
     def metrics(self) -> dict[str, Any] | None:
         """Keys and bytes on disk of this stream's stores, summed over the partitions reported so far (each as of
@@ -373,10 +364,6 @@ class ExecutorStore(StateBackend):
         floor = catchup[1][0] if catchup is not None else self._log_floor(t)
         return self._inherited.with_drops(self.node.graph.dropped_times).pruned(min(floor, t))
 
-    def _loaded_lineage(self, version: int) -> Lineage:
-        """The history of a state loaded or read back at ``version``."""
-        return self._inherited.with_drops(self.node.graph.dropped_times).upto(version).pruned(version)
-
     def catchup_starts(self, time_ms: int, empty: bool = False, logged: bool = False) -> None:
         """Stores can be brought up to date from the state at ``time_ms`` (a checkpoint read back or adopted; with
         ``empty``, the empty state) and this run's changelog after it; ``logged``: the state loaded at ``time_ms``
@@ -394,7 +381,7 @@ class ExecutorStore(StateBackend):
         node = self.node
         assert node.zero_time is not None
         initial = node.initial_state()
-        handle = self._zero_handle = self.loaded_handle(node.zero_time.ms, initial)  # streamed into the store
+        handle = self.loaded_handle(node.zero_time.ms, initial)  # streamed into the store
         checkpointer = node.graph.checkpointer
         if initial is not None and checkpointer is not None:
             # a snapshot at the zero time: what a restart before the next one needs
@@ -414,7 +401,8 @@ class ExecutorStore(StateBackend):
         batch writes its changes): a task on a host without the partition's store rebuilds it from the changelog
         alone, before the zero time's checkpoint (or any later one) is written (issue 42)."""
         changelog = self.state_changelog() if state is not None and not read_back else None
-        access = self.access(version, lineage=self._loaded_lineage(version))
+        history = self._inherited.with_drops(self.node.graph.dropped_times).upto(version).pruned(version)
+        access = self.access(version, lineage=history)  # the history of the state loaded or read back
         vid = access.lineage.vid(access.run, version)
 
         def load(i: int, records: Iterable[Any]) -> list[int]:
@@ -431,35 +419,38 @@ class ExecutorStore(StateBackend):
 
         self.catchup_starts(version, empty=not read_back, logged=changelog is not None)
         if state is None:
-            return partition_aligned_rdd(self.node.graph.sc, self.node.partitioner.numPartitions,
-                                         lambda i: load(i, ()))
-        return jvm.persist(state.mapPartitionsWithIndex(load, preservesPartitioning=True), self.handle_level())
+            handle = partition_aligned_rdd(self.node.graph.sc, self.node.partitioner.numPartitions,
+                                           lambda i: load(i, ()))
+        else:
+            handle = jvm.persist(state.mapPartitionsWithIndex(load, preservesPartitioning=True), self.handle_level())
+        if not read_back:  # a checkpoint read back is the node's RDD
+            self._loaded[version] = handle
+        return handle
 
     def handle_level(self) -> StorageLevel:
         """How this stream's handles are cached (:func:`handle_level`)."""
         return handle_level(str(self.node.graph.sc.master))
 
     def release(self) -> None:
-        """The context stopped: unpersist the handle at the zero time (the handles of batches are the engine's,
+        """The context stopped: unpersist the handles that loaded a state (the handles of batches are the engine's,
         released by the node's ``release``)."""
-        if self._zero_handle is not None:
-            self._zero_handle.unpersist(blocking=False)
+        for handle in self._loaded.values():
+            handle.unpersist(blocking=False)
 
     def retry(self, time: BatchTime, error: BaseException) -> None:
         """A try that failed on a store not at the version the batch expected (the store folder removed under
         the stream, a task run on another host than its partition's store) is tried again through lineage: the
         cached handles from the newest checkpoint this node reads (its reader included; without one, from the
-        zero time) through ``time`` are dropped and persisted again, so that the retry recomputes each
-        partition's chain in one task: the checkpoint (or the initial state) loaded into that task's store,
-        then the batches since applied (each only where the store does not have it yet)."""
+        zero time; those that loaded a state included) through ``time`` are dropped and persisted again, so that the
+        retry recomputes each partition's chain in one task: the checkpoint (or the state loaded) loaded into that
+        task's store, then the batches since applied (each only where the store does not have it yet)."""
         if not failed_with(error, StateStoreError):
             return
         node = self.node
         with node.graph.lock:
             floor = max((t for t in node._reader_times if t <= time.ms), default=None)
-            handles = [rdd for t, rdd in node.generated.items() if (floor is None or t >= floor) and t <= time.ms]
-            if floor is None and self._zero_handle is not None:
-                handles.append(self._zero_handle)
+            handles = [rdd for t, rdd in [*node.generated.items(), *self._loaded.items()]
+                       if (floor is None or t >= floor) and t <= time.ms]
         level = self.handle_level()
         for rdd in handles:
             rdd.unpersist(blocking=True)
@@ -488,7 +479,7 @@ class ExecutorStore(StateBackend):
         if node.checkpoint_due(time):
             self._marked.add(t)
         access, floor, name = self.access(t, upto=t - 1), self._log_floor(t), node.name
-        changelog, horizon, swept = self.state_changelog(), self.cleanup_horizon(t), self._acc("swept")
+        changelog, horizon, swept = self.state_changelog(), self.cleanup_horizon(floor), self._acc("swept")
         # Which history of t this is (a batch at or before t whose input was dropped, onFailure=dropInput, makes
         # another one): a store holding t or its base of another history is not taken for this one.
         run, lineage = access.run, access.lineage

@@ -80,11 +80,10 @@ def _time_ms(value: Any, what: str) -> int:
                         "an event's time ts") from None
 
 
-def _check_tag(tag: Any) -> str:
+def _check_tag(tag: Any) -> None:
     if not isinstance(tag, str):
         raise TypeError(f"a timer's tag must be a str, got {tag!r:.100} ({type(tag).__name__}): name timers with "
                         "strings, e.g. f'window-{start}'")
-    return tag
 
 
 @dataclass(frozen=True)

@@ -329,7 +329,7 @@ def test_every_handle_is_cached_at_the_handle_level(sc, tmp_path, monkeypatch):
     (node,) = [n for n in ssc._graph.nodes if isinstance(getattr(n, "backend", None), ExecutorStore)]
     try:
         run_until(ssc, 3000)
-        handles = [*node.generated.values(), node.backend._zero_handle]
+        handles = [*node.generated.values(), *node.backend._loaded.values()]  # the zero time's among the loaded
         levels = [str(h.getStorageLevel()) for h in handles if h is not None]  # released by the stop
     finally:
         ssc.stop(stopSparkContext=False)
