@@ -233,6 +233,27 @@ def test_auto_moves_into_the_store_mid_run_and_gives_the_rdd_states_outputs(sc, 
 
 
 @pytest.mark.slow
+def test_stores_removed_right_after_the_move_are_rebuilt_by_the_batchs_retry(sc, tmp_path, monkeypatch,
+                                                                           rdd_reference) -> None:
+    """The executors' store folder removed right after ``updateStateByKey`` moved into the store (batch 2): every
+    output equals the RDD state's run. (Here the stores come back from the moving batch's checkpoint, read back
+    lazily once it was adopted, so every batch runs in one try; the tries are printed.)"""
+    _env(monkeypatch, tmp_path, "auto")
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    with app_context(lambda clock: _app(sc, ckpt, out, clock)) as ssc:
+        _step(ssc, 2000)
+        assert _moves(ssc)["updateStateByKey"] == 2000
+        assert any(os.scandir(tmp_path / "local")), "the moved state's stores"
+        shutil.rmtree(tmp_path / "local")
+        _step(ssc, BATCHES * 1000)
+        attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
+    print("tries per batch:", attempts)
+    got = read_outputs(out)
+    for name in sorted(rdd_reference):
+        assert got[name] == rdd_reference[name], name
+
+
+@pytest.mark.slow
 def test_restarts_before_and_after_the_move_give_the_uninterrupted_outputs(sc, tmp_path, monkeypatch,
                                                                          rdd_reference) -> None:
     _env(monkeypatch, tmp_path, "auto")
