@@ -233,8 +233,8 @@ def test_auto_moves_into_the_store_mid_run_and_gives_the_rdd_states_outputs(sc, 
 
 
 @pytest.mark.slow
-def test_stores_removed_right_after_the_move_are_rebuilt_by_the_batchs_retry(sc, tmp_path, monkeypatch,
-                                                                           rdd_reference) -> None:
+def test_stores_removed_right_after_the_move_come_back_and_every_output_equals_the_rdd_states(
+        sc, tmp_path, monkeypatch, rdd_reference) -> None:
     """The executors' store folder removed right after ``updateStateByKey`` moved into the store (batch 2): every
     output equals the RDD state's run. (Here the stores come back from the moving batch's checkpoint, read back
     lazily once it was adopted, so every batch runs in one try; the tries are printed.)"""
