@@ -250,15 +250,16 @@ def _kill_after(interval: int, after_first_checkpoint: bool) -> int:
 
 
 def _host_loss_run(args: argparse.Namespace, cluster_dir: Path, master_url: str, store: str, interval: int,
-                   repeat: int, work: str) -> dict[str, Any]:
+                   repeat: int, work: str, replicas: int | None = None) -> dict[str, Any]:
     """One driver of ``tests/fault/host_fault_app.py`` on the running cluster: ``store`` state, checkpoints every
     ``interval`` s, host :data:`HOST_TARGET` killed with its disk half a checkpoint interval after a checkpoint
     (:func:`_kill_after`), ``--host-after`` batches, then the host started again and ``--host-after-join`` batches
-    once its executor registered. Returns its per-batch metrics and :func:`recovery_figures`."""
+    once its executor registered; ``replicas``: ``spark.dstreams.state.replicas`` (None: the default, ``auto``).
+    Returns its per-batch metrics and :func:`recovery_figures`."""
     from tests.fault.host_fault_app import recovery_figures
 
     kill_after = _kill_after(interval, args.after_first_checkpoint)
-    out = os.path.join(work, f"hosts-{store}-{interval}s-{repeat}")
+    out = os.path.join(work, f"hosts-{store}-{interval}s-{replicas or 'auto'}-{repeat}")
     os.makedirs(out, exist_ok=True)
     cmd = [sys.executable, str(ROOT / "tests" / "fault" / "host_fault_app.py"), out, "--master", master_url,
            "--cluster-dir", str(cluster_dir), "--stores", store, "--checkpoint-interval", str(interval),
@@ -270,8 +271,12 @@ def _host_loss_run(args: argparse.Namespace, cluster_dir: Path, master_url: str,
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("DSTREAMS_FAULT_") and k not in ("DSTREAMS_STATE_LOCAL_DIR", "DSTREAMS_STATE_STORE")}
     env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    env.pop("DSTREAMS_STATE_REPLICAS", None)
+    if replicas is not None:
+        env["DSTREAMS_STATE_REPLICAS"] = str(replicas)
     batches = kill_after + args.host_after + args.host_after_join
     run: dict[str, Any] = {"state": store, "checkpoint_interval_s": interval, "repeat": repeat,
+                           "replicas_setting": replicas or "auto",
                            "kill_after_batch": kill_after, "lineage_batches_at_kill": kill_after % interval,
                            "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
     log_path = os.path.join(out, "driver.log")
@@ -302,6 +307,8 @@ def _host_loss_run(args: argparse.Namespace, cluster_dir: Path, master_url: str,
                  for b in status["batches"]],
         usual_ms=figures["usual_ms"], met_ms=figures["met_ms"], extra_ms=figures["extra_ms"],
         batches_to_usual=figures["batches_to_usual"],
+        # on how many executors each state chain was cached (the setting as the driver applied it)
+        replicas=max((max(r) for r in status.get("state_replicas", {}).values() if r), default=None),
         median_joined_ms=_median([b["processing_ms"] for b in joined]),
         catch_ups_after_join=(sum(joined[-1]["caught_up"][k] - at_join.get(k, 0) for k in joined[-1]["caught_up"])
                               if joined else None),
@@ -314,21 +321,25 @@ def _host_loss_run(args: argparse.Namespace, cluster_dir: Path, master_url: str,
 
 
 def _host_loss_summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (checkpoint interval, state): medians over the repeats that completed, against the paper's target."""
+    """Per (checkpoint interval, state, replicas setting): medians over the repeats that completed, against the
+    paper's target."""
     rows = []
+    settings = sorted({str(r.get("replicas_setting", "auto")) for r in runs})
     for interval in sorted({r["checkpoint_interval_s"] for r in runs}):
-        for store in ("rdd", "executor"):
-            done = [r for r in runs if r["checkpoint_interval_s"] == interval and r["state"] == store
-                    and "error" not in r]
-            failed = sum(1 for r in runs if r["checkpoint_interval_s"] == interval and r["state"] == store
-                         and "error" in r)
+        for store, setting in ((store, setting) for store in ("rdd", "executor") for setting in settings):
+            same = [r for r in runs if r["checkpoint_interval_s"] == interval and r["state"] == store
+                    and str(r.get("replicas_setting", "auto")) == setting]
+            done = [r for r in same if "error" not in r]
+            failed = len(same) - len(done)
             if not done and not failed:
                 continue
             back = [r["batches_to_usual"] for r in done]
             extra = _median([r["extra_ms"] for r in done])
             target = PAPER_TARGET_MS.get(interval)
             rows.append({
-                "checkpoint_interval_s": interval, "state": store, "runs": len(done), "failed_runs": failed,
+                "checkpoint_interval_s": interval, "state": store, "replicas_setting": setting,
+                "replicas": sorted({r.get("replicas") for r in done if r.get("replicas") is not None}),
+                "runs": len(done), "failed_runs": failed,
                 "lineage_batches_at_kill": done[0]["lineage_batches_at_kill"] if done else None,
                 "median_usual_ms": _median([r["usual_ms"] for r in done]),
                 "median_met_ms": _median([r["met_ms"] for r in done]),
@@ -371,22 +382,23 @@ def host_loss(args: argparse.Namespace, work: str, doc: dict[str, Any]) -> None:
     print(f"host loss: {args.hosts} hosts, master {cluster.master_url}, disks under {base}", flush=True)
     try:
         for repeat in range(args.repeats):
-            for interval in args.intervals:
-                for store in args.stores:
-                    attached = StandaloneCluster.attach(base)  # the last driver may have started a worker again
-                    if not attached.host_pids(HOST_TARGET):
-                        attached.restart_host(HOST_TARGET, args.timeout)
-                    print(f"  repeat {repeat + 1}/{args.repeats}: {store} state, {interval} s checkpoints", flush=True)
-                    run = _host_loss_run(args, base, cluster.master_url, store, interval, repeat, work)
-                    section["runs"].append(run)
-                    if "error" in run:
-                        print(f"    failed: {run['error'][-500:]}", flush=True)
-                    else:
-                        print(f"    usual {run['usual_ms']:.0f} ms, batch that met the loss {run['met_ms']} ms "
-                              f"({run['extra_ms'] / 1000:+.1f} s), slow batches {run['batches_to_usual']}, "
-                              f"catch-ups after the replacement joined {run['catch_ups_after_join']}", flush=True)
-                    section["summary"] = _host_loss_summary(section["runs"])
-                    _write(doc, args.output)
+            for interval, store, replicas in ((i, s, r) for i in args.intervals for s in args.stores
+                                              for r in args.replicas):
+                attached = StandaloneCluster.attach(base)  # the last driver may have started a worker again
+                if not attached.host_pids(HOST_TARGET):
+                    attached.restart_host(HOST_TARGET, args.timeout)
+                print(f"  repeat {repeat + 1}/{args.repeats}: {store} state, {interval} s checkpoints, replicas "
+                      f"{replicas or 'auto'}", flush=True)
+                run = _host_loss_run(args, base, cluster.master_url, store, interval, repeat, work, replicas)
+                section["runs"].append(run)
+                if "error" in run:
+                    print(f"    failed: {run['error'][-500:]}", flush=True)
+                else:
+                    print(f"    usual {run['usual_ms']:.0f} ms, batch that met the loss {run['met_ms']} ms "
+                          f"({run['extra_ms'] / 1000:+.1f} s), slow batches {run['batches_to_usual']}, "
+                          f"catch-ups after the replacement joined {run['catch_ups_after_join']}", flush=True)
+                section["summary"] = _host_loss_summary(section["runs"])
+                _write(doc, args.output)
     finally:
         stop_from_dir(base, grace_s=5)
         cluster.stop(grace_s=5)
@@ -397,12 +409,13 @@ def _print_host_table(section: dict[str, Any]) -> None:
     print()
     print(f"host loss on {section['hosts']} hosts (one killed with its disk, half a checkpoint interval of lineage); "
           "ms, medians over runs")
-    print(f"{'checkpoint':>10} {'state':>8} {'runs':>4} {'lineage':>7} {'usual':>7} {'met':>7} {'extra':>7} "
-          f"{'target':>7} {'slow batches':>12} {'joined':>7} {'catch-ups':>9}")
+    print(f"{'checkpoint':>10} {'state':>8} {'copies':>6} {'runs':>4} {'lineage':>7} {'usual':>7} {'met':>7} "
+          f"{'extra':>7} {'target':>7} {'slow batches':>12} {'joined':>7} {'catch-ups':>9}")
     for row in section["summary"]:
         target = row["paper_target_ms"]
         verdict = "" if row["within_paper_target"] is None else (" ok" if row["within_paper_target"] else " over")
-        print(f"{row['checkpoint_interval_s']:>9}s {row['state']:>8} {row['runs']:>4} "
+        copies = ",".join(str(r) for r in row.get("replicas", [])) or "?"
+        print(f"{row['checkpoint_interval_s']:>9}s {row['state']:>8} {copies:>6} {row['runs']:>4} "
               f"{_fmt(row['lineage_batches_at_kill']):>7} {_fmt(row['median_usual_ms']):>7} "
               f"{_fmt(row['median_met_ms']):>7} {_fmt(row['median_extra_ms']):>7} "
               f"{_fmt(target):>7}{verdict:<5} {str(row['batches_to_usual']):>12} {_fmt(row['median_joined_ms']):>7} "
@@ -496,6 +509,13 @@ def _stores(text: str) -> list[str]:
     return stores
 
 
+def _replicas(text: str) -> list[int | None]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values or any(v not in ("1", "2", "auto") for v in values):
+        raise argparse.ArgumentTypeError(f"1, 2 or auto, comma-separated, not {text!r}")
+    return [None if v == "auto" else int(v) for v in values]
+
+
 def _host_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     """``--hosts N``: the host-loss case only (see the module doc)."""
     import pyspark
@@ -514,6 +534,7 @@ def _host_main(args: argparse.Namespace, argv: list[str] | None) -> int:
         "cpus": os.cpu_count(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "params": {"hosts": args.hosts, "intervals_s": args.intervals, "states": args.stores,
+                   "state_replicas": [r or "auto" for r in args.replicas],
                    "repeats": args.repeats, "batches_after_loss": args.host_after,
                    "batches_after_join": args.host_after_join, "batch_interval_s": 1, "partitions": 3,
                    "pipeline": "tests/fault/host_fault_app.py: updateStateByKey with an initialRDD and an invertible "
@@ -550,6 +571,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="run the host-loss case instead, on a standalone cluster of this many hosts (3)")
     p.add_argument("--stores", type=_stores, default=["rdd", "executor"],
                    help="--hosts: the state backends, comma-separated (default rdd,executor)")
+    p.add_argument("--replicas", type=_replicas, default=[None],
+                   help="--hosts: spark.dstreams.state.replicas values to run side by side, comma-separated (1, 2; "
+                        "default: the setting's default, auto: 2 on the cluster)")
     p.add_argument("--repeats", type=int, help="--hosts: runs of each (interval, state) (default 3, quick 1)")
     p.add_argument("--host-after", type=int, default=4, help="--hosts: batches after the loss (default 4)")
     p.add_argument("--host-after-join", type=int, default=1,

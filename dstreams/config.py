@@ -660,6 +660,25 @@ STATE_CHANGELOG = Setting(
 )
 
 
+STATE_REPLICAS = Setting(
+    key="spark.dstreams.state.replicas",
+    env="DSTREAMS_STATE_REPLICAS",
+    default="auto",
+    parse=_one_of("auto", "1", "2"),
+    accepts="auto, 1 or 2",
+    example="1",
+    doc="On how many executors each partition of a state's cached RDDs is kept: the RDD state's, an incremental "
+        "window's (`reduceByKeyAndWindow` with an inverse function) and the executor state store's handles. `2` "
+        "(what `auto`, the default, means under a cluster master, `local-cluster` included): a lost executor or "
+        "host leaves every partition readable from its other copy, so the batch that meets the loss recomputes "
+        "nothing of the state (a copy of each state partition per batch over the network, and the RDD state twice "
+        "in memory). `1` (always under `local`/`local[N]`, one process): a lost partition is recomputed through "
+        "lineage from the newest checkpoint, one nested task per batch since it (the paper's recovery; up to "
+        "about 2.5 s more for that batch with 10 s checkpoints on the three-host test cluster). See the guide's "
+        "\"Running on a cluster\" page. Read when the operator is defined.",
+)
+
+
 CLASS_DATA_SHARING = Setting(
     key="spark.dstreams.jvm.classDataSharing",
     env="DSTREAMS_CLASS_DATA_SHARING",
@@ -684,7 +703,7 @@ SETTINGS: tuple[Setting, ...] = (JVM_MODE, CLASS_DATA_SHARING, CHECKPOINT_GRAPH,
                                  STOP_ON_SIGNAL,
                                  GRACEFUL_STOP_TIMEOUT, BATCH_MAX_ATTEMPTS, BATCH_ON_FAILURE, ON_RECORD_ERROR,
                                  STATE_STORE, STATE_AUTO_KEYS, STATE_LOCAL_DIR, STATE_SNAPSHOT_EVERY,
-                                 STATE_CHANGELOG)
+                                 STATE_CHANGELOG, STATE_REPLICAS)
 
 # --- reading ------------------------------------------------------------------------------------------
 

@@ -23,11 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from pyspark import RDD, StorageLevel
+from pyspark import RDD
 from pyspark.core.rdd import Partitioner
 
 from ..checkpoint_data import CheckpointData
 from ..node import DStreamNode
+from ..spark import jvm
 from ..spark.partitioned import fold, segmented_merge
 from ..time import BatchTime, Duration
 from .keyed import KeyedOp, KeyStep
@@ -131,7 +132,7 @@ class ReducedWindowNode(WindowedNode):
                  partitioner: Partitioner, filter_func: Callable[[Any], bool] | None) -> None:
         super().__init__(graph, parent, window, slide)
         self.func, self.inv_func, self.partitioner, self.filter_func = func, inv_func, partitioner, filter_func
-        self.persist(StorageLevel.MEMORY_ONLY)
+        self.persist(jvm.state_level(str(graph.sc.master), graph.sc.getConf()))  # a chain: a lost executor's copy
         #: With an inverse function the window's RDD at ``t`` builds on the one at ``t - slide``: a state chain.
         self.must_checkpoint = inv_func is not None
 

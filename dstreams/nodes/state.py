@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from pyspark import RDD, StorageLevel
+from pyspark import RDD
 from pyspark.core.rdd import Partitioner
 
 from ..checkpoint_data import CheckpointData
 from ..dead_letters import for_batch
 from ..node import DStreamNode, OneParentNode
+from ..spark import jvm
 from ..spark.partitioned import (
     ensure_partitioned,
     fold,
@@ -245,9 +246,11 @@ class StateNode(OneParentNode):
         #: Whether the stream was defined with an initial state, and its records once a stored graph holds them.
         self._had_initial = initial is not None
         self._initial_records: list[Any] | None = None
+        #: How the state's RDDs (or the store's handles) are cached (:func:`~dstreams.spark.jvm.state_level`).
+        self.level = jvm.state_level(str(graph.sc.master), graph.sc.getConf())
         self.backend = backend(self)
         super().__init__(graph, parent, key_name=f"{self.backend.prefix}{op.kind}")
-        self.persist(StorageLevel.MEMORY_ONLY)
+        self.persist(self.level)
 
     def __getstate__(self) -> dict[str, Any]:
         """The initial state RDD is stored as its records (collected once, when the graph is stored) where the

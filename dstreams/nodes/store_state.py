@@ -10,9 +10,9 @@ Chosen with ``spark.dstreams.state.store=executor`` (and by ``auto`` once a stat
   the batch touches) and yields one record, the store version it stands for. The handle at ``t`` depends narrowly on
   the handle before it and on the batch, shuffled once into the state's partitioner, so that Spark's lineage replays
   missing batches in order after a lost executor, as with RDD state. Handles are cached (a few bytes each; on two
-  executors off a single-process master, :func:`handle_level`). A handle whose store already holds its version, in
-  the same driver run and history (the batches dropped at or before it: :mod:`dstreams.state_lineage`), applies
-  nothing (a recomputed or retried task, a speculative copy). A batch with no records keeps the previous handle.
+  executors off a single-process master: ``spark.dstreams.state.replicas``). A handle whose store already holds its
+  version, in the same driver run and history (the batches dropped at or before it: :mod:`dstreams.state_lineage`),
+  applies nothing (a recomputed or retried task, a speculative copy). A batch with no records keeps the previous handle.
 * :class:`StateViewNode` (the public stream) reads the whole state as of each handle's version, lazily: an output
   that reads every key costs the whole state, one that reads nothing costs nothing.
 
@@ -89,18 +89,6 @@ PartitionStats = dict[int, tuple[int, int, int]]
 #: time it starts from, whether that start is the empty state at that time instead, the versions this run wrote to
 #: the changelog from it on, oldest first: with an empty start, the start itself when a state was loaded there).
 CatchUp = tuple[int, bool, tuple[int, ...]]
-
-
-def handle_level(master: str) -> StorageLevel:
-    """How the handles are cached under ``master``: in memory, and off a single-process master (``local``,
-    ``local[N]``) on two executors, so that a lost host (its executors' cached blocks, its disk) leaves every handle's
-    partition readable. Else Spark recomputes a lost partition of the handle a batch builds on through the chain of
-    handles since the newest checkpoint, one nested task per batch re-applying it, where a catch-up from the
-    changelog brings the store there at once (issue 42: 2.5 s of one task, and as much in its speculative copy, for
-    16 batches on the three-host test cluster). A handle is a few bytes per partition; a second lost host before
-    the next batch falls back to the chain (still correct)."""
-    single = master == "local" or master.startswith("local[")
-    return StorageLevel.MEMORY_ONLY if single else StorageLevel.MEMORY_ONLY_2
 
 
 class _LatestPerPartition(AccumulatorParam):
@@ -428,8 +416,13 @@ class ExecutorStore(StateBackend):
         return handle
 
     def handle_level(self) -> StorageLevel:
-        """How this stream's handles are cached (:func:`handle_level`)."""
-        return handle_level(str(self.node.graph.sc.master))
+        """How this stream's handles are cached: the node's level (:func:`~dstreams.spark.jvm.state_level`),
+        so that off a single-process master a lost host leaves every handle's partition readable and the next batch
+        catches its partitions' stores up from the changelog at once; with one copy Spark recomputes a lost handle
+        through the chain of handles since the newest checkpoint, one nested task per batch re-applying it (issue
+        42: 2.5 s of one task, and as much in its speculative copy, for 16 batches on the three-host test cluster).
+        A handle is a few bytes per partition."""
+        return self.node.level
 
     def release(self) -> None:
         """The context stopped: unpersist the handles that loaded a state (the handles of batches are the engine's,
@@ -674,4 +667,4 @@ class StateChangesNode(OneParentNode):
 
 
 __all__ = ["PART_HEADER", "ExecutorStore", "StateChangesNode", "StateViewNode", "StoreAccess", "StoreCheckpointData",
-           "catch_up", "checkpointed_node", "handle_level"]
+           "catch_up", "checkpointed_node"]

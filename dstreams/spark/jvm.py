@@ -49,6 +49,7 @@ from pyspark.serializers import BatchedSerializer, CloudPickleSerializer, NoOpSe
 
 from .. import config
 from .jvm_compiled import compile_builder
+from .sparkconf import is_local_master
 
 #: RDDs the compiled builder unions in one call (its ``union`` has this many parameters).
 UNION_ARITY = 8
@@ -277,6 +278,17 @@ def materialize(rdd: RDD) -> RDD:
         if builder is not None:
             _build(rdd, builder)
     return rdd
+
+
+def state_level(master: str, conf: config.ConfLike | None = None) -> StorageLevel:
+    """How a state's cached RDDs (the RDD state's, an incremental window's, the executor store's handles) are kept
+    under ``master`` and ``spark.dstreams.state.replicas`` (read from ``conf``, else the environment): in memory, on
+    two executors where there is more than one process (``auto`` off ``local``/``local[N]``, or ``2``), so that a
+    lost executor or host leaves every partition readable from its other copy; else on one, and a lost partition is
+    recomputed through lineage from the newest checkpoint (one nested task per batch since it)."""
+    replicas = config.get(config.STATE_REPLICAS, conf)
+    two = not is_local_master(master) and replicas in ("auto", "2")
+    return StorageLevel.MEMORY_ONLY_2 if two else StorageLevel.MEMORY_ONLY
 
 
 def persist(rdd: RDD, level: StorageLevel) -> RDD:

@@ -164,6 +164,13 @@ def _rdd_blocks(sc: Any) -> dict[str, int]:
     return {s.id(): int(s.rddBlocks()) for s in (summaries.apply(i) for i in range(summaries.size()))}
 
 
+def state_replicas(ssc: Any) -> dict[str, list[int]]:
+    """Per state chain (an RDD state, a store's handles, an incremental window): on how many executors its cached
+    RDDs are kept (``spark.dstreams.state.replicas``), as Spark reports the RDDs the node remembers."""
+    return {n.name: sorted({rdd.getStorageLevel().replication for rdd in n.generated.values() if rdd is not None})
+            for n in ssc._graph.nodes if getattr(n, "must_checkpoint", False)}
+
+
 def _poll(cond: Callable[[], bool], timeout: float, what: str) -> float:
     start = time.monotonic()
     while not cond():
@@ -298,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                                   if isinstance(getattr(n, "backend", None), AutoPolicy)}
         status["state_stores"] = {n.label: n.store_metrics() for n in ssc._graph.nodes
                                    if isinstance(getattr(n, "backend", None), AutoPolicy)}
+        status["state_replicas"] = state_replicas(ssc)
         err = ssc.awaitTerminationOrTimeout(0.01)  # raises a batch's error, if any
         status["terminated"] = err
         status["ok"] = True

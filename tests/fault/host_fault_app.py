@@ -58,6 +58,7 @@ from tests.fault.executor_loss_app import (  # noqa: E402
     _poll,
     add_up,
     records,
+    state_replicas,
 )
 from tests.standalone_cluster import StandaloneCluster  # noqa: E402
 
@@ -381,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         if lost is not None:  # when the driver dropped the faulty host's executor (seconds after the fault)
             gone = [at for at, ids in monitor.timeline if at >= status["fault_s"] and lost not in ids]
             status["executor_dropped_after_s"] = round(gone[0] - status["fault_s"], 2) if gone else None
+        status["state_replicas"] = state_replicas(ssc)
         status["executor_tasks"] = executor_tasks(sc)
         status["store_task_errors"] = task_errors(sc, "StateStoreError")
         status["ok"] = True

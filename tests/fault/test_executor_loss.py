@@ -164,7 +164,9 @@ def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, t
     at batch 2 (``autoKeys`` is half its keys), and the executor dies right after that batch, with the move's cached
     handles on it. They are recomputed through lineage (the RDD state of batch 1, then the load), each finding its
     batch already in the partition's store; the reference runs on the RDD state. Its checkpoints, and the changelog
-    the executors write, are on the Ceph gateway of ``scripts/services.sh``."""
+    the executors write, are on the Ceph gateway of ``scripts/services.sh``. Both with
+    ``spark.dstreams.state.replicas=1``: the state chains are cached on one executor, so the lost executor's
+    partitions are recomputed through lineage (the paper's recovery; the default's second copy is the host tests')."""
     redis = None
     state_keys = large_state_keys() if source == "state-store" else 0
     if source == "generator+redis":
@@ -177,7 +179,8 @@ def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, t
     out.mkdir()
     log_path, status_path = str(tmp_path / "driver.log"), str(out / "status.json")
     env = {k: v for k, v in os.environ.items() if k not in _FAULT_ENV}
-    env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, TMPDIR=str(tmp_path / "tmp"))
+    env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, TMPDIR=str(tmp_path / "tmp"),
+               DSTREAMS_STATE_REPLICAS="1")  # one copy: the lost partitions are recomputed through lineage
     kill_after = KILL_AFTER
     if state_keys:
         # A relative store folder: each executor's own working folder (<SPARK_HOME>/work/<app>/<executor>), so
@@ -218,6 +221,8 @@ def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, t
     times = list(range(1000, LAST_MS + 1, 1000))
     assert [b["t"] for b in status["batches"]] == times
     assert all(not b["failures"] for b in status["batches"]), status["batches"]
+    replicas = status["state_replicas"]  # every state chain on one executor: nothing to read from a second copy
+    assert replicas and all(r == [1] for r in replicas.values()), replicas
 
     # The executor really died, held cached partitions when it did, and the driver saw it go and a
     # replacement come.

@@ -166,6 +166,9 @@ def _run_with_fault(sc: Any, shared: SharedCluster, tmp_path: Path, fault: str, 
     assert [b["t"] for b in status["batches"]] == times
     assert all(not b["failures"] for b in status["batches"]), status["batches"]
     assert status["fault_executor"] is not None and status["fault_pids"], status
+    # spark.dstreams.state.replicas=auto: every state chain (RDD state, window, store handles) on two executors.
+    replicas = status["state_replicas"]
+    assert len(replicas) == 4 and all(r == [2] for r in replicas.values()), replicas
     assert len(status["task_executor_ids"]) == 3, status["task_executor_ids"]  # tasks ran on all three hosts
     # Both backends ran side by side: the executor-store streams are the store's, the others the RDD state's.
     assert status["store_streams"] == ["reduceByKeyAndWindow", "updateStateByKey"], status["store_streams"]

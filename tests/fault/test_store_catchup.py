@@ -21,10 +21,10 @@ import pickle
 import shutil
 
 import pytest
-from pyspark import StorageLevel
 
 from dstreams import ManualClock, StreamingContext
-from dstreams.nodes.store_state import ExecutorStore, handle_level
+from dstreams.nodes.store_state import ExecutorStore
+from dstreams.spark.jvm import state_level
 from dstreams.statestore import PartitionStore, key_bytes, store_path
 from dstreams.testing import run_until
 
@@ -306,18 +306,10 @@ def test_a_host_is_swept_once_per_horizon_and_copies_written_since_its_last_swee
 
 
 # ---------------------------------------------------------------------------------------------- a lost host
-def test_handles_are_cached_on_two_executors_off_a_single_process_master():
-    """A lost host leaves every handle's partition readable off ``local``/``local[N]`` (a replica elsewhere), so that
-    its partitions' stores are caught up once from the changelog, not rebuilt through the chain of handles."""
-    assert handle_level("local") == handle_level("local[2]") == StorageLevel.MEMORY_ONLY
-    for master in ("local-cluster[2,1,1024]", "spark://127.0.0.1:7077", "yarn", "k8s://https://h:6443"):
-        assert handle_level(master) == StorageLevel.MEMORY_ONLY_2, master
-
-
 @pytest.mark.slow
-def test_every_handle_is_cached_at_the_handle_level(sc, tmp_path, monkeypatch):
+def test_every_handle_is_cached_at_the_state_level(sc, tmp_path, monkeypatch):
     """The handles a stream builds (the zero time's, with an ``initialRDD``, included) are cached at
-    :func:`handle_level` of the context's master (the engine keeps the level the store chose)."""
+    :func:`state_level` of the context's master (the engine keeps the level the store chose)."""
     monkeypatch.setenv("DSTREAMS_STATE_STORE", "executor")
     monkeypatch.setenv("DSTREAMS_STATE_CHANGELOG", "on")
     monkeypatch.setenv("DSTREAMS_STATE_LOCAL_DIR", str(tmp_path / "host"))
@@ -333,4 +325,4 @@ def test_every_handle_is_cached_at_the_handle_level(sc, tmp_path, monkeypatch):
         levels = [str(h.getStorageLevel()) for h in handles if h is not None]  # released by the stop
     finally:
         ssc.stop(stopSparkContext=False)
-    assert len(levels) >= 4 and set(levels) == {str(handle_level(str(sc.master)))}, levels
+    assert len(levels) >= 4 and set(levels) == {str(state_level(str(sc.master)))} == {str(node.level)}, levels

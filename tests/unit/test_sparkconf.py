@@ -12,9 +12,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from pyspark import SparkConf, SparkContext
+from pyspark import SparkConf, SparkContext, StorageLevel
 
 from dstreams.spark import sparkconf
+from dstreams.spark.jvm import state_level
 from dstreams.spark.sparkconf import LOW_LATENCY_DEFAULTS, create_spark_context, tuned_conf
 from dstreams.spark.worker_daemon import redundant_archives, strip_redundant_archives
 
@@ -441,3 +442,29 @@ def test_spark_time_ms_reads_spark_time_strings(value, unit, ms):
     from dstreams.spark.sparkconf import spark_time_ms
 
     assert spark_time_ms(value, unit) == ms
+
+
+CLUSTER_MASTERS = ("local-cluster[2,1,1024]", "spark://127.0.0.1:7077", "yarn", "k8s://https://h:6443")
+
+
+def test_state_chains_are_cached_on_two_executors_off_a_single_process_master(monkeypatch):
+    """``spark.dstreams.state.replicas=auto``: a lost executor or host leaves every partition of a state's cached
+    RDDs readable off ``local``/``local[N]`` (a copy elsewhere); one process has no other executor to keep one."""
+    monkeypatch.delenv("DSTREAMS_STATE_REPLICAS", raising=False)
+    assert state_level("local") == state_level("local[2]") == state_level("local[*]") == StorageLevel.MEMORY_ONLY
+    for master in CLUSTER_MASTERS:
+        assert state_level(master) == StorageLevel.MEMORY_ONLY_2, master
+
+
+def test_one_state_replica_by_the_conf_key_then_the_environment(monkeypatch):
+    """``1``: one copy under any master (a lost partition is recomputed through lineage); the conf key wins over
+    ``DSTREAMS_STATE_REPLICAS``; ``2`` under ``local[N]`` stays one copy (one process); a bad value is refused."""
+    monkeypatch.setenv("DSTREAMS_STATE_REPLICAS", "1")
+    for master in CLUSTER_MASTERS:
+        assert state_level(master) == StorageLevel.MEMORY_ONLY, master
+    conf = SparkConf(loadDefaults=False).set("spark.dstreams.state.replicas", "2")
+    assert state_level("spark://h:7077", conf) == StorageLevel.MEMORY_ONLY_2
+    assert state_level("local[2]", conf) == StorageLevel.MEMORY_ONLY
+    monkeypatch.setenv("DSTREAMS_STATE_REPLICAS", "3")
+    with pytest.raises(ValueError, match="spark.dstreams.state.replicas"):
+        state_level("yarn")
