@@ -58,7 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,18 +153,23 @@ def _start_time(pid: int) -> int | None:
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` has a live process. A zombie (exited, not yet reaped) does not count: a daemon
+    this process started stays one until :meth:`StandaloneCluster.stop` reaps it, and ``killpg(pgid, 0)`` still
+    succeeds on it, so counting it made every stop wait out its whole grace period."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    if not os.path.isdir("/proc"):
+        return True
+    return any(fields[2] == str(pgid) and fields[0] not in ("Z", "X") for _, fields in _proc_stats())
 
 
-def _proc_table() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, process group) of every process (Linux ``/proc``)."""
-    table: dict[int, tuple[int, int]] = {}
+def _proc_stats() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of ``/proc/<pid>/stat`` after the command: state, parent pid, process group, ...) of every
+    process (Linux ``/proc``)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -173,8 +178,13 @@ def _proc_table() -> dict[int, tuple[int, int]]:
                 fields = f.read().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        table[int(entry)] = (int(fields[1]), int(fields[2]))
-    return table
+        if len(fields) > 2:
+            yield int(entry), fields
+
+
+def _proc_table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, process group) of every process (Linux ``/proc``)."""
+    return {pid: (int(fields[1]), int(fields[2])) for pid, fields in _proc_stats()}
 
 
 def process_tree(pgid: int) -> list[int]:

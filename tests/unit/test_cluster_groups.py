@@ -1,13 +1,17 @@
 """The test cluster's process groups (tests/standalone_cluster.py): a group id the cluster recorded is signalled only
 while its leader is the process the cluster started; once that id belongs to a later process (pids are reused, and a
-killed host's id stays recorded until the host is healed), the cluster treats the host as gone and signals nothing."""
+killed host's id stays recorded until the host is healed), the cluster treats the host as gone and signals nothing.
+A group whose only process is a zombie (exited, not yet reaped by this process) is not alive: stopping a cluster waits
+for its daemons to exit, not for the grace period to end."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 
-from tests.standalone_cluster import StandaloneCluster, _start_time
+from tests.standalone_cluster import StandaloneCluster, _group_alive, _start_time
 
 
 def _sleeper() -> subprocess.Popen:
@@ -38,3 +42,23 @@ def test_a_dead_leader_has_no_start_time():
     proc.kill()
     proc.wait(timeout=30)
     assert _start_time(proc.pid) is None
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_group_whose_leader_exited_unreaped_is_not_alive():
+    proc = _sleeper()
+    try:
+        assert _group_alive(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while _state(proc.pid) != "Z":  # exited; a zombie until proc.wait() reaps it
+            assert time.monotonic() < deadline, _state(proc.pid)
+            time.sleep(0.01)
+        assert not _group_alive(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
