@@ -159,7 +159,7 @@ def test_executor_killed_mid_stream_every_batch_matches_a_failure_free_run(sc, t
     """``generator+redis``: the pipeline over the generator source and the same word outputs over Redis Streams
     beside it, in one driver (words written beforehand, read ``REDIS_RATE`` per key per batch): the lost executor's
     partitions are generated again and read again from Redis. ``state-store``:
-    the generator source with a state of 1M keys (issue 23; 250,000 under ``CI=true``, :data:`CI_STATE_KEYS`) on
+    the generator source with a state of 1M keys (issue 23; 210,000 under ``CI=true``, :data:`CI_STATE_KEYS`) on
     the default ``spark.dstreams.state.store=auto``: it starts on the RDD state, moves into the executor state store
     at batch 2 (``autoKeys`` is half its keys), and the executor dies right after that batch, with the move's cached
     handles on it. They are recomputed through lineage (the RDD state of batch 1, then the load), each finding its
