@@ -5,7 +5,8 @@ The cluster: a standalone master on ``127.0.0.1`` and two workers (hosts) on ``1
 (:mod:`tests.standalone_cluster`; each host has its own disk folder, in which its executors have their working
 folders). It starts in a thread while the packages are built, once per module:
 
-* the dstreams wheel, built from the checkout (``pip wheel --no-deps``), copied to ``dstreams.zip``: pyspark puts
+* the dstreams wheel, built from the checkout (``pip wheel --no-deps``, once per session for this module and
+  ``test_wheel.py``: the ``dstreams_wheel`` fixture of ``conftest.py``), copied to ``dstreams.zip``: pyspark puts
   a ``--py-files`` entry on the Python workers' path only when its name ends in ``.zip``, ``.egg`` or ``.jar``
   (``SparkContext.PACKAGE_EXTENSIONS``), and a pure-Python wheel is a zip archive with the package at its root;
 * a virtualenv (``python -m venv --without-pip``) with the dependencies the wheel declares, installed from the
@@ -61,13 +62,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from ..standalone_cluster import ClusterUnavailableError, StandaloneCluster, spark_home
 from ..support import service_unavailable
 from .submit_app import expected_states
+
+if TYPE_CHECKING:
+    from .conftest import BuiltWheel
+
 
 pytestmark = pytest.mark.slow
 
@@ -149,19 +154,15 @@ def _pack(venv: Path, out: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def packages(tmp_path_factory: pytest.TempPathFactory) -> Packages:
+def packages(tmp_path_factory: pytest.TempPathFactory, dstreams_wheel: BuiltWheel) -> Packages:
     """The wheel and the packed dependencies (module doc), built once per test session."""
     folder = tmp_path_factory.mktemp("deploy")
     timings: dict[str, float] = {}
     t = time.monotonic()
-    dist = folder / "dist"
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-cache-dir", "-w", str(dist), str(ROOT)],
-         timeout=300, cwd=folder)
-    wheels = list(dist.glob("dstreams-*.whl"))
-    assert len(wheels) == 1, wheels
+    wheels = [dstreams_wheel.path]  # built once per session (tests/integration/conftest.py), shared with test_wheel.py
     zipped = folder / "dstreams.zip"
     shutil.copyfile(wheels[0], zipped)
-    timings["wheel"] = time.monotonic() - t
+    timings["wheel"] = dstreams_wheel.seconds + time.monotonic() - t
 
     t = time.monotonic()
     venv = folder / "venv"

@@ -25,8 +25,12 @@ import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from .conftest import BuiltWheel
 
 pytestmark = pytest.mark.slow
 
@@ -152,20 +156,15 @@ class Installed:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    """Build the wheel (no setuptools warning allowed) and install it with the ``redis`` and ``postgres`` extras,
-    dependencies from the package index or pip's cache, into a new virtualenv (no system site-packages)."""
+def installed(tmp_path_factory: pytest.TempPathFactory, dstreams_wheel: BuiltWheel) -> Installed:
+    """The wheel (built once per session: ``dstreams_wheel``, tests/integration/conftest.py; no setuptools warning
+    allowed) installed with the ``redis`` and ``postgres`` extras, dependencies from the package index or pip's
+    cache, into a new virtualenv (no system site-packages)."""
     tmp = tmp_path_factory.mktemp("wheel")
-    timings: dict[str, float] = {}
-    start = time.monotonic()
-    dist = tmp / "dist"
-    build = _run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-cache-dir", "-w", str(dist),
-                  str(ROOT)], timeout=300, cwd=tmp)
-    warnings = [line.strip() for line in (build.stdout + build.stderr).splitlines() if BUILD_WARNING.search(line)]
+    warnings = [line.strip() for line in dstreams_wheel.output.splitlines() if BUILD_WARNING.search(line)]
     assert not warnings, "building the wheel warned:\n" + "\n".join(warnings)
-    wheels = list(dist.glob("dstreams-*.whl"))
-    assert len(wheels) == 1, wheels
-    timings["build"] = time.monotonic() - start
+    wheels = [dstreams_wheel.path]
+    timings = {"build": dstreams_wheel.seconds}
 
     venv = tmp / "venv"
     t = time.monotonic()
