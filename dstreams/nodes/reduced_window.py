@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from pyspark import RDD
+from pyspark import RDD, StorageLevel
 from pyspark.core.rdd import Partitioner
 
 from ..checkpoint_data import CheckpointData
@@ -132,9 +132,12 @@ class ReducedWindowNode(WindowedNode):
                  partitioner: Partitioner, filter_func: Callable[[Any], bool] | None) -> None:
         super().__init__(graph, parent, window, slide)
         self.func, self.inv_func, self.partitioner, self.filter_func = func, inv_func, partitioner, filter_func
-        self.persist(jvm.state_level(str(graph.sc.master), graph.sc.getConf()))  # a chain: a lost executor's copy
-        #: With an inverse function the window's RDD at ``t`` builds on the one at ``t - slide``: a state chain.
+        #: With an inverse function the window's RDD at ``t`` builds on the one at ``t - slide``: a state chain,
+        #: cached as a state's (a second copy off ``local[N]``: ``spark.dstreams.state.replicas``); without one each
+        #: window is reduced from its batches again, and one copy is enough.
         self.must_checkpoint = inv_func is not None
+        self.persist(jvm.state_level(str(graph.sc.master), graph.sc.getConf()) if self.must_checkpoint
+                     else StorageLevel.MEMORY_ONLY)
 
     def __getstate__(self) -> dict[str, Any]:
         """``must_checkpoint`` follows from ``inv_func``: not stored (the stored graph holds the definition only)."""

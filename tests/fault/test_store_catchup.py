@@ -326,3 +326,29 @@ def test_every_handle_is_cached_at_the_state_level(sc, tmp_path, monkeypatch):
     finally:
         ssc.stop(stopSparkContext=False)
     assert len(levels) >= 4 and set(levels) == {str(state_level(str(sc.master)))} == {str(node.level)}, levels
+
+
+def test_off_a_local_master_the_state_chains_get_two_copies_and_a_plain_window_one(sc, monkeypatch):
+    """Defined under a cluster master (``sc.master`` as a standalone driver sees it; nothing runs here), the RDD
+    state and a window with an inverse function, both chains, are cached on two executors; a window without one is
+    reduced from its batches again each slide, so it keeps one copy; ``spark.dstreams.state.replicas=1`` keeps one
+    everywhere."""
+    monkeypatch.delenv("DSTREAMS_STATE_STORE", raising=False)
+
+    def replication(replicas: str | None) -> dict[str, int]:
+        if replicas is None:
+            monkeypatch.delenv("DSTREAMS_STATE_REPLICAS", raising=False)
+        else:
+            monkeypatch.setenv("DSTREAMS_STATE_REPLICAS", replicas)
+        monkeypatch.setattr(sc, "master", "spark://127.0.0.1:7077")
+        ssc = StreamingContext(sc, 1, clock=ManualClock())
+        pairs = ssc.generatorStream(6, 2, seed=1, recordFunc=_words).map(lambda w: (w, 1))
+        streams = {"state": pairs.updateStateByKey(_sum_or_drop, 2),
+                   "inverse": pairs.reduceByKeyAndWindow(operator.add, operator.sub, 4, 2),
+                   "plain": pairs.reduceByKeyAndWindow(operator.add, None, 4, 2)}
+        monkeypatch.undo()  # the master back before anything could run
+        ssc.stop(stopSparkContext=False)  # never started
+        return {name: s._node.storage_level.replication for name, s in streams.items()}
+
+    assert replication(None) == {"state": 2, "inverse": 2, "plain": 1}
+    assert replication("1") == {"state": 1, "inverse": 1, "plain": 1}
