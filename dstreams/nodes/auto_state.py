@@ -8,30 +8,17 @@ state store (:mod:`.store_state`) costs a SQLite look-up and write per key a bat
 The two cost the same when the state holds about ten times the keys a batch touches (``benchmarks/README.md``,
 "Picked by size", has the measurements), hence :data:`TOUCH_RATIO`.
 
-Contract: :class:`AutoPolicy` is a :class:`~.state.StateBackend` made of the two backends, an
-:class:`~.state.RDDState` and an :class:`~.store_state.ExecutorStore` of the same node, and of the rule that moves
-the state from the first to the second; it holds no state of its own.
-
-* One node for every operator (the operator's step is :class:`~.keyed.KeyedOp`'s, the same on both sides). A stream
-  starts on the RDD state: its RDD at ``t`` is the state itself (:meth:`~.state.RDDState.compute`), and each
-  partition also reports (an accumulator) the keys of its state and the keys the batch touched as the store would
-  touch them (:meth:`~.keyed.KeyedOp.touched`: the keys with values; for ``track`` also the keys that timed out,
-  ended or fired a timer).
-* When the driver builds a new batch, it reads the newest reports: once every partition has reported and the state
-  holds at least ``spark.dstreams.state.autoKeys`` keys and :data:`TOUCH_RATIO` times the most keys one of the last
-  :data:`WINDOW` batches touched, the largest of them left out (:func:`should_move`, :func:`typical_touched`), the
-  stream moves to the store at that batch (:attr:`AutoPolicy.switched_at`) and stays there. That batch loads the RDD
-  state of the batch before into each partition's store (as an initial state is loaded:
-  :meth:`PartitionStore.ensure_base`) and applies itself. Batches before ``switched_at`` are RDD states, batches at
-  or after it store handles, in every rebuild (a lineage cut, a retry, a restart's replay).
-* Both hold the same state, so the outputs are the same whenever the move happens: the move is not recorded in the
-  metadata log. Where the two layouts of an operator differ (plain ``track``, event windows), the operator's
-  ``to_store``/``from_store`` convert. Checkpoints carry the move: every checkpoint is written in the store's format
-  (one before the move is a snapshot of the RDD state's pairs as they are,
-  :data:`~dstreams.statestore.PAIRS_SNAPSHOT`, which the store's chain reader takes as a base), its manifest's
-  ``state.auto.switched_at`` says when the stream moved (None: not yet), and a restarted driver resumes in the
-  representation its checkpoint was written in (:meth:`AutoCheckpointData.manifest`); one resumed before the move
-  decides again.
+Contract: :class:`AutoPolicy` is a :class:`~.state.StateBackend` made of the two backends of the same node (an
+:class:`~.state.RDDState` and an :class:`~.store_state.ExecutorStore`, running the operator's one step) and of the
+rule that moves the state from the first to the second once, at a new batch (:attr:`AutoPolicy.switched_at`): once
+every partition has reported (:meth:`AutoPolicy._report`) and the state holds at least
+``spark.dstreams.state.autoKeys`` keys and :data:`TOUCH_RATIO` times the keys a batch typically touches
+(:func:`should_move`). Batches before ``switched_at`` are RDD states, batches at or after it store handles, in every
+rebuild (a lineage cut, a retry, a restart's replay). Both hold the same state, so the outputs are the same whenever
+the move happens and the move is not recorded in the metadata log; checkpoints carry it
+(:class:`AutoCheckpointData`: every one in the store's format, its manifest saying when the stream moved), and a
+restarted driver resumes in the representation its checkpoint was written in (one resumed before the move decides
+again).
 """
 
 from __future__ import annotations
@@ -111,14 +98,12 @@ class AutoPolicy(StateBackend):
         return {"switched_at": None, "_rdd_stats": None, "_touched": [], "_sampled": -1}
 
     def on_store(self, time_ms: int) -> bool:
-        """Whether the stream's RDD at ``time_ms`` is a store handle (else an RDD state)."""
         return self.switched_at is not None and time_ms >= self.switched_at
 
     def metrics(self) -> dict[str, Any] | None:
         return self.store.metrics() if self.switched_at is not None else None
 
     def checkpoint_data(self) -> AutoCheckpointData:
-        """The RDD state's pairs before the move, the store's deltas and snapshots after it."""
         return AutoCheckpointData(self)
 
     # ------------------------------------------------------------------ the move

@@ -343,9 +343,7 @@ class WindowLateRecordsNode(OneParentNode):
     def __init__(self, graph: DStreamGraph, parent: DStreamNode, window: Duration, slide: Duration,
                  keyed: bool) -> None:
         super().__init__(graph, parent)
-        self.window = window
-        self.slide = slide
-        self.keyed = keyed
+        self.window, self.slide, self.keyed = window, slide, keyed
 
     def describe_params(self) -> list[str]:
         return [f"window={self.window.ms}", f"eventSlide={self.slide.ms}", "keyed" if self.keyed else "unkeyed"]

@@ -133,25 +133,14 @@ class ReducedWindowNode(WindowedNode):
         super().__init__(graph, parent, window, slide)
         self.func, self.inv_func, self.partitioner, self.filter_func = func, inv_func, partitioner, filter_func
         #: With an inverse function the window's RDD at ``t`` builds on the one at ``t - slide``: a state chain,
-        #: cached as a state's (a second copy off ``local[N]``: ``spark.dstreams.state.replicas``); without one each
-        #: window is reduced from its batches again, and one copy is enough.
+        #: checkpointed and cached as a state's (a second copy off ``local[N]``: ``spark.dstreams.state.replicas``);
+        #: without one each window is reduced from its batches again, and one copy is enough.
         self.must_checkpoint = inv_func is not None
         self.persist(jvm.state_level(str(graph.sc.master), graph.sc.getConf()) if self.must_checkpoint
                      else StorageLevel.MEMORY_ONLY)
 
-    def __getstate__(self) -> dict[str, Any]:
-        """``must_checkpoint`` follows from ``inv_func``: not stored (the stored graph holds the definition only)."""
-        state = super().__getstate__()
-        state.pop("must_checkpoint", None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.must_checkpoint = self.inv_func is not None
-
     @property
     def checkpoint_data(self) -> CheckpointData:
-        """The window's checkpoint: its RDD's pairs, read back in the window's partitioner."""
         return CheckpointData(self, self.partitioner)
 
     def describe_params(self) -> list[str]:

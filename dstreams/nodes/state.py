@@ -305,20 +305,7 @@ class StateNode(OneParentNode):
         return previous
 
     def on_store(self, time_ms: int) -> bool:
-        """Whether the node's RDD at ``time_ms`` is a handle of the executor store (else an RDD state)."""
         return self.backend.on_store(time_ms)
-
-    def prepare(self, batch: RDD) -> RDD:
-        """The batch's records in the state's partitioner (the operator's)."""
-        return self.op.prepare(batch, self.partitioner)
-
-    def view(self, time: BatchTime) -> RDD | None:
-        """The whole state at ``time`` as (key, value) pairs (the public stream's RDD)."""
-        return self.backend.view(time)
-
-    def changes(self, time: BatchTime) -> RDD | None:
-        """The (key, value) pairs batch ``time`` changed, (key, None) for a key it removed."""
-        return self.backend.changes(time)
 
     def store_metrics(self) -> dict[str, Any] | None:
         """The executor store's figures (:meth:`StateBackend.metrics`)."""

@@ -9,30 +9,21 @@ Chosen with ``spark.dstreams.state.store=executor`` (and by ``auto`` once a stat
   ``t`` applies batch ``t``'s records of partition ``p`` to the partition's store (reading and writing only the keys
   the batch touches) and yields one record, the store version it stands for. The handle at ``t`` depends narrowly on
   the handle before it and on the batch, shuffled once into the state's partitioner, so that Spark's lineage replays
-  missing batches in order after a lost executor, as with RDD state. Handles are cached (a few bytes each; on two
-  executors off a single-process master: ``spark.dstreams.state.replicas``). A handle whose store already holds its
-  version, in the same driver run and history (the batches dropped at or before it: :mod:`dstreams.state_lineage`),
-  applies nothing (a recomputed or retried task, a speculative copy). A batch with no records keeps the previous handle.
+  missing batches in order after a lost executor, as with RDD state. Handles are cached (a few bytes each) at the
+  node's level (``spark.dstreams.state.replicas``). A task whose store already holds its version in this history
+  applies nothing (:meth:`StoreAccess.to_base`); a batch with no records keeps the previous handle.
 * :class:`StateViewNode` (the public stream) reads the whole state as of each handle's version, lazily: an output
   that reads every key costs the whole state, one that reads nothing costs nothing.
 
 Checkpoints go through the engine's checkpointer (same manifest commit, fencing and outage rule): the checkpoint of
 ``t`` writes, per partition, the keys changed since the previous committed checkpoint (a **delta**, with deletions)
 or, every ``spark.dstreams.state.snapshotEvery`` checkpoints and where the store's log no longer reaches the previous
-checkpoint, the whole partition (a **snapshot**: the store's file copied as of the checkpoint's version,
-:meth:`PartitionStore.export_file`); a restarted driver goes on with the chain it resumed from
-(:meth:`StoreCheckpointData.restored`). Its manifest names the chain of checkpoints it builds on; the reader rebuilds
-a partition from its newest snapshot and the deltas after it, and the checkpointer deletes no checkpoint a kept one
-builds on. A checkpoint read back (a restart, or the lineage cut of a running stream) brings each partition's store
-to that version: kept when this driver run's store is already there or past it, rolled back through the store's log
-when an earlier run's store is past it, else reloaded from the checkpoint.
-
-With the changelog (``spark.dstreams.state.changelog``) a task whose store is missing or behind on its host catches up
-inside the task (:func:`catch_up`) from the newest checkpoint adopted or read back, or, before any, from the state
-loaded at the zero time (empty, or the ``initialRDD``, which the loading tasks write to the changelog: see
-:meth:`ExecutorStore.loaded_handle`). Copies a host keeps of partitions that moved elsewhere are deleted once below
-the stream's cleanup horizon (:meth:`ExecutorStore.cleanup_horizon`) by the stream's next task on that host
-(:func:`~dstreams.statestore.sweep_stale_once`).
+checkpoint, the whole partition (a **snapshot**: the store's file as of the checkpoint's version); its manifest names
+the chain it builds on, which the reader rebuilds and the checkpointer keeps (:class:`StoreCheckpointData`). A
+checkpoint read back brings each partition's store to that version: kept, rolled back through the store's log, or
+reloaded (:meth:`ExecutorStore.loaded_handle`). With the changelog (``spark.dstreams.state.changelog``) a task whose
+store is missing or behind on its host catches up inside the task (:func:`catch_up`); copies a host keeps of
+partitions that moved elsewhere are swept below :meth:`ExecutorStore.cleanup_horizon`.
 """
 
 from __future__ import annotations
@@ -49,7 +40,7 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pyspark import RDD, StorageLevel
+from pyspark import RDD
 from pyspark.accumulators import Accumulator, AccumulatorParam
 
 from .. import config
@@ -270,7 +261,6 @@ class ExecutorStore(StateBackend):
         return True
 
     def checkpoint_data(self) -> StoreCheckpointData:
-        """Deltas and snapshots of the stores (:class:`StoreCheckpointData`)."""
         return StoreCheckpointData(self)
 
     def store_id(self) -> str:
@@ -315,14 +305,14 @@ class ExecutorStore(StateBackend):
     def metrics(self) -> dict[str, Any] | None:
         """Keys and bytes on disk of this stream's stores, summed over the partitions reported so far (each as of
         the newest version a task of it applied or restored), or None before any report."""
-        stats: PartitionStats = dict(self._accs["stats"].value) if "stats" in self._accs else {}
+        value = {name: acc.value for name, acc in self._accs.items()}  # none created here
+        stats: PartitionStats = dict(value.get("stats", {}))
         if not stats:
             return None
-        count = {name: acc.value for name, acc in self._accs.items() if name != "stats"}
         return {"keys": sum(s[1] for s in stats.values()), "disk_bytes": sum(s[2] for s in stats.values()),
                 "partitions_reported": len(stats), "partitions": self.node.partitioner.numPartitions,
                 "as_of_ms": min(s[0] for s in stats.values()), "changelog": self.state_changelog() is not None,
-                "caught_up": count.get("caught_up", 0), "stale_removed": count.get("swept", 0)}
+                "caught_up": value.get("caught_up", 0), "stale_removed": value.get("swept", 0)}
 
     # ------------------------------------------------------------------ the changelog
     def state_changelog(self) -> StateChangelog | None:
@@ -410,19 +400,10 @@ class ExecutorStore(StateBackend):
             handle = partition_aligned_rdd(self.node.graph.sc, self.node.partitioner.numPartitions,
                                            lambda i: load(i, ()))
         else:
-            handle = jvm.persist(state.mapPartitionsWithIndex(load, preservesPartitioning=True), self.handle_level())
+            handle = jvm.persist(state.mapPartitionsWithIndex(load, preservesPartitioning=True), self.node.level)
         if not read_back:  # a checkpoint read back is the node's RDD
             self._loaded[version] = handle
         return handle
-
-    def handle_level(self) -> StorageLevel:
-        """How this stream's handles are cached: the node's level (:func:`~dstreams.spark.jvm.state_level`),
-        so that off a single-process master a lost host leaves every handle's partition readable and the next batch
-        catches its partitions' stores up from the changelog at once; with one copy Spark recomputes a lost handle
-        through the chain of handles since the newest checkpoint, one nested task per batch re-applying it (issue
-        42: 2.5 s of one task, and as much in its speculative copy, for 16 batches on the three-host test cluster).
-        A handle is a few bytes per partition."""
-        return self.node.level
 
     def release(self) -> None:
         """The context stopped: unpersist the handles that loaded a state (the handles of batches are the engine's,
@@ -444,7 +425,7 @@ class ExecutorStore(StateBackend):
             floor = max((t for t in node._reader_times if t <= time.ms), default=None)
             handles = [rdd for t, rdd in [*node.generated.items(), *self._loaded.items()]
                        if (floor is None or t >= floor) and t <= time.ms]
-        level = self.handle_level()
+        level = self.node.level
         for rdd in handles:
             rdd.unpersist(blocking=True)
             rdd.persist(level)
@@ -460,10 +441,7 @@ class ExecutorStore(StateBackend):
         """The handle at ``time``: batch ``time`` applied to ``previous`` (default: the node's RDD before, or the
         initial state loaded); ``previous`` itself when the batch applies nothing."""
         node, op = self.node, self.node.op
-        if previous is None:
-            previous = node.previous(time)
-        if previous is None:
-            previous = self._initial_handle()
+        previous = previous or node.previous(time) or self._initial_handle()  # an RDD is never falsy
         batches = op.batches(node, time)
         if batches is None:
             return previous
@@ -509,21 +487,18 @@ class ExecutorStore(StateBackend):
 
         groups = [[previous], *([b] for b in batches)]
         handle = segmented_merge(node.graph.sc, groups, node.partitioner, apply, with_index=True)
-        return jvm.persist(handle, self.handle_level())  # the engine keeps it persisted (its own level otherwise)
+        return jvm.persist(handle, self.node.level)  # the engine keeps it persisted (its own level otherwise)
 
     def view(self, time: BatchTime) -> RDD | None:
-        """The whole state at ``time`` as (key, value) pairs, read lazily from the stores."""
         return self._read(time, changed=False)
 
     def changes(self, time: BatchTime) -> RDD | None:
-        """The (key, value) pairs batch ``time`` changed ((key, None): removed), read from the stores' logs:
-        costs the keys the batch touched."""
         return self._read(time, changed=True)
 
     def _read(self, time: BatchTime, changed: bool) -> RDD | None:
-        """Per partition, the pairs of the store as of the handle's version, or (``changed``) those batch ``time``
-        wrote (none where the handle stands for an earlier batch: ``time`` had no records). A catch-up here keeps
-        the deadline index."""
+        """Per partition, lazily, the pairs of the store as of the handle's version, or (``changed``) those batch
+        ``time`` wrote, read from the store's log: the keys it touched (none where the handle stands for an earlier
+        batch: ``time`` had no records). A catch-up here keeps the deadline index."""
         handle = self.node.get_or_compute(time)
         if handle is None:
             return None
@@ -590,9 +565,8 @@ class StoreCheckpointData(CheckpointData):
         built_through = super().adopt(time, reader)
         store, zero = self.store, self.node.zero_time
         if zero is not None and time == zero:
-            # The initial state's checkpoint: the zero time's handle is not a generated RDD, so the base class
-            # installs nothing; stores can be brought up to date from this checkpoint and the changelog from now on
-            # (before, a store missing on a task's host before the first regular checkpoint failed the batch).
+            # The initial state's checkpoint (the zero time's handle is not a generated RDD: the base class installs
+            # nothing): stores can be brought up to date from it and the changelog from now on.
             store.catchup_starts(time.ms)
             store._checkpoint_seen(time.ms)
         chain = store._exported.pop(time.ms, None)
@@ -629,7 +603,7 @@ class StoreCheckpointData(CheckpointData):
 
 class StateViewNode(OneParentNode):
     """The public stream of a store-backed state (or one picked by size): the whole state at each batch, read
-    lazily (:meth:`~.state.StateNode.view`). The view is never checkpointed: its state is
+    lazily (:meth:`~.state.StateBackend.view`). The view is never checkpointed: its state is
     (:func:`checkpointed_node`)."""
 
     def __init__(self, graph: DStreamGraph, parent: StateNode) -> None:
@@ -643,7 +617,7 @@ class StateViewNode(OneParentNode):
         return state
 
     def compute(self, time: BatchTime) -> RDD | None:
-        return self.state.view(time)
+        return self.state.backend.view(time)
 
 
 def checkpointed_node(node: DStreamNode) -> DStreamNode:
@@ -654,16 +628,14 @@ def checkpointed_node(node: DStreamNode) -> DStreamNode:
 
 class StateChangesNode(OneParentNode):
     """``changes()`` of a state stream (its :class:`~.state.StateNode`, or the view of one): per batch, the (key,
-    state) pairs that batch changed, (key, None) for a key it removed (:meth:`~.state.StateNode.changes`: on the
-    executor state store read from the stores' logs, the keys the batch touched; on the RDD state the state
-    compared with the one before, partition by partition, the whole state)."""
+    state) pairs that batch changed, (key, None) for a key it removed (:meth:`~.state.StateBackend.changes`)."""
 
     def __init__(self, graph: DStreamGraph, parent: DStreamNode) -> None:
         super().__init__(graph, parent)
         self.state: StateNode = checkpointed_node(parent)  # type: ignore[assignment]
 
     def compute(self, time: BatchTime) -> RDD | None:
-        return self.state.changes(time)
+        return self.state.backend.changes(time)
 
 
 __all__ = ["PART_HEADER", "ExecutorStore", "StateChangesNode", "StateViewNode", "StoreAccess", "StoreCheckpointData",

@@ -208,7 +208,7 @@ def test_per_batch_combined_rdds_need_no_python_stage_after_the_shuffle(sc: Any)
         def built() -> tuple[Any, Any]:
             last = window._node.zero_time + window._node.slide_duration * 3
             return (window._node.parent.get_or_compute(last),
-                    state_node(running).prepare(pairs._node.get_or_compute(last)))
+                    state_node(running).op.prepare(pairs._node.get_or_compute(last), state_node(running).partitioner))
 
         per_batch, prepared = ssc.on_graph_thread(built)
         assert _class_name(per_batch) != "PythonRDD" and _class_name(prepared) != "PythonRDD"
