@@ -34,7 +34,9 @@ Task-side points (a task fault names a marker file: the first task to reach the 
 removes it and SIGKILLs its own Python worker, or, ``pause``, writes its pid into ``<marker>.paused`` and SIGSTOPs
 itself; one fault, whichever task wins the removal): ``state-export`` (a snapshot of a partition's state store
 written beside the store, not yet read), ``state-reload`` (a store reloaded from a checkpoint, inside its
-transaction), ``kafka-before-commit`` / ``kafka-after-commit`` (a Kafka sink task around its transaction's commit).
+transaction), ``state-loaded`` (a partition's store loaded with a state, an initial one, a checkpoint read back or
+the auto policy's move, and closed, before the batch that builds on it applies), ``kafka-before-commit`` /
+``kafka-after-commit`` (a Kafka sink task around its transaction's commit).
 
 Stragglers: ``rdd.mapPartitions(slowed_partition)`` (a test app's stage) sleeps in the tasks that the plan's
 :class:`SlowSpec` selects, by executor and/or partition; data is never changed.

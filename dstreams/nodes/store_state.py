@@ -393,6 +393,7 @@ class ExecutorStore(StateBackend):
                 store.ensure_base(version, access.run, lambda: pairs, reuse_other_runs=read_back,
                                   loaded=logged if changelog is not None else None, lineage=access.lineage)
                 access.report(i, store)
+            task_reached("state-loaded")  # tests: a task paused with its store loaded, before a batch applies to it
             return [version]
 
         self.catchup_starts(version, empty=not read_back, logged=changelog is not None)

@@ -18,6 +18,8 @@ import operator
 import os
 import pickle
 import shutil
+import signal
+import time
 import urllib.request
 
 import pytest
@@ -248,6 +250,62 @@ def test_stores_removed_right_after_the_move_come_back_and_every_output_equals_t
         _step(ssc, BATCHES * 1000)
         attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
     print("tries per batch:", attempts)
+    got = read_outputs(out)
+    for name in sorted(rdd_reference):
+        assert got[name] == rdd_reference[name], name
+
+
+def _stopped(pid: int) -> bool:
+    """Process ``pid`` is stopped (SIGSTOP): its state in /proc is T."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except OSError:
+        return False
+
+
+def _poll(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not (value := cond()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:.0f} s for {what}")
+        time.sleep(0.05)
+    return value
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_stores_removed_inside_the_moving_batch_are_loaded_again_by_its_retry(sc, tmp_path, monkeypatch,
+                                                                              rdd_reference, fault_plan) -> None:
+    """A task of the batch that moves ``updateStateByKey`` into the store (batch 2) stops right after it loaded its
+    partition's store with the RDD state (task point ``state-loaded``); the executors' store folder is removed, then
+    the task goes on. Its batch fails on a store that is not at the loaded version (no changelog under a local
+    master: nothing to catch up from) and is tried again; the retry drops the move's cached handle with the batch's
+    (:meth:`ExecutorStore.retry`), so it loads the state again before it applies the batch. Every output equals the
+    RDD state's run."""
+    from dstreams.faults import NO_FAULTS, PAUSE, Fault, FaultPlan
+
+    _env(monkeypatch, tmp_path, "auto")
+    ckpt, out, marker = str(tmp_path / "ckpt"), str(tmp_path / "out"), tmp_path / "pause-loaded"
+    with app_context(lambda clock: _app(sc, ckpt, out, clock)) as ssc:
+        _step(ssc, 1000)
+        marker.write_text("removed by the task that pauses\n")
+        fault_plan(FaultPlan(tasks=(Fault("state-loaded", PAUSE, marker=str(marker)),)))
+        ssc.clock.set_time(2000)  # batch 2 runs: the update stream moves, and its first loading task stops
+        paused = tmp_path / "pause-loaded.paused"
+        worker = int(_poll(lambda: paused.exists() and paused.read_text(), 120, "a loading task to pause"))
+        try:
+            _poll(lambda: _stopped(worker), 30, "the paused task's process to stop")
+            fault_plan(NO_FAULTS)
+            # The other partitions' tasks may still be writing: removed again until gone.
+            local = tmp_path / "local"
+            _poll(lambda: not shutil.rmtree(local, ignore_errors=True) and not local.exists(), 30, "the stores gone")
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        _step(ssc, BATCHES * 1000)
+        assert _moves(ssc)["updateStateByKey"] == 2000
+        attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
+    assert attempts[2000] >= 2, attempts  # the try that met the removed stores failed
     got = read_outputs(out)
     for name in sorted(rdd_reference):
         assert got[name] == rdd_reference[name], name
