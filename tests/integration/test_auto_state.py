@@ -282,7 +282,7 @@ def test_stores_removed_inside_the_moving_batch_are_loaded_again_by_its_retry(sc
     the task goes on. Its batch fails on a store that is not at the loaded version (no changelog under a local
     master: nothing to catch up from) and is tried again; the retry drops the move's cached handle with the batch's
     (:meth:`ExecutorStore.retry`), so it loads the state again before it applies the batch. Every output equals the
-    RDD state's run."""
+    RDD state's run (through batch 6: four batches on the store after the move, two checkpoints)."""
     from dstreams.faults import NO_FAULTS, PAUSE, Fault, FaultPlan
 
     _env(monkeypatch, tmp_path, "auto")
@@ -302,13 +302,15 @@ def test_stores_removed_inside_the_moving_batch_are_loaded_again_by_its_retry(sc
             _poll(lambda: not shutil.rmtree(local, ignore_errors=True) and not local.exists(), 30, "the stores gone")
         finally:
             os.kill(worker, signal.SIGCONT)
-        _step(ssc, BATCHES * 1000)
+        _step(ssc, 6000)
         assert _moves(ssc)["updateStateByKey"] == 2000
         attempts = {i.batch_time_ms: i.attempts for i in ssc.batchInfos()}
     assert attempts[2000] >= 2, attempts  # the try that met the removed stores failed
     got = read_outputs(out)
-    for name in sorted(rdd_reference):
-        assert got[name] == rdd_reference[name], name
+    expected = {name: lines for name, lines in rdd_reference.items() if int(name.rsplit("-", 1)[1]) <= 6000}
+    assert sorted(got) == sorted(expected)
+    for name in sorted(expected):
+        assert got[name] == expected[name], name
 
 
 @pytest.mark.slow
