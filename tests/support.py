@@ -12,13 +12,14 @@ instead (:func:`service_unavailable`), so that a CI run cannot pass without test
 from __future__ import annotations
 
 import os
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import pytest
 
 REQUIRE_ENV = "DSTREAMS_REQUIRE_SERVICES"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
+_T = TypeVar("_T")
 
 # The project's moto server and Ceph RADOS Gateway (scripts/services.sh starts them on these ports,
 # DSTREAMS_TEST_MOTO_PORT / DSTREAMS_TEST_RGW_PORT), or external ones named by DSTREAMS_TEST_MOTO_ENDPOINT /
@@ -105,13 +106,34 @@ def require_kafka() -> str:
     return KAFKA_BOOTSTRAP
 
 
-#: The large state of the heaviest state-store fault tests (issue 23): 1,000,000 keys; under ``CI=true`` 210,000
-#: (the same kills, restarts and comparison, at about a fifth of the cost); ``DSTREAMS_TEST_STATE_KEYS=N`` sets it
-#: either way. The CI figure is the smallest that keeps the reload path of the 1M-key state: over the two state
-#: partitions of tests/recovery_app.py (``portable_hash`` with Spark's ``PYTHONHASHSEED=0``) 210,000 keys split
-#: 105,290 / 104,710, so a store reloaded from a checkpoint still loads in more than one 100,000-row chunk
-#: (``PartitionStore.reload``) in every partition. The move is unchanged: ``autoKeys`` is half the keys, far above
-#: the 16 a batch touches, so the state still moves at its second or third batch.
+#: The switch of the CI scale (tests/README.md, "CI scale"): the heaviest tests run smaller under ``CI=true`` (fewer
+#: batches, keys, repeated kills, a shorter outage; the same assertions), and at their full scale everywhere else.
+#: ``DSTREAMS_TEST_FULL=1`` gives the full scale under ``CI=true`` too; ``DSTREAMS_TEST_FULL=0`` the CI scale without
+#: it.
+FULL_SCALE_ENV = "DSTREAMS_TEST_FULL"
+
+
+def ci_scale() -> bool:
+    """Whether the heavy tests run at their CI scale: ``DSTREAMS_TEST_FULL`` (1/true/yes/on: no; 0/false/no/off:
+    yes) when set, else whether ``CI`` is true."""
+    chosen = os.environ.get(FULL_SCALE_ENV, "").strip().lower()
+    if chosen in _TRUE or chosen in _FALSE:
+        return chosen in _FALSE
+    return os.environ.get("CI", "").strip().lower() in _TRUE
+
+
+def scaled(full: _T, ci: _T) -> _T:
+    """``ci`` at the CI scale (:func:`ci_scale`), else ``full``: a heavy test's batches, keys or kills."""
+    return ci if ci_scale() else full
+
+
+#: The large state of the heaviest state-store fault tests (issue 23): 1,000,000 keys; at the CI scale
+#: (:func:`ci_scale`) 210,000 (the same kills, restarts and comparison, at about a fifth of the cost);
+#: ``DSTREAMS_TEST_STATE_KEYS=N`` sets it either way. The CI figure is the smallest that keeps the reload path of the
+#: 1M-key state: over the two state partitions of tests/recovery_app.py (``portable_hash`` with Spark's
+#: ``PYTHONHASHSEED=0``) 210,000 keys split 105,290 / 104,710, so a store reloaded from a checkpoint still loads in
+#: more than one 100,000-row chunk (``PartitionStore.reload``) in every partition. The move is unchanged: ``autoKeys``
+#: is half the keys, far above the 16 a batch touches, so the state still moves at its second or third batch.
 FULL_STATE_KEYS, CI_STATE_KEYS = 1_000_000, 210_000
 
 
@@ -120,7 +142,7 @@ def state_keys() -> int:
     chosen = os.environ.get("DSTREAMS_TEST_STATE_KEYS", "").strip()
     if chosen:
         return int(chosen)
-    return CI_STATE_KEYS if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on") else FULL_STATE_KEYS
+    return scaled(FULL_STATE_KEYS, CI_STATE_KEYS)
 
 
 def store_backed(node) -> bool:

@@ -3,7 +3,7 @@
 The acceptance test runs a driver process (tests/fault/executor_loss_app.py) on ``local-cluster[2,1,1024]``
 (a standalone master, two workers and one executor JVM each, all on this machine): a stateful, windowed
 and stateless pipeline on a ManualClock, one batch at a time. After batch 5 it SIGKILLs one executor
-JVM (its cached state partitions and shuffle outputs are lost), runs 8 more batches, waits for the
+JVM (its cached state partitions and shuffle outputs are lost), runs 8 more batches (5 at the CI scale), waits for the
 replacement executor and runs 2 more. Every batch must complete, and every batch's output must equal
 that of a failure-free run of the same pipeline on the session's ``local[2]`` context over the same
 batch times. One driver run covers the generator source and Redis Streams side by side (one cluster start
@@ -31,12 +31,15 @@ from dstreams import faults as fault_points
 from dstreams.recovery import faults
 
 from ..process_support import s3_client, with_gateway
-from ..support import RGW_ENDPOINT, service_unavailable
+from ..support import RGW_ENDPOINT, scaled, service_unavailable
 from ..support import state_keys as large_state_keys
 from .executor_loss_app import EXECUTORS, STATE_KEYS_ENV, build, normalise, write_redis_words
 
 APP = os.path.join(os.path.dirname(__file__), "executor_loss_app.py")
-KILL_AFTER, AFTER_KILL, AFTER_RECOVERY = 5, 8, 2
+#: After batch 5 an executor dies; 8 batches follow (5 at the CI scale, tests/support.py's ci_scale: still a whole 5 s
+#: window and a state checkpoint after the kill, the first batch after it recomputing the lost partitions), then the
+#: replacement is waited for and 2 batches run on it.
+KILL_AFTER, AFTER_KILL, AFTER_RECOVERY = 5, scaled(8, 5), 2
 LAST_MS = (KILL_AFTER + AFTER_KILL + AFTER_RECOVERY) * 1000
 MOVE_AT = 2000  # the large state (``state-store``) moves into the store at this batch
 NAMES = ("counts", "window", "lengths", "total", "event_window", "late")

@@ -26,11 +26,11 @@ import pytest
 
 from dstreams import ManualClock, StreamingContext
 
-from ..support import state_node
+from ..support import scaled, state_node
 
-#: 1,000 batches by default (about 5 min on an idle 2-core machine); CI runs 300 to stay in its time
-#: budget (``DSTREAMS_LONG_RUN_BATCHES`` overrides either).
-BATCHES = int(os.environ.get("DSTREAMS_LONG_RUN_BATCHES") or (300 if os.environ.get("CI") else 1000))
+#: 1,000 batches by default (about 5 min on an idle 2-core machine); 300 at the CI scale (``tests/support.py``'s
+#: :func:`~tests.support.ci_scale`) to stay in its time budget (``DSTREAMS_LONG_RUN_BATCHES`` overrides either).
+BATCHES = int(os.environ.get("DSTREAMS_LONG_RUN_BATCHES") or scaled(1000, 300))
 EARLY = max(50, BATCHES // 5)
 RECORDS_PER_BATCH = 5
 WINDOW_S = 5

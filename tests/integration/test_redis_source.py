@@ -18,6 +18,7 @@ from dstreams.testing import collect, manual_context, run_batches
 from dstreams.time import from_user_time
 
 from ..recovery_app import read_outputs
+from ..support import scaled
 
 pytestmark = pytest.mark.redis
 
@@ -294,7 +295,9 @@ def test_entries_trimmed_under_a_recorded_batch_are_skipped_after_the_restart_th
 @pytest.mark.slow
 def test_a_backlog_of_a_million_entries_drains_in_bounded_batches(sc, redis_url, redis_client, redis_prefix):
     keys = [f"{redis_prefix}{i}" for i in range(4)]
-    per_key, rate = 250_000, 60_000
+    # A million entries (4 keys x 250,000, 60,000 a key per batch); at the CI scale (tests/support.py's ci_scale)
+    # 200,000 (50,000 a key, 12,000 per batch): the same shape, four full batches, the rest, then none.
+    per_key, rate = scaled((250_000, 60_000), (50_000, 12_000))
     for k in keys:
         for start in range(0, per_key, 10_000):
             pipe = redis_client.pipeline(transaction=False)
