@@ -297,7 +297,7 @@ class Stream:
 
         handle.mapPartitionsWithIndex = capture
         try:
-            self.node.view(BatchTime(version))
+            self.node.backend.view(BatchTime(version))
         finally:
             del handle.mapPartitionsWithIndex
         (f,) = captured
