@@ -80,6 +80,15 @@ def stop_process(proc: subprocess.Popen, sig: int) -> None:
         proc.wait(timeout=30)
 
 
+def is_stopped(pid: int) -> bool:
+    """Process ``pid`` is stopped (SIGSTOP): its state in /proc is T (False once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except OSError:
+        return False
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL the driver's process group (the driver and its JVM; started with ``start_new_session=True``) and
     wait until it is gone."""

@@ -31,6 +31,7 @@ from dstreams.recovery.checkpointer import list_checkpoints, load_manifest
 from dstreams.recovery.store import open_store
 from dstreams.testing import app_context, manual_context, run_until
 
+from ..process_support import is_stopped
 from ..recovery_app import read_outputs
 
 
@@ -255,15 +256,6 @@ def test_stores_removed_right_after_the_move_come_back_and_every_output_equals_t
         assert got[name] == rdd_reference[name], name
 
 
-def _stopped(pid: int) -> bool:
-    """Process ``pid`` is stopped (SIGSTOP): its state in /proc is T."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except OSError:
-        return False
-
-
 def _poll(cond, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while not (value := cond()):
@@ -295,7 +287,7 @@ def test_stores_removed_inside_the_moving_batch_are_loaded_again_by_its_retry(sc
         paused = tmp_path / "pause-loaded.paused"
         worker = int(_poll(lambda: paused.exists() and paused.read_text(), 120, "a loading task to pause"))
         try:
-            _poll(lambda: _stopped(worker), 30, "the paused task's process to stop")
+            _poll(lambda: is_stopped(worker), 30, "the paused task's process to stop")
             fault_plan(NO_FAULTS)
             # The other partitions' tasks may still be writing: removed again until gone.
             local = tmp_path / "local"

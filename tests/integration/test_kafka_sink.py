@@ -40,7 +40,7 @@ from dstreams.kafka.sink import (
 from dstreams.testing import manual_context, run_batches
 
 from ..kafka_support import create_topic, read_committed, values
-from ..process_support import kill_group, stop_driver, tail, wait_for
+from ..process_support import is_stopped, kill_group, stop_driver, tail, wait_for
 from . import kafka_sink_app
 
 pytestmark = pytest.mark.kafka
@@ -653,15 +653,6 @@ def test_killed_and_zombie_drivers_write_every_record_once(tmp_path, kafka_boots
     assert len(times) >= 8
 
 
-def _stopped(pid: int) -> bool:
-    """The process is stopped (SIGSTOP): its state in /proc is T."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except OSError:
-        return False
-
-
 @pytest.mark.slow
 @pytest.mark.fault
 @pytest.mark.timeout(600)
@@ -691,9 +682,9 @@ def test_a_new_driver_claims_the_output_at_start_so_a_paused_zombie_task_cannot_
         paused = wait_for(lambda: os.path.exists(marker + ".paused") and open(marker + ".paused").read(), 120,
                           "a task of the zombie to pause in its commit", zombie, zlog)
         worker = int(paused)
-        wait_for(lambda: _stopped(worker), 30, "the paused task's process to stop", zombie, zlog, step=0.1)
+        wait_for(lambda: is_stopped(worker), 30, "the paused task's process to stop", zombie, zlog, step=0.1)
         os.killpg(zombie.pid, signal.SIGSTOP)  # the whole zombie (driver, JVM, workers) pauses
-        wait_for(lambda: _stopped(zombie.pid), 30, "the zombie driver to stop", zombie, zlog, step=0.1)
+        wait_for(lambda: is_stopped(zombie.pid), 30, "the zombie driver to stop", zombie, zlog, step=0.1)
         before = _ledger_entries(kafka_bootstrap, target, parts, stable=False)
         z_epochs = {meta.get("epoch") for _batch_ms, meta in before.values()}
         assert len(z_epochs) == 1 and all(b > 0 for b, _m in before.values()), before
